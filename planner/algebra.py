@@ -1,0 +1,240 @@
+"""A tiny symbolic algebra so that the evaluator is written once and read three ways.
+
+The AMPeD step time is a sum of monomials ``c * x1^e1 * x2^e2 ...`` in the parallel degrees
+(DESIGN.md section 2). The evaluator (:mod:`planner.evaluator`) is plain arithmetic on its inputs;
+fed numbers it returns numbers (``plan evaluate``), fed numpy arrays it returns arrays (the
+enumerator), and fed :class:`Sig` symbols it returns the step time as a signomial that the MIP
+encoders (:mod:`formulations.encoding`) turn into solver constraints. One source of truth, so the
+solver's objective and the evaluator's number cannot drift apart.
+
+Three extensions beyond plain monomials keep every AMPeD term expressible:
+
+* ``Fn`` factors: a named function of one monomial *form* (``gt1(p_inter)`` = 1 if the pipeline
+  crosses nodes). The encoders tabulate such a function over the form's few values.
+* ``vmax``: a maximum of expressions, allowed in the objective only (it is minimised, so an
+  epigraph variable encodes it exactly). Used for communication that may hide behind compute.
+* Subtraction, so ``(t - 1) / t = 1 - 1/t`` is two monomials.
+
+Example
+-------
+>>> t = Sig.var("t")
+>>> cost = 2 * (t - 1) / t
+>>> cost.evaluate({"t": 8})
+1.75
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+Mono = tuple[tuple[str, int], ...]  # sorted (variable, exponent) pairs, exponents != 0
+
+#: Named functions of one form; the encoders tabulate them over the form's values.
+FUNCTIONS: dict[str, Callable[[float], float]] = {
+    "gt1": lambda x: 1.0 if x > 1 else 0.0,
+    "eq1": lambda x: 1.0 if x == 1 else 0.0,
+}
+
+
+@dataclass(frozen=True, order=True)
+class Fn:
+    """A factor ``FUNCTIONS[name](value of form)``."""
+
+    name: str
+    form: Mono
+
+    def __call__(self, values: Mapping[str, float]) -> float:
+        return FUNCTIONS[self.name](mono_value(self.form, values))
+
+
+Key = tuple[Mono, tuple[Fn, ...]]
+
+
+def mono_mul(a: Mono, b: Mono, sign: int = 1) -> Mono:
+    """Product of two monomial forms (``sign=-1`` divides)."""
+    acc = dict(a)
+    for v, e in b:
+        acc[v] = acc.get(v, 0) + sign * e
+    return tuple(sorted((v, e) for v, e in acc.items() if e))
+
+
+def mono_value(form: Mono, values: Mapping[str, float]) -> float:
+    out = 1.0
+    for v, e in form:
+        out *= float(values[v]) ** e
+    return out
+
+
+class Sig:
+    """A signomial ``sum_k coef_k * monomial_k * prod(Fn factors)`` plus maxima of signomials.
+
+    ``maxes`` holds terms ``max(arg_1, ..., arg_n)`` added to the sum; a maximum may be scaled by
+    a non-negative signomial (distributed into its arguments) but never by a negative number.
+    """
+
+    __slots__ = ("terms", "maxes")
+
+    def __init__(self, terms: dict[Key, float] | None = None, maxes: tuple = ()):
+        self.terms: dict[Key, float] = terms or {}
+        self.maxes: tuple[tuple[Sig, ...], ...] = maxes
+
+    # construction -----------------------------------------------------------------------
+    @staticmethod
+    def var(name: str) -> Sig:
+        return Sig({(((name, 1),), ()): 1.0})
+
+    @staticmethod
+    def const(c: float) -> Sig:
+        return Sig({((), ()): float(c)} if c else {})
+
+    @staticmethod
+    def fn(name: str, x: Sig) -> Sig:
+        form = x.single_form()
+        return Sig({((), (Fn(name, form),)): 1.0})
+
+    def single_form(self) -> Mono:
+        """The monomial of a one-term, unit-coefficient signomial (a degree or a product)."""
+        if self.maxes or len(self.terms) != 1:
+            raise TypeError("expected a single monomial")
+        (mono, fns), c = next(iter(self.terms.items()))
+        if fns or c != 1.0:
+            raise TypeError("expected a bare monomial")
+        return mono
+
+    # arithmetic ---------------------------------------------------------------------------
+    def __add__(self, other) -> Sig:
+        o = _lift(other)
+        if o is NotImplemented:
+            return NotImplemented
+        terms = dict(self.terms)
+        for k, c in o.terms.items():
+            terms[k] = terms.get(k, 0.0) + c
+        return Sig({k: c for k, c in terms.items() if c != 0.0}, self.maxes + o.maxes)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Sig:
+        if self.maxes:
+            raise TypeError("a maximum cannot be negated")
+        return Sig({k: -c for k, c in self.terms.items()})
+
+    def __sub__(self, other) -> Sig:
+        o = _lift(other)
+        return NotImplemented if o is NotImplemented else self + (-o)
+
+    def __rsub__(self, other) -> Sig:
+        return (-self) + other
+
+    def __mul__(self, other) -> Sig:
+        o = _lift(other)
+        if o is NotImplemented:
+            return NotImplemented
+        if self.maxes and o.maxes:
+            raise TypeError("a product of two maxima is not representable")
+        if o.maxes:
+            return o * self
+        terms: dict[Key, float] = {}
+        for (m1, f1), c1 in self.terms.items():
+            for (m2, f2), c2 in o.terms.items():
+                k = (mono_mul(m1, m2), tuple(sorted(f1 + f2)))
+                terms[k] = terms.get(k, 0.0) + c1 * c2
+        terms = {k: c for k, c in terms.items() if c != 0.0}
+        if self.maxes and o.terms.get(((), ()), 0.0) < 0 and len(o.terms) == 1:
+            raise TypeError("a maximum cannot be scaled by a negative number")
+        maxes = tuple(tuple(arg * o for arg in mx) for mx in self.maxes)
+        return Sig(terms, maxes)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other) -> Sig:
+        if isinstance(other, Sig):
+            if len(other.terms) != 1 or other.maxes:
+                raise TypeError("can only divide by a single monomial")
+            (mono, fns), c = next(iter(other.terms.items()))
+            if fns:
+                raise TypeError("cannot divide by a function factor")
+            inv = Sig({(tuple((v, -e) for v, e in mono), ()): 1.0 / c})
+            return self * inv
+        return self * (1.0 / other)
+
+    def __rtruediv__(self, other) -> Sig:
+        return Sig.const(other) / self if not isinstance(other, Sig) else other / self
+
+    def __pow__(self, n: int) -> Sig:
+        out = Sig.const(1.0)
+        for _ in range(abs(n)):
+            out = out * self
+        return out if n >= 0 else 1.0 / out
+
+    # evaluation --------------------------------------------------------------------------
+    def evaluate(self, values: Mapping[str, float]) -> float:
+        """Numeric value at a point (variables by name); used to check encodings."""
+        total = 0.0
+        for (mono, fns), c in self.terms.items():
+            term = c * mono_value(mono, values)
+            for f in fns:
+                term *= f(values)
+            total += term
+        for mx in self.maxes:
+            total += max(arg.evaluate(values) for arg in mx)
+        return total
+
+    def __repr__(self) -> str:
+        parts = [f"{c:.4g}*" + "*".join(f"{v}^{e}" for v, e in m) +
+                 "".join(f"*{f.name}({f.form})" for f in fns)
+                 for (m, fns), c in self.terms.items()]
+        parts += [f"max({', '.join(map(repr, mx))})" for mx in self.maxes]
+        return " + ".join(parts) or "0"
+
+
+def _lift(x) -> Sig:
+    if isinstance(x, Sig):
+        return x
+    if isinstance(x, (int, float, np.integer, np.floating)):
+        return Sig.const(float(x))
+    return NotImplemented
+
+
+# Helpers that work on numbers, numpy arrays and Sig alike --------------------------------
+
+def gt1(x):
+    """1 if ``x > 1`` else 0 (x a degree or a product of degrees)."""
+    if isinstance(x, Sig):
+        return Sig.fn("gt1", x)
+    if isinstance(x, np.ndarray):
+        return (x > 1).astype(float)
+    return 1.0 if x > 1 else 0.0
+
+
+def eq1(x):
+    """1 if ``x == 1`` else 0."""
+    if isinstance(x, Sig):
+        return Sig.fn("eq1", x)
+    if isinstance(x, np.ndarray):
+        return (x == 1).astype(float)
+    return 1.0 if x == 1 else 0.0
+
+
+def vmax(*args):
+    """Maximum of expressions; symbolic arguments make a ``max`` term of a :class:`Sig`."""
+    if any(isinstance(a, Sig) for a in args):
+        sigs = tuple(_lift(a) for a in args)
+        for s in sigs:
+            if s.maxes:
+                raise TypeError("nested maxima are not representable")
+        return Sig({}, (sigs,))
+    if any(isinstance(a, np.ndarray) for a in args):
+        out = np.asarray(args[0], dtype=float)
+        for a in args[1:]:
+            out = np.maximum(out, a)
+        return out
+    return max(args)
+
+
+def is_one(x) -> bool:
+    """True when ``x`` is the number 1 (a degree known to be 1 needs no term at all)."""
+    return not isinstance(x, (Sig, np.ndarray)) and math.isclose(float(x), 1.0)

@@ -1,0 +1,77 @@
+"""Load the hardware catalog (``hardware_catalog/*.toml``) into validated :class:`GPU` records.
+
+Units are in the field names (``_GiB``, ``_GBps``, ``_us``, ``tflops``) so a figure is never read
+in the wrong unit. Every file carries a ``[sources]`` table naming where each figure comes from;
+the loader refuses a file whose figure has no source.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.errors import InputError
+
+GiB = 1024**3
+
+
+class GPU(BaseModel):
+    """One GPU type and the node it sits in. Bandwidths are per GPU and per direction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(description="catalog file name without .toml")
+    name: str
+    peak_tflops_bf16: float = Field(gt=0, description="dense BF16 tensor-core peak")
+    peak_tflops_fp16: float = Field(gt=0, description="dense FP16 tensor-core peak")
+    peak_tflops_fp8: float = Field(ge=0, description="dense FP8 tensor-core peak; 0 = no FP8")
+    hbm_capacity_GiB: float = Field(gt=0)
+    hbm_bandwidth_GBps: float = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, description="GPUs per NVLink domain")
+    intra_node_bandwidth_GBps: float = Field(gt=0)
+    inter_node_bandwidth_GBps: float = Field(gt=0)
+    intra_node_latency_us: float = Field(ge=0)
+    inter_node_latency_us: float = Field(ge=0)
+    efficiency: float = Field(gt=0, le=1, description="achieved share of peak on GEMMs, calibrated")
+    efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
+    calibration: str
+    sources: dict[str, str]
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak in FLOP/s for a precision name (bf16, fp16, fp8)."""
+        return {"bf16": self.peak_tflops_bf16, "fp16": self.peak_tflops_fp16,
+                "fp8": self.peak_tflops_fp8}[precision] * 1e12
+
+
+_FIGURES = (
+    "peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp8", "hbm_capacity_GiB",
+    "hbm_bandwidth_GBps", "gpus_per_node", "intra_node_bandwidth_GBps",
+    "inter_node_bandwidth_GBps", "intra_node_latency_us", "inter_node_latency_us", "efficiency",
+)
+
+
+def known_gpus() -> list[str]:
+    """Names of the catalog files, sorted."""
+    root = resources.files("hardware_catalog")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+@cache
+def load_gpu(key: str) -> GPU:
+    """Load one catalog entry by file name; an unknown name lists the known ones."""
+    names = known_gpus()
+    if key not in names:
+        raise InputError(f"cluster.gpu: unknown GPU {key!r}; expected one of: {', '.join(names)}")
+    text = resources.files("hardware_catalog").joinpath(f"{key}.toml").read_text()
+    try:
+        data = tomllib.loads(text)
+        gpu = GPU(key=key, **data)
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:  # a broken shipped file
+        raise InputError(f"hardware_catalog/{key}.toml is invalid: {exc}") from None
+    missing = [f for f in _FIGURES if f not in gpu.sources]
+    if missing:
+        raise InputError(f"hardware_catalog/{key}.toml: no source for {', '.join(missing)}")
+    return gpu

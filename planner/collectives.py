@@ -1,0 +1,40 @@
+"""Costs of the collectives a training step runs, on the links each group really crosses.
+
+AMPeD (Moolchandani et al., ISPASS 2023, Sec. III-C) splits every parallel group of degree
+``n = n_intra * n_inter`` into the part inside a node (fast NVLink) and the part across nodes
+(the per-GPU NIC). A ring collective over such a group is costed hierarchically: reduce-scatter
+inside the node, the inter-node ring on the ``1/n_intra`` shard each GPU owns, all-gather inside
+the node. Each function is plain arithmetic so it works on numbers, arrays and
+:class:`~planner.algebra.Sig` symbols (see :mod:`planner.algebra`).
+"""
+
+from __future__ import annotations
+
+from planner.algebra import gt1
+
+
+def allreduce(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
+    """Seconds for a hierarchical ring all-reduce of ``size`` bytes per GPU.
+
+    Bandwidth term: ``2 (1 - 1/n_i) S / bw_i + 2 (1/n_i - 1/n) S / bw_o`` (the inter-node ring
+    moves ``S / n_i`` per GPU, ``2 (n_o - 1) / n_o`` times); latency term:
+    ``2 (n_i - 1) lat_i + 2 (n_o - 1) lat_o`` ring steps. A group of one costs nothing.
+    Reduce-scatter plus all-gather (sequence parallelism, the distributed optimizer) move the
+    same bytes in the same steps, so they share this formula.
+
+    >>> round(allreduce(1e9, 8, 1, 300e9, 25e9, 0, 0), 6)   # 2 * 7/8 * 1 GB / 300 GB/s
+    0.005833
+    """
+    n = n_intra * n_inter
+    return (2 * (1 - 1 / n_intra) * size / bw_intra
+            + 2 * (1 / n_intra - 1 / n) * size / bw_inter
+            + 2 * (n_intra - 1) * lat_intra + 2 * (n_inter - 1) * lat_inter)
+
+
+def ring_step(size, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
+    """Seconds for one point-to-point step of ``size`` bytes in a ring or a pipeline whose
+    ``n_inter`` factor says whether it crosses nodes: a ring moves at the pace of its slowest
+    hop, so any inter-node hop makes every step an inter-node step."""
+    crosses = gt1(n_inter)
+    return (size / bw_intra + lat_intra
+            + crosses * (size / bw_inter + lat_inter - size / bw_intra - lat_intra))

@@ -1,0 +1,183 @@
+"""Read an instance file into a resolved :class:`Instance`: schema-checked, preset merged, catalog
+figures looked up and overridden, everything the evaluator needs in SI units.
+
+Errors name the key path and what was expected (``model.heads: must be divisible ...``) and are
+raised as :class:`~planner.errors.InputError`; the CLI prints them without a traceback.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.catalog import GPU, GiB, load_gpu
+from planner.errors import InputError
+from planner.schema import InstanceSpec, ModelSpec
+
+
+@cache
+def presets() -> dict[str, dict[str, Any]]:
+    """Model presets shipped in ``planner/data/presets.toml``."""
+    return tomllib.loads(resources.files("planner").joinpath("data/presets.toml").read_text())
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Catalog figures after instance overrides, in SI units (FLOP/s, bytes, B/s, s)."""
+
+    gpu: GPU
+    peak: float          # dense FLOP/s in the training precision's 16-bit format (bf16/fp16)
+    peak_fp8: float      # dense FP8 FLOP/s, 0 when the GPU has none
+    efficiency: float
+    efficiency_fp8: float
+    hbm_bytes: float
+    hbm_bw: float
+    gpus_per_node: int
+    bw_intra: float
+    bw_inter: float
+    lat_intra: float
+    lat_inter: float
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A resolved instance; ``gpus`` is fixed for solve/evaluate, ``node_options`` for queries."""
+
+    spec: InstanceSpec
+    hw: Hardware
+    node_options: tuple[int, ...]   # node counts the instance allows (one for a fixed size)
+    gpus: int                        # GPU count of the current size
+    source: str = "<memory>"
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.spec.model
+
+    @property
+    def nodes(self) -> int:
+        g = self.hw.gpus_per_node
+        return max(1, -(-self.gpus // g))
+
+    @property
+    def node_size(self) -> int:
+        """GPUs that share the fast intra-node links (a partial node when gpus < gpus_per_node)."""
+        return min(self.gpus, self.hw.gpus_per_node)
+
+    def with_nodes(self, nodes: int) -> Instance:
+        """The same instance on ``nodes`` nodes."""
+        return replace(self, gpus=nodes * self.hw.gpus_per_node, node_options=(nodes,))
+
+    def with_spec(self, **sections: Any) -> Instance:
+        """A copy with whole sections of the spec replaced (constraints, plan, training...)."""
+        return replace(self, spec=self.spec.model_copy(update=sections))
+
+
+def _fmt_loc(loc: tuple) -> str:
+    parts = [str(p) for p in loc if not str(p).startswith(("function-", "tagged-union"))]
+    # pydantic reports union members as e.g. ('global_batch', 'int'); keep only key names
+    keep = [p for p in parts if p not in ("int", "tuple[int,int]", "float", "str", "list[...]",
+                                          "bool", "none", "literal['none','selective','full']")]
+    return ".".join(keep) or "<file>"
+
+
+def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
+    seen, out = set(), []
+    for err in exc.errors():
+        loc = _fmt_loc(err["loc"])
+        key = f"{prefix}{loc}"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see the README instance reference)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        elif "input" in err and err["type"] not in ("value_error",):
+            msg = f"{msg} (got {err['input']!r})"
+        line = f"{key}: {msg}"
+        if line not in seen and not (loc in seen):
+            seen.add(line)
+            out.append(line)
+    return out
+
+
+def parse_instance(data: dict[str, Any], source: str = "<memory>") -> Instance:
+    """Validate a parsed TOML document and resolve it (presets, catalog, overrides)."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    model = data.get("model")
+    if isinstance(model, dict) and "preset" in model:
+        name = model["preset"]
+        if name not in presets():
+            raise InputError(f"{source}: invalid instance",
+                             [f"model.preset: unknown preset {name!r}; expected one of: "
+                              + ", ".join(sorted(presets()))])
+        data["model"] = {**presets()[name], **model}
+        data["model"].setdefault("name", name)
+    for section in ("training", "cluster"):
+        sec = data.get(section)
+        if isinstance(sec, dict):   # TOML arrays arrive as lists; the schema wants [lo, hi] tuples
+            for key in ("global_batch", "nodes"):
+                if isinstance(sec.get(key), list):
+                    sec[key] = tuple(sec[key])
+    try:
+        spec = InstanceSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{source}: invalid instance", _problems(exc)) from None
+    return resolve(spec, source)
+
+
+def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
+    """Look up the GPU, apply overrides and fix the cluster size(s)."""
+    c = spec.cluster
+    gpu = load_gpu(c.gpu)
+    precision = spec.training.precision
+    if precision == "fp8" and gpu.peak_tflops_fp8 <= 0:
+        raise InputError(f"{source}: invalid instance",
+                         [f"training.precision: {gpu.key} has no FP8 tensor cores; use bf16 or fp16"])
+    g = c.gpus_per_node or gpu.gpus_per_node
+    eff8 = c.efficiency_fp8 or gpu.efficiency_fp8 or gpu.efficiency
+    hw = Hardware(
+        gpu=gpu,
+        peak=gpu.peak_flops("fp16" if precision == "fp16" else "bf16"),
+        peak_fp8=gpu.peak_flops("fp8"),
+        efficiency=c.efficiency or gpu.efficiency,
+        efficiency_fp8=eff8,
+        hbm_bytes=gpu.hbm_capacity_GiB * GiB,
+        hbm_bw=gpu.hbm_bandwidth_GBps * 1e9,
+        gpus_per_node=g,
+        bw_intra=(c.intra_node_bandwidth_GBps or gpu.intra_node_bandwidth_GBps) * 1e9,
+        bw_inter=(c.inter_node_bandwidth_GBps or gpu.inter_node_bandwidth_GBps) * 1e9,
+        lat_intra=gpu.intra_node_latency_us * 1e-6,
+        lat_inter=gpu.inter_node_latency_us * 1e-6,
+    )
+    if c.gpus is not None:
+        if c.gpus > g and c.gpus % g:
+            raise InputError(f"{source}: invalid instance",
+                             [f"cluster.gpus: {c.gpus} does not fill whole nodes of {g} GPUs; "
+                              f"use a multiple of {g} or fewer than {g}"])
+        return Instance(spec, hw, (max(1, c.gpus // g),), c.gpus, source)
+    if c.node_counts is not None:
+        options = tuple(sorted(set(c.node_counts)))
+    elif isinstance(c.nodes, tuple):
+        options = tuple(range(c.nodes[0], c.nodes[1] + 1))
+    else:
+        options = (c.nodes,)
+    return Instance(spec, hw, options, options[-1] * g, source)
+
+
+def load_instance(path: str | Path) -> Instance:
+    """Read and resolve an instance TOML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{p}: TOML syntax error: {exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not a text file") from None
+    return parse_instance(data, str(p))

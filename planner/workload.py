@@ -1,0 +1,133 @@
+"""What one transformer layer costs: FLOPs, HBM traffic, parameters and stored activations.
+
+Quantities are per GPU and per micro-batch, for ``b`` sequences of ``s / cp`` tokens on a tensor
+group of ``t``. They depend on the model shape only through :class:`Shape`, and are plain
+arithmetic on ``t``, ``c``, ``b`` so numbers, arrays and symbols all work.
+
+Sources: FLOPs follow Narayanan et al. 2021 (arXiv 2104.04473) Sec. 5.1 / Eq. 3 and their
+generalisation in Megatron-LM ``num_floating_point_operations`` (GQA, gated MLP); stored
+activations follow Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4 and Table 2, generalised
+to GQA and gated MLPs term by term. All tensors are 16-bit (2 bytes) unless stated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.schema import ModelSpec
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Model shape in the notation of the papers: L layers, h hidden, a heads, k kv heads,
+    f MLP width, V vocab, s sequence length."""
+
+    L: int
+    h: int
+    a: int
+    k: int
+    f: int
+    V: int
+    s: int
+    gated: bool
+    tied: bool
+    learned_pos: bool
+    dropout: bool
+
+    @staticmethod
+    def of(m: ModelSpec) -> Shape:
+        return Shape(L=m.layers, h=m.hidden, a=m.heads, k=m.kv, f=m.ffn, V=m.vocab, s=m.seq_len,
+                     gated=m.gated_mlp, tied=m.tied_embeddings,
+                     learned_pos=m.position_embedding == "learned", dropout=m.dropout)
+
+    # parameters --------------------------------------------------------------------------
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.gated else 2
+
+    @property
+    def layer_params(self) -> float:
+        """Weights of one layer: QKV ``h (h + 2 h k / a)``, projection ``h^2``, MLP
+        ``(2 or 3) h f``, plus norms and biases (``13h`` for GPT-3, as Narayanan et al.)."""
+        h, f = self.h, self.f
+        qkv = h * (h + 2 * h * self.k / self.a)
+        linear = 4 * h + (h + 2 * h * self.k / self.a) + h + f + h
+        return qkv + h * h + self.mlp_matrices * h * f + linear
+
+    @property
+    def embedding_params(self) -> float:
+        return self.V * self.h + (self.s * self.h if self.learned_pos else 0)
+
+    @property
+    def total_params(self) -> float:
+        """Parameters of the model (the output layer counted once when tied)."""
+        out = 0 if self.tied else self.V * self.h
+        return self.L * self.layer_params + self.embedding_params + out + 2 * self.h
+
+    # FLOPs, forward, per micro-batch of b sequences, whole layer (divide by t*c per GPU) -------
+    def gemm_flops(self, b) -> float:
+        """Dense GEMMs of one layer forward: ``2 b s (h (h + 2hk/a) + h^2 + (2|3) h f)``."""
+        h = self.h
+        return 2 * b * self.s * (h * (h + 2 * h * self.k / self.a) + h * h
+                                 + self.mlp_matrices * h * self.f)
+
+    def attention_flops(self, b) -> float:
+        """Attention core forward (``QK^T`` and ``AV``): ``4 b s^2 h``, counted without the causal
+        half as Megatron-LM and Narayanan et al. Eq. 3 do."""
+        return 4 * b * self.s * self.s * self.h
+
+    def logits_flops(self, b) -> float:
+        """Output layer forward: ``2 b s h V``."""
+        return 2 * b * self.s * self.h * self.V
+
+    def model_flops(self, batch) -> float:
+        """Model FLOPs of one training step (forward + backward = 3x forward, no recompute):
+        the Megatron-LM / Narayanan et al. Eq. 3 convention used for MFU."""
+        per_seq = self.L * (self.gemm_flops(1) + self.attention_flops(1)) + self.logits_flops(1)
+        return 3 * batch * per_seq
+
+    # HBM traffic of element-wise kernels, forward, bytes per token --------------------------
+    @property
+    def dropout_mask_bytes(self) -> int:
+        """A dropout mask costs 1 byte per element; a model trained without dropout stores none."""
+        return 1 if self.dropout else 0
+
+    @property
+    def eltwise_replicated_bytes(self) -> float:
+        """Layer norms (read 2h + write 2h, twice) and the two bias-dropout-add kernels (read 4h,
+        write 2h + a 1-byte mask: 7h each): ``22 h`` (``20 h`` without dropout); replicated on
+        every tensor rank unless sequence parallelism shards them."""
+        return (20 + 2 * self.dropout_mask_bytes) * self.h
+
+    @property
+    def eltwise_parallel_bytes(self) -> float:
+        """The MLP activation: read + write ``f`` (GeLU: ``4f`` bytes), or for a gated MLP read
+        the two ``f``-wide halves and write one (``6f``); split over tensor ranks."""
+        return (6 if self.gated else 4) * self.f
+
+    @property
+    def score_eltwise_bytes_per_element(self) -> float:
+        """Unfused attention: scale-mask-softmax (read 2, write 2) and dropout (read 2, write 2,
+        mask 1) per score element: 9 bytes (4 without dropout); ``a s`` elements per token."""
+        return 9.0 if self.dropout else 4.0
+
+    # stored activations, bytes per token (Korthikanti et al. Table 2, generalised) ----------
+    @property
+    def act_replicated_bytes(self) -> float:
+        """Layer-norm inputs (2 x 2h), QKV and MLP inputs (2 x 2h), two dropout masks (2 x h):
+        ``10 h`` (``8 h`` without dropout); replicated across tensor ranks without sequence
+        parallelism."""
+        return (8 + 2 * self.dropout_mask_bytes) * self.h
+
+    @property
+    def act_parallel_bytes(self) -> float:
+        """Q (2h), K and V (``4 h k / a``), projection input (2h), MLP: plain ``4f`` (GeLU input
+        and output), gated ``6f`` (both halves of fc1's output and the product); for GPT-3
+        (k = a, f = 4h) this is Korthikanti's ``24 h``."""
+        return 4 * self.h + 4 * self.h * self.k / self.a + (6 if self.gated else 4) * self.f
+
+    @property
+    def act_score_bytes_per_element(self) -> float:
+        """Unfused attention stores the softmax output (2), its dropout mask (1) and dropout
+        output (2) per score element: Korthikanti's ``5 a s^2 b`` (2 without dropout)."""
+        return 5.0 if self.dropout else 2.0
