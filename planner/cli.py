@@ -1,0 +1,160 @@
+"""The ``plan`` command line: thin wrappers that call library functions and print.
+
+Exit codes: 0 success; 2 bad input (file, key, flag); 3 infeasible (the explanation says what
+binds); 4 solver failure; 1 anything else the tool reports. No command shows a traceback for a
+user error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.errors import PlanError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Provably optimal parallel plans for transformer training (AMPeD model).")
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable JSON on stdout")]
+FileArg = Annotated[Path, typer.Argument(help="instance TOML file", show_default=False)]
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _fail(exc: PlanError) -> None:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def _load(path: Path, nodes: int | None = None):
+    from planner.instance import load_instance
+
+    inst = load_instance(path)
+    if nodes is not None:
+        inst = inst.with_nodes(nodes)
+    return inst
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@app.command()
+def evaluate(
+    file: FileArg,
+    tp: Annotated[Optional[int], typer.Option(min=1, help="tensor-parallel degree")] = None,
+    pp: Annotated[Optional[int], typer.Option(min=1, help="pipeline-parallel degree")] = None,
+    dp: Annotated[Optional[int], typer.Option(min=1, help="data-parallel degree")] = None,
+    cp: Annotated[Optional[int], typer.Option(min=1, help="context-parallel degree")] = None,
+    vp: Annotated[Optional[int], typer.Option(min=1, help="virtual stages per pipeline rank")] = None,
+    micro_batch: Annotated[Optional[int], typer.Option(min=1, help="micro-batch size")] = None,
+    global_batch: Annotated[Optional[int], typer.Option(min=1, help="global batch")] = None,
+    recompute: Annotated[Optional[str], typer.Option(help="none | selective | full")] = None,
+    sequence_parallel: Annotated[Optional[bool], typer.Option(
+        "--sp/--no-sp", help="sequence parallelism")] = None,
+    distributed_optimizer: Annotated[Optional[bool], typer.Option(
+        "--distributed-optimizer/--no-distributed-optimizer")] = None,
+    nodes: Annotated[Optional[int], typer.Option(min=1, help="override the node count")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost."""
+    from planner.evaluator import evaluate as run_evaluate
+    from planner.plan import plan_from_spec
+    from planner.report import print_step
+    from planner.schema import RECOMPUTE_MODES, PlanSpec
+
+    try:
+        if recompute is not None and recompute not in RECOMPUTE_MODES:
+            from planner.errors import InputError
+
+            raise InputError(f"--recompute: expected one of {', '.join(RECOMPUTE_MODES)}, "
+                             f"got {recompute!r}")
+        inst = _load(file, nodes)
+        spec = inst.spec.plan or PlanSpec()
+        plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, vp=vp,
+                              micro_batch=micro_batch, global_batch=global_batch,
+                              recompute=recompute, sequence_parallel=sequence_parallel,
+                              distributed_optimizer=distributed_optimizer)
+        rep = run_evaluate(inst, plan)
+    except PlanError as exc:
+        _fail(exc)
+    if as_json:
+        _emit_json(rep.to_dict())
+    else:
+        print_step(rep, inst, out)
+
+
+@app.command()
+def validate(
+    runs: Annotated[Optional[Path], typer.Argument(
+        help="runs TOML (default: the shipped published runs)")] = None,
+    calibrate: Annotated[bool, typer.Option(
+        "--calibrate", help="also fit one efficiency per GPU type and print it")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Predicted vs measured step time for every published run, with mean and max error."""
+    from planner import validate as v
+
+    try:
+        data = v.load_runs(runs)
+        results = v.validate_runs(data)
+        fitted = v.calibrate(data) if calibrate else None
+    except PlanError as exc:
+        _fail(exc)
+    summ = v.summary(results)
+    if as_json:
+        _emit_json({"runs": [{"id": r.id, "gpu": r.gpu, "precision": r.precision, "gpus": r.gpus,
+                              "measured_s": r.measured_s, "predicted_s": r.predicted_s,
+                              "error": r.error, "fits": r.report.fits,
+                              "memory_gib": r.report.memory_gib["total"], "source": r.source}
+                             for r in results], "summary": summ, "calibration": fitted})
+        return
+    t = Table(title="Predicted vs measured step time")
+    for col in ("run", "GPUs", "GPU", "prec", "measured s", "predicted s", "error", "mem GiB"):
+        t.add_column(col, justify="left" if col in ("run", "GPU", "prec") else "right")
+    for r in results:
+        style = "red" if abs(r.error) > 0.15 else ("yellow" if abs(r.error) > 0.08 else "")
+        mem = f"{r.report.memory_gib['total']:.1f}" + ("" if r.report.fits else " (!)")
+        t.add_row(r.id, str(r.gpus), r.gpu, r.precision, f"{r.measured_s:.3f}",
+                  f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%", mem, style=style)
+    out.print(t)
+    out.print(f"runs: {summ['runs']}   mean |error|: {100 * summ['mean_abs_error']:.1f}%   "
+              f"max |error|: {100 * summ['max_abs_error']:.1f}%")
+    misfits = [r for r in results if not r.report.fits]
+    for r in misfits:
+        out.print(f"[yellow]{r.id}: the model says this plan does not fit: "
+                  f"{'; '.join(r.report.violations)}[/]")
+    if fitted:
+        out.print("calibration (minimiser of the mean |error| per GPU type): "
+                  + ", ".join(f"{g}: " + ", ".join(f"{k}={x}" for k, x in f.items())
+                              for g, f in fitted.items()))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except PlanError as exc:  # a last guard: no tracebacks for domain errors
+        err.print(f"error: {exc}")
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Human reports (rich) for plan results; the JSON view is ``StepReport.to_dict``.
+
+Rendering lives here and nowhere else so every command prints a plan the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from planner.evaluator import MEMORY_TERMS, MFU_FORMULA, TIME_TERMS, StepReport
+from planner.instance import Instance
+
+TERM_LABELS = {
+    "compute": "compute (fwd + bwd + recompute)",
+    "bubble": "pipeline bubble",
+    "tp_comm": "tensor-parallel comm",
+    "cp_comm": "context-parallel comm (exposed)",
+    "pp_comm": "pipeline p2p comm",
+    "dp_comm": "data-parallel grad reduction",
+    "optimizer": "optimizer step (HBM-bound)",
+}
+
+
+def _fmt_s(x: float) -> str:
+    if x >= 1:
+        return f"{x:.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.2f} ms"
+    return f"{x * 1e6:.1f} us"
+
+
+def plan_table(rep: StepReport, inst: Instance) -> Table:
+    p = rep.plan
+    t = Table(title="Plan", show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("model", f"{inst.model.name or 'custom'}: {inst.model.layers} layers, hidden "
+              f"{inst.model.hidden}, {inst.model.heads} heads ({inst.model.kv} kv), seq "
+              f"{inst.model.seq_len}")
+    t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({p.nodes} node(s) of "
+              f"{inst.hw.gpus_per_node}), {inst.spec.training.precision}")
+    t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}")
+    t.add_row("inside a node", f"TP {p.tp_intra}  CP {p.cp_intra}  DP {p.dp_intra}  "
+              f"PP {p.pp_intra}   (across nodes: TP {p.inter('tp'):g}  CP {p.inter('cp'):g}  "
+              f"DP {p.inter('dp'):g}  PP {p.inter('pp'):g})")
+    t.add_row("batch", f"global {p.global_batch} = DP {p.dp} x micro-batch {p.micro_batch} x "
+              f"{p.micro_batches} micro-batches")
+    t.add_row("memory knobs", f"recompute {p.recompute}, sequence parallel "
+              f"{'on' if p.sequence_parallel else 'off'}, distributed optimizer "
+              f"{'on' if p.distributed_optimizer else 'off'}")
+    return t
+
+
+def time_table(rep: StepReport) -> Table:
+    t = Table(title=f"Step time {_fmt_s(rep.step_time_s)}")
+    t.add_column("term")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    for name in TIME_TERMS:
+        v = rep.breakdown_s[name]
+        if v == 0 and name in ("cp_comm",):
+            continue
+        t.add_row(TERM_LABELS[name], _fmt_s(v), f"{100 * v / rep.step_time_s:.1f}%")
+    return t
+
+
+def memory_table(rep: StepReport) -> Table:
+    mem = rep.memory_gib
+    t = Table(title=f"Memory per GPU, {rep.most_loaded_stage} pipeline stage (GiB = 2^30 B)")
+    t.add_column("component")
+    t.add_column("GiB", justify="right")
+    t.add_column("of limit", justify="right")
+    for name in MEMORY_TERMS:
+        t.add_row(name.replace("_", " "), f"{mem[name]:.2f}", f"{100 * mem[name] / mem['limit']:.1f}%")
+    style = "bold red" if mem["total"] > mem["limit"] else "bold green"
+    t.add_row(Text("total", style=style), Text(f"{mem['total']:.2f}", style=style),
+              Text(f"{100 * mem['total'] / mem['limit']:.1f}%", style=style))
+    t.add_row("limit", f"{mem['limit']:.2f}",
+              f"capacity {mem['capacity']:.1f} - reserve {mem['reserve']:.1f}")
+    return t
+
+
+def summary_table(rep: StepReport, inst: Instance) -> Table:
+    t = Table(title="Summary", show_header=False, box=None)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("MFU", f"{100 * rep.mfu:.1f}%  ({rep.model_tflops_per_gpu:.0f} model TFLOP/s per GPU)")
+    t.add_row("", Text(MFU_FORMULA, style="dim"))
+    tokens = inst.spec.training.tokens
+    if rep.total_days is not None:
+        t.add_row("training time", f"{rep.total_days:.1f} days for {tokens:.3g} tokens "
+                  f"({rep.steps:,.0f} steps of {rep.tokens_per_step:,} tokens)")
+    else:
+        t.add_row("training time", "set training.tokens for days and cost")
+    if rep.cost is not None:
+        t.add_row("cost", f"${rep.cost:,.0f} at ${inst.spec.cluster.price_per_gpu_hour}/GPU-hour")
+    return t
+
+
+def violations_panel(rep: StepReport) -> Panel:
+    if not rep.violations:
+        return Panel(Text("fits: every limit holds", style="green"), title="Feasibility")
+    body = Text("\n".join(f"- {v}" for v in rep.violations), style="red")
+    return Panel(body, title="Violated limits")
+
+
+def render_step(rep: StepReport, inst: Instance, extra: list[Any] | None = None) -> Group:
+    parts: list[Any] = [plan_table(rep, inst), time_table(rep), memory_table(rep),
+                        summary_table(rep, inst), violations_panel(rep)]
+    return Group(*(parts + list(extra or [])))
+
+
+def print_step(rep: StepReport, inst: Instance, console: Console | None = None,
+               extra: list[Any] | None = None) -> None:
+    (console or Console()).print(render_step(rep, inst, extra))
