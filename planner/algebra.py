@@ -35,20 +35,23 @@ Mono = tuple[tuple[str, int], ...]  # sorted (variable, exponent) pairs, exponen
 
 #: Named functions of one form; the encoders tabulate them over the form's values.
 FUNCTIONS: dict[str, Callable[[float], float]] = {
-    "gt1": lambda x: 1.0 if x > 1 else 0.0,
-    "eq1": lambda x: 1.0 if x == 1 else 0.0,
+    "gt1": lambda x: 1.0 if x > 1 + 1e-9 else 0.0,
+    "eq1": lambda x: 1.0 if abs(x - 1) <= 1e-9 else 0.0,
+    "ring_share": lambda x: 1.0 - 1.0 / x,
+    "steps": lambda x: x - 1.0,
 }
 
 
 @dataclass(frozen=True, order=True)
 class Fn:
-    """A factor ``FUNCTIONS[name](value of form)``."""
+    """A factor ``FUNCTIONS[name](scale * value of form)``."""
 
     name: str
     form: Mono
+    scale: float = 1.0
 
     def __call__(self, values: Mapping[str, float]) -> float:
-        return FUNCTIONS[self.name](mono_value(self.form, values))
+        return FUNCTIONS[self.name](self.scale * mono_value(self.form, values))
 
 
 Key = tuple[Mono, tuple[Fn, ...]]
@@ -93,17 +96,21 @@ class Sig:
 
     @staticmethod
     def fn(name: str, x: Sig) -> Sig:
-        form = x.single_form()
-        return Sig({((), (Fn(name, form),)): 1.0})
+        form, scale = x.single_form()
+        if not form:
+            return Sig.const(FUNCTIONS[name](scale))
+        return Sig({((), (Fn(name, form, scale),)): 1.0})
 
-    def single_form(self) -> Mono:
-        """The monomial of a one-term, unit-coefficient signomial (a degree or a product)."""
-        if self.maxes or len(self.terms) != 1:
+    def single_form(self) -> tuple[Mono, float]:
+        """The monomial and coefficient of a one-term signomial (a degree or a product)."""
+        if self.maxes or len(self.terms) > 1:
             raise TypeError("expected a single monomial")
+        if not self.terms:
+            return (), 0.0
         (mono, fns), c = next(iter(self.terms.items()))
-        if fns or c != 1.0:
-            raise TypeError("expected a bare monomial")
-        return mono
+        if fns:
+            raise TypeError("expected a monomial without function factors")
+        return mono, c
 
     # arithmetic ---------------------------------------------------------------------------
     def __add__(self, other) -> Sig:
@@ -201,22 +208,37 @@ def _lift(x) -> Sig:
 
 # Helpers that work on numbers, numpy arrays and Sig alike --------------------------------
 
+def _apply(name: str, x):
+    if isinstance(x, Sig):
+        return Sig.fn(name, x)
+    if isinstance(x, np.ndarray):
+        return np.vectorize(FUNCTIONS[name], otypes=[float])(x)
+    return FUNCTIONS[name](float(x))
+
+
 def gt1(x):
     """1 if ``x > 1`` else 0 (x a degree or a product of degrees)."""
-    if isinstance(x, Sig):
-        return Sig.fn("gt1", x)
-    if isinstance(x, np.ndarray):
-        return (x > 1).astype(float)
-    return 1.0 if x > 1 else 0.0
+    return _apply("gt1", x)
 
 
 def eq1(x):
     """1 if ``x == 1`` else 0."""
-    if isinstance(x, Sig):
-        return Sig.fn("eq1", x)
-    if isinstance(x, np.ndarray):
-        return (x == 1).astype(float)
-    return 1.0 if x == 1 else 0.0
+    return _apply("eq1", x)
+
+
+def ring_share(n):
+    """``(n - 1) / n``: the share of the data a ring of ``n`` moves per GPU per pass. Kept as one
+    factor (not ``1 - 1/n``) so the encoders never see a difference of large terms."""
+    if isinstance(n, np.ndarray):
+        return 1.0 - 1.0 / n
+    return _apply("ring_share", n)
+
+
+def steps(n):
+    """``n - 1``: the number of steps of a ring of ``n`` (kept as one non-negative factor)."""
+    if isinstance(n, np.ndarray):
+        return n - 1.0
+    return _apply("steps", n)
 
 
 def vmax(*args):

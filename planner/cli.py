@@ -147,6 +147,46 @@ def validate(
                               for g, f in fitted.items()))
 
 
+@app.command()
+def solve(
+    file: FileArg,
+    solver: Annotated[str, typer.Option(
+        help="cpsat | highs | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")
+    ] = "cpsat",
+    time_limit: Annotated[Optional[float], typer.Option(
+        min=0.001, help="seconds; at the limit the best plan found is returned, not proven")
+    ] = None,
+    nodes: Annotated[Optional[int], typer.Option(min=1, help="override the node count")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The fastest plan under the model, with its optimality certificate."""
+    from formulations.solve import solve as run_solve
+    from planner.report import print_step, solver_panel
+
+    try:
+        inst = _load(file, nodes)
+        _single_size(inst, nodes)
+        res = run_solve(inst, solver=solver, time_limit=time_limit)
+    except PlanError as exc:
+        _fail(exc)
+    if as_json:
+        _emit_json(res.to_dict())
+    elif res.report is None:
+        out.print(solver_panel(res))
+    else:
+        print_step(res.report, inst, out, extra=[solver_panel(res)])
+    if res.report is None:
+        raise typer.Exit(4)
+
+
+def _single_size(inst, nodes: int | None) -> None:
+    from planner.errors import InputError
+
+    if nodes is None and len(inst.node_options) > 1:
+        raise InputError(f"{inst.source}: cluster.nodes gives a range; pass --nodes N for a "
+                         "single size, or use plan pareto / plan capacity")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -10,7 +10,7 @@ the node. Each function is plain arithmetic so it works on numbers, arrays and
 
 from __future__ import annotations
 
-from planner.algebra import gt1
+from planner.algebra import gt1, ring_share, steps
 
 
 def allreduce(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
@@ -25,10 +25,10 @@ def allreduce(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
     >>> round(allreduce(1e9, 8, 1, 300e9, 25e9, 0, 0), 6)   # 2 * 7/8 * 1 GB / 300 GB/s
     0.005833
     """
-    n = n_intra * n_inter
-    return (2 * (1 - 1 / n_intra) * size / bw_intra
-            + 2 * (1 / n_intra - 1 / n) * size / bw_inter
-            + 2 * (n_intra - 1) * lat_intra + 2 * (n_inter - 1) * lat_inter)
+    # (1/n_i - 1/n) = (1/n_i) (n_o - 1)/n_o; every factor is kept non-negative
+    return (2 * ring_share(n_intra) * size / bw_intra
+            + 2 * (size / n_intra) * ring_share(n_inter) / bw_inter
+            + 2 * steps(n_intra) * lat_intra + 2 * steps(n_inter) * lat_inter)
 
 
 def ring_step(size, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):

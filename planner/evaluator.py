@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.algebra import eq1, is_one, vmax
+from planner.algebra import eq1, gt1, is_one, ring_share, steps, vmax
 from planner.catalog import GiB
 from planner.collectives import allreduce, ring_step
 from planner.instance import Hardware, Instance
@@ -196,8 +196,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         cp_layer = 0.0
     else:
         kv_bytes = 2 * 2 * tokens * h * sh.k / sh.a / t
-        steps = (c - 1) * passes          # forward: K/V; backward: K/V and their gradients
-        cp_raw = steps * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
+        hops = steps(c) * passes          # forward: K/V; backward: K/V and their gradients
+        cp_raw = hops * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
                                    hw.lat_intra, hw.lat_inter)
         cp_layer = vmax(0.0, cp_raw - attn)
 
@@ -206,15 +206,17 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     time = {
         "compute": m * (stage_layers * layer_compute + logits),
-        "bubble": tr.bubble_ratio * (p - 1) / v * per_microbatch,
+        # (p - 1)/v stage times of L/p layers = L (1 - 1/p) / v layer times
+        "bubble": tr.bubble_ratio * ring_share(p) * L / v * (layer_compute + tp_layer + cp_layer),
         "tp_comm": m * stage_layers * tp_layer,
         "cp_comm": m * stage_layers * cp_layer,
     }
 
     # ---- pipeline point-to-point ------------------------------------------------------------
     pp_bytes = act_bytes / t
-    time["pp_comm"] = 2 * m * (v - 1 / p) * ring_step(pp_bytes, x.p_out, hw.bw_intra,
-                                                      hw.bw_inter, hw.lat_intra, hw.lat_inter)
+    # each GPU sends m (v - 1/p) = m ((v - 1) + (1 - 1/p)) activations forward, as many back
+    time["pp_comm"] = 2 * m * (steps(v) + ring_share(p)) * ring_step(
+        pp_bytes, x.p_out, hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
 
     # ---- parameters of the most loaded stage ------------------------------------------------
     untied_extra = 0 if sh.tied else sh.V * h
@@ -257,9 +259,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # (v - 1) / v + 1 / (p v) layers' worth (Megatron's interleaved warm-up on rank p - 1).
     # Without interleaving (v = 1) Megatron runs plain 1F1B: exactly p micro-batches of L/p
     # layers on the first stage, hence the eq1(v) correction of the interleaved formula.
-    first_flight = 1 + (p - 1) / (p * v) - eq1(v) * (1 - 1 / p)
-    last_flight = 1 - 1 / v + 1 / (p * v)
-    in_flight = p + (p - 1) / v - eq1(v) * (p - 1)               # micro-batches, first stage
+    first_flight = 1 + gt1(v) * ring_share(p) / v
+    last_flight = ring_share(v) + 1 / (p * v)
+    in_flight = p + gt1(v) * steps(p) / v                        # micro-batches, first stage
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
     logits_buffer = 6 * tokens * sh.V / t                         # 16-bit logits + fp32 softmax
 
@@ -376,11 +378,11 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     mfu = achieved / inst.hw.peak
     tokens_step = plan.global_batch * sh.s
     tr = inst.spec.training
-    steps = tr.tokens / tokens_step if tr.tokens else None
-    days = steps * step / 86400 if steps is not None else None
+    n_steps = tr.tokens / tokens_step if tr.tokens else None
+    days = n_steps * step / 86400 if n_steps is not None else None
     price = inst.spec.cluster.price_per_gpu_hour
     cost = days * 24 * plan.gpus * price if (days is not None and price) else None
     return StepReport(plan=plan, step_time_s=step, breakdown_s=breakdown, memory_gib=memory,
                       memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
                       model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
-                      tokens_per_step=tokens_step, steps=steps, violations=violations)
+                      tokens_per_step=tokens_step, steps=n_steps, violations=violations)

@@ -109,6 +109,34 @@ def violations_panel(rep: StepReport) -> Panel:
     return Panel(body, title="Violated limits")
 
 
+def solver_panel(res) -> Panel:
+    """The optimality certificate of a solver result."""
+    from formulations.result import Status
+
+    ok = res.status == Status.OPTIMAL
+    t = Table(show_header=False, box=None)
+    t.add_column(style="bold")
+    t.add_column()
+    status = "optimal (proven)" if ok else f"{res.status.value} (NOT proven optimal)"
+    t.add_row("status", Text(status, style="green" if ok else "yellow"))
+    unit = "s per step" if res.objective_kind == "step_time" else "s per sequence"
+    if res.objective is not None:
+        t.add_row("objective", f"{res.objective:.9g} {unit}")
+    if res.bound is not None:
+        t.add_row("bound", f"{res.bound:.9g} {unit}")
+    if res.gap is not None:
+        t.add_row("gap", f"{100 * res.gap:.4f}%")
+    t.add_row("time", f"{res.wall_s:.3f} s wall ({res.solve_s:.3f} s in the solver, "
+              f"{res.build_s:.3f} s building)")
+    t.add_row("backend", res.backend)
+    if res.quantum_s:
+        t.add_row("quantum", f"CP-SAT works in integer units of {res.quantum_s:g} s: optimal up "
+                  "to half a unit per table entry")
+    if res.note and not ok:
+        t.add_row("note", res.note)
+    return Panel(t, title="Solver certificate")
+
+
 def render_step(rep: StepReport, inst: Instance, extra: list[Any] | None = None) -> Group:
     parts: list[Any] = [plan_table(rep, inst), time_table(rep), memory_table(rep),
                         summary_table(rep, inst), violations_panel(rep)]

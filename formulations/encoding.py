@@ -1,0 +1,389 @@
+"""Encode an instance as the log-domain model every MIP backend solves (DESIGN.md section 2).
+
+The evaluator (:func:`planner.evaluator.step_terms`) is run on symbols, once per categorical
+combination (recompute x sequence parallelism x distributed optimizer), and returns the step time
+and the memory of each pipeline stage as signomials. Each monomial is a function of one *form*
+(a product of base variables such as ``B T / (N b)``); a few also carry an indicator of a second
+form (``gt1(P / P_in)``: the pipeline crosses nodes). Terms are grouped by form, and each group
+becomes a table over the form's few values (times the categorical choices it depends on):
+
+* HiGHS/Pyomo: one binary per form value, a continuous copy per (value, choice) cell linked by
+  margins, and the table as objective / constraint coefficients;
+* CP-SAT: an integer index per form and ``AddElement`` into the table.
+
+Whole terms are never tabulated jointly over several variables: that blows up (DESIGN.md).
+This module is solver-free; :class:`Encoding` is what the backends read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.algebra import FUNCTIONS, Mono, Sig
+from planner.evaluator import Degrees, Knobs, memory_limit_bytes, step_terms
+
+from formulations.space import SearchSpace
+
+OBJECTIVES = ("step_time", "time_per_sample")
+
+
+# ------------------------------------------------------------------------------------------
+# Forms
+# ------------------------------------------------------------------------------------------
+
+
+def canon(mono: Mono) -> tuple[Mono, int]:
+    """A form up to inversion: ``(P/P_in)`` and ``(P_in/P)`` share one set of binaries."""
+    if mono and mono[0][1] < 0:
+        return tuple((v, -e) for v, e in mono), -1
+    return mono, 1
+
+
+@dataclass
+class Form:
+    """A product of base variables and the exponent vectors (over the primes) it can take."""
+
+    mono: Mono
+    tuples: list[tuple[int, ...]]          # reachable exponent vectors
+    values: np.ndarray                     # the form's value for each tuple
+    lo: tuple[int, ...]                    # per-prime exponent bounds (for mixed-radix indices)
+    hi: tuple[int, ...]
+    allowed: np.ndarray                    # False where a cap forbids the value
+
+    @property
+    def size(self) -> int:
+        return len(self.tuples)
+
+
+def _reachable(space: SearchSpace, mono: Mono) -> set[tuple[int, ...]]:
+    acc = {tuple(0 for _ in space.primes)}
+    for v, e in mono:
+        options = {tuple(e * x for x in ex) for ex in space.base[v].exps}
+        acc = {tuple(a + o for a, o in zip(t, opt)) for t in acc for opt in options}
+    return acc
+
+
+def make_form(space: SearchSpace, mono: Mono) -> Form:
+    if len(mono) == 1 and mono[0][1] == 1:      # a base variable: keep its value order
+        tuples = list(space.base[mono[0][0]].exps)
+    else:
+        tuples = sorted(_reachable(space, mono))
+    primes = np.array(space.primes, dtype=float)
+    arr = np.array(tuples, dtype=float)
+    values = np.prod(primes ** arr, axis=1)
+    lo = tuple(int(x) for x in arr.min(axis=0))
+    hi = tuple(int(x) for x in arr.max(axis=0))
+    return Form(mono, tuples, values, lo, hi, np.ones(len(tuples), dtype=bool))
+
+
+# ------------------------------------------------------------------------------------------
+# Features: a function of one form (optionally times a function of a second form's class)
+# ------------------------------------------------------------------------------------------
+
+
+Axis = tuple[Mono, tuple[tuple[str, int, float], ...]]   # (form, functions on it)
+
+
+@dataclass(frozen=True)
+class CopyKey:
+    """Identifies one set of cells: (main form value x class of each secondary axis x
+    categorical sub-choice)."""
+
+    main: Mono                   # canonical form of the main axis
+    others: tuple[Axis, ...]     # secondary axes: a form and the functions applied to it
+    dims: tuple[str, ...]        # categorical dimensions the tables depend on
+
+
+@dataclass
+class CopySet:
+    key: CopyKey
+    classes: list[np.ndarray]    # per secondary axis: the distinct values of its function
+    class_of: list[np.ndarray]   # per secondary axis: class index of each value of its form
+    subcombos: list[tuple]       # values of the dependent dims
+    combo_sub: list[int]         # for each full combo: its sub-combo index
+
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        return tuple(len(c) for c in self.classes) + (len(self.subcombos),)
+
+
+@dataclass
+class Usage:
+    """``sum(table[j, c, s] * cell[j, c, s])`` for one copy set; the table is in SI units."""
+
+    copy: CopyKey
+    table: np.ndarray            # [main value, class of each secondary axis..., sub-combo]
+    main_table: np.ndarray       # [main value, sub-combo]; table = main_table x classes
+
+
+@dataclass
+class LinExpr:
+    constant_by_combo: np.ndarray                # constant part, per full combo
+    usages: list[Usage] = field(default_factory=list)
+
+
+@dataclass
+class Encoding:
+    """Everything a backend needs, solver-free."""
+
+    space: SearchSpace
+    objective_kind: str                          # step_time, or time_per_sample (B varies)
+    forms: dict[Mono, Form]
+    copies: dict[CopyKey, CopySet]
+    objective: LinExpr
+    maxes: list[list[LinExpr]]                   # each: max over its argument expressions
+    memory: dict[str, LinExpr]                   # stage -> bytes, must be <= memory_limit
+    memory_limit: float
+    combos: list[Knobs]
+    var_order: tuple[str, ...]
+    extra_forms: list[Mono] = field(default_factory=list)
+
+    def form_index(self, mono: Mono, exps: tuple[int, ...]) -> int:
+        return self.forms[mono].tuples.index(exps)
+
+
+def symbolic_degrees(space: SearchSpace) -> tuple[Degrees, dict]:
+    """Degrees as symbols of the base variables (fixed ones substituted by their value)."""
+    inst = space.inst
+    sym = {n: (space.fixed[n] if n in space.fixed else Sig.var(n)) for n in space.base}
+    T, Ti, C, Ci, P, Pi, V, b, B = (sym[n] for n in ("T", "T_in", "C", "C_in", "P", "P_in",
+                                                      "V", "b", "B"))
+    N, g = inst.gpus, inst.node_size
+    d = N / (T * C * P)
+    d_in = g / (Ti * Ci * Pi)
+    deg = Degrees(t_in=Ti, t_out=T / Ti, c_in=Ci, c_out=C / Ci, p_in=Pi, p_out=P / Pi,
+                  d_in=d_in, d_out=d / d_in, b=b, v=V, B=B)
+    return deg, sym
+
+
+def _as_sig(x) -> Sig:
+    return x if isinstance(x, Sig) else Sig.const(float(x))
+
+
+class _Collector:
+    """Accumulates, per expression slot, terms grouped by copy set and by combo."""
+
+    def __init__(self, space: SearchSpace, n_combos: int):
+        self.space = space
+        self.n = n_combos
+        self.forms: dict[Mono, Form] = {}
+        # slot -> {"const": array, "groups": {(main, other, other_fns): {combo: [terms]}}}
+        self.slots: dict = {}
+        self.degree_args: set = set()   # (form, sign, scale) used as a function's argument
+
+    def form(self, mono: Mono) -> Form:
+        if mono not in self.forms:
+            self.forms[mono] = make_form(self.space, mono)
+        return self.forms[mono]
+
+    def add(self, slot, k: int, sig: Sig) -> None:
+        entry = self.slots.setdefault(slot, {"const": np.zeros(self.n), "groups": {}})
+        for (mono, fns), coef in sig.terms.items():
+            main, msign = canon(mono)
+            by_form: dict[Mono, list] = {}
+            for f in fns:
+                fm, fs = canon(f.form)
+                by_form.setdefault(fm, []).append((f.name, fs, f.scale))
+            if not main and by_form:                 # a pure function term: its form is the axis
+                main = max(by_form, key=lambda fm: self.form(fm).size)
+                msign = 0
+            if not main:
+                entry["const"][k] += coef
+                continue
+            self.form(main)
+            main_fns = tuple(sorted(by_form.pop(main, [])))
+            others = tuple(sorted((fm, tuple(sorted(fl))) for fm, fl in by_form.items()))
+            for fm, _ in others:
+                self.form(fm)
+            for fm, fl in [(main, main_fns)] + list(others):
+                for _name, sgn, scale in fl:
+                    self.degree_args.add((fm, sgn, scale))
+            entry["groups"].setdefault((main, others), {}).setdefault(k, []).append(
+                (coef, msign, main_fns))
+
+
+def _fn_values(values: np.ndarray, fns, sign: int = 1) -> np.ndarray:
+    """``value^sign * prod f(scale * value^s)`` over a form's values."""
+    out = values ** sign if sign else np.ones_like(values)
+    for name, s, scale in fns:
+        f = np.vectorize(FUNCTIONS[name], otypes=[float])
+        out = out * f(scale * values ** s)
+    return out
+
+
+def encode(space: SearchSpace, objective: str = "step_time") -> Encoding:
+    """Run the evaluator symbolically for every categorical combination and tabulate."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}")
+    inst = space.inst
+    deg, sym = symbolic_degrees(space)
+    n = len(space.combos)
+    col = _Collector(space, n)
+    arity: list[int] | None = None
+    for k, knobs in enumerate(space.combos):
+        terms = step_terms(inst, deg, knobs)
+        obj = _as_sig(terms.step_time)
+        if objective == "time_per_sample":
+            obj = obj / _as_sig(sym["B"]) if isinstance(sym["B"], Sig) else obj / sym["B"]
+        shape = [len(mx) for mx in obj.maxes]
+        if arity is None:
+            arity = shape
+        elif arity != shape:
+            raise RuntimeError("categorical choices changed the structure of the step time")
+        col.add("obj", k, Sig(obj.terms))
+        for i, mx in enumerate(obj.maxes):
+            for a, arg in enumerate(mx):
+                col.add(("max", i, a), k, arg)
+        for stage in terms.memory:
+            col.add(("mem", stage), k, _as_sig(terms.memory_total(stage)))
+
+    # a function's argument is a degree (a positive integer) at every feasible point, so form
+    # values that would make it fractional are unreachable: forbidding them keeps the LP from
+    # mixing impossible values (e.g. a ring share 1 - 8/1 < 0)
+    for fm, sgn, scale in col.degree_args:
+        f = col.forms[fm]
+        arg = scale * f.values ** sgn
+        f.allowed &= (arg >= 1 - 1e-9) & (np.abs(arg - np.rint(arg)) <= 1e-9 * np.maximum(arg, 1))
+
+    # caps on derived forms (dp <= max_dp ...)
+    extra = []
+    for _name, mono, coef, lo, hi in space.form_caps:
+        main, sign = canon(mono)
+        f = col.form(main)
+        vals = coef * f.values ** sign
+        ok = np.ones(f.size, dtype=bool)
+        if lo is not None:
+            ok &= vals >= lo - 1e-9
+        if hi is not None:
+            ok &= vals <= hi + 1e-9
+        f.allowed &= ok
+        extra.append(main)
+
+    # tabulate every group of every slot over all categorical combinations
+    tabulated: dict = {}
+    for slot, entry in col.slots.items():
+        groups = []
+        for (main, others), by_combo in entry["groups"].items():
+            fmain = col.forms[main]
+            classes, class_of = [], []
+            for fm, fns in others:
+                vals = _fn_values(col.forms[fm].values, fns, 0)
+                cl, inv = np.unique(np.round(vals, 12), return_inverse=True)
+                classes.append(cl)
+                class_of.append(inv)
+            outer = np.ones(())                 # outer product of the secondary classes
+            for cl_vals in classes:
+                outer = np.multiply.outer(outer, cl_vals)
+            full = np.zeros((fmain.size,) + outer.shape + (n,))
+            main_cols = np.zeros((fmain.size, n))
+            for k, items in by_combo.items():
+                for coef, msign, mfns in items:
+                    main_cols[:, k] += coef * _fn_values(fmain.values, mfns, msign)
+                full[..., k] = np.multiply.outer(main_cols[:, k], outer)
+            groups.append((main, others, classes, class_of, full, main_cols))
+        tabulated[slot] = (entry["const"], groups)
+
+    keep = _undominated(tabulated, n)
+    combos = [space.combos[k] for k in keep]
+    dims = list(space.dims)
+    copies: dict[CopyKey, CopySet] = {}
+
+    def build(slot) -> LinExpr:
+        const, groups = tabulated.get(slot, (np.zeros(n), []))
+        expr = LinExpr(const[keep].copy())
+        for main, others, classes, class_of, full_all, cols_all in groups:
+            full = full_all[..., keep]
+            cols = cols_all[:, keep]
+            dep = []
+            for di, dname in enumerate(dims):
+                values = {getattr(kn, dname) for kn in combos}
+                if len(values) < 2:
+                    continue
+                by_rest: dict = {}
+                for k, kn in enumerate(combos):
+                    rest = tuple(getattr(kn, d2) for jj, d2 in enumerate(dims) if jj != di)
+                    by_rest.setdefault(rest, []).append(k)
+                if any(not np.allclose(full[..., ks[0]], full[..., kk], rtol=1e-12, atol=0)
+                       for ks in by_rest.values() for kk in ks[1:]):
+                    dep.append(dname)
+            key = CopyKey(main, others, tuple(dep))
+            if key not in copies:
+                subs = sorted({tuple(getattr(kn, d) for d in dep) for kn in combos}, key=str)
+                combo_sub = [subs.index(tuple(getattr(kn, d) for d in dep)) for kn in combos]
+                copies[key] = CopySet(key, classes, class_of, subs, combo_sub)
+            cs = copies[key]
+            table = np.zeros(full.shape[:-1] + (len(cs.subcombos),))
+            main_table = np.zeros((full.shape[0], len(cs.subcombos)))
+            for k in range(len(combos)):
+                table[..., cs.combo_sub[k]] = full[..., k]
+                main_table[:, cs.combo_sub[k]] = cols[:, k]
+            expr.usages.append(Usage(key, table, main_table))
+        return expr
+
+    objective_expr = build("obj")
+    maxes = [[build(("max", i, a)) for a in range(n_args)] for i, n_args in enumerate(arity or [])]
+    memory = {stage: build(("mem", stage)) for stage in ("first", "last")}
+    return Encoding(space=space, objective_kind=objective,
+                    forms=col.forms, copies=copies, objective=objective_expr, maxes=maxes,
+                    memory=memory, memory_limit=memory_limit_bytes(inst), combos=combos,
+                    var_order=tuple(sorted(space.base)), extra_forms=extra)
+
+
+def _undominated(tabulated: dict, n: int) -> list[int]:
+    """Categorical combinations not dominated by another one.
+
+    Combination ``a`` dominates ``b`` when every table entry of the objective, of every max
+    argument and of every memory row is no larger under ``a`` than under ``b``: then any plan
+    under ``b`` is matched by the same degrees under ``a``, feasible and no slower. In this model
+    sequence parallelism and the distributed optimizer dominate their absence (same traffic,
+    less memory) unless a constraint pins them; the check is done on the numbers, not assumed.
+    Of identical combinations the first is kept.
+    """
+    def leq(a: int, b: int) -> bool:
+        for const, groups in tabulated.values():
+            if const[a] > const[b] + 1e-12 * abs(const[b]):
+                return False
+            for *_, full, _cols in groups:
+                fa, fb = full[..., a], full[..., b]
+                if np.any(fa > fb + 1e-12 * np.abs(fb)):
+                    return False
+        return True
+
+    keep = []
+    for b in range(n):
+        dominated = any(leq(a, b) and (not leq(b, a) or a < b) for a in range(n) if a != b)
+        if not dominated:
+            keep.append(b)
+    return keep
+
+
+def evaluate_encoding(enc: Encoding, choice: dict[str, int], combo: int) -> dict[str, float]:
+    """Objective and memory of one point, computed from the encoding's tables (for checks)."""
+    space = enc.space
+
+    def form_pos(mono: Mono) -> int:
+        exps = [0] * len(space.primes)
+        for v, e in mono:
+            val = choice[v]
+            ex = space.base[v].exps[space.base[v].values.index(val)]
+            for q in range(len(exps)):
+                exps[q] += e * ex[q]
+        return enc.forms[mono].tuples.index(tuple(exps))
+
+    def value(expr: LinExpr) -> float:
+        total = expr.constant_by_combo[combo]
+        for u in expr.usages:
+            cs = enc.copies[u.copy]
+            pos = (form_pos(u.copy.main),)
+            pos += tuple(int(co[form_pos(fm)]) for (fm, _), co in zip(u.copy.others, cs.class_of))
+            total += u.table[pos + (cs.combo_sub[combo],)]
+        return float(total)
+
+    out = {"objective": value(enc.objective)}
+    out["objective"] += sum(max(value(a) for a in mx) for mx in enc.maxes)
+    for st, e in enc.memory.items():
+        out[f"memory_{st}"] = value(e)
+    return out
+

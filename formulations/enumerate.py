@@ -1,0 +1,135 @@
+"""Vectorised enumeration of the search space: the test oracle and the benchmark baseline.
+
+It walks exactly the space the MIP backends see (:func:`formulations.space.build_space`):
+the cartesian product of the base variables, filtered by the same per-prime rules, then the
+evaluator (:func:`planner.evaluator.step_terms`) runs once per categorical combination on numpy
+arrays holding every surviving plan. No encoding, no solver: if the encoders and this disagree,
+one of them is wrong.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from planner.evaluator import Degrees, memory_limit_bytes, step_terms
+
+from formulations.result import RawSolution, Status
+from formulations.space import SearchSpace
+
+ORDER = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B")
+
+
+def available() -> bool:
+    return True
+
+
+def feasible_points(space: SearchSpace) -> dict[str, np.ndarray]:
+    """Every assignment of the base variables that satisfies the structural rules, as columns."""
+    nq = len(space.primes)
+    cols: dict[str, np.ndarray] = {}        # variable -> value per row
+    exps: dict[str, np.ndarray] = {}        # variable -> exponents per row (rows x primes)
+    n_rows = 1
+    done: set[str] = set()
+    pending = list(space.constraints)
+    for name in ORDER:
+        bv = space.base[name]
+        vals = np.array(bv.values, dtype=np.int64)
+        ex = np.array(bv.exps, dtype=np.int64).reshape(len(vals), nq)
+        reps = len(vals)
+        for k in cols:
+            cols[k] = np.repeat(cols[k], reps)
+            exps[k] = np.repeat(exps[k], reps, axis=0)
+        cols[name] = np.tile(vals, n_rows)
+        exps[name] = np.tile(ex, (n_rows, 1))
+        n_rows *= reps
+        done.add(name)
+        keep = np.ones(n_rows, dtype=bool)
+        if name in ("V", "P") and {"V", "P"} <= done:
+            keep &= (cols["V"] == 1) | (cols["P"] > 1)          # interleaving needs pp > 1
+        still = []
+        for con in pending:
+            if not {v for v, _ in con.mono} <= done:
+                still.append(con)
+                continue
+            total = np.tile(np.array(con.const, dtype=np.int64), (n_rows, 1))
+            for v, e in con.mono:
+                total = total + e * exps[v]
+            ok = np.all(total == 0, axis=1) if con.eq else np.all(total >= 0, axis=1)
+            if con.when_v_gt1:
+                ok |= cols["V"] == 1
+            keep &= ok
+        pending = still
+        for k in cols:
+            cols[k] = cols[k][keep]
+            exps[k] = exps[k][keep]
+        n_rows = int(keep.sum())
+    for _name, mono, coef, lo, hi in space.form_caps:
+        val = np.full(n_rows, coef, dtype=float)
+        for v, e in mono:
+            val = val * cols[v].astype(float) ** e
+        keep = np.ones(n_rows, dtype=bool)
+        if lo is not None:
+            keep &= val >= lo - 1e-9
+        if hi is not None:
+            keep &= val <= hi + 1e-9
+        cols = {k: c[keep] for k, c in cols.items()}
+        n_rows = int(keep.sum())
+    return cols
+
+
+def degrees_of(space: SearchSpace, cols: dict[str, np.ndarray]) -> Degrees:
+    f = {k: c.astype(float) for k, c in cols.items()}
+    N, g = space.inst.gpus, space.inst.node_size
+    d = N / (f["T"] * f["C"] * f["P"])
+    d_in = g / (f["T_in"] * f["C_in"] * f["P_in"])
+    return Degrees(t_in=f["T_in"], t_out=f["T"] / f["T_in"], c_in=f["C_in"],
+                   c_out=f["C"] / f["C_in"], p_in=f["P_in"], p_out=f["P"] / f["P_in"],
+                   d_in=d_in, d_out=d / d_in, b=f["b"], v=f["V"], B=f["B"])
+
+
+def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Objective per (combination, point), +inf where memory does not fit; and the fit mask."""
+    inst = space.inst
+    deg = degrees_of(space, cols)
+    n = len(next(iter(cols.values())))
+    limit = memory_limit_bytes(inst)
+    obj = np.full((len(space.combos), n), np.inf)
+    fits = np.zeros((len(space.combos), n), dtype=bool)
+    for k, knobs in enumerate(space.combos):
+        t = step_terms(inst, deg, knobs)
+        step = np.broadcast_to(np.asarray(t.step_time, dtype=float), (n,))
+        if objective == "time_per_sample":
+            step = step / deg.B
+        mem = np.maximum(np.broadcast_to(np.asarray(t.memory_total("first"), float), (n,)),
+                         np.broadcast_to(np.asarray(t.memory_total("last"), float), (n,)))
+        ok = mem <= limit
+        fits[k] = ok
+        obj[k] = np.where(ok, step, np.inf)
+    return obj, fits
+
+
+def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None
+          ) -> RawSolution:
+    t0 = time.perf_counter()
+    cols = feasible_points(space)
+    build_s = time.perf_counter() - t0
+    n = len(next(iter(cols.values()))) if cols else 0
+    if n == 0:
+        return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, build_s, "enumerate",
+                           note="no plan satisfies the structural rules",
+                           extra={"points": 0})
+    obj, fits = evaluate_all(space, cols, objective)
+    solve_s = time.perf_counter() - t0 - build_s
+    best = np.unravel_index(np.argmin(obj), obj.shape)
+    if not np.isfinite(obj[best]):
+        return RawSolution(Status.INFEASIBLE, None, None, None, None, solve_s, build_s,
+                           "enumerate", note="no plan fits in memory",
+                           extra={"points": n * len(space.combos)})
+    k, i = int(best[0]), int(best[1])
+    choice = {name: int(cols[name][i]) for name in ORDER}
+    val = float(obj[k, i])
+    return RawSolution(Status.OPTIMAL, choice, k, val, val, solve_s, build_s, "enumerate",
+                       extra={"points": n * len(space.combos)})

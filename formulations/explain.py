@@ -1,0 +1,143 @@
+"""Why an instance has no plan: which limit binds, by how much, and the nearest change that helps.
+
+The solvers prove infeasibility; this module says why in the user's terms. It works on the same
+search space with the enumerator's machinery: first the structural rules (divisibility, products,
+caps), then memory, where it reports the smallest per-GPU need any allowed plan has and what
+would make it fit (a relaxed constraint, or more GPUs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.catalog import GiB
+from planner.errors import InfeasibleError
+from planner.evaluator import memory_limit_bytes, step_terms
+
+from formulations.enumerate import degrees_of, feasible_points
+from formulations.space import SearchSpace, build_space
+
+
+def _structural(space: SearchSpace) -> InfeasibleError:
+    inst = space.inst
+    m = inst.model
+    N = inst.gpus
+    gb = inst.spec.training.global_batch
+    lines = []
+    cons = inst.spec.constraints
+    model_par = sorted({t * c * p for t in space.base["T"].values for c in space.base["C"].values
+                        for p in space.base["P"].values if N % (t * c * p) == 0})
+    if not model_par:
+        lines.append(f"no tp*cp*pp allowed by the model shape and constraints divides the "
+                     f"{N} GPUs (tp from {list(space.base['T'].values)}, pp from "
+                     f"{list(space.base['P'].values)}, cp from {list(space.base['C'].values)})")
+    else:
+        dps = sorted({N // x for x in model_par})
+        batches = list(space.base["B"].values)
+        mbs = list(space.base["b"].values)
+        ok = [(d, b, B) for d in dps for b in mbs for B in batches if B % (d * b) == 0]
+        if not ok:
+            gb_text = f"global batch {gb}" if isinstance(gb, int) else f"global batch in {list(gb)}"
+            lines.append(f"no dp x micro_batch divides the {gb_text} on {N} GPUs: dp can only "
+                         f"be one of {dps} (GPUs / (tp*cp*pp)) and micro_batch one of {mbs}")
+            if isinstance(gb, int):
+                near = sorted({d * k for d in dps for k in range(1, 2 * gb // d + 2)},
+                              key=lambda B: (abs(B - gb), B))[:3]
+                lines.append(f"nearest change: a global batch of {near[0]} (or {near[1]}, "
+                             f"{near[2]}), or a GPU count whose data-parallel degree divides {gb}")
+        else:
+            lines.append("the placement rules leave no plan: each node must hold a box of the "
+                         f"process grid (tp_intra*cp_intra*dp_intra*pp_intra = "
+                         f"{inst.node_size}); within-node constraints: tp {cons.tp_within_node}, "
+                         f"pp {cons.pp_within_node}, cp {cons.cp_within_node}")
+            if m.layers % 2 or cons.tp_within_node or cons.pp_within_node:
+                lines.append("nearest change: drop a *_within_node constraint or choose a GPU "
+                             "count that is a multiple of the node size")
+    return InfeasibleError("no plan satisfies the structural rules", lines)
+
+
+def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
+    cols = feasible_points(space)
+    if not cols or len(next(iter(cols.values()))) == 0:
+        return None
+    deg = degrees_of(space, cols)
+    best = None
+    for knobs in space.combos:
+        t = step_terms(space.inst, deg, knobs)
+        n = len(cols["T"])
+        first = np.broadcast_to(np.asarray(t.memory_total("first"), float), (n,))
+        last = np.broadcast_to(np.asarray(t.memory_total("last"), float), (n,))
+        mem = np.maximum(first, last)
+        i = int(np.argmin(mem))
+        if best is None or mem[i] < best[0]:
+            parts = {name: float(np.broadcast_to(np.asarray(v, float), (n,))[i])
+                     for name, v in t.memory["first" if first[i] >= last[i] else "last"].items()}
+            best = (float(mem[i]), {k: int(c[i]) for k, c in cols.items()}, knobs, parts)
+    return best
+
+
+def explain_infeasible(space: SearchSpace) -> InfeasibleError:
+    """An :class:`InfeasibleError` whose lines say what binds and what would help."""
+    inst = space.inst
+    found = _min_memory(space)
+    if found is None:
+        return _structural(space)
+    need, point, knobs, parts = found
+    limit = memory_limit_bytes(inst)
+    static = parts["weights"] + parts["gradients"] + parts["optimizer_states"]
+    lines = [
+        f"memory: the least any allowed plan needs is {need / GiB:.1f} GiB per GPU "
+        f"(tp={point['T']}, pp={point['P']}, cp={point['C']}, micro_batch={point['b']}, "
+        f"recompute={knobs.recompute}, distributed optimizer "
+        f"{'on' if knobs.distributed_optimizer else 'off'}), over the {limit / GiB:.1f} GiB limit "
+        f"by {(need - limit) / GiB:.1f} GiB",
+    ]
+    if static > limit:
+        lines.append(f"weights + gradients + optimizer states alone need {static / GiB:.1f} GiB "
+                     f"per GPU even at the largest model-parallel degree the constraints allow")
+    else:
+        lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB; "
+                     f"activations and logits the other {(need - static) / GiB:.1f} GiB")
+    lines += _suggestions(space, limit)
+    return InfeasibleError("no plan fits in GPU memory", lines)
+
+
+def _suggestions(space: SearchSpace, limit: float) -> list[str]:
+    """Single relaxations of the constraints that would make some plan fit."""
+    inst = space.inst
+    c = inst.spec.constraints
+    trials = []
+    relax = {"recompute": None, "distributed_optimizer": None, "sequence_parallel": None,
+             "max_tp": None, "tp": None, "max_pp": None, "pp": None, "max_cp": None,
+             "cp": None, "tp_within_node": False, "pp_within_node": False}
+    for key, free in relax.items():
+        if getattr(c, key) != free and getattr(c, key) is not None:
+            trials.append((f"lift constraints.{key} = {getattr(c, key)!r}", {key: free}))
+    if c.memory_reserve_GiB > 0:
+        trials.append((f"lower constraints.memory_reserve_GiB from {c.memory_reserve_GiB}",
+                       {"memory_reserve_GiB": 0.0}))
+    out = []
+    for text, change in trials:
+        try:
+            sp2 = build_space(inst.with_spec(constraints=c.model_copy(update=change)))
+        except InfeasibleError:
+            continue
+        found = _min_memory(sp2)
+        if found and found[0] <= memory_limit_bytes(sp2.inst):
+            out.append(f"nearest change: {text} (then a plan needs {found[0] / GiB:.1f} GiB)")
+    if not out:
+        g = inst.hw.gpus_per_node
+        for factor in (2, 4, 8):
+            bigger = inst.with_nodes(inst.nodes * factor) if inst.gpus >= g else None
+            if bigger is None:
+                break
+            try:
+                found = _min_memory(build_space(bigger))
+            except InfeasibleError:
+                continue
+            if found and found[0] <= memory_limit_bytes(bigger):
+                out.append(f"nearest change: {inst.nodes * factor} nodes ({factor}x) fit "
+                           f"({found[0] / GiB:.1f} GiB per GPU)")
+                break
+    return out
+

@@ -1,0 +1,251 @@
+"""The one-hot MILP form of an :class:`~formulations.encoding.Encoding`, solver-neutral.
+
+DESIGN.md section 2: one binary per value of each form (``sum_j z_j = 1`` and the form's
+per-prime exponents ``= sum_j exps_j z_j``), one binary per categorical combination, and for a
+table that depends on a second form's indicator class or on categorical choices, one continuous
+cell per (value, class, choice) tied to the binaries by its margins. Every objective and memory
+term is then linear: ``sum(table * cells)``. Base variables are forms of one variable, so they
+share the same binaries.
+
+:func:`build_rows` produces plain rows (variables, bounds, integrality, ``lo <= a.x <= hi``, a
+linear objective). The Pyomo backend and the CP-SAT backend both read these rows, so they solve
+literally the same model; only the scaling to integers (CP-SAT) differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.algebra import Mono
+
+from formulations.encoding import CopyKey, Encoding, LinExpr
+
+
+@dataclass
+class Rows:
+    names: list[str] = field(default_factory=list)
+    lb: list[float] = field(default_factory=list)
+    ub: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    obj: dict[int, float] = field(default_factory=dict)
+    obj_const: float = 0.0
+    rows: list[tuple[dict[int, float], float, float, str]] = field(default_factory=list)
+    # bookkeeping for decoding
+    form_vars: dict = field(default_factory=dict)     # mono -> [var index per tuple]
+    combo_vars: list[int] = field(default_factory=list)
+    violated: list[str] = field(default_factory=list)  # rows that fail on constants alone
+
+    def var(self, name: str, lb: float = 0.0, ub: float = 1.0, integer: bool = True) -> int:
+        self.names.append(name)
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(integer)
+        return len(self.names) - 1
+
+    def row(self, coefs: dict[int, float], lo: float, hi: float, name: str) -> None:
+        coefs = {k: v for k, v in coefs.items() if v != 0.0}
+        if not coefs:                      # a row on fixed quantities only: check it now
+            if not lo - 1e-9 <= 0.0 <= hi + 1e-9:
+                self.violated.append(name)
+            return
+        self.rows.append((coefs, lo, hi, name))
+
+
+INF = float("inf")
+
+
+def _add(acc: dict[int, float], var: int, coef: float) -> None:
+    acc[var] = acc.get(var, 0.0) + coef
+
+
+def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
+    """Rows of the MILP. Times are in seconds (per sample for that objective), memory in
+    ``memory_unit`` bytes (GiB by default, for well-scaled rows)."""
+    sp = enc.space
+    nq = len(sp.primes)
+    r = Rows()
+
+    # one-hot binaries per form (base variables first, so they are forms of one variable)
+    exps_of: dict[str, list[dict[int, float]]] = {}
+    for name, bv in sp.base.items():
+        if name in sp.fixed:
+            exps_of[name] = [{} for _ in range(nq)]
+            continue
+        zs = [r.var(f"x_{name}={v}") for v in bv.values]
+        r.row({z: 1.0 for z in zs}, 1, 1, f"one_{name}")
+        r.form_vars[((name, 1),)] = zs
+        exps_of[name] = [{z: float(e[qi]) for z, e in zip(zs, bv.exps) if e[qi]}
+                         for qi in range(nq)]
+
+    def exp_lin(mono, qi) -> tuple[dict[int, float], float]:
+        acc: dict[int, float] = {}
+        const = 0.0
+        for v, e in mono:
+            if v in sp.fixed:
+                const += e * sp.base[v].exps[0][qi]
+            else:
+                for z, c in exps_of[v][qi].items():
+                    _add(acc, z, e * c)
+        return acc, const
+
+    def indicator_gt1(name):
+        """Linear expression (dict, const) equal to 1 when the base variable exceeds 1."""
+        bv = sp.base[name]
+        if name in sp.fixed:
+            return {}, float(bv.values[0] > 1)
+        zs = r.form_vars[((name, 1),)]
+        return {z: 1.0 for z, v in zip(zs, bv.values) if v > 1}, 0.0
+
+    v_gt1, v_c = indicator_gt1("V")
+    p_gt1, p_c = indicator_gt1("P")
+    # V > 1 implies P > 1:  v_gt1 - p_gt1 <= 0
+    acc = dict(v_gt1)
+    for z, c in p_gt1.items():
+        _add(acc, z, -c)
+    r.row(acc, -INF, p_c - v_c, "interleave_needs_pp")
+
+    for con in sp.constraints:
+        for qi in range(nq):
+            lin, const = exp_lin(con.mono, qi)
+            total_const = con.const[qi] + const
+            if con.when_v_gt1:
+                # const + lin >= -M (1 - v_gt1)  <=>  lin - M v_gt1 >= -M - const
+                big = abs(total_const) + sum(abs(c) * 1 for c in lin.values()) * 64 + 64
+                acc = dict(lin)
+                for z, c in v_gt1.items():
+                    _add(acc, z, -big * c)
+                r.row(acc, -big * (1 - v_c) - total_const, INF, f"{con.name}[{sp.primes[qi]}]")
+            elif con.eq:
+                r.row(lin, -total_const, -total_const, f"{con.name}[{sp.primes[qi]}]")
+            else:
+                r.row(lin, -total_const, INF, f"{con.name}[{sp.primes[qi]}]")
+
+    # derived forms: one binary per reachable value, linked per prime
+    for mono, f in enc.forms.items():
+        if mono in r.form_vars:
+            zs = r.form_vars[mono]
+            for z, ok in zip(zs, f.allowed):
+                if not ok:
+                    r.ub[z] = 0.0
+            continue
+        zs = [r.var(f"f_{'*'.join(f'{v}^{e}' for v, e in mono)}={val:g}", ub=1.0 if ok else 0.0)
+              for val, ok in zip(f.values, f.allowed)]
+        r.form_vars[mono] = zs
+        r.row({z: 1.0 for z in zs}, 1, 1, f"one_{mono}")
+        for qi in range(nq):
+            lin, const = exp_lin(mono, qi)
+            acc = {z: float(t[qi]) for z, t in zip(zs, f.tuples) if t[qi]}
+            for z, c in lin.items():
+                _add(acc, z, -c)
+            r.row(acc, const, const, f"link_{mono}[{sp.primes[qi]}]")
+
+    # categorical combinations
+    n_combos = len(enc.combos)
+    r.combo_vars = [r.var(f"combo={k}") for k in range(n_combos)]
+    r.row({u: 1.0 for u in r.combo_vars}, 1, 1, "one_combo")
+
+    # cells (main value x categorical sub-choice) tied to the binaries by their margins
+    grids: dict = {}
+
+    def main_cells(key: CopyKey, cs) -> np.ndarray:
+        gk = (key.main, key.dims)
+        if gk in grids:
+            return grids[gk]
+        zs = r.form_vars[key.main]
+        n_sub = len(cs.subcombos)
+        if n_sub == 1:
+            grids[gk] = np.array(zs, dtype=int).reshape(-1, 1)
+            return grids[gk]
+        tag = len(grids)
+        grid = np.empty((len(zs), n_sub), dtype=int)
+        for j, z in enumerate(zs):
+            for s_ in range(n_sub):
+                grid[j, s_] = r.var(f"cell{tag}[{j},{s_}]", integer=False, ub=r.ub[z])
+            acc = {int(v): 1.0 for v in grid[j]}
+            acc[z] = -1.0
+            r.row(acc, 0, 0, f"margin{tag}_main[{j}]")
+        for s_ in range(n_sub):
+            acc = {int(v): 1.0 for v in grid[:, s_]}
+            for k, sk in enumerate(cs.combo_sub):
+                if sk == s_:
+                    _add(acc, r.combo_vars[k], -1.0)
+            r.row(acc, 0, 0, f"margin{tag}_choice[{s_}]")
+        grids[gk] = grid
+        return grid
+
+    def class_indicator(fm: Mono, class_of: np.ndarray, c: int) -> dict[int, float]:
+        return {z: 1.0 for z, cl in zip(r.form_vars[fm], class_of) if cl == c}
+
+    def usage_terms(u, unit: float) -> dict[int, float]:
+        """Linear terms worth ``u``: the main table on its cells, then each secondary factor
+        applied by disaggregating the running value over the factor's classes
+        (``w_c in [lo y_c, hi y_c]``, ``sum_c w_c = value``; exact when ``y`` is integral)."""
+        cs = enc.copies[u.copy]
+        grid = main_cells(u.copy, cs)
+        allowed = np.array([r.ub[z] > 0 for z in r.form_vars[u.copy.main]])
+        vals = u.main_table / unit
+        acc: dict[int, float] = {}
+        for v, c in zip(grid.ravel().tolist(), vals.ravel().tolist()):
+            if c:
+                _add(acc, v, c)
+        if not u.copy.others:
+            return acc
+        live = vals[allowed] if allowed.any() else vals
+        lo, hi = float(live.min()), float(live.max())
+        for (fm, _), classes, class_of in zip(u.copy.others, cs.classes, cs.class_of):
+            tag = len(r.names)
+            ws = [r.var(f"w{tag}[{c}]", lb=min(0.0, lo), ub=max(0.0, hi), integer=False)
+                  for c in range(len(classes))]
+            row = {w: 1.0 for w in ws}
+            for v, c in acc.items():
+                _add(row, v, -c)
+            r.row(row, 0, 0, f"split{tag}")
+            for c, w in enumerate(ws):
+                ind = class_indicator(fm, class_of, c)
+                up = {w: 1.0, **{z: -hi for z in ind}}
+                dn = {w: 1.0, **{z: -lo for z in ind}}
+                r.row(up, -INF, 0.0, f"split{tag}_hi[{c}]")
+                r.row(dn, 0.0, INF, f"split{tag}_lo[{c}]")
+            acc = {w: float(h) for w, h in zip(ws, classes) if h}
+            hs = [float(h) for h in classes]
+            lo, hi = min(lo * h for h in hs + [min(hs)]), max(hi * h for h in hs)
+            lo = min(lo, min(x * y for x in (lo, hi) for y in hs))
+        return acc
+
+    def linear(expr: LinExpr, unit: float) -> dict[int, float]:
+        acc: dict[int, float] = {}
+        for k, c in enumerate(expr.constant_by_combo):
+            if c:
+                _add(acc, r.combo_vars[k], c / unit)
+        for u in expr.usages:
+            for v, c in usage_terms(u, unit).items():
+                _add(acc, v, c)
+        return acc
+
+    r.obj = linear(enc.objective, 1.0)
+    for i, args in enumerate(enc.maxes):
+        y = r.var(f"max_{i}", lb=-INF, ub=INF, integer=False)
+        _add(r.obj, y, 1.0)
+        for a, expr in enumerate(args):
+            acc = linear(expr, 1.0)
+            _add(acc, y, -1.0)
+            r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
+    for stage, expr in enc.memory.items():
+        r.row(linear(expr, memory_unit), -INF, enc.memory_limit / memory_unit, f"mem_{stage}")
+    return r
+
+
+def decode(enc: Encoding, r: Rows, x: list[float]) -> tuple[dict[str, int], int]:
+    """Base-variable values and the combination index from a solution vector."""
+    sp = enc.space
+    choice = {}
+    for name, bv in sp.base.items():
+        if name in sp.fixed:
+            choice[name] = sp.fixed[name]
+        else:
+            zs = r.form_vars[((name, 1),)]
+            choice[name] = bv.values[int(np.argmax([x[z] for z in zs]))]
+    combo = int(np.argmax([x[u] for u in r.combo_vars]))
+    return choice, combo

@@ -1,0 +1,71 @@
+"""One result type for every backend (after linopy's ``Result`` / ``Status``).
+
+A backend reports a :class:`RawSolution` in the search space's own terms (base variable values
+and a categorical combination); :mod:`formulations.solve` decodes it into a
+:class:`~planner.plan.Plan`, re-evaluates it with the evaluator and returns a
+:class:`SolveResult`. "Stopped at the time limit with a plan" is FEASIBLE, never OPTIMAL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from planner.evaluator import StepReport
+
+
+class Status(str, Enum):
+    OPTIMAL = "optimal"                          # proven (CP-SAT OPTIMAL; MILP gap closed)
+    FEASIBLE = "feasible"                        # a plan, not proven optimal (time limit)
+    INFEASIBLE = "infeasible"                    # proven: no plan satisfies the limits
+    NO_SOLUTION_IN_LIMIT = "no_solution_in_limit"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class RawSolution:
+    """What a backend returns, before decoding."""
+
+    status: Status
+    choice: dict[str, int] | None                # base variable -> value
+    combo: int | None                            # index into the space's categorical combos
+    objective: float | None                      # seconds (or seconds per sample)
+    bound: float | None
+    solve_s: float                               # time inside the solver
+    build_s: float                               # time to build the solver model
+    backend: str
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    status: Status
+    report: StepReport | None
+    objective: float | None
+    bound: float | None
+    wall_s: float
+    solve_s: float
+    build_s: float
+    backend: str
+    objective_kind: str
+    note: str = ""
+    quantum_s: float | None = None
+
+    @property
+    def gap(self) -> float | None:
+        if self.objective is None or self.bound is None:
+            return None
+        return max(0.0, self.objective - self.bound) / max(abs(self.objective), 1e-30)
+
+    def solver_dict(self) -> dict[str, Any]:
+        return {"name": self.backend, "status": self.status.value, "objective": self.objective,
+                "objective_kind": self.objective_kind, "bound": self.bound, "gap": self.gap,
+                "wall_s": self.wall_s, "solve_s": self.solve_s, "build_s": self.build_s,
+                "quantum_s": self.quantum_s, "note": self.note}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.report.to_dict() if self.report else {"plan": None}
+        out["solver"] = self.solver_dict()
+        return out

@@ -1,0 +1,121 @@
+"""``plan solve``: one entry point over the three backends, decoding and checking their answer.
+
+Every backend answers in the search space's terms; :func:`solve` decodes that into a
+:class:`~planner.plan.Plan`, evaluates it with the evaluator (the single source of truth) and
+checks that the evaluator reproduces the solver's objective. A mismatch is a bug and is reported
+as an ERROR, never silently.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from planner.errors import InfeasibleError, SolverError
+from planner.evaluator import evaluate
+from planner.instance import Instance
+from planner.plan import Plan
+
+from formulations.encoding import encode
+from formulations.result import RawSolution, SolveResult, Status
+from formulations.space import SearchSpace, build_space
+
+BACKENDS = ("cpsat", "highs", "enumerate")
+
+
+def default_objective(inst: Instance) -> str:
+    """Step time for a fixed global batch; seconds per sequence when the batch is free (a
+    smaller batch always has a shorter step, so step time would be the wrong question)."""
+    return "step_time" if isinstance(inst.spec.training.global_batch, int) else "time_per_sample"
+
+
+def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
+    ch = raw.choice
+    inst = space.inst
+    N, g = inst.gpus, inst.node_size
+    knobs = space.combos[raw.combo]
+    T, C, P = ch["T"], ch["C"], ch["P"]
+    return Plan(tp=T, pp=P, dp=N // (T * C * P), cp=C, vp=ch["V"], micro_batch=ch["b"],
+                global_batch=ch["B"], gpus=N, nodes=inst.nodes, recompute=knobs.recompute,
+                sequence_parallel=knobs.sequence_parallel,
+                distributed_optimizer=knobs.distributed_optimizer, tp_intra=ch["T_in"],
+                cp_intra=ch["C_in"], pp_intra=ch["P_in"],
+                dp_intra=g // (ch["T_in"] * ch["C_in"] * ch["P_in"]))
+
+
+def objective_value(report, kind: str) -> float:
+    return report.step_time_s / (report.plan.global_batch if kind == "time_per_sample" else 1)
+
+
+def run_backend(space: SearchSpace, backend: str, time_limit: float | None,
+                objective: str) -> tuple[RawSolution, float | None]:
+    """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
+    if backend == "enumerate":
+        from formulations import enumerate as en
+
+        return en.solve(space, objective, time_limit), None
+    t0 = time.perf_counter()
+    enc = encode(space, objective)
+    enc_s = time.perf_counter() - t0
+    if backend == "cpsat":
+        from formulations import cpsat
+
+        if not cpsat.available():
+            raise SolverError("OR-Tools CP-SAT is not installed (pip install ortools)")
+        raw = cpsat.solve(enc, time_limit)
+        q = cpsat.quantum(enc)
+    else:
+        from formulations import pyomo_backend
+
+        name = "highs" if backend in ("highs", "pyomo") else backend
+        if not pyomo_backend.available(name):
+            raise SolverError(f"Pyomo cannot find the MILP solver {name!r}; install it or use "
+                              f"--solver cpsat / highs / enumerate")
+        raw = pyomo_backend.solve(enc, name, time_limit)
+        q = None
+    return replace(raw, build_s=raw.build_s + enc_s), q
+
+
+def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
+          objective: str | None = None, explain: bool = True) -> SolveResult:
+    """The optimal plan of an instance (fixed GPU count) under its constraints.
+
+    Raises :class:`~planner.errors.InfeasibleError` (with what binds) when no plan exists.
+
+    Example
+    -------
+    >>> from planner.instance import load_instance                    # doctest: +SKIP
+    >>> res = solve(load_instance("instances/gpt3-175b-a100.toml"))   # doctest: +SKIP
+    >>> res.status.value, res.report.plan.label()                       # doctest: +SKIP
+    ('optimal', 'TP4 PP8 DP32 VP6 mb1')
+    """
+    t0 = time.perf_counter()
+    kind = objective or default_objective(inst)
+    try:
+        space = build_space(inst)
+    except InfeasibleError:
+        raise
+    raw, quantum = run_backend(space, solver, time_limit, kind)
+    wall = time.perf_counter() - t0
+    if raw.status == Status.INFEASIBLE or (raw.status == Status.NO_SOLUTION_IN_LIMIT
+                                            and solver == "enumerate"):
+        if explain:
+            from formulations.explain import explain_infeasible
+
+            raise explain_infeasible(space)
+        raise InfeasibleError("no plan satisfies the limits")
+    if raw.status in (Status.ERROR, Status.NO_SOLUTION_IN_LIMIT) or raw.choice is None:
+        return SolveResult(raw.status, None, raw.objective, raw.bound, wall, raw.solve_s,
+                           raw.build_s, raw.backend, kind, raw.note, quantum)
+    plan = decode_plan(space, raw)
+    inst_b = inst if isinstance(inst.spec.training.global_batch, int) else inst
+    report = evaluate(inst_b, plan)
+    value = objective_value(report, kind)
+    tol = (quantum or 0.0) * 200 + 1e-6 * abs(value)
+    status, note = raw.status, raw.note
+    if abs(value - raw.objective) > tol or report.violations:
+        status = Status.ERROR
+        note = (f"the evaluator gives {value!r} for the solver's plan, the solver "
+                f"{raw.objective!r}; violations: {report.violations}")
+    return SolveResult(status, report, raw.objective, raw.bound, wall, raw.solve_s, raw.build_s,
+                       raw.backend, kind, note, quantum)
