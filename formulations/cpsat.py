@@ -17,8 +17,9 @@ import numpy as np
 from formulations.encoding import Encoding, LinExpr
 from formulations.result import RawSolution, Status
 
-QUANTUM_S = 1e-6          # objective unit: 1 microsecond (step times: seconds per step)
-QUANTUM_PER_SAMPLE = 1e-9  # objective unit when minimising seconds per sample
+#: The objective unit is 1e-7 of the objective's magnitude, rounded down to a power of ten
+#: (1 microsecond for a step of about 10 s).
+RELATIVE_QUANTUM = 1e-7
 
 
 def available() -> bool:
@@ -30,7 +31,8 @@ def available() -> bool:
 
 
 def quantum(enc: Encoding) -> float:
-    return QUANTUM_S if enc.objective_kind == "step_time" else QUANTUM_PER_SAMPLE
+    """Seconds (or seconds per sequence) per integer unit of the CP-SAT objective."""
+    return 10.0 ** np.floor(np.log10(max(enc.scale, 1e-300) * RELATIVE_QUANTUM))
 
 
 def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
@@ -116,6 +118,8 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
         expr = sum((exp_expr(mono, qi) - f.lo[qi]) * strides[qi] for qi in range(nq))
         pos = [sum((t[qi] - f.lo[qi]) * strides[qi] for qi in range(nq)) for t in f.tuples]
         allowed = [p for p, ok in zip(pos, f.allowed) if ok]
+        if not allowed:
+            return _infeasible(t0, f"no allowed value of {mono}")
         if isinstance(expr, (int, np.integer)):
             if expr not in allowed:
                 return _infeasible(t0, f"cap on {mono}")
@@ -235,7 +239,7 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
     choice = {n: (sp.fixed[n] if n in sp.fixed else sp.base[n].values[solver.Value(idx[n])])
               for n in sp.base}
     k = solver.Value(combo) if not isinstance(combo, int) else 0
-    return RawSolution(status, choice, k, solver.ObjectiveValue() * q_t,
+    return RawSolution(status, choice, enc.combos[k], solver.ObjectiveValue() * q_t,
                        solver.BestObjectiveBound() * q_t, solve_s, build_s, "cpsat",
                        extra={"quantum_s": q_t})
 

@@ -130,6 +130,7 @@ class Encoding:
 
     space: SearchSpace
     objective_kind: str                          # step_time, or time_per_sample (B varies)
+    scale: float                                 # typical objective magnitude (for units)
     forms: dict[Mono, Form]
     copies: dict[CopyKey, CopySet]
     objective: LinExpr
@@ -325,7 +326,12 @@ def encode(space: SearchSpace, objective: str = "step_time") -> Encoding:
     objective_expr = build("obj")
     maxes = [[build(("max", i, a)) for a in range(n_args)] for i, n_args in enumerate(arity or [])]
     memory = {stage: build(("mem", stage)) for stage in ("first", "last")}
-    return Encoding(space=space, objective_kind=objective,
+    consts = np.abs(objective_expr.constant_by_combo)
+    entries = [np.abs(u.table[u.table != 0]) for u in objective_expr.usages]
+    nonzero = np.concatenate(entries) if entries else np.zeros(0)
+    scale = float(consts.max()) if consts.max() > 0 else (
+        float(np.median(nonzero)) if nonzero.size else 1.0)
+    return Encoding(space=space, objective_kind=objective, scale=scale,
                     forms=col.forms, copies=copies, objective=objective_expr, maxes=maxes,
                     memory=memory, memory_limit=memory_limit_bytes(inst), combos=combos,
                     var_order=tuple(sorted(space.base)), extra_forms=extra)

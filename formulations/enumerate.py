@@ -131,5 +131,5 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
     k, i = int(best[0]), int(best[1])
     choice = {name: int(cols[name][i]) for name in ORDER}
     val = float(obj[k, i])
-    return RawSolution(Status.OPTIMAL, choice, k, val, val, solve_s, build_s, "enumerate",
+    return RawSolution(Status.OPTIMAL, choice, space.combos[k], val, val, solve_s, build_s, "enumerate",
                        extra={"points": n * len(space.combos)})

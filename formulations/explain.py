@@ -41,10 +41,12 @@ def _structural(space: SearchSpace) -> InfeasibleError:
             lines.append(f"no dp x micro_batch divides the {gb_text} on {N} GPUs: dp can only "
                          f"be one of {dps} (GPUs / (tp*cp*pp)) and micro_batch one of {mbs}")
             if isinstance(gb, int):
-                near = sorted({d * k for d in dps for k in range(1, 2 * gb // d + 2)},
+                near = sorted({d * b * k for d in dps for b in mbs
+                               for k in range(1, 2 * gb // (d * b) + 2)},
                               key=lambda B: (abs(B - gb), B))[:3]
-                lines.append(f"nearest change: a global batch of {near[0]} (or {near[1]}, "
-                             f"{near[2]}), or a GPU count whose data-parallel degree divides {gb}")
+                lines.append(f"nearest change: a global batch of "
+                             f"{' or '.join(str(x) for x in near)}, or a GPU count whose "
+                             f"data-parallel degree divides {gb}")
         else:
             lines.append("the placement rules leave no plan: each node must hold a box of the "
                          f"process grid (tp_intra*cp_intra*dp_intra*pp_intra = "

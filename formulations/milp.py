@@ -36,6 +36,7 @@ class Rows:
     form_vars: dict = field(default_factory=dict)     # mono -> [var index per tuple]
     combo_vars: list[int] = field(default_factory=list)
     violated: list[str] = field(default_factory=list)  # rows that fail on constants alone
+    time_unit: float = 1.0                              # objective value = unit * obj . x
 
     def var(self, name: str, lb: float = 0.0, ub: float = 1.0, integer: bool = True) -> int:
         self.names.append(name)
@@ -224,12 +225,13 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
                 _add(acc, v, c)
         return acc
 
-    r.obj = linear(enc.objective, 1.0)
+    unit = r.time_unit = enc.scale or 1.0       # objective rows near 1 for the tolerances
+    r.obj = linear(enc.objective, unit)
     for i, args in enumerate(enc.maxes):
         y = r.var(f"max_{i}", lb=-INF, ub=INF, integer=False)
         _add(r.obj, y, 1.0)
         for a, expr in enumerate(args):
-            acc = linear(expr, 1.0)
+            acc = linear(expr, unit)
             _add(acc, y, -1.0)
             r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
     for stage, expr in enc.memory.items():

@@ -82,6 +82,8 @@ def solve(enc: Encoding, solver: str = "highs", time_limit: float | None = None)
     opt = pyo.SolverFactory(name)
     if name in GAP_OPTION:
         opt.options[GAP_OPTION[name]] = 0.0
+    if name == "appsi_highs":
+        opt.options["mip_abs_gap"] = 1e-9     # rows are scaled: the objective is near 1
     if time_limit and name in TIME_OPTION:
         opt.options[TIME_OPTION[name]] = float(time_limit)
     t1 = time.perf_counter()
@@ -110,10 +112,11 @@ def solve(enc: Encoding, solver: str = "highs", time_limit: float | None = None)
         return RawSolution(status, None, None, None, None, solve_s, build_s, solver, note=str(tc))
     x = [pyo.value(v, exception=False) or 0.0 for v in m.xs]
     choice, combo = decode(enc, r, x)
-    objective = float(pyo.value(m.obj))
-    bound = float(lower) if lower is not None and abs(float(lower)) != float("inf") else None
-    proven = tc == TC.optimal and bound is not None and objective - bound <= 1e-9 * max(
-        1.0, abs(objective))
+    objective = float(pyo.value(m.obj)) * r.time_unit
+    bound = (float(lower) * r.time_unit
+             if lower is not None and abs(float(lower)) != float("inf") else None)
+    # "zero gap" up to the solver's floating-point tolerances (1e-6 relative, rows near 1)
+    proven = tc == TC.optimal and bound is not None and objective - bound <= 1e-6 * abs(objective)
     status = Status.OPTIMAL if proven else Status.FEASIBLE
-    return RawSolution(status, choice, combo, objective, bound, solve_s, build_s, solver,
+    return RawSolution(status, choice, enc.combos[combo], objective, bound, solve_s, build_s, solver,
                        note=str(tc))

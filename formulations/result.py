@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from planner.evaluator import StepReport
+from planner.evaluator import Knobs, StepReport
 
 
 class Status(str, Enum):
@@ -29,7 +29,7 @@ class RawSolution:
 
     status: Status
     choice: dict[str, int] | None                # base variable -> value
-    combo: int | None                            # index into the space's categorical combos
+    knobs: Knobs | None                          # the categorical choices of the plan
     objective: float | None                      # seconds (or seconds per sample)
     bound: float | None
     solve_s: float                               # time inside the solver

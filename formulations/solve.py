@@ -33,7 +33,7 @@ def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
     ch = raw.choice
     inst = space.inst
     N, g = inst.gpus, inst.node_size
-    knobs = space.combos[raw.combo]
+    knobs = raw.knobs
     T, C, P = ch["T"], ch["C"], ch["P"]
     return Plan(tp=T, pp=P, dp=N // (T * C * P), cp=C, vp=ch["V"], micro_batch=ch["b"],
                 global_batch=ch["B"], gpus=N, nodes=inst.nodes, recompute=knobs.recompute,

@@ -228,7 +228,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     dp_raw = allreduce(GRAD_WIRE_BYTES * params_gpu, x.d_in * x.c_in, x.d_out * x.c_out,
                        hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
     if tr.dp_overlap > 0:
-        window = per_microbatch
+        # it may hide behind one micro-batch's compute on the stage (the backward of the last
+        # micro-batch for the gradient reduce-scatter, the forward of the first for the
+        # parameter all-gather of the distributed optimizer)
+        window = stage_layers * layer_compute
         dp_raw = vmax((1 - tr.dp_overlap) * dp_raw, dp_raw - window)
     time["dp_comm"] = dp_raw
     shards = d * c if k.distributed_optimizer else 1
