@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from formulations.space import SearchSpace
 from planner.algebra import FUNCTIONS, Mono, Sig
 from planner.evaluator import Degrees, Knobs, memory_limit_bytes, step_terms
-
-from formulations.space import SearchSpace
 
 OBJECTIVES = ("step_time", "time_per_sample")
 

@@ -13,10 +13,9 @@ import time
 
 import numpy as np
 
-from planner.evaluator import Degrees, memory_limit_bytes, step_terms
-
 from formulations.result import RawSolution, Status
 from formulations.space import SearchSpace
+from planner.evaluator import Degrees, memory_limit_bytes, step_terms
 
 ORDER = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B")
 
@@ -121,7 +120,7 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
         return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, build_s, "enumerate",
                            note="no plan satisfies the structural rules",
                            extra={"points": 0})
-    obj, fits = evaluate_all(space, cols, objective)
+    obj, _fits = evaluate_all(space, cols, objective)
     solve_s = time.perf_counter() - t0 - build_s
     best = np.unravel_index(np.argmin(obj), obj.shape)
     if not np.isfinite(obj[best]):

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from formulations.enumerate import degrees_of, feasible_points
+from formulations.space import SearchSpace, build_space
 from planner.catalog import GiB
 from planner.errors import InfeasibleError
 from planner.evaluator import memory_limit_bytes, step_terms
-
-from formulations.enumerate import degrees_of, feasible_points
-from formulations.space import SearchSpace, build_space
 
 
 def _structural(space: SearchSpace) -> InfeasibleError:

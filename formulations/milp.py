@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.algebra import Mono
-
 from formulations.encoding import CopyKey, Encoding, LinExpr
+from planner.algebra import Mono
 
 
 @dataclass

@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from formulations.encoding import encode
+from formulations.result import RawSolution, SolveResult, Status
+from formulations.space import SearchSpace, build_space
 from planner.errors import InfeasibleError, SolverError
 from planner.evaluator import evaluate
 from planner.instance import Instance
 from planner.plan import Plan
-
-from formulations.encoding import encode
-from formulations.result import RawSolution, SolveResult, Status
-from formulations.space import SearchSpace, build_space
 
 BACKENDS = ("cpsat", "highs", "enumerate")
 
@@ -91,10 +90,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     """
     t0 = time.perf_counter()
     kind = objective or default_objective(inst)
-    try:
-        space = build_space(inst)
-    except InfeasibleError:
-        raise
+    space = build_space(inst)                    # raises InfeasibleError for empty domains
     raw, quantum = run_backend(space, solver, time_limit, kind)
     wall = time.perf_counter() - t0
     if raw.status == Status.INFEASIBLE or (raw.status == Status.NO_SOLUTION_IN_LIMIT
@@ -108,8 +104,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
         return SolveResult(raw.status, None, raw.objective, raw.bound, wall, raw.solve_s,
                            raw.build_s, raw.backend, kind, raw.note, quantum)
     plan = decode_plan(space, raw)
-    inst_b = inst if isinstance(inst.spec.training.global_batch, int) else inst
-    report = evaluate(inst_b, plan)
+    report = evaluate(inst, plan)
     value = objective_value(report, kind)
     tol = (quantum or 0.0) * 200 + 1e-6 * abs(value)
     status, note = raw.status, raw.note

@@ -79,7 +79,7 @@ class Sig:
     a non-negative signomial (distributed into its arguments) but never by a negative number.
     """
 
-    __slots__ = ("terms", "maxes")
+    __slots__ = ("maxes", "terms")
 
     def __init__(self, terms: dict[Key, float] | None = None, maxes: tuple = ()):
         self.terms: dict[Key, float] = terms or {}

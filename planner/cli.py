@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from planner.errors import PlanError
 
@@ -40,7 +41,7 @@ def _json_default(o: Any) -> Any:
 
 
 def _fail(exc: PlanError) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False, soft_wrap=True)
     raise typer.Exit(exc.exit_code)
 
 
@@ -59,19 +60,19 @@ def _load(path: Path, nodes: int | None = None):
 @app.command()
 def evaluate(
     file: FileArg,
-    tp: Annotated[Optional[int], typer.Option(min=1, help="tensor-parallel degree")] = None,
-    pp: Annotated[Optional[int], typer.Option(min=1, help="pipeline-parallel degree")] = None,
-    dp: Annotated[Optional[int], typer.Option(min=1, help="data-parallel degree")] = None,
-    cp: Annotated[Optional[int], typer.Option(min=1, help="context-parallel degree")] = None,
-    vp: Annotated[Optional[int], typer.Option(min=1, help="virtual stages per pipeline rank")] = None,
-    micro_batch: Annotated[Optional[int], typer.Option(min=1, help="micro-batch size")] = None,
-    global_batch: Annotated[Optional[int], typer.Option(min=1, help="global batch")] = None,
-    recompute: Annotated[Optional[str], typer.Option(help="none | selective | full")] = None,
-    sequence_parallel: Annotated[Optional[bool], typer.Option(
+    tp: Annotated[int | None, typer.Option(min=1, help="tensor-parallel degree")] = None,
+    pp: Annotated[int | None, typer.Option(min=1, help="pipeline-parallel degree")] = None,
+    dp: Annotated[int | None, typer.Option(min=1, help="data-parallel degree")] = None,
+    cp: Annotated[int | None, typer.Option(min=1, help="context-parallel degree")] = None,
+    vp: Annotated[int | None, typer.Option(min=1, help="virtual stages per pipeline rank")] = None,
+    micro_batch: Annotated[int | None, typer.Option(min=1, help="micro-batch size")] = None,
+    global_batch: Annotated[int | None, typer.Option(min=1, help="global batch")] = None,
+    recompute: Annotated[str | None, typer.Option(help="none | selective | full")] = None,
+    sequence_parallel: Annotated[bool | None, typer.Option(
         "--sp/--no-sp", help="sequence parallelism")] = None,
-    distributed_optimizer: Annotated[Optional[bool], typer.Option(
+    distributed_optimizer: Annotated[bool | None, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer")] = None,
-    nodes: Annotated[Optional[int], typer.Option(min=1, help="override the node count")] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, help="override the node count")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost."""
@@ -92,7 +93,7 @@ def evaluate(
                               micro_batch=micro_batch, global_batch=global_batch,
                               recompute=recompute, sequence_parallel=sequence_parallel,
                               distributed_optimizer=distributed_optimizer)
-        rep = run_evaluate(inst, plan)
+        rep = run_evaluate(inst, plan, spec=spec)
     except PlanError as exc:
         _fail(exc)
     if as_json:
@@ -103,7 +104,7 @@ def evaluate(
 
 @app.command()
 def validate(
-    runs: Annotated[Optional[Path], typer.Argument(
+    runs: Annotated[Path | None, typer.Argument(
         help="runs TOML (default: the shipped published runs)")] = None,
     calibrate: Annotated[bool, typer.Option(
         "--calibrate", help="also fit one efficiency per GPU type and print it")] = False,
@@ -153,10 +154,10 @@ def solve(
     solver: Annotated[str, typer.Option(
         help="cpsat | highs | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")
     ] = "cpsat",
-    time_limit: Annotated[Optional[float], typer.Option(
+    time_limit: Annotated[float | None, typer.Option(
         min=0.001, help="seconds; at the limit the best plan found is returned, not proven")
     ] = None,
-    nodes: Annotated[Optional[int], typer.Option(min=1, help="override the node count")] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, help="override the node count")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The fastest plan under the model, with its optimality certificate."""
@@ -192,7 +193,7 @@ def main() -> None:
     try:
         app()
     except PlanError as exc:  # a last guard: no tracebacks for domain errors
-        err.print(f"error: {exc}")
+        err.print(Text(f"error: {exc}"), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
 
 

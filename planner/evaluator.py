@@ -27,6 +27,7 @@ from planner.catalog import GiB
 from planner.collectives import allreduce, ring_step
 from planner.instance import Hardware, Instance
 from planner.plan import Plan, structural_violations
+from planner.schema import PlanSpec
 from planner.workload import Shape
 
 TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer")
@@ -202,7 +203,6 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         cp_layer = vmax(0.0, cp_raw - attn)
 
     stage_layers = L / p
-    per_microbatch = stage_layers * (layer_compute + tp_layer + cp_layer)
 
     time = {
         "compute": m * (stage_layers * layer_compute + logits),
@@ -345,7 +345,8 @@ def memory_limit_bytes(inst: Instance) -> float:
     return inst.hw.hbm_bytes - inst.spec.constraints.memory_reserve_GiB * GiB
 
 
-def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = None) -> StepReport:
+def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = None,
+             spec: PlanSpec | None = None) -> StepReport:
     """Evaluate one plan: step time with breakdown, memory against capacity, MFU, days, cost.
 
     Example
@@ -368,7 +369,7 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     memory["reserve"] = inst.spec.constraints.memory_reserve_GiB
     memory["limit"] = limit
 
-    violations = structural_violations(inst, plan) + list(extra_violations or [])
+    violations = structural_violations(inst, plan, spec) + list(extra_violations or [])
     if memory["total"] > limit:
         violations.append(
             f"memory: the {worst} pipeline stage needs {memory['total']:.1f} GiB per GPU, over the "

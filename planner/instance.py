@@ -79,30 +79,31 @@ class Instance:
 
 
 def _fmt_loc(loc: tuple) -> str:
-    parts = [str(p) for p in loc if not str(p).startswith(("function-", "tagged-union"))]
-    # pydantic reports union members as e.g. ('global_batch', 'int'); keep only key names
-    keep = [p for p in parts if p not in ("int", "tuple[int,int]", "float", "str", "list[...]",
-                                          "bool", "none", "literal['none','selective','full']")]
+    """The key path of a pydantic error, without pydantic's own union-member tags
+    (``int``, ``constrained-int``, ``tuple[...]``, ``list[literal[...]]``)."""
+    keep = [str(p) for p in loc
+            if isinstance(p, int) or (isinstance(p, str) and p.isidentifier()
+                                      and p not in ("int", "float", "str", "bool", "none"))]
     return ".".join(keep) or "<file>"
 
 
 def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
-    seen, out = set(), []
+    """One line per key path; for a union (a number or a [lo, hi] pair) the first member's
+    message stands for the key."""
+    out: dict[str, str] = {}
     for err in exc.errors():
-        loc = _fmt_loc(err["loc"])
-        key = f"{prefix}{loc}"
+        key = f"{prefix}{_fmt_loc(err['loc'])}"
+        if key in out:
+            continue
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the README instance reference)"
         elif err["type"] == "missing":
             msg = "required key is missing"
-        elif "input" in err and err["type"] not in ("value_error",):
+        elif "input" in err and err["type"] != "value_error":
             msg = f"{msg} (got {err['input']!r})"
-        line = f"{key}: {msg}"
-        if line not in seen and not (loc in seen):
-            seen.add(line)
-            out.append(line)
-    return out
+        out[key] = msg
+    return [f"{k}: {m}" for k, m in out.items()]
 
 
 def parse_instance(data: dict[str, Any], source: str = "<memory>") -> Instance:

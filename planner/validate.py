@@ -95,7 +95,7 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
             continue
         inst = run_instance(data, run, (overrides or {}).get(run["gpu"]))
         plan = plan_from_spec(inst, inst.spec.plan)
-        rep = evaluate(inst, plan)
+        rep = evaluate(inst, plan, spec=inst.spec.plan)
         out.append(RunResult(run["id"], run["gpu"], run["precision"], plan.gpus,
                              float(run["measured_step_time_s"]), rep,
                              run.get("source", run.get("reported", ""))))
@@ -135,7 +135,7 @@ def calibrate(data: dict[str, Any]) -> dict[str, dict[str, float]]:
         runs8 = {"models": data["models"],
                  "runs": [r for r in data["runs"] if r["gpu"] == gpu and r["precision"] == "fp8"]}
 
-        def mae(over: dict[str, float], sub: dict[str, Any]) -> float:
+        def mae(over: dict[str, float], sub: dict[str, Any], gpu: str = gpu) -> float:
             try:
                 return summary(validate_runs(sub, {gpu: over}))["mean_abs_error"]
             except PlanError:
@@ -143,10 +143,12 @@ def calibrate(data: dict[str, Any]) -> dict[str, dict[str, float]]:
 
         fit: dict[str, float] = {}
         if runs16["runs"]:
-            fit["efficiency"] = round(_golden(lambda e: mae({"efficiency": e}, runs16), 0.2, 1.0), 3)
+            fit["efficiency"] = round(
+                _golden(lambda e, sub=runs16: mae({"efficiency": e}, sub), 0.2, 1.0), 3)
         if runs8["runs"]:
             base = {"efficiency": fit["efficiency"]} if "efficiency" in fit else {}
             fit["efficiency_fp8"] = round(
-                _golden(lambda e: mae({**base, "efficiency_fp8": e}, runs8), 0.2, 1.0), 3)
+                _golden(lambda e, b=base, sub=runs8: mae({**b, "efficiency_fp8": e}, sub),
+                        0.2, 1.0), 3)
         out[gpu] = fit
     return out

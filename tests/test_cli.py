@@ -203,11 +203,7 @@ def test_no_args_shows_help(runner):
     assert "Traceback" not in text
 
 
-_MARKUP_BUG = ("BUG planner/cli.py _fail: the error text is printed as rich markup without "
-               "rich.markup.escape, so bracketed text in a message is eaten as a style tag")
 
-
-@pytest.mark.xfail(strict=True, reason=_MARKUP_BUG)
 def test_error_keeps_bracketed_text(runner, tmp_path):
     # InputError says "training.global_batch: Value error, [lo, hi] needs lo <= hi, got [8, 4]";
     # the CLI prints "...Value error,  needs lo <= hi, got [8, 4]"
@@ -219,7 +215,7 @@ def test_error_keeps_bracketed_text(runner, tmp_path):
     assert "[lo, hi] needs lo <= hi" in all_text(result)
 
 
-@pytest.mark.xfail(strict=True, reason=_MARKUP_BUG)
+
 def test_validate_error_keeps_bracketed_text(runner, tmp_path):
     # load_runs says "expected [models.*] tables and [[runs]] entries"; printed as
     # "expected  tables and [] entries"
@@ -230,8 +226,6 @@ def test_validate_error_keeps_bracketed_text(runner, tmp_path):
     assert "[[runs]]" in all_text(result)
 
 
-@pytest.mark.xfail(strict=True, reason=_MARKUP_BUG + "; a closing tag such as '[/x]' in a "
-                   "user value raises rich.errors.MarkupError: traceback and exit 1")
 def test_user_text_that_looks_like_markup_exits_2(runner):
     result = runner.invoke(app, ["evaluate", str(GPT3), "--recompute", "[/x]"])
     assert result.exit_code == 2
@@ -239,10 +233,6 @@ def test_user_text_that_looks_like_markup_exits_2(runner):
     assert "[/x]" in all_text(result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: PlanSpec.micro_batches is documented 'checked if given', but no caller passes the "
-    "spec to planner.plan.structural_violations (evaluator.evaluate calls it without one), so a "
-    "wrong [plan] micro_batches is silently ignored"))
 def test_inconsistent_micro_batches_is_reported(runner, tmp_path):
     path = tmp_path / "mb.toml"
     # the file's plan has 1536 / (16 * 1) = 96 micro-batches

@@ -72,12 +72,6 @@ def test_hidden_not_divisible_by_heads():
     assert "hidden (66) must be divisible by heads (4)" in error_of(d)
 
 
-_UNION_PATH_BUG = ("BUG planner/instance.py _fmt_loc: a [lo, hi]-or-int key reports pydantic's "
-                   "union member in the path ('training.global_batch.constrained-int: ...') plus "
-                   "a second, misleading line ('... tuple[constrained-int, constrained-int]: "
-                   "Input should be a valid tuple')")
-
-
 @pytest.mark.parametrize("section, key, value", [
     ("model", "layers", 0),
     ("model", "layers", -4),
@@ -89,10 +83,8 @@ _UNION_PATH_BUG = ("BUG planner/instance.py _fmt_loc: a [lo, hi]-or-int key repo
     ("cluster", "price_per_gpu_hour", 0),
     ("plan", "tp", 0),
     ("plan", "micro_batch", -1),
-    pytest.param("training", "global_batch", 0,
-                 marks=pytest.mark.xfail(strict=True, reason=_UNION_PATH_BUG)),
-    pytest.param("cluster", "nodes", -2,
-                 marks=pytest.mark.xfail(strict=True, reason=_UNION_PATH_BUG)),
+    ("training", "global_batch", 0),
+    ("cluster", "nodes", -2),
 ])
 def test_non_positive_numbers(section, key, value):
     d = base()
@@ -172,10 +164,6 @@ def test_bad_recompute_mode():
     assert "plan.recompute" in msg and "'sometimes'" in msg
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG planner/instance.py _fmt_loc: a mode-or-list key adds a second line with pydantic's "
-    "union member in the path (\"constraints.recompute.list[literal['none','selective','full']]"
-    ": Input should be a valid list\")"))
 def test_bad_constraint_recompute_names_the_key_once():
     d = base()
     d["constraints"] = {"recompute": "sometimes"}
