@@ -213,8 +213,13 @@ def _fn_values(values: np.ndarray, fns, sign: int = 1) -> np.ndarray:
     return out
 
 
-def encode(space: SearchSpace, objective: str = "step_time") -> Encoding:
-    """Run the evaluator symbolically for every categorical combination and tabulate."""
+def encode(space: SearchSpace, objective: str = "step_time",
+           points: dict[str, np.ndarray] | None = None) -> Encoding:
+    """Run the evaluator symbolically for every categorical combination and tabulate.
+
+    ``points`` (the structurally feasible assignments of the base variables, see
+    :func:`formulations.enumerate.feasible_points`) lets the encoding drop unreachable form
+    values."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}")
     inst = space.inst
@@ -246,6 +251,21 @@ def encode(space: SearchSpace, objective: str = "step_time") -> Encoding:
         f = col.forms[fm]
         arg = scale * f.values ** sgn
         f.allowed &= (arg >= 1 - 1e-9) & (np.abs(arg - np.rint(arg)) <= 1e-9 * np.maximum(arg, 1))
+
+    # presolve: keep only form values some structurally feasible point reaches (the points are
+    # the cheap half of enumeration: no step time is evaluated; every value they exclude is
+    # unreachable, so the model stays exact and gets much smaller and tighter)
+    if points is not None:
+        n_pts = len(next(iter(points.values())))
+        for mono, f in col.forms.items():
+            exps = np.zeros((n_pts, len(space.primes)), dtype=np.int64)
+            for v, e in mono:
+                bv = space.base[v]
+                table = np.array(bv.exps, dtype=np.int64).reshape(len(bv.values), -1)
+                pos = np.searchsorted(np.array(bv.values), points[v])
+                exps += e * table[pos]
+            seen = {tuple(row) for row in np.unique(exps, axis=0).tolist()} if n_pts else set()
+            f.allowed &= np.array([t in seen for t in f.tuples], dtype=bool)
 
     # caps on derived forms (dp <= max_dp ...)
     extra = []

@@ -84,6 +84,9 @@ def solve(enc: Encoding, solver: str = "highs", time_limit: float | None = None)
         opt.options[GAP_OPTION[name]] = 0.0
     if name == "appsi_highs":
         opt.options["mip_abs_gap"] = 1e-9     # rows are scaled: the objective is near 1
+        # tight feasibility so a near-zero binary cannot carry a visible share of a product term
+        opt.options["mip_feasibility_tolerance"] = 1e-9
+        opt.options["primal_feasibility_tolerance"] = 1e-9
     if time_limit and name in TIME_OPTION:
         opt.options[TIME_OPTION[name]] = float(time_limit)
     t1 = time.perf_counter()

@@ -53,8 +53,10 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None,
         from formulations import enumerate as en
 
         return en.solve(space, objective, time_limit), None
+    from formulations.enumerate import feasible_points
+
     t0 = time.perf_counter()
-    enc = encode(space, objective)
+    enc = encode(space, objective, feasible_points(space))
     enc_s = time.perf_counter() - t0
     if backend == "cpsat":
         from formulations import cpsat
@@ -75,7 +77,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None,
     return replace(raw, build_s=raw.build_s + enc_s), q
 
 
-def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
+def solve(inst: Instance, solver: str = "highs", time_limit: float | None = None,
           objective: str | None = None, explain: bool = True) -> SolveResult:
     """The optimal plan of an instance (fixed GPU count) under its constraints.
 

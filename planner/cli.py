@@ -153,7 +153,7 @@ def solve(
     file: FileArg,
     solver: Annotated[str, typer.Option(
         help="cpsat | highs | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")
-    ] = "cpsat",
+    ] = "highs",
     time_limit: Annotated[float | None, typer.Option(
         min=0.001, help="seconds; at the limit the best plan found is returned, not proven")
     ] = None,

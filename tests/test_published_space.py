@@ -1,0 +1,63 @@
+"""The published runs and the search space: every published plan is a point of the space the
+solvers search (non-power-of-two degrees such as PP35 x DP9 or PP64 x DP6 included), and the
+proven optimum under the model is at least as fast as the published plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from formulations.enumerate import feasible_points
+from formulations.result import Status
+from formulations.solve import solve
+from formulations.space import build_space
+from planner.evaluator import evaluate
+from planner.plan import plan_from_spec
+from planner.validate import load_runs, run_instance
+
+DATA = load_runs()
+RUNS = DATA["runs"]
+
+
+def published(run):
+    inst = run_instance(DATA, run)
+    plan = plan_from_spec(inst, inst.spec.plan)
+    return inst, plan
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[r["id"] for r in RUNS])
+def test_published_plan_is_in_the_search_space(run):
+    inst, plan = published(run)
+    cols = feasible_points(build_space(inst))
+    point = {"T": plan.tp, "T_in": plan.tp_intra, "C": plan.cp, "C_in": plan.cp_intra,
+             "P": plan.pp, "P_in": plan.pp_intra, "V": plan.vp, "b": plan.micro_batch,
+             "B": plan.global_batch}
+    hit = np.ones(len(cols["T"]), dtype=bool)
+    for name, value in point.items():
+        hit &= cols[name] == value
+    assert hit.any(), f"{run['id']}: {plan.label()} is not in the search space"
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[r["id"] for r in RUNS])
+def test_optimum_is_at_least_as_fast_as_published(run):
+    inst, plan = published(run)
+    rep = evaluate(inst, plan)
+    best = solve(inst, solver="enumerate")
+    assert best.status == Status.OPTIMAL
+    if rep.fits:
+        assert best.report.step_time_s <= rep.step_time_s * (1 + 1e-9)
+    else:  # the model says the published plan does not fit; the optimum still must fit
+        assert best.report.fits
+
+
+@pytest.mark.parametrize("rid", ["korthikanti22-22b-selective-sp", "narayanan21-1.7b",
+                                 "narayanan21-529.6b"])
+@pytest.mark.parametrize("backend", ["cpsat", "highs"])
+def test_mip_backends_prove_the_same_optimum_on_published_instances(rid, backend):
+    run = next(r for r in RUNS if r["id"] == rid)
+    inst, _ = published(run)
+    ref = solve(inst, solver="enumerate")
+    res = solve(inst, solver=backend, time_limit=300)
+    assert res.status == Status.OPTIMAL
+    assert res.objective == pytest.approx(ref.objective, rel=1e-6,
+                                          abs=(res.quantum_s or 0) * 200)
