@@ -215,6 +215,24 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
         objective = objective + y
     for stage, expr in enc.memory.items():
         model.Add(linear(expr, 1.0, f"mem_{stage}") <= int(np.floor(enc.memory_limit)))
+    if enc.max_objective is not None:
+        model.Add(objective <= int(np.floor(enc.max_objective / q_t)))
+    for choice_x, knobs_x in enc.exclude:                      # no-good cuts (top-k)
+        if knobs_x not in enc.combos:
+            continue
+        differs = []
+        for name, iv in idx.items():
+            b = model.NewBoolVar(f"ex_{name}")
+            k_x = sp.base[name].values.index(choice_x[name])
+            model.Add(iv != k_x).OnlyEnforceIf(b)
+            differs.append(b)
+        if not isinstance(combo, int):
+            b = model.NewBoolVar("ex_combo")
+            model.Add(combo != enc.combos.index(knobs_x)).OnlyEnforceIf(b)
+            differs.append(b)
+        if not differs:
+            return _infeasible(t0, "the only plan is excluded")
+        model.AddBoolOr(differs)
     model.Minimize(objective)
     if hint:
         for name, value in hint.get("choice", {}).items():

@@ -139,6 +139,10 @@ class Encoding:
     combos: list[Knobs]
     var_order: tuple[str, ...]
     extra_forms: list[Mono] = field(default_factory=list)
+    #: optional cap on the objective (a minimum MFU is a maximum step time)
+    max_objective: float | None = None
+    #: plans to leave out (top-k): (base-variable values, knobs)
+    exclude: list[tuple[dict[str, int], Knobs]] = field(default_factory=list)
 
     def form_index(self, mono: Mono, exps: tuple[int, ...]) -> int:
         return self.forms[mono].tuples.index(exps)
@@ -214,7 +218,7 @@ def _fn_values(values: np.ndarray, fns, sign: int = 1) -> np.ndarray:
 
 
 def encode(space: SearchSpace, objective: str = "step_time",
-           points: dict[str, np.ndarray] | None = None) -> Encoding:
+           points: dict[str, np.ndarray] | None = None, prune: bool = True) -> Encoding:
     """Run the evaluator symbolically for every categorical combination and tabulate.
 
     ``points`` (the structurally feasible assignments of the base variables, see
@@ -305,7 +309,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
             groups.append((main, others, classes, class_of, full, main_cols))
         tabulated[slot] = (entry["const"], groups)
 
-    keep = _undominated(tabulated, n)
+    keep = _undominated(tabulated, n) if prune else list(range(n))
     combos = [space.combos[k] for k in keep]
     dims = list(space.dims)
     copies: dict[CopyKey, CopySet] = {}

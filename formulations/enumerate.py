@@ -110,8 +110,8 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
     return obj, fits
 
 
-def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None
-          ) -> RawSolution:
+def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None,
+          max_objective: float | None = None, exclude=()) -> RawSolution:
     t0 = time.perf_counter()
     cols = feasible_points(space)
     build_s = time.perf_counter() - t0
@@ -121,6 +121,14 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
                            note="no plan satisfies the structural rules",
                            extra={"points": 0})
     obj, _fits = evaluate_all(space, cols, objective)
+    if max_objective is not None:
+        obj[obj > max_objective] = np.inf
+    for choice_x, knobs_x in exclude:                          # top-k: leave these out
+        if knobs_x in space.combos:
+            hit = np.ones(n, dtype=bool)
+            for name in ORDER:
+                hit &= cols[name] == choice_x[name]
+            obj[space.combos.index(knobs_x), hit] = np.inf
     solve_s = time.perf_counter() - t0 - build_s
     best = np.unravel_index(np.argmin(obj), obj.shape)
     if not np.isfinite(obj[best]):

@@ -77,12 +77,24 @@ def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
     return best
 
 
-def explain_infeasible(space: SearchSpace) -> InfeasibleError:
+def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
+                       kind: str = "step_time") -> InfeasibleError:
     """An :class:`InfeasibleError` whose lines say what binds and what would help."""
     inst = space.inst
     found = _min_memory(space)
     if found is None:
         return _structural(space)
+    if found[0] <= memory_limit_bytes(inst) and max_objective is not None:
+        from formulations import enumerate as en
+
+        best = en.solve(space, kind)
+        if best.objective is not None:
+            mfu = inst.spec.constraints.min_mfu
+            reach = mfu * max_objective / best.objective
+            return InfeasibleError("no plan reaches the minimum MFU", [
+                f"constraints.min_mfu = {mfu:.3f} binds: the fastest plan that fits reaches "
+                f"an MFU of {reach:.3f}",
+                f"nearest change: min_mfu <= {reach:.3f}"])
     need, point, knobs, parts = found
     limit = memory_limit_bytes(inst)
     static = parts["weights"] + parts["gradients"] + parts["optimizer_states"]

@@ -235,6 +235,22 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
             r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
     for stage, expr in enc.memory.items():
         r.row(linear(expr, memory_unit), -INF, enc.memory_limit / memory_unit, f"mem_{stage}")
+    if enc.max_objective is not None:
+        r.row(dict(r.obj), -INF, enc.max_objective / unit, "objective_cap")
+    for n_ex, (choice, knobs) in enumerate(enc.exclude):      # no-good cuts (top-k)
+        if knobs not in enc.combos:
+            continue
+        acc: dict[int, float] = {}
+        free = 0
+        for name, bv in sp.base.items():
+            if name in sp.fixed:
+                continue
+            free += 1
+            acc[r.form_vars[((name, 1),)][bv.values.index(choice[name])]] = 1.0
+        if len(enc.combos) > 1:
+            free += 1
+            acc[r.combo_vars[enc.combos.index(knobs)]] = 1.0
+        r.row(acc, -INF, free - 1, f"exclude_{n_ex}")
     return r
 
 

@@ -52,6 +52,8 @@ class SolveResult:
     objective_kind: str
     note: str = ""
     quantum_s: float | None = None
+    choice: dict[str, int] | None = None          # the solution in search-space terms
+    knobs: Knobs | None = None
 
     @property
     def gap(self) -> float | None:

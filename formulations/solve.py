@@ -46,17 +46,22 @@ def objective_value(report, kind: str) -> float:
     return report.step_time_s / (report.plan.global_batch if kind == "time_per_sample" else 1)
 
 
-def run_backend(space: SearchSpace, backend: str, time_limit: float | None,
-                objective: str) -> tuple[RawSolution, float | None]:
+def run_backend(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
+                max_objective: float | None = None,
+                exclude: list | None = None) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
+    exclude = list(exclude or [])
     if backend == "enumerate":
         from formulations import enumerate as en
 
-        return en.solve(space, objective, time_limit), None
+        return en.solve(space, objective, time_limit, max_objective, exclude), None
     from formulations.enumerate import feasible_points
 
     t0 = time.perf_counter()
-    enc = encode(space, objective, feasible_points(space))
+    # dominated categorical choices are pruned, except when listing distinct plans (top-k)
+    enc = encode(space, objective, feasible_points(space), prune=not exclude)
+    enc.max_objective = max_objective
+    enc.exclude = exclude
     enc_s = time.perf_counter() - t0
     if backend == "cpsat":
         from formulations import cpsat
@@ -77,11 +82,27 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None,
     return replace(raw, build_s=raw.build_s + enc_s), q
 
 
+def objective_cap(inst: Instance, kind: str) -> float | None:
+    """A minimum MFU as a maximum objective: MFU >= x <=> step <= model FLOPs / (x N peak)."""
+    from planner.workload import Shape
+
+    mfu = inst.spec.constraints.min_mfu
+    if not mfu:
+        return None
+    per_seq = Shape.of(inst.model).model_flops(1)
+    per_second = mfu * inst.gpus * inst.hw.peak
+    if kind == "time_per_sample":
+        return per_seq / per_second
+    return per_seq * inst.spec.training.global_batch / per_second
+
+
 def solve(inst: Instance, solver: str = "highs", time_limit: float | None = None,
-          objective: str | None = None, explain: bool = True) -> SolveResult:
+          objective: str | None = None, explain: bool = True,
+          exclude: list | None = None) -> SolveResult:
     """The optimal plan of an instance (fixed GPU count) under its constraints.
 
     Raises :class:`~planner.errors.InfeasibleError` (with what binds) when no plan exists.
+    ``exclude`` lists plans to leave out, as (base-variable values, knobs) pairs (top-k).
 
     Example
     -------
@@ -93,15 +114,16 @@ def solve(inst: Instance, solver: str = "highs", time_limit: float | None = None
     t0 = time.perf_counter()
     kind = objective or default_objective(inst)
     space = build_space(inst)                    # raises InfeasibleError for empty domains
-    raw, quantum = run_backend(space, solver, time_limit, kind)
+    raw, quantum = run_backend(space, solver, time_limit, kind, objective_cap(inst, kind),
+                               exclude)
     wall = time.perf_counter() - t0
-    if raw.status == Status.INFEASIBLE or (raw.status == Status.NO_SOLUTION_IN_LIMIT
-                                            and solver == "enumerate"):
-        if explain:
+    if raw.status == Status.INFEASIBLE:
+        if explain and not exclude:
             from formulations.explain import explain_infeasible
 
-            raise explain_infeasible(space)
-        raise InfeasibleError("no plan satisfies the limits")
+            raise explain_infeasible(space, objective_cap(inst, kind), kind)
+        raise InfeasibleError("no plan satisfies the limits" + (
+            f" (besides the {len(exclude)} excluded)" if exclude else ""))
     if raw.status in (Status.ERROR, Status.NO_SOLUTION_IN_LIMIT) or raw.choice is None:
         return SolveResult(raw.status, None, raw.objective, raw.bound, wall, raw.solve_s,
                            raw.build_s, raw.backend, kind, raw.note, quantum)
@@ -115,4 +137,4 @@ def solve(inst: Instance, solver: str = "highs", time_limit: float | None = None
         note = (f"the evaluator gives {value!r} for the solver's plan, the solver "
                 f"{raw.objective!r}; violations: {report.violations}")
     return SolveResult(status, report, raw.objective, raw.bound, wall, raw.solve_s, raw.build_s,
-                       raw.backend, kind, note, quantum)
+                       raw.backend, kind, note, quantum, choice=raw.choice, knobs=raw.knobs)

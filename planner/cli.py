@@ -21,10 +21,17 @@ from planner.errors import PlanError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Provably optimal parallel plans for transformer training (AMPeD model).")
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 120)   # readable tables in pipes and logs
 err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable JSON on stdout")]
+SolverOpt = Annotated[str, typer.Option(
+    help="highs | cpsat | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")]
+TimeOpt = Annotated[float | None, typer.Option(
+    min=0.001, help="seconds per solve; at the limit the best plan found is returned, not proven")]
+NodesOpt = Annotated[int | None, typer.Option(min=1, help="override the node count")]
+EmitOpt = Annotated[str | None, typer.Option(
+    help="print a launch configuration: megatron | nemo | torchtitan | deepspeed")]
 FileArg = Annotated[Path, typer.Argument(help="instance TOML file", show_default=False)]
 
 
@@ -94,12 +101,32 @@ def evaluate(
                               recompute=recompute, sequence_parallel=sequence_parallel,
                               distributed_optimizer=distributed_optimizer)
         rep = run_evaluate(inst, plan, spec=spec)
+        best = None
+        if vs_optimum:
+            from formulations.solve import solve as run_solve
+
+            best = run_solve(inst, solver=solver)
+        launch = _emit_text(inst, plan, emit) if emit else None
     except PlanError as exc:
         _fail(exc)
+    gap = (rep.step_time_s / best.report.step_time_s - 1) if best and best.report else None
     if as_json:
-        _emit_json(rep.to_dict())
+        doc = rep.to_dict()
+        if best:
+            doc["optimum"] = best.to_dict()
+            doc["slower_than_optimum_by"] = gap
+        if launch:
+            doc["launch"] = {"format": emit, "text": launch}
+        _emit_json(doc)
     else:
         print_step(rep, inst, out)
+        if best and best.report:
+            out.print(f"The optimum under the same constraints is {best.report.plan.label()} at "
+                      f"{best.report.step_time_s:.4g} s per step ({best.status.value}); this "
+                      f"plan is {100 * gap:+.2f}% slower.", markup=False, highlight=False)
+        if launch:
+            out.print(f"# launch configuration ({emit})", markup=False, highlight=False)
+            out.print(launch, markup=False, highlight=False)
 
 
 @app.command()
@@ -151,33 +178,133 @@ def validate(
 @app.command()
 def solve(
     file: FileArg,
-    solver: Annotated[str, typer.Option(
-        help="cpsat | highs | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")
-    ] = "highs",
-    time_limit: Annotated[float | None, typer.Option(
-        min=0.001, help="seconds; at the limit the best plan found is returned, not proven")
-    ] = None,
-    nodes: Annotated[int | None, typer.Option(min=1, help="override the node count")] = None,
+    solver: SolverOpt = "highs",
+    time_limit: TimeOpt = None,
+    nodes: NodesOpt = None,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="also solve without the [constraints] what-ifs; show what binds")
+    ] = False,
+    top: Annotated[int, typer.Option(min=1, help="list the K best distinct plans")] = 1,
+    emit: EmitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The fastest plan under the model, with its optimality certificate."""
+    from formulations import queries
     from formulations.solve import solve as run_solve
-    from planner.report import print_step, solver_panel
+    from planner.report import compare_table, print_step, solver_panel, top_table
 
     try:
         inst = _load(file, nodes)
         _single_size(inst, nodes)
-        res = run_solve(inst, solver=solver, time_limit=time_limit)
+        if top > 1:
+            ranked = queries.top_k(inst, top, solver=solver, time_limit=time_limit)
+            res = ranked[0]
+        else:
+            ranked = None
+            res = run_solve(inst, solver=solver, time_limit=time_limit)
+        cmp = queries.compare(inst, solver=solver, time_limit=time_limit) if compare else None
+        launch = _emit_text(inst, res.report.plan, emit) if (emit and res.report) else None
     except PlanError as exc:
         _fail(exc)
     if as_json:
-        _emit_json(res.to_dict())
-    elif res.report is None:
-        out.print(solver_panel(res))
+        doc = res.to_dict()
+        if ranked:
+            doc["top"] = [dict(r.to_dict(), gap_to_optimum=_gap(r, ranked[0])) for r in ranked]
+        if cmp:
+            doc["compare"] = cmp.to_dict()
+        if launch:
+            doc["launch"] = {"format": emit, "text": launch}
+        _emit_json(doc)
     else:
-        print_step(res.report, inst, out, extra=[solver_panel(res)])
+        extra = [solver_panel(res)]
+        if ranked:
+            extra.append(top_table(ranked))
+        if cmp:
+            extra.append(compare_table(cmp))
+        if res.report is None:
+            out.print(*extra)
+        else:
+            print_step(res.report, inst, out, extra=extra)
+        if launch:
+            out.print(f"# launch configuration ({emit})", markup=False, highlight=False)
+            out.print(launch, markup=False, highlight=False)
     if res.report is None:
         raise typer.Exit(4)
+
+
+def _gap(r, best) -> float:
+    return r.objective / best.objective - 1
+
+
+def _emit_text(inst, plan, fmt: str) -> str:
+    from planner.emit import emit as run_emit
+
+    return run_emit(inst, plan, fmt)
+
+
+@app.command()
+def pareto(
+    file: FileArg,
+    solver: SolverOpt = "highs",
+    time_limit: TimeOpt = None,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG of the front")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Proven optimum at every node count of [cluster] nodes = [lo, hi] (or node_counts), and
+    the non-dominated front of GPUs, step time, days and dollars."""
+    from formulations import queries
+    from planner.report import pareto_table
+
+    try:
+        inst = _load(file)
+        points = queries.pareto(inst, solver=solver, time_limit=time_limit)
+        docs = [p.to_dict() for p in points]
+        if plot:
+            from planner.plot import plot_front
+
+            plot_front([d for d in docs if d.get("plan")], plot,
+                       f"{inst.model.name or 'model'} on {inst.hw.gpu.name}")
+    except PlanError as exc:
+        _fail(exc)
+    if as_json:
+        _emit_json({"points": [d for d in docs if d.get("on_front")], "all": docs})
+    else:
+        out.print(pareto_table(points))
+        if plot:
+            out.print(f"plot written to {plot}")
+
+
+@app.command()
+def capacity(
+    file: FileArg,
+    deadline_days: Annotated[float, typer.Option(
+        min=1e-9, help="train the token budget within this many days")],
+    budget_usd: Annotated[float | None, typer.Option(
+        min=0, help="also find the cheapest plan meeting the deadline and check this budget")
+    ] = None,
+    solver: SolverOpt = "highs",
+    time_limit: TimeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The fewest nodes (in the instance's range) whose optimal plan meets the deadline."""
+    from formulations import queries
+    from planner.report import capacity_panel, print_step
+
+    try:
+        inst = _load(file)
+        ans = queries.capacity(inst, deadline_days, solver=solver, time_limit=time_limit,
+                               budget_usd=budget_usd)
+    except PlanError as exc:
+        _fail(exc)
+    if as_json:
+        _emit_json(ans.to_dict())
+    elif ans.result is not None:
+        print_step(ans.result.report, inst.with_nodes(ans.nodes), out,
+                   extra=[capacity_panel(ans)])
+    else:
+        out.print(capacity_panel(ans))
+    if ans.result is None:
+        raise typer.Exit(3)
 
 
 def _single_size(inst, nodes: int | None) -> None:

@@ -146,3 +146,86 @@ def render_step(rep: StepReport, inst: Instance, extra: list[Any] | None = None)
 def print_step(rep: StepReport, inst: Instance, console: Console | None = None,
                extra: list[Any] | None = None) -> None:
     (console or Console()).print(render_step(rep, inst, extra))
+
+
+def top_table(results) -> Table:
+    """The K best distinct plans with their gap to the optimum."""
+    t = Table(title="Best distinct plans (each proven optimal once the better ones are excluded)")
+    for col in ("rank", "plan", "inside a node (TP/CP/DP/PP)", "recompute", "SP", "dist-opt",
+                "step s", "gap"):
+        t.add_column(col)
+    best = results[0].objective
+    for i, r in enumerate(results, 1):
+        p = r.report.plan
+        t.add_row(str(i), p.label(), f"{p.tp_intra}/{p.cp_intra}/{p.dp_intra}/{p.pp_intra}",
+                  p.recompute, "on" if p.sequence_parallel else "off",
+                  "on" if p.distributed_optimizer else "off", f"{r.report.step_time_s:.4f}",
+                  f"{100 * (r.objective / best - 1):+.3f}%")
+    return t
+
+
+def compare_table(cmp) -> Table:
+    """Constrained vs unconstrained optimum, and what binds."""
+    t = Table(title="What-if: with and without the [constraints]")
+    t.add_column("")
+    t.add_column("plan")
+    t.add_column("step s", justify="right")
+    u = cmp.unconstrained.report
+    t.add_row("unconstrained", u.plan.label(), f"{u.step_time_s:.4f}")
+    if cmp.constrained and cmp.constrained.report:
+        c = cmp.constrained.report
+        t.add_row("constrained", c.plan.label(), f"{c.step_time_s:.4f}")
+        t.add_row("slowdown", "", f"{100 * cmp.slowdown:+.2f}%")
+    else:
+        t.add_row("constrained", "no plan", "")
+    for b in cmp.binding:
+        gain = b["speedup_if_lifted"]
+        t.add_row(f"binds: {b['constraint']} = {b['value']!r}",
+                  "lifting it alone gives", f"{b['step_time_without_s']:.4f}"
+                  + (f" ({100 * gain:+.2f}%)" if gain is not None else ""))
+    if not cmp.binding:
+        t.add_row("binds", "no single constraint binds", "")
+    return t
+
+
+def pareto_table(points) -> Table:
+    t = Table(title="Proven optimum per cluster size (* = on the Pareto front)")
+    for col in ("", "nodes", "GPUs", "plan", "step s", "days", "cost $", "MFU", "status"):
+        t.add_column(col, justify="right" if col not in ("plan", "status", "") else "left")
+    for p in points:
+        if p.result is None:
+            t.add_row("", str(p.nodes), "", Text(p.reason, style="dim"), "", "", "", "", "")
+            continue
+        rep = p.result.report
+        t.add_row("*" if p.on_front else "", str(p.nodes), str(rep.plan.gpus), rep.plan.label(),
+                  f"{rep.step_time_s:.4f}",
+                  f"{rep.total_days:.1f}" if rep.total_days is not None else "-",
+                  f"{rep.cost:,.0f}" if rep.cost is not None else "-", f"{100 * rep.mfu:.1f}%",
+                  p.result.status.value)
+    return t
+
+
+def capacity_panel(ans) -> Panel:
+    lines = []
+    if ans.nodes is None:
+        lines.append(f"No size in the range meets {ans.deadline_days:g} days.")
+    else:
+        lines.append(f"Fewest nodes meeting {ans.deadline_days:g} days: {ans.nodes} "
+                     f"({ans.result.report.total_days:.2f} days, proven optimal plan).")
+    ns = ans.next_smaller
+    if ns:
+        if "days" in ns and ns.get("days") is not None:
+            lines.append(f"One node fewer ({ns['nodes']}): at best {ns['days']:.2f} days "
+                         f"({ns['proof']}).")
+        elif "days_lower_bound" in ns:
+            lines.append(f"One node fewer ({ns['nodes']}): at least "
+                         f"{ns['days_lower_bound']:.2f} days ({ns['proof']}).")
+        else:
+            lines.append(f"One node fewer ({ns['nodes']}): no plan fits.")
+    if ans.cheapest:
+        ch = ans.cheapest
+        lines.append(f"Cheapest plan meeting the deadline: {ch['nodes']} nodes, "
+                     f"${ch['cost']:,.0f} ({'within' if ch['within_budget'] else 'over'} the "
+                     f"${ch['budget_usd']:,.0f} budget).")
+    lines.append(f"{len(ans.checked)} sizes solved, {ans.wall_s:.2f} s.")
+    return Panel("\n".join(lines), title="Capacity")

@@ -133,6 +133,8 @@ class ConstraintSpec(_Strict):
     tp_within_node: bool = False
     pp_within_node: bool = False
     cp_within_node: bool = False
+    min_mfu: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        default=None, description="only plans reaching this MFU (a cap on the step time)")
     memory_reserve_GiB: Annotated[float, Field(ge=0)] = Field(
         default=2.0, description="per-GPU memory kept free (CUDA context, NCCL, fragmentation)")
 

@@ -1,0 +1,273 @@
+"""The planning questions users ask, each answered with proven optima (DESIGN.md section 2):
+
+* :func:`pareto`: the optimum at every allowed cluster size, and the non-dominated front of
+  (GPUs, step time, days, dollars);
+* :func:`capacity`: the fewest nodes whose optimal plan meets a deadline (exact: every smaller
+  size is shown to miss it, by a proven optimum or by a compute lower bound);
+* :func:`compare`: a constrained optimum next to the unconstrained one, with the constraints
+  that bind;
+* :func:`top_k`: the K best distinct plans with their gaps to the optimum.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import InfeasibleError, InputError
+from planner.instance import Instance
+from planner.schema import ConstraintSpec
+from planner.workload import Shape
+
+from formulations.result import SolveResult
+from formulations.solve import solve
+
+
+# ------------------------------------------------------------------------------------------
+# Pareto front
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ParetoPoint:
+    nodes: int
+    result: SolveResult | None          # None: no plan at this size
+    reason: str = ""
+    on_front: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.result.report.plan.gpus if self.result else 0
+
+    def key(self) -> tuple[float, float, float]:
+        rep = self.result.report
+        cost = rep.cost if rep.cost is not None else 0.0
+        return (rep.plan.gpus, rep.step_time_s, cost)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.result is None:
+            return {"nodes": self.nodes, "feasible": False, "reason": self.reason}
+        d = self.result.to_dict()
+        d["nodes"] = self.nodes
+        d["on_front"] = self.on_front
+        return d
+
+
+def _dominates(a: tuple, b: tuple) -> bool:
+    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+
+
+def pareto(inst: Instance, solver: str = "highs", time_limit: float | None = None,
+           node_options: list[int] | None = None) -> list[ParetoPoint]:
+    """Proven optimum at each node count, with ``on_front`` marking the non-dominated ones.
+
+    Dominance is on (GPUs, step time, cost); days are proportional to step time for a fixed
+    batch, so they never change the front. With a global-batch range the objective is time per
+    sequence and the comparison uses days (the same ordering).
+    """
+    points = []
+    for n in node_options or list(inst.node_options):
+        sized = inst.with_nodes(n)
+        try:
+            res = solve(sized, solver=solver, time_limit=time_limit)
+            points.append(ParetoPoint(n, res if res.report else None, res.note))
+        except InfeasibleError as exc:
+            lines = str(exc).splitlines()
+            points.append(ParetoPoint(n, None, (lines[1] if len(lines) > 1 else lines[0])
+                                      .strip(" -")))
+    feasible = [p for p in points if p.result is not None]
+
+    def k(p: ParetoPoint):
+        rep = p.result.report
+        time_key = rep.total_days if rep.total_days is not None else (
+            rep.step_time_s / rep.plan.global_batch)
+        return (rep.plan.gpus, time_key, rep.cost if rep.cost is not None else 0.0)
+
+    for p in feasible:
+        p.on_front = not any(_dominates(k(q), k(p)) for q in feasible if q is not p)
+    return points
+
+
+# ------------------------------------------------------------------------------------------
+# Capacity planning
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CapacityAnswer:
+    deadline_days: float
+    nodes: int | None
+    result: SolveResult | None
+    checked: list[dict[str, Any]] = field(default_factory=list)   # every size looked at
+    next_smaller: dict[str, Any] | None = None
+    cheapest: dict[str, Any] | None = None
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.result.to_dict() if self.result else {"plan": None}
+        out["nodes"] = self.nodes
+        out["deadline_days"] = self.deadline_days
+        out["meets_deadline"] = self.result is not None
+        out["next_smaller"] = self.next_smaller
+        out["checked"] = self.checked
+        out["cheapest"] = self.cheapest
+        out["wall_s"] = self.wall_s
+        return out
+
+
+def days_lower_bound(inst: Instance, nodes: int) -> float:
+    """Days no plan on ``nodes`` nodes can beat: the model FLOPs of the whole token budget at
+    the GPUs' fastest calibrated rate (every term of the step time is at least its share of
+    this compute)."""
+    sh = Shape.of(inst.model)
+    hw = inst.hw
+    rate = max(hw.peak * hw.efficiency,
+               hw.peak_fp8 * hw.efficiency_fp8 if inst.spec.training.precision == "fp8" else 0)
+    sequences = inst.spec.training.tokens / sh.s
+    return sh.model_flops(sequences) / (nodes * hw.gpus_per_node * rate) / 86400
+
+
+def capacity(inst: Instance, deadline_days: float, solver: str = "highs",
+             time_limit: float | None = None, budget_usd: float | None = None) -> CapacityAnswer:
+    """The fewest nodes in the instance's range whose optimal plan trains the token budget
+    within ``deadline_days``, and that plan.
+
+    Sizes whose compute lower bound already misses the deadline are skipped (provably too
+    small); the rest are solved in increasing order until one meets the deadline, so the answer
+    is minimal. With ``budget_usd`` (and a price) it also reports the cheapest plan meeting the
+    deadline among the sizes from the answer up to the end of the range, and whether it fits
+    the budget.
+    """
+    if not inst.spec.training.tokens:
+        raise InputError(f"{inst.source}: capacity needs training.tokens (the token budget)")
+    t0 = time.perf_counter()
+    options = sorted(inst.node_options)
+    ans = CapacityAnswer(deadline_days, None, None)
+    last_miss: dict[str, Any] | None = None
+    for n in options:
+        lb = days_lower_bound(inst, n)
+        if lb > deadline_days:
+            last_miss = {"nodes": n, "days_lower_bound": lb, "proof": "compute lower bound"}
+            continue
+        try:
+            res = solve(inst.with_nodes(n), solver=solver, time_limit=time_limit,
+                        explain=False)
+        except InfeasibleError as exc:
+            ans.checked.append({"nodes": n, "feasible": False, "reason": str(exc)})
+            last_miss = {"nodes": n, "feasible": False, "proof": "no plan fits"}
+            continue
+        days = res.report.total_days if res.report else None
+        ans.checked.append({"nodes": n, "days": days, "status": res.status.value})
+        if days is not None and days <= deadline_days and res.status.value == "optimal":
+            ans.nodes, ans.result = n, res
+            break
+        last_miss = {"nodes": n, "days": days, "status": res.status.value,
+                     "proof": "proven optimum" if res.status.value == "optimal" else
+                     "not proven (time limit)"}
+    if ans.nodes is not None and last_miss is not None and last_miss["nodes"] == ans.nodes - 1:
+        ans.next_smaller = last_miss
+    elif ans.nodes is not None and ans.nodes - 1 >= 1:
+        n = ans.nodes - 1
+        ans.next_smaller = {"nodes": n, "days_lower_bound": days_lower_bound(inst, n),
+                            "proof": "outside the instance's node range" if n not in options
+                            else "compute lower bound"}
+    if budget_usd is not None and ans.result is not None:
+        ans.cheapest = _cheapest(inst, ans, options, deadline_days, solver, time_limit,
+                                 budget_usd)
+    ans.wall_s = time.perf_counter() - t0
+    return ans
+
+
+def _cheapest(inst, ans, options, deadline, solver, time_limit, budget):
+    best = ans.result
+    for n in [x for x in options if x > ans.nodes]:
+        try:
+            res = solve(inst.with_nodes(n), solver=solver, time_limit=time_limit, explain=False)
+        except InfeasibleError:
+            continue
+        rep = res.report
+        if rep and rep.total_days <= deadline and (rep.cost or 0) < (best.report.cost or 0):
+            best = res
+    cost = best.report.cost
+    return {"nodes": best.report.plan.nodes, "cost": cost, "within_budget":
+            cost is not None and cost <= budget, "budget_usd": budget,
+            "plan": best.report.plan.to_dict(), "total_days": best.report.total_days}
+
+
+# ------------------------------------------------------------------------------------------
+# What-if: constrained vs unconstrained
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    constrained: SolveResult | None
+    unconstrained: SolveResult
+    slowdown: float | None            # constrained / unconstrained - 1
+    binding: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"constrained": self.constrained.to_dict() if self.constrained else None,
+                "unconstrained": self.unconstrained.to_dict(), "slowdown": self.slowdown,
+                "binding": self.binding}
+
+
+#: constraint keys that restrict the space (the memory reserve is physics, not a what-if)
+WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "micro_batch", "max_tp", "max_pp", "max_dp",
+               "max_cp", "max_vp", "min_micro_batch", "max_micro_batch", "recompute",
+               "sequence_parallel", "distributed_optimizer", "tp_within_node", "pp_within_node",
+               "cp_within_node", "min_mfu")
+
+
+def compare(inst: Instance, solver: str = "highs", time_limit: float | None = None) -> Comparison:
+    """The instance's constrained optimum next to the optimum without its what-if constraints,
+    and each constraint that binds on its own (lifting it alone speeds the optimum up)."""
+    c = inst.spec.constraints
+    defaults = ConstraintSpec(memory_reserve_GiB=c.memory_reserve_GiB)
+    free = inst.with_spec(constraints=defaults)
+    base = solve(free, solver=solver, time_limit=time_limit)
+    try:
+        con = solve(inst, solver=solver, time_limit=time_limit)
+    except InfeasibleError:
+        con = None
+    slow = (con.report.step_time_s / base.report.step_time_s - 1) if con and con.report else None
+    binding = []
+    set_keys = [k for k in WHATIF_KEYS if getattr(c, k) != getattr(defaults, k)]
+    for key in set_keys:
+        lifted = inst.with_spec(constraints=c.model_copy(update={key: getattr(defaults, key)}))
+        try:
+            alt = solve(lifted, solver=solver, time_limit=time_limit, explain=False)
+        except InfeasibleError:
+            continue
+        if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
+            binding.append({"constraint": key, "value": getattr(c, key),
+                            "step_time_without_s": alt.report.step_time_s,
+                            "speedup_if_lifted": (con.report.step_time_s /
+                                                  alt.report.step_time_s - 1) if con else None})
+    return Comparison(con, base, slow, binding)
+
+
+# ------------------------------------------------------------------------------------------
+# Top-k
+# ------------------------------------------------------------------------------------------
+
+
+def top_k(inst: Instance, k: int, solver: str = "highs",
+          time_limit: float | None = None) -> list[SolveResult]:
+    """The ``k`` best distinct plans, each a proven optimum once the better ones are excluded."""
+    out: list[SolveResult] = []
+    exclude: list = []
+    for _ in range(k):
+        try:
+            res = solve(inst, solver=solver, time_limit=time_limit, explain=not out,
+                        exclude=exclude)
+        except InfeasibleError:
+            if not out:
+                raise
+            break
+        if res.report is None:
+            break
+        out.append(res)
+        exclude.append((res.choice, res.knobs))
+    return out
