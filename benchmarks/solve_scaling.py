@@ -350,6 +350,21 @@ def host_info() -> str:
             + f"\nPython {platform.python_version()} ({sys.executable}); " + ", ".join(vers))
 
 
+def code_revision() -> str:
+    """Git revision of the code under test, and whether formulations/ or planner/ are modified
+    (other people change them while benchmarks run: print it at the start and the end)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                             capture_output=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "formulations", "planner"],
+                               cwd=root, text=True, capture_output=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    return (rev or "unknown") + (" + uncommitted changes in formulations/ or planner/"
+                                 if dirty.strip() else " (formulations/, planner/ clean)")
+
+
 def warm_up(cmd: list[str], tmp: Path) -> None:
     """One untimed import of the heavy modules and one tiny solve: the first process on a cold
     page cache would otherwise pay disk reads the others do not."""
@@ -412,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("plan solve scaling benchmark (benchmarks/solve_scaling.py)")
     print(host_info())
+    rev0 = code_revision()
+    print(f"code: {rev0}")
     print(f"NOTE: the machine is shared and noisy; every time is the MEDIAN of {args.repeat} "
           f"run(s) (--repeat), and single runs can be off by tens of percent.")
     print(f"command: {' '.join(cmd)} solve FILE --solver B --json --time-limit {args.time_limit:g}"
@@ -467,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     flat = [r for rows in all_rows.values() for r in rows]
+    rev1 = code_revision()
+    if rev1 != rev0:
+        print(f"\n!! the code changed during the run: {rev0} -> {rev1}; rerun for clean numbers")
     disagree = [(mk, r["gpus"]) for mk, rows in all_rows.items() for r in rows if not r["agree"]]
     print()
     print(f"total benchmark time {time.perf_counter() - t_start:.0f} s; "
@@ -481,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                        "global_batch": {str(g): global_batch_for(g) for g in gpus},
                        "backends": backends, "repeat": args.repeat, "time_limit": args.time_limit,
                        "grace": grace, "command": cmd, "host": host_info(),
+                       "code_start": rev0, "code_end": rev1,
                        "rel_tol": REL_TOL, "quantum_factor": QUANTUM_FACTOR},
             "cases": raw}, indent=2))
         print(f"raw measurements written to {args.json_out}")

@@ -1,0 +1,158 @@
+"""Planning queries: the Pareto front is non-dominated and every point re-evaluates to its time;
+the capacity answer is minimal; what-if constraints are honoured by all three backends; top-k
+is ordered and distinct; a minimum MFU is honoured."""
+
+from __future__ import annotations
+
+import pytest
+
+from formulations import queries
+from formulations.solve import solve
+from planner.errors import InfeasibleError
+from planner.evaluator import evaluate
+from planner.instance import parse_instance
+
+BACKENDS = ("enumerate", "cpsat", "highs")
+
+
+def doc(**over):
+    d = {
+        "model": {"layers": 8, "hidden": 1024, "heads": 8, "kv_heads": 4, "gated_mlp": True,
+                  "vocab": 32000, "seq_len": 2048, "position_embedding": "rope",
+                  "tied_embeddings": False},
+        "training": {"global_batch": 64, "tokens": 2e9},
+        "cluster": {"gpu": "h100-sxm", "nodes": [1, 4], "price_per_gpu_hour": 2.5},
+        "constraints": {"max_micro_batch": 4},
+    }
+    for section, values in over.items():
+        d[section] = {**d.get(section, {}), **values}
+    return d
+
+
+def test_pareto_front_is_non_dominated_and_reproducible():
+    inst = parse_instance(doc())
+    points = queries.pareto(inst, solver="highs")
+    assert [p.nodes for p in points] == [1, 2, 3, 4]
+    feasible = [p for p in points if p.result is not None]
+    front = [p for p in feasible if p.on_front]
+    assert front, "a front always has a point when some size is feasible"
+    for p in front:
+        for q in feasible:
+            a = (q.gpus, q.result.report.step_time_s, q.result.report.cost)
+            b = (p.gpus, p.result.report.step_time_s, p.result.report.cost)
+            assert not (all(x <= y for x, y in zip(a, b)) and a != b), "dominated point on front"
+    for p in feasible:   # each point re-evaluates to its reported time
+        rep = evaluate(inst.with_nodes(p.nodes), p.result.report.plan)
+        assert rep.step_time_s == pytest.approx(p.result.report.step_time_s, rel=1e-12)
+        assert p.result.status.value == "optimal"
+    for p in feasible:   # dominated points are off the front
+        if not p.on_front:
+            assert any(q.gpus <= p.gpus and q.result.report.step_time_s <=
+                       p.result.report.step_time_s for q in front)
+
+
+def test_capacity_answer_is_minimal():
+    inst = parse_instance(doc(cluster={"nodes": [1, 8]}))
+    # the deadline sits between the 2-node and the 1-node optimum
+    one = solve(inst.with_nodes(1)).report.total_days
+    two = solve(inst.with_nodes(2)).report.total_days
+    assert two < one
+    deadline = (one + two) / 2
+    ans = queries.capacity(inst, deadline)
+    assert ans.nodes == 2
+    assert ans.result.report.total_days <= deadline
+    ns = ans.next_smaller   # shown too slow by its proven optimum or by the compute bound
+    assert ns["nodes"] == 1 and ns.get("days", ns.get("days_lower_bound")) > deadline
+    # a deadline no size meets
+    impossible = queries.capacity(inst, queries.days_lower_bound(inst, 8) / 2)
+    assert impossible.nodes is None
+
+
+def test_capacity_skips_sizes_by_the_lower_bound():
+    inst = parse_instance(doc(cluster={"nodes": [1, 64]}))
+    lb = queries.days_lower_bound(inst, 16)
+    ans = queries.capacity(inst, lb * 1.0001)
+    assert ans.nodes is None or ans.nodes >= 16
+    assert all(c["nodes"] >= 16 for c in ans.checked)
+
+
+@pytest.mark.parametrize("constraints", [
+    {"max_tp": 2}, {"tp": 4}, {"pp": 2}, {"max_pp": 1}, {"micro_batch": 2},
+    {"min_micro_batch": 2, "max_micro_batch": 2}, {"recompute": "full"},
+    {"recompute": ["selective", "full"]}, {"tp_within_node": True, "pp_within_node": True},
+    {"sequence_parallel": False, "distributed_optimizer": False}, {"max_dp": 2},
+    {"memory_reserve_GiB": 70.0}, {"vp": 2}, {"max_vp": 1},
+])
+def test_constraints_are_honoured_by_every_backend(constraints):
+    inst = parse_instance(doc(cluster={"nodes": 2}, constraints=constraints))
+    results = {}
+    for backend in BACKENDS:
+        try:
+            results[backend] = solve(inst, solver=backend)
+        except InfeasibleError:
+            results[backend] = None
+    assert len({r is None for r in results.values()}) == 1
+    ref = results["enumerate"]
+    if ref is None:
+        return
+    for backend, res in results.items():
+        plan = res.report.plan
+        c = inst.spec.constraints
+        assert c.max_tp is None or plan.tp <= c.max_tp
+        assert c.tp is None or plan.tp == c.tp
+        assert c.pp is None or plan.pp == c.pp
+        assert c.max_pp is None or plan.pp <= c.max_pp
+        assert c.max_dp is None or plan.dp <= c.max_dp
+        assert c.vp is None or plan.vp == c.vp
+        assert c.max_vp is None or plan.vp <= c.max_vp
+        assert c.micro_batch is None or plan.micro_batch == c.micro_batch
+        assert c.min_micro_batch <= plan.micro_batch <= c.max_micro_batch
+        assert plan.recompute in c.recompute_modes
+        assert c.sequence_parallel is None or plan.sequence_parallel == c.sequence_parallel
+        assert c.distributed_optimizer is None or \
+            plan.distributed_optimizer == c.distributed_optimizer
+        assert not c.tp_within_node or plan.tp_intra == plan.tp
+        assert not c.pp_within_node or plan.pp_intra == plan.pp
+        assert res.report.fits
+        assert res.objective == pytest.approx(ref.objective, rel=1e-6,
+                                              abs=(res.quantum_s or 0) * 200), backend
+
+
+def test_compare_names_the_binding_constraint():
+    inst = parse_instance(doc(cluster={"nodes": 2}, constraints={"max_tp": 1, "max_pp": 1}))
+    cmp = queries.compare(inst)
+    assert cmp.slowdown is not None and cmp.slowdown >= 0
+    free = solve(inst.with_spec(constraints=inst.spec.constraints.model_copy(
+        update={"max_tp": None, "max_pp": None})))
+    assert cmp.unconstrained.report.step_time_s == pytest.approx(free.report.step_time_s)
+    if cmp.slowdown > 1e-9:
+        assert cmp.binding, "a slowdown with no binding constraint named"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_top_k_is_ordered_and_distinct(backend):
+    inst = parse_instance(doc(cluster={"nodes": 1}))
+    ranked = queries.top_k(inst, 4, solver=backend)
+    assert len(ranked) == 4
+    objs = [r.objective for r in ranked]
+    assert objs == sorted(objs)
+    keys = {(tuple(sorted(r.choice.items())), r.knobs) for r in ranked}
+    assert len(keys) == 4
+
+
+def test_top_k_agrees_across_backends():
+    inst = parse_instance(doc(cluster={"nodes": 1}))
+    lists = {b: [r.objective for r in queries.top_k(inst, 3, solver=b)] for b in BACKENDS}
+    for b in ("cpsat", "highs"):
+        assert lists[b] == pytest.approx(lists["enumerate"], rel=1e-6, abs=1e-6)
+
+
+def test_minimum_mfu_is_honoured_or_explained():
+    inst = parse_instance(doc(cluster={"nodes": 1}))
+    best = solve(inst).report.mfu
+    ok = solve(parse_instance(doc(cluster={"nodes": 1}, constraints={"min_mfu": best * 0.99})))
+    assert ok.report.mfu >= best * 0.99
+    with pytest.raises(InfeasibleError) as info:
+        solve(parse_instance(doc(cluster={"nodes": 1},
+                                 constraints={"min_mfu": min(0.99, best * 1.05)})))
+    assert "min_mfu" in str(info.value)
