@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from importlib import metadata
@@ -88,12 +90,14 @@ def plan_command() -> list[str]:
 # one run
 
 
-def run_once(cmd: list[str], limit: float, grace: float) -> dict:
+def run_once(cmd: list[str], limit: float, grace: float, env: dict | None = None,
+             cwd: str | None = None) -> dict:
     """One ``plan solve`` subprocess. The solver gets ``--time-limit limit``; the process is
     killed at ``limit + grace`` (enumerate ignores the solver limit; build time is not in it)."""
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit + grace)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit + grace,
+                           env=env, cwd=cwd)
     except subprocess.TimeoutExpired:
         return {"wall_s": time.perf_counter() - t0, "rc": None, "status": "killed",
                 "objective": None, "solve_s": None, "build_s": None, "quantum_s": None,
@@ -350,10 +354,37 @@ def host_info() -> str:
             + f"\nPython {platform.python_version()} ({sys.executable}); " + ", ".join(vers))
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snapshot(rev: str, dest: Path) -> tuple[dict, str, str]:
+    """``git archive REV`` of the project into ``dest``; the environment and working directory
+    that make ``plan`` import it (PYTHONPATH precedes the editable install's finder), and a label.
+    Formulations/ and planner/ change under our feet on a shared checkout; a snapshot keeps every
+    solve of one run on the same code."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, text=True,
+                         capture_output=True, check=True).stdout.strip()
+    data = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT,
+                          capture_output=True, check=True).stdout
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        tf.extractall(dest, filter="data")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(dest), env.get("PYTHONPATH")) if x)
+    where = subprocess.run([sys.executable, "-c", "import planner, formulations; "
+                            "print(planner.__file__); print(formulations.__file__)"],
+                           env=env, cwd=str(dest.parent), text=True, capture_output=True)
+    files = where.stdout.split()
+    if len(files) != 2 or not all(f.startswith(str(dest)) for f in files):
+        raise SystemExit(f"--snapshot: the snapshot at {dest} is not the code plan imports "
+                         f"({where.stdout.strip() or where.stderr.strip()})")
+    return env, str(dest.parent), f"snapshot of {rev} = {sha} (git archive into {dest})"
+
+
 def code_revision() -> str:
     """Git revision of the code under test, and whether formulations/ or planner/ are modified
     (other people change them while benchmarks run: print it at the start and the end)."""
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
                              capture_output=True, timeout=10).stdout.strip()
@@ -365,17 +396,18 @@ def code_revision() -> str:
                                  if dirty.strip() else " (formulations/, planner/ clean)")
 
 
-def warm_up(cmd: list[str], tmp: Path) -> None:
+def warm_up(cmd: list[str], tmp: Path, env: dict | None, cwd: str | None) -> None:
     """One untimed import of the heavy modules and one tiny solve: the first process on a cold
     page cache would otherwise pay disk reads the others do not."""
     subprocess.run([sys.executable, "-c", "import ortools.sat.python.cp_model, pyomo.environ, "
-                    "highspy, numpy, planner.cli, formulations.solve"], capture_output=True)
+                    "highspy, numpy, planner.cli, formulations.solve"], capture_output=True,
+                   env=env, cwd=cwd)
     f = tmp / "warmup.toml"
     f.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 64\n'
                  '[cluster]\ngpu = "a100-80gb"\ngpus = 8\n')
     for b in BACKENDS:
         subprocess.run(cmd + ["solve", str(f), "--solver", b, "--json", "--time-limit", "5"],
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60, env=env, cwd=cwd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", type=Path, default=None,
                     help="write the raw measurements to this file")
     ap.add_argument("--keep", action="store_true", help="keep the instance TOML directory")
+    ap.add_argument("--snapshot", metavar="REV", default=None,
+                    help="run `plan` on a `git archive REV` copy of the project (e.g. HEAD) instead "
+                         "of the live checkout, which others may be editing during the run")
     args = ap.parse_args(argv)
 
     models = [m.strip().upper() for m in args.models.split(",") if m.strip()]
@@ -427,7 +462,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print("plan solve scaling benchmark (benchmarks/solve_scaling.py)")
     print(host_info())
-    rev0 = code_revision()
+    tmp = Path(tempfile.mkdtemp(prefix="solve_scaling_"))
+    env, cwd = None, None
+    if args.snapshot:
+        env, cwd, rev0 = snapshot(args.snapshot, tmp / "code")
+    else:
+        rev0 = code_revision()
     print(f"code: {rev0}")
     print(f"NOTE: the machine is shared and noisy; every time is the MEDIAN of {args.repeat} "
           f"run(s) (--repeat), and single runs can be off by tens of percent.")
@@ -440,12 +480,11 @@ def main(argv: list[str] | None = None) -> int:
           "distributed optimizer free), model B max_cp = 2")
     sys.stdout.flush()
 
-    tmp = Path(tempfile.mkdtemp(prefix="solve_scaling_"))
     all_rows: dict[str, list[dict]] = {}
     raw: list[dict] = []
     t_start = time.perf_counter()
     try:
-        warm_up(cmd, tmp)
+        warm_up(cmd, tmp, env, cwd)
         for mk in models:
             model = cfg[mk]
             rows = []
@@ -460,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                             continue            # one limit hit is enough
                         rec = run_once(cmd + ["solve", str(f), "--solver", b, "--json",
                                               "--time-limit", f"{args.time_limit:g}"],
-                                       args.time_limit, grace)
+                                       args.time_limit, grace, env, cwd)
                         runs[b].append(rec)
                         print(f"  [{time.perf_counter() - t_start:7.1f} s] model {mk} "
                               f"{n:>7,} GPUs {b:<9} whole {rec['wall_s']:8.3f} s  solve "
@@ -484,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     flat = [r for rows in all_rows.values() for r in rows]
-    rev1 = code_revision()
+    rev1 = rev0 if args.snapshot else code_revision()
     if rev1 != rev0:
         print(f"\n!! the code changed during the run: {rev0} -> {rev1}; rerun for clean numbers")
     disagree = [(mk, r["gpus"]) for mk, rows in all_rows.items() for r in rows if not r["agree"]]

@@ -152,13 +152,15 @@ def symbolic_degrees(space: SearchSpace) -> tuple[Degrees, dict]:
     """Degrees as symbols of the base variables (fixed ones substituted by their value)."""
     inst = space.inst
     sym = {n: (space.fixed[n] if n in space.fixed else Sig.var(n)) for n in space.base}
-    T, Ti, C, Ci, P, Pi, V, b, B = (sym[n] for n in ("T", "T_in", "C", "C_in", "P", "P_in",
-                                                      "V", "b", "B"))
+    T, Ti, C, Ci, P, Pi, V, b, B, E, Ei = (sym[n] for n in (
+        "T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in"))
     N, g = inst.gpus, inst.node_size
     d = N / (T * C * P)
     d_in = g / (Ti * Ci * Pi)
+    ed_in = g / (Ei * Pi)
     deg = Degrees(t_in=Ti, t_out=T / Ti, c_in=Ci, c_out=C / Ci, p_in=Pi, p_out=P / Pi,
-                  d_in=d_in, d_out=d / d_in, b=b, v=V, B=B)
+                  d_in=d_in, d_out=d / d_in, b=b, v=V, B=B, e_in=Ei, e_out=E / Ei,
+                  ed_in=ed_in, ed_out=N / (P * E) / ed_in)
     return deg, sym
 
 
@@ -348,7 +350,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
 
     objective_expr = build("obj")
     maxes = [[build(("max", i, a)) for a in range(n_args)] for i, n_args in enumerate(arity or [])]
-    memory = {stage: build(("mem", stage)) for stage in ("first", "last")}
+    memory = {slot[1]: build(slot) for slot in col.slots if slot[0] == "mem"}
     consts = np.abs(objective_expr.constant_by_combo)
     entries = [np.abs(u.table[u.table != 0]) for u in objective_expr.usages]
     nonzero = np.concatenate(entries) if entries else np.zeros(0)

@@ -17,7 +17,7 @@ from formulations.result import RawSolution, Status
 from formulations.space import SearchSpace
 from planner.evaluator import Degrees, memory_limit_bytes, step_terms
 
-ORDER = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B")
+ORDER = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
 
 
 def available() -> bool:
@@ -83,9 +83,11 @@ def degrees_of(space: SearchSpace, cols: dict[str, np.ndarray]) -> Degrees:
     N, g = space.inst.gpus, space.inst.node_size
     d = N / (f["T"] * f["C"] * f["P"])
     d_in = g / (f["T_in"] * f["C_in"] * f["P_in"])
+    ed_in = g / (f["E_in"] * f["P_in"])
     return Degrees(t_in=f["T_in"], t_out=f["T"] / f["T_in"], c_in=f["C_in"],
                    c_out=f["C"] / f["C_in"], p_in=f["P_in"], p_out=f["P"] / f["P_in"],
-                   d_in=d_in, d_out=d / d_in, b=f["b"], v=f["V"], B=f["B"])
+                   d_in=d_in, d_out=d / d_in, b=f["b"], v=f["V"], B=f["B"], e_in=f["E_in"],
+                   e_out=f["E"] / f["E_in"], ed_in=ed_in, ed_out=N / (f["P"] * f["E"]) / ed_in)
 
 
 def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
@@ -102,8 +104,9 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
         step = np.broadcast_to(np.asarray(t.step_time, dtype=float), (n,))
         if objective == "time_per_sample":
             step = step / deg.B
-        mem = np.maximum(np.broadcast_to(np.asarray(t.memory_total("first"), float), (n,)),
-                         np.broadcast_to(np.asarray(t.memory_total("last"), float), (n,)))
+        mem = np.zeros(n)
+        for stage in t.memory_stages():
+            mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float), (n,)))
         ok = mem <= limit
         fits[k] = ok
         obj[k] = np.where(ok, step, np.inf)

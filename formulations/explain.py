@@ -66,13 +66,14 @@ def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
     for knobs in space.combos:
         t = step_terms(space.inst, deg, knobs)
         n = len(cols["T"])
-        first = np.broadcast_to(np.asarray(t.memory_total("first"), float), (n,))
-        last = np.broadcast_to(np.asarray(t.memory_total("last"), float), (n,))
-        mem = np.maximum(first, last)
+        per_stage = {st: np.broadcast_to(np.asarray(t.memory_total(st), float), (n,))
+                     for st in t.memory_stages()}
+        mem = np.max(np.stack(list(per_stage.values())), axis=0)
         i = int(np.argmin(mem))
         if best is None or mem[i] < best[0]:
+            worst = max(per_stage, key=lambda st: per_stage[st][i])
             parts = {name: float(np.broadcast_to(np.asarray(v, float), (n,))[i])
-                     for name, v in t.memory["first" if first[i] >= last[i] else "last"].items()}
+                     for name, v in t.memory[worst].items()}
             best = (float(mem[i]), {k: int(c[i]) for k, c in cols.items()}, knobs, parts)
     return best
 

@@ -39,7 +39,8 @@ def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
                 sequence_parallel=knobs.sequence_parallel,
                 distributed_optimizer=knobs.distributed_optimizer, tp_intra=ch["T_in"],
                 cp_intra=ch["C_in"], pp_intra=ch["P_in"],
-                dp_intra=g // (ch["T_in"] * ch["C_in"] * ch["P_in"]))
+                dp_intra=g // (ch["T_in"] * ch["C_in"] * ch["P_in"]), ep=ch["E"],
+                ep_intra=ch["E_in"])
 
 
 def objective_value(report, kind: str) -> float:

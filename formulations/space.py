@@ -15,10 +15,13 @@ name      meaning                                          derived from it
 ``V``     virtual stages per pipeline rank
 ``b``     micro-batch size
 ``B``     global batch (only when the instance gives a range)
+``E``     expert-parallel degree (MoE models)              ``e_out = E / E_in``
+``E_in``  its factor inside a node
 ========  ===============================================  ===========================
 
 ``dp = N / (T C P)``, ``dp_in = g / (T_in C_in P_in)``, ``dp_out = dp / dp_in`` and the
-micro-batch count ``m = B / (dp b)``. Degrees are not limited to powers of two: every value is a
+micro-batch count ``m = B / (dp b)``; the MoE layers' expert data-parallel degree is
+``N / (P E)`` with ``g / (E_in P_in)`` of it inside a node (expert tensor parallelism 1). Degrees are not limited to powers of two: every value is a
 vector of exponents over the primes of the instance (``N``, ``g``, layers, heads, kv heads,
 sequence, batch, and 2, 3, 5, 7), products are sums of exponent vectors and divisibility is a
 per-prime ``<=`` (DESIGN.md section 2). A global-batch range is searched over its values that
@@ -36,7 +39,7 @@ from planner.errors import InfeasibleError
 from planner.evaluator import Knobs
 from planner.instance import Instance
 
-BASE_NAMES = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B")
+BASE_NAMES = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
 
 
 def factorize(n: int) -> dict[int, int]:
@@ -125,7 +128,7 @@ def build_space(inst: Instance) -> SearchSpace:
     nodes = N // g
     gb = tr.global_batch
     base_primes = {2, 3, 5, 7}
-    for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len):
+    for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len, max(m.experts, 1)):
         base_primes |= set(factorize(n))
     if isinstance(gb, int):
         base_primes |= set(factorize(gb))
@@ -174,15 +177,37 @@ def build_space(inst: Instance) -> SearchSpace:
     b = [v for v in b_all if lo_mb <= v <= hi_mb]
     if not b:
         why.append(f"no micro-batch size in [{lo_mb}, {hi_mb}] divides the global batch")
+    if m.moe:
+        E = capped(divisors(m.experts), c.ep, c.max_ep)
+        if not E:
+            why.append(f"no expert-parallel degree divides experts={m.experts} within "
+                       f"ep={c.ep} / max_ep={c.max_ep}")
+    else:
+        E = [1]
+        if c.ep not in (None, 1):
+            why.append(f"constraints.ep = {c.ep} needs a mixture-of-experts model")
+    E_in = [v for v in divisors(g) if any(x % v == 0 for x in E)]
     modes = c.recompute_modes
     if not modes:
         why.append("constraints.recompute allows no mode")
+    sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (False, True)
+    if m.moe and sp_vals == (False,):       # MoE with tp > 1 needs sequence parallelism
+        base_T = [1]
+        if 1 not in T:
+            raise InfeasibleError("the constraints leave no plan", [
+                "MoE layers with tp > 1 need sequence parallelism, which the constraints turn off,"
+                " and tp = 1 is not allowed"])
+        T = base_T
+        T_in = [1]
+    elif m.moe:
+        sp_vals = (True,)                     # equivalent at tp = 1, required at tp > 1
     if why:
         raise InfeasibleError("the constraints leave no plan", why)
 
     base = {"T": var("T", T), "T_in": var("T_in", T_in), "C": var("C", C),
             "C_in": var("C_in", C_in), "P": var("P", P), "P_in": var("P_in", P_in),
-            "V": var("V", V), "b": var("b", b), "B": var("B", B)}
+            "V": var("V", V), "b": var("b", b), "B": var("B", B), "E": var("E", E),
+            "E_in": var("E_in", E_in)}
     fixed = {n: bv.values[0] for n, bv in base.items() if len(bv.values) == 1}
 
     zero = tuple(0 for _ in primes)
@@ -203,6 +228,12 @@ def build_space(inst: Instance) -> SearchSpace:
         ExpConstraint("m = B / (dp b) is an integer",
                       (("B", 1), ("C", 1), ("P", 1), ("T", 1), ("b", -1)),
                       tuple(-e for e in NE)),
+        ExpConstraint("e_out = E / E_in is an integer", (("E", 1), ("E_in", -1)), zero),
+        ExpConstraint("expert dp = N / (P E) is an integer", (("E", -1), ("P", -1)), NE),
+        ExpConstraint("expert dp_in = g / (E_in P_in) is an integer",
+                      (("E_in", -1), ("P_in", -1)), gE),
+        ExpConstraint("expert dp_out is an integer",
+                      (("E", -1), ("E_in", 1), ("P", -1), ("P_in", 1)), nodesE),
         ExpConstraint("interleaving needs pp | micro-batches",
                       (("B", 1), ("C", 1), ("T", 1), ("b", -1)), tuple(-e for e in NE),
                       when_v_gt1=True),
@@ -214,7 +245,6 @@ def build_space(inst: Instance) -> SearchSpace:
     if c.cp_within_node:
         cons.append(ExpConstraint("cp within a node", (("C", 1), ("C_in", -1)), zero, eq=True))
 
-    sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (False, True)
     do_vals = ((c.distributed_optimizer,) if c.distributed_optimizer is not None
                else (False, True))
     combos = [Knobs(r, s, o) for r, s, o in itertools.product(modes, sp_vals, do_vals)]

@@ -79,7 +79,12 @@ def evaluate(
         "--sp/--no-sp", help="sequence parallelism")] = None,
     distributed_optimizer: Annotated[bool | None, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer")] = None,
-    nodes: Annotated[int | None, typer.Option(min=1, help="override the node count")] = None,
+    nodes: NodesOpt = None,
+    vs_optimum: Annotated[bool, typer.Option(
+        "--vs-optimum", help="also solve for the optimum and print how far this plan is")
+    ] = False,
+    solver: SolverOpt = "highs",
+    emit: EmitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost."""

@@ -38,3 +38,16 @@ def ring_step(size, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
     crosses = gt1(n_inter)
     return (size / bw_intra + lat_intra
             + crosses * (size / bw_inter + lat_inter - size / bw_intra - lat_intra))
+
+
+def all_to_all(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
+    """Seconds for an all-to-all in which each GPU spreads ``size`` bytes evenly over the
+    ``n = n_i * n_o`` ranks of its group (MoE token dispatch or combine): ``(n_i - 1) / n`` of
+    it crosses NVLink and ``(n - n_i) / n = 1 - 1/n_o`` the NIC, one message per peer link.
+
+    >>> round(all_to_all(8e9, 8, 1, 400e9, 50e9, 0, 0), 6)   # 7/8 of 8 GB over NVLink
+    0.0175
+    """
+    return (size * steps(n_intra) / (n_intra * n_inter) / bw_intra
+            + size * ring_share(n_inter) / bw_inter
+            + steps(n_intra) * lat_intra + steps(n_inter) * lat_inter)

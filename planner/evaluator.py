@@ -24,13 +24,14 @@ from typing import Any
 
 from planner.algebra import eq1, gt1, is_one, ring_share, steps, vmax
 from planner.catalog import GiB
-from planner.collectives import allreduce, ring_step
+from planner.collectives import all_to_all, allreduce, ring_step
 from planner.instance import Hardware, Instance
 from planner.plan import Plan, structural_violations
 from planner.schema import PlanSpec
 from planner.workload import Shape
 
-TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer")
+TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
+              "optimizer")
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits")
 STAGES = ("first", "last")
 
@@ -72,6 +73,10 @@ class Degrees:
     b: Any
     v: Any
     B: Any
+    e_in: Any = 1      # expert-parallel group: inside a node / across nodes
+    e_out: Any = 1
+    ed_in: Any = 1     # expert data-parallel group (gradients of the experts)
+    ed_out: Any = 1
 
     @property
     def t(self):
@@ -94,12 +99,23 @@ class Degrees:
         """Micro-batches per step: ``B / (d b)``."""
         return self.B / (self.d * self.b)
 
+    @property
+    def e(self):
+        return self.e_in * self.e_out
+
+    @property
+    def ed(self):
+        return self.ed_in * self.ed_out
+
     @staticmethod
     def of(plan: Plan) -> Degrees:
+        node = plan.gpus // plan.nodes
+        ed_in = node / (plan.ep_intra * plan.pp_intra)
         return Degrees(t_in=plan.tp_intra, t_out=plan.inter("tp"), c_in=plan.cp_intra,
                        c_out=plan.inter("cp"), p_in=plan.pp_intra, p_out=plan.inter("pp"),
                        d_in=plan.dp_intra, d_out=plan.inter("dp"), b=plan.micro_batch,
-                       v=plan.vp, B=plan.global_batch)
+                       v=plan.vp, B=plan.global_batch, e_in=plan.ep_intra,
+                       e_out=plan.inter("ep"), ed_in=ed_in, ed_out=plan.expert_dp / ed_in)
 
 
 @dataclass
@@ -117,6 +133,9 @@ class Terms:
 
     def memory_total(self, stage: str):
         return sum(self.memory[stage].values())
+
+    def memory_stages(self) -> list[str]:
+        return list(self.memory)
 
 
 def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
@@ -168,7 +187,6 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
     # ---- compute per layer and micro-batch ------------------------------------------------
-    gemm = passes * sh.gemm_flops(b) / (t * c) / peak_gemm
     attn_fwd_flops = sh.attention_flops(b) / (t * c)
     if flash:
         attn = (passes + 0.5) * attn_fwd_flops / peak16
@@ -178,10 +196,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         roof = max(4 * h / peak16, 2 * 2 * sh.a / hw.hbm_bw)   # per (b s^2 / (t c)): flops vs bytes
         attn = (passes + (1 if selective else 0)) * (b * s * s / (t * c)) * roof
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
-    eltwise_fwd = (tokens * (sh.eltwise_replicated_bytes / shard + sh.eltwise_parallel_bytes / t)
-                   + score_bytes)
-    eltwise = (passes * eltwise_fwd + (score_bytes if selective else 0)) / hw.hbm_bw
-    layer_compute = gemm + attn + eltwise
+
+    def layer_time(gemm_flops, mlp_bytes):
+        """GEMMs + attention core + element-wise traffic of one layer and micro-batch."""
+        gemm_s = passes * gemm_flops / (t * c) / peak_gemm
+        fwd = tokens * (sh.eltwise_replicated_bytes / shard + mlp_bytes / t) + score_bytes
+        elt_s = (passes * fwd + (score_bytes if selective else 0)) / hw.hbm_bw
+        return gemm_s, elt_s, gemm_s + attn + elt_s
+
+    gemm, eltwise, dense_compute = layer_time(sh.gemm_flops(b), sh.eltwise_parallel_bytes)
     logits = 3 * sh.logits_flops(b) / (t * c) / peak16
 
     # ---- tensor-parallel communication per layer and micro-batch ---------------------------
@@ -202,14 +225,32 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                    hw.lat_intra, hw.lat_inter)
         cp_layer = vmax(0.0, cp_raw - attn)
 
+    # ---- mixture of experts: MoE layers replace the MLP by routed + shared experts ----------
+    # Expert tensor parallelism is 1 (Megatron-Core MoE parallel folding): the ep ranks of a
+    # stage hold experts / ep whole experts; tokens reach them sharded over tp (sequence
+    # parallelism) and cp. Per MoE layer and micro-batch each GPU dispatches and combines
+    # top_k copies of its tokens' hidden states (all-to-all over ep), forward and backward.
+    dense_share = sh.n_dense / L
+    moe_share = sh.n_moe / L
+    if sh.n_moe:
+        _, _, moe_compute = layer_time(sh.moe_gemm_flops(b), sh.moe_eltwise_parallel_bytes)
+        a2a_bytes = 2 * tokens * h * sh.top_k / t
+        ep_layer = 2 * (n_fwd + 1) * all_to_all(a2a_bytes, x.e_in, x.e_out, hw.bw_intra,
+                                                hw.bw_inter, hw.lat_intra, hw.lat_inter)
+    else:
+        moe_compute, ep_layer = 0.0, 0.0
+    layer_compute = dense_share * dense_compute + moe_share * moe_compute   # stage average
+
     stage_layers = L / p
 
     time = {
         "compute": m * (stage_layers * layer_compute + logits),
         # (p - 1)/v stage times of L/p layers = L (1 - 1/p) / v layer times
-        "bubble": tr.bubble_ratio * ring_share(p) * L / v * (layer_compute + tp_layer + cp_layer),
+        "bubble": tr.bubble_ratio * ring_share(p) * L / v * (
+            layer_compute + tp_layer + cp_layer + moe_share * ep_layer),
         "tp_comm": m * stage_layers * tp_layer,
         "cp_comm": m * stage_layers * cp_layer,
+        "ep_comm": m * stage_layers * moe_share * ep_layer,
     }
 
     # ---- pipeline point-to-point ------------------------------------------------------------
@@ -219,14 +260,22 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         pp_bytes, x.p_out, hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
 
     # ---- parameters of the most loaded stage ------------------------------------------------
+    # dense parameters (everything but routed experts) are split over tp and reduced over
+    # dp x cp; routed experts are split over ep and reduced over the expert data-parallel group
     untied_extra = 0 if sh.tied else sh.V * h
-    stage_params = stage_layers * sh.layer_params + sh.embedding_params + 2 * h \
+    dense_layer_avg = dense_share * sh.layer_params + moe_share * sh.moe_dense_params
+    stage_params = stage_layers * dense_layer_avg + sh.embedding_params + 2 * h \
         + eq1(p) * untied_extra                      # upper bound over first and last stage
     params_gpu = stage_params / t
+    expert_gpu = stage_layers * moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe \
+        else 0.0
 
     # ---- data-parallel gradient reduction (over dp x cp ranks) + optimizer step -------------
     dp_raw = allreduce(GRAD_WIRE_BYTES * params_gpu, x.d_in * x.c_in, x.d_out * x.c_out,
                        hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
+    if sh.n_moe:
+        dp_raw = dp_raw + allreduce(GRAD_WIRE_BYTES * expert_gpu, x.ed_in, x.ed_out,
+                                    hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
     if tr.dp_overlap > 0:
         # it may hide behind one micro-batch's compute on the stage (the backward of the last
         # micro-batch for the gradient reduce-scatter, the forward of the first for the
@@ -234,59 +283,75 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         window = stage_layers * layer_compute
         dp_raw = vmax((1 - tr.dp_overlap) * dp_raw, dp_raw - window)
     time["dp_comm"] = dp_raw
-    shards = d * c if k.distributed_optimizer else 1
-    time["optimizer"] = params_gpu / shards * ADAM_STEP_BYTES / hw.hbm_bw
+    dist = k.distributed_optimizer
+    shards = d * c if dist else 1
+    expert_shards = x.ed if dist else 1
+    time["optimizer"] = (params_gpu / shards
+                         + (expert_gpu / expert_shards if sh.n_moe else 0)) * ADAM_STEP_BYTES \
+        / hw.hbm_bw
 
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
-    first_params = (stage_layers * sh.layer_params + sh.embedding_params
-                    + eq1(p) * (untied_extra + 2 * h)) / t
-    last_params = (stage_layers * sh.layer_params + sh.V * h + 2 * h) / t
+    # A stage is checked as if all its L/p layers were of one kind, for each kind the model
+    # has: a stage mixing dense and MoE layers needs no more than the larger of the two.
     weight_bytes = WEIGHT_BYTES + (FP8_WEIGHT_CACHE_BYTES if tr.precision == "fp8" else 0)
     opt_bytes = OPTIMIZER_BYTES / shards
+    kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
-    layer_none = tokens * (sh.act_replicated_bytes / shard + sh.act_parallel_bytes / t)
-    if flash:
-        layer_none = layer_none + 4 * sh.a * tokens / t          # fp32 softmax statistics
-        layer_selective = layer_none
-    else:
-        layer_selective = layer_none
-        layer_none = layer_none + sh.act_score_bytes_per_element * sh.a * tokens * s / t
-    if full:
-        stored_layer = 2 * tokens * h / shard                    # the layer input checkpoint
-        working = layer_none                                      # one layer re-materialised
-    else:
-        stored_layer = layer_selective if selective else layer_none
-        working = 0.0
+    def stored_per_layer(parallel_bytes):
+        """(stored bytes per layer and micro-batch, working set of one re-materialised layer)."""
+        none = tokens * (sh.act_replicated_bytes / shard + parallel_bytes / t)
+        if flash:
+            none = none + 4 * sh.a * tokens / t                  # fp32 softmax statistics
+            sel = none
+        else:
+            sel = none
+            none = none + sh.act_score_bytes_per_element * sh.a * tokens * s / t
+        if full:
+            return 2 * tokens * h / shard, none                   # the layer input checkpoint
+        return (sel if selective else none), 0.0
+
     # 1F1B keeps p micro-batches of the first stage's L/p layers in flight; interleaving adds
     # (p - 1) / (p v) of that (Korthikanti et al. Sec. 4.2.3). The last stage keeps
     # (v - 1) / v + 1 / (p v) layers' worth (Megatron's interleaved warm-up on rank p - 1).
     # Without interleaving (v = 1) Megatron runs plain 1F1B: exactly p micro-batches of L/p
-    # layers on the first stage, hence the eq1(v) correction of the interleaved formula.
+    # layers on the first stage, hence the gt1(v) factor on the interleaving term.
     first_flight = 1 + gt1(v) * ring_share(p) / v
     last_flight = ring_share(v) + 1 / (p * v)
     in_flight = p + gt1(v) * steps(p) / v                        # micro-batches, first stage
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
     logits_buffer = 6 * tokens * sh.V / t                         # 16-bit logits + fp32 softmax
 
-    memory = {
-        "first": {
-            "weights": first_params * weight_bytes,
-            "gradients": first_params * GRAD_BYTES,
-            "optimizer_states": first_params * opt_bytes,
-            "activations": L * stored_layer * first_flight + working + embed_mask,
-            "logits": eq1(p) * logits_buffer,
-        },
-        "last": {
-            "weights": last_params * weight_bytes,
-            "gradients": last_params * GRAD_BYTES,
-            "optimizer_states": last_params * opt_bytes,
-            "activations": L * stored_layer * last_flight + working,
-            "logits": logits_buffer,
-        },
-    }
+    memory = {}
+    for kind in kinds:
+        if kind == "dense":
+            layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
+        else:
+            layer_p = sh.moe_dense_params
+            experts_p = stage_layers * sh.experts * sh.expert_params / x.e
+            act_bytes_p = sh.moe_act_parallel_bytes
+        stored, working = stored_per_layer(act_bytes_p)
+        expert_opt = OPTIMIZER_BYTES / expert_shards
+        for stage in STAGES:
+            if stage == "first":
+                dense_p = (stage_layers * layer_p + sh.embedding_params
+                           + eq1(p) * (untied_extra + 2 * h)) / t
+                acts = L * stored * first_flight + working + embed_mask
+                logit = eq1(p) * logits_buffer
+            else:
+                dense_p = (stage_layers * layer_p + sh.V * h + 2 * h) / t
+                acts = L * stored * last_flight + working
+                logit = logits_buffer
+            name = stage if len(kinds) == 1 else f"{stage}_{kind}"
+            memory[name] = {
+                "weights": (dense_p + experts_p) * weight_bytes,
+                "gradients": (dense_p + experts_p) * GRAD_BYTES,
+                "optimizer_states": dense_p * opt_bytes + experts_p * expert_opt,
+                "activations": acts,
+                "logits": logit,
+            }
     return Terms(time=time, memory=memory,
                  layer={"compute": layer_compute, "gemm": gemm, "attention": attn,
-                        "eltwise": eltwise, "tp_comm": tp_layer})
+                        "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer})
 
 
 # ------------------------------------------------------------------------------------------
@@ -359,10 +424,11 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     terms = step_terms(inst, Degrees.of(plan), k)
     breakdown = {name: float(terms.time[name]) for name in TIME_TERMS}
     step = sum(breakdown.values())
-    by_stage = {st: {n: float(terms.memory[st][n]) / GiB for n in MEMORY_TERMS} for st in STAGES}
-    for st in STAGES:
+    by_stage = {st: {n: float(terms.memory[st][n]) / GiB for n in MEMORY_TERMS}
+                for st in terms.memory}
+    for st in by_stage:
         by_stage[st]["total"] = sum(by_stage[st][n] for n in MEMORY_TERMS)
-    worst = max(STAGES, key=lambda st: by_stage[st]["total"])
+    worst = max(by_stage, key=lambda st: by_stage[st]["total"])
     limit = memory_limit_bytes(inst) / GiB
     memory = dict(by_stage[worst])
     memory["capacity"] = inst.hw.hbm_bytes / GiB

@@ -42,6 +42,14 @@ class Plan:
     cp_intra: int = 1
     pp_intra: int = 1
     dp_intra: int = 1
+    ep: int = 1          # expert-parallel degree (MoE layers): experts sharded over ep ranks
+    ep_intra: int = 1    # its factor inside a node
+
+    @property
+    def expert_dp(self) -> float:
+        """Expert data-parallel degree: the MoE layers' grid is ep x expert_dp per stage
+        (expert tensor parallelism 1, Megatron-Core's MoE parallel folding)."""
+        return self.gpus / (self.pp * self.ep)
 
     @property
     def micro_batches(self) -> float:
@@ -60,13 +68,16 @@ class Plan:
             s += f" CP{self.cp}"
         if self.vp > 1:
             s += f" VP{self.vp}"
+        if self.ep > 1:
+            s += f" EP{self.ep}"
         return s + f" mb{self.micro_batch}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["micro_batches"] = self.micro_batches
-        for dim in ORDER:
+        for dim in ORDER + ("ep",):
             d[f"{dim}_inter"] = self.inter(dim)
+        d["expert_dp"] = self.expert_dp
         return d
 
 
@@ -94,7 +105,11 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
     placed = default_placement(degrees, inst.node_size)
     intra = {d: fields.get(f"{d}_intra") or placed[d] for d in ORDER}
+    ep = fields.get("ep") or 1
+    # experts fill the innermost ranks of a stage: as much of ep as the stage's share of a node
+    ep_intra = fields.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))
     return Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=fields["vp"], micro_batch=fields["micro_batch"],
+                ep=ep, ep_intra=ep_intra,
                 global_batch=gb, gpus=gpus, nodes=inst.nodes, recompute=fields["recompute"],
                 sequence_parallel=fields["sequence_parallel"],
                 distributed_optimizer=fields["distributed_optimizer"],
@@ -138,6 +153,19 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
     if box != inst.node_size:
         out.append(f"intra-node factors tp*cp*dp*pp = {box} must equal the {inst.node_size} GPUs "
                    "of a node (each node holds a box of the process grid); set *_intra in [plan]")
+    if plan.ep > 1 and not m.moe:
+        out.append(f"ep={plan.ep} needs a mixture-of-experts model (model.experts > 1)")
+    if m.moe:
+        if m.experts % plan.ep:
+            out.append(f"ep={plan.ep} must divide experts={m.experts}")
+        if (plan.gpus // plan.pp) % plan.ep:
+            out.append(f"ep={plan.ep} must divide the {plan.gpus // plan.pp} GPUs of a pipeline "
+                       "stage (tp*cp*dp)")
+        if plan.ep % plan.ep_intra or (inst.node_size // plan.pp_intra) % plan.ep_intra:
+            out.append(f"ep_intra={plan.ep_intra} must divide ep={plan.ep} and the "
+                       f"{inst.node_size // plan.pp_intra} GPUs a stage has in a node")
+        if plan.tp > 1 and not plan.sequence_parallel:
+            out.append("MoE layers with tp > 1 need sequence parallelism (Megatron-Core)")
     c = inst.spec.constraints
     for dim in ("tp", "pp", "cp"):
         if getattr(c, f"{dim}_within_node") and plan.inter(dim) != 1:

@@ -20,6 +20,7 @@ TERM_LABELS = {
     "bubble": "pipeline bubble",
     "tp_comm": "tensor-parallel comm",
     "cp_comm": "context-parallel comm (exposed)",
+    "ep_comm": "expert-parallel all-to-all",
     "pp_comm": "pipeline p2p comm",
     "dp_comm": "data-parallel grad reduction",
     "optimizer": "optimizer step (HBM-bound)",
@@ -63,7 +64,7 @@ def time_table(rep: StepReport) -> Table:
     t.add_column("share", justify="right")
     for name in TIME_TERMS:
         v = rep.breakdown_s[name]
-        if v == 0 and name in ("cp_comm",):
+        if v == 0 and name in ("cp_comm", "ep_comm"):
             continue
         t.add_row(TERM_LABELS[name], _fmt_s(v), f"{100 * v / rep.step_time_s:.1f}%")
     return t

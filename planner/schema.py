@@ -39,14 +39,44 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = Field(default=True, description="output layer shares the input embedding")
     position_embedding: Literal["learned", "rope"] = "learned"
     dropout: bool = Field(default=True, description="trained with dropout (stores 1-byte masks)")
+    hf_config: str | None = Field(
+        default=None, description="a Hugging Face config.json (path relative to the instance) "
+        "filling the keys above; explicit keys override it")
+    # mixture of experts (experts = 0: a dense model)
+    experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0 = dense)")
+    top_k: PositiveInt = Field(default=2, description="routed experts per token")
+    moe_ffn_hidden: PositiveInt | None = Field(
+        default=None, description="MLP width of one expert; default ffn_hidden")
+    shared_experts: int = Field(default=0, ge=0, description="always-on experts per MoE layer")
+    first_dense_layers: int = Field(default=0, ge=0, description="leading dense layers")
+    moe_layer_interval: PositiveInt = Field(
+        default=1, description="every n-th layer after the dense ones is an MoE layer")
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSpec:
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if self.heads % self.kv: 
+        if self.heads % self.kv:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv})")
+        if self.experts == 1:
+            raise ValueError("experts = 1 is a dense model: use experts = 0")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
+        if self.experts and self.first_dense_layers >= self.layers:
+            raise ValueError(f"first_dense_layers ({self.first_dense_layers}) leaves no MoE layer "
+                             f"of the {self.layers}")
         return self
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def moe_layers(self) -> int:
+        """Number of MoE layers: every ``moe_layer_interval``-th after the dense ones."""
+        if not self.moe:
+            return 0
+        return len(range(self.first_dense_layers, self.layers, self.moe_layer_interval))
 
     @property
     def kv(self) -> int:
@@ -123,6 +153,8 @@ class ConstraintSpec(_Strict):
     max_pp: PositiveInt | None = None
     max_dp: PositiveInt | None = None
     max_cp: PositiveInt | None = Field(default=1, description="context parallelism is off unless raised")
+    ep: PositiveInt | None = None
+    max_ep: PositiveInt | None = None
     max_vp: PositiveInt | None = None
     min_micro_batch: PositiveInt = 1
     max_micro_batch: PositiveInt = Field(default=32, description="cap on the micro-batch size")
@@ -161,6 +193,8 @@ class PlanSpec(_Strict):
     recompute: Recompute = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    ep: PositiveInt = Field(default=1, description="expert-parallel degree (MoE models)")
+    ep_intra: PositiveInt | None = Field(default=None, description="factor of ep inside a node")
     tp_intra: PositiveInt | None = Field(default=None, description="factor of tp inside a node")
     cp_intra: PositiveInt | None = None
     pp_intra: PositiveInt | None = None

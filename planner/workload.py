@@ -33,12 +33,20 @@ class Shape:
     tied: bool
     learned_pos: bool
     dropout: bool
+    experts: int = 0          # routed experts per MoE layer (0 = dense)
+    top_k: int = 0
+    f_e: int = 0              # width of one expert
+    shared: int = 0           # shared experts per MoE layer
+    n_moe: int = 0            # MoE layers
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
         return Shape(L=m.layers, h=m.hidden, a=m.heads, k=m.kv, f=m.ffn, V=m.vocab, s=m.seq_len,
                      gated=m.gated_mlp, tied=m.tied_embeddings,
-                     learned_pos=m.position_embedding == "learned", dropout=m.dropout)
+                     learned_pos=m.position_embedding == "learned", dropout=m.dropout,
+                experts=m.experts if m.moe else 0, top_k=m.top_k if m.moe else 0,
+                f_e=(m.moe_ffn_hidden or m.ffn) if m.moe else 0,
+                shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers)
 
     # parameters --------------------------------------------------------------------------
     @property
@@ -55,6 +63,27 @@ class Shape:
         return qkv + h * h + self.mlp_matrices * h * f + linear
 
     @property
+    def n_dense(self) -> int:
+        return self.L - self.n_moe
+
+    @property
+    def attention_params(self) -> float:
+        """QKV, projection, the two norms and the attention biases of one layer."""
+        h = self.h
+        return h * (h + 2 * h * self.k / self.a) + h * h + 4 * h + (h + 2 * h * self.k / self.a) + h
+
+    @property
+    def expert_params(self) -> float:
+        """One expert's MLP (``(2|3) h f_e``)."""
+        return self.mlp_matrices * self.h * self.f_e
+
+    @property
+    def moe_dense_params(self) -> float:
+        """The parts of an MoE layer that are not routed experts: attention, router (h x E) and
+        the shared experts."""
+        return self.attention_params + self.h * self.experts + self.shared * self.expert_params
+
+    @property
     def embedding_params(self) -> float:
         return self.V * self.h + (self.s * self.h if self.learned_pos else 0)
 
@@ -62,7 +91,8 @@ class Shape:
     def total_params(self) -> float:
         """Parameters of the model (the output layer counted once when tied)."""
         out = 0 if self.tied else self.V * self.h
-        return self.L * self.layer_params + self.embedding_params + out + 2 * self.h
+        moe = self.n_moe * (self.moe_dense_params + self.experts * self.expert_params)
+        return (self.n_dense * self.layer_params + moe + self.embedding_params + out + 2 * self.h)
 
     # FLOPs, forward, per micro-batch of b sequences, whole layer (divide by t*c per GPU) -------
     def gemm_flops(self, b) -> float:
@@ -80,10 +110,23 @@ class Shape:
         """Output layer forward: ``2 b s h V``."""
         return 2 * b * self.s * self.h * self.V
 
+    def mlp_flops(self, b, width) -> float:
+        """One MLP of ``width`` on b sequences, forward: ``2 b s (2|3) h width``."""
+        return 2 * b * self.s * self.mlp_matrices * self.h * width
+
+    def moe_gemm_flops(self, b) -> float:
+        """An MoE layer's GEMMs, forward: attention GEMMs, router ``2 b s h E``, and
+        ``top_k + shared`` expert MLPs per token (the FLOPs a token really meets)."""
+        attn = self.gemm_flops(b) - self.mlp_flops(b, self.f)
+        return (attn + 2 * b * self.s * self.h * self.experts
+                + (self.top_k + self.shared) * self.mlp_flops(b, self.f_e))
+
     def model_flops(self, batch) -> float:
         """Model FLOPs of one training step (forward + backward = 3x forward, no recompute):
-        the Megatron-LM / Narayanan et al. Eq. 3 convention used for MFU."""
-        per_seq = self.L * (self.gemm_flops(1) + self.attention_flops(1)) + self.logits_flops(1)
+        the Megatron-LM / Narayanan et al. Eq. 3 convention used for MFU (MoE layers count the
+        experts a token is routed to)."""
+        per_seq = (self.n_dense * self.gemm_flops(1) + self.n_moe * self.moe_gemm_flops(1)
+                   + self.L * self.attention_flops(1) + self.logits_flops(1))
         return 3 * batch * per_seq
 
     # HBM traffic of element-wise kernels, forward, bytes per token --------------------------
@@ -106,6 +149,14 @@ class Shape:
         return (6 if self.gated else 4) * self.f
 
     @property
+    def moe_eltwise_parallel_bytes(self) -> float:
+        """An MoE layer's MLP traffic per token: the activations of the ``top_k + shared``
+        experts it meets, plus permuting its hidden state to and from ``top_k`` experts
+        (read + write, dispatch and combine: ``8 h`` per routed copy)."""
+        return ((6 if self.gated else 4) * self.f_e * (self.top_k + self.shared)
+                + 8 * self.h * self.top_k)
+
+    @property
     def score_eltwise_bytes_per_element(self) -> float:
         """Unfused attention: scale-mask-softmax (read 2, write 2) and dropout (read 2, write 2,
         mask 1) per score element: 9 bytes (4 without dropout); ``a s`` elements per token."""
@@ -125,6 +176,15 @@ class Shape:
         and output), gated ``6f`` (both halves of fc1's output and the product); for GPT-3
         (k = a, f = 4h) this is Korthikanti's ``24 h``."""
         return 4 * self.h + 4 * self.h * self.k / self.a + (6 if self.gated else 4) * self.f
+
+    @property
+    def moe_act_parallel_bytes(self) -> float:
+        """An MoE layer stores the attention tensors of a dense layer, and per token the
+        permuted hidden state (``2 h``) and the MLP activations of each of its ``top_k`` routed
+        experts, plus the shared experts' (``4 f_e`` or ``6 f_e`` each)."""
+        mlp = (6 if self.gated else 4) * self.f_e
+        return (4 * self.h + 4 * self.h * self.k / self.a
+                + self.top_k * (2 * self.h + mlp) + self.shared * mlp)
 
     @property
     def act_score_bytes_per_element(self) -> float:

@@ -31,7 +31,7 @@ def test_published_plan_is_in_the_search_space(run):
     cols = feasible_points(build_space(inst))
     point = {"T": plan.tp, "T_in": plan.tp_intra, "C": plan.cp, "C_in": plan.cp_intra,
              "P": plan.pp, "P_in": plan.pp_intra, "V": plan.vp, "b": plan.micro_batch,
-             "B": plan.global_batch}
+             "B": plan.global_batch, "E": plan.ep, "E_in": plan.ep_intra}
     hit = np.ones(len(cols["T"]), dtype=bool)
     for name, value in point.items():
         hit &= cols[name] == value

@@ -65,8 +65,17 @@ def instances(draw):
         constraints["max_dp"] = draw(st.sampled_from([1, 2, 4]))
     reserve = constraints["memory_reserve_GiB"]
     constraints["memory_reserve_GiB"] = min(reserve, {"a100-40gb": 37.0}.get(gpu, reserve))
+    moe = {}
+    if draw(st.integers(0, 3)) == 0:
+        experts = draw(st.sampled_from([2, 4, 6, 8]))
+        moe = {"experts": experts, "top_k": draw(st.integers(1, min(2, experts))),
+               "moe_ffn_hidden": draw(st.sampled_from([128, 512, 2048])),
+               "shared_experts": draw(st.sampled_from([0, 0, 1])),
+               "first_dense_layers": draw(st.sampled_from([0, 0, 1])) if layers > 1 else 0}
+        constraints["max_ep"] = draw(st.sampled_from([None, 2, 8]))
     return {
-        "model": {"layers": layers, "hidden": heads * head_dim * draw(st.sampled_from([1, 8, 32])),
+        "model": {**moe, "layers": layers,
+                  "hidden": heads * head_dim * draw(st.sampled_from([1, 8, 32])),
                   "heads": heads, "kv_heads": kv, "gated_mlp": draw(st.booleans()),
                   "vocab": draw(st.sampled_from([1000, 32000, 128000])), "seq_len": seq,
                   "tied_embeddings": draw(st.booleans()),

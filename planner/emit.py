@@ -1,0 +1,575 @@
+"""Launch configuration text for a chosen plan: Megatron-LM arguments, NeMo 2 overrides, a
+torchtitan job config or a DeepSpeed JSON.
+
+``emit(inst, plan, fmt)`` returns the text; every value comes from the :class:`~planner.plan.Plan`
+and the instance's model, so the launch runs the plan that was evaluated. Comments in the output
+say where a framework has no equivalent of a plan knob (``docs/launch_configs.md`` has the same
+table with more caveats).
+
+Versions followed
+-----------------
+* **Megatron-LM** ``pretrain_gpt.py`` arguments (``megatron/training/arguments.py``) with
+  Megatron-Core's default rank order ``tp-cp-ep-dp-pp``.
+* **NeMo 2** recipe tree (``nemo.collections.llm`` recipes, NeMo 2.x): ``trainer.strategy`` is a
+  ``MegatronStrategy``, ``trainer.plugins`` a ``MegatronMixedPrecision``, ``data`` the data module,
+  ``model.config`` the Megatron-Core ``TransformerConfig``, ``optim.config`` the Megatron-Core
+  ``OptimizerConfig``. NeMo 1 (``megatron_gpt_config.yaml``) names differ: ``model.micro_batch_size``,
+  ``model.activations_checkpoint_granularity``, ``model.optim.name: distributed_fused_adam``.
+* **torchtitan 0.2.x** TOML job config (``torchtitan/config/job_config.py`` of 0.2.2, the last
+  release read from ``--job.config_file``). torchtitan 0.3 replaced the TOML files with Python
+  ``config_registry`` functions; its ``--parallelism.*`` / ``--training.*`` command-line overrides
+  keep these names, except that ``enable_async_tensor_parallel`` moved to ``[compile]`` and
+  sequence parallelism got a switch (``parallelism.enable_sequence_parallel``).
+* **DeepSpeed** JSON config (0.19 key names).
+
+Mapping (L layers; m = micro-batches per step = global_batch / (dp * micro_batch))
+------------------------------------------------------------------------------------
+Each knob: Megatron-LM | NeMo 2 | torchtitan 0.2 | DeepSpeed.
+
+tp
+    ``--tensor-model-parallel-size`` | ``trainer.strategy.tensor_model_parallel_size`` |
+    ``parallelism.tensor_parallel_degree`` | ``plan_parallelism.tensor`` (*)
+pp
+    ``--pipeline-model-parallel-size`` | ``trainer.strategy.pipeline_model_parallel_size`` |
+    ``parallelism.pipeline_parallel_degree`` | ``plan_parallelism.pipeline`` (*)
+dp
+    implied, world / (tp*pp*cp) | implied | ``parallelism.data_parallel_shard_degree`` (FSDP;
+    ``data_parallel_replicate_degree`` for plain DDP) | implied by ``train_batch_size`` /
+    (micro batch * accumulation); also ``plan_parallelism.data``
+cp
+    ``--context-parallel-size`` | ``trainer.strategy.context_parallel_size`` |
+    ``parallelism.context_parallel_degree`` | ``plan_parallelism.context`` (*)
+vp
+    ``--num-layers-per-virtual-pipeline-stage`` L/(pp*vp), only when vp > 1 |
+    ``trainer.strategy.virtual_pipeline_model_parallel_size`` (null when 1) |
+    ``pipeline_parallel_schedule = "Interleaved1F1B"`` and ``pipeline_parallel_layers_per_stage``
+    L/(pp*vp) with the first/last-stage layer allowances at 0 | ``plan_parallelism.virtual_pipeline``
+micro_batch
+    ``--micro-batch-size`` | ``data.micro_batch_size`` |
+    ``parallelism.pipeline_parallel_microbatch_size`` (``training.local_batch_size`` when pp = 1) |
+    ``train_micro_batch_size_per_gpu``
+global_batch
+    ``--global-batch-size`` | ``data.global_batch_size`` | ``training.global_batch_size`` |
+    ``train_batch_size``
+m
+    derived | derived | ``training.local_batch_size`` = micro_batch * m when pp > 1 (the schedule
+    splits it); m accumulation steps when pp = 1 | ``gradient_accumulation_steps``
+recompute
+    selective: ``--recompute-activations``; full: ``--recompute-granularity full
+    --recompute-method uniform --recompute-num-layers 1`` | ``model.config.recompute_granularity``
+    (+ ``recompute_method``, ``recompute_num_layers``) | ``activation_checkpoint.mode`` (selective
+    with ``selective_ac_option = "op"``) | ``activation_checkpointing.partition_activations`` and
+    ``plan_parallelism.recompute`` (*)
+sequence_parallel
+    ``--sequence-parallel`` | ``trainer.strategy.sequence_parallel`` | none: always on under
+    tensor parallelism in 0.2 | ``plan_parallelism.sequence_parallel`` (*)
+distributed_optimizer
+    ``--use-distributed-optimizer`` | ``optim.config.use_distributed_optimizer`` | none: FSDP2
+    always shards optimizer state | ``zero_optimization.stage`` 1 (on) / 0 (off)
+precision
+    ``--bf16`` / ``--fp16`` / ``--bf16 --fp8-format hybrid`` | ``trainer.plugins.precision``
+    (bf16-mixed / 16-mixed) and ``trainer.plugins.fp8`` (hybrid) |
+    ``training.mixed_precision_param = "bfloat16"``, fp8 via ``model.converters =
+    ["quantize.linear.float8"]`` | ``bf16.enabled`` / ``fp16.enabled`` (fp8: none)
+nodes x GPUs per node
+    comment (torchrun line) | ``trainer.num_nodes``, ``trainer.devices`` | comment |
+    ``plan_parallelism.nodes``, ``gpus_per_node``
+ep (MoE models only)
+    ``--expert-model-parallel-size`` with ``--expert-tensor-parallel-size 1`` and the expert
+    shape (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+    ``--moe-shared-expert-intermediate-size``, ``--moe-layer-freq``) |
+    ``trainer.strategy.expert_model_parallel_size`` and ``model.config.num_moe_experts`` ... |
+    ``parallelism.expert_parallel_degree`` | ``plan_parallelism.expert`` (*)
+placement (*_intra)
+    default rank order tp-cp-dp-pp, or ``--use-tp-pp-dp-mapping`` when that order gives the plan's
+    placement | comment when not the default | comment when not the mesh order (pp, dp, cp, tp) |
+    ``plan_parallelism.intra_node``
+
+``*`` DeepSpeed's JSON has no standard keys for tensor, pipeline, context or sequence parallelism:
+they are set in code (Megatron-DeepSpeed's ``--tensor-model-parallel-size``, ``PipelineModule(
+num_stages=...)``, Ulysses' sequence-parallel group); the plan's values sit under the custom key
+``plan_parallelism``, which DeepSpeed ignores, for the launch script to read. (DeepSpeed's
+``pipeline`` section has no stage-count key the engine uses, and ``tensor_parallel.autotp_size``
+is AutoTP for Hugging Face models, not Megatron-style tensor parallelism.)
+
+torchtitan: the distributed optimizer has no switch because FSDP2 always shards the optimizer
+state, and the parameters and gradients too (ZeRO-3 style), so torchtitan needs no more memory
+than the plan counts but adds parameter all-gathers; fp16 is not offered (bf16 is emitted); the
+model shape comes from ``[model] name/flavor``, not from the job config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from collections.abc import Callable
+
+from planner.errors import InputError
+from planner.instance import Instance
+from planner.plan import Plan
+
+FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
+
+MEGATRON_ORDER = ("tp", "cp", "dp", "pp")       # Megatron-Core default "tp-cp-ep-dp-pp"
+TP_PP_DP_ORDER = ("tp", "pp", "dp", "cp")       # --use-tp-pp-dp-mapping ("tp-pp-dp", cp = 1)
+
+
+def emit(inst: Instance, plan: Plan, fmt: str) -> str:
+    """Launch configuration text for ``plan`` in one of :data:`FORMATS`.
+
+    Raises :class:`~planner.errors.InputError` for an unknown format, or for a plan no framework
+    could launch: a global batch that is not a whole number of micro-batches, or pp * vp not
+    dividing the layers.
+
+    Example
+    -------
+    >>> from planner.instance import load_instance                 # doctest: +SKIP
+    >>> from planner.plan import plan_from_spec                    # doctest: +SKIP
+    >>> inst = load_instance("instances/gpt3-175b-a100.toml")      # doctest: +SKIP
+    >>> print(emit(inst, plan_from_spec(inst, inst.spec.plan), "megatron"))  # doctest: +SKIP
+    """
+    try:
+        writer = _WRITERS[fmt]
+    except (KeyError, TypeError):
+        raise InputError(f"unknown launch format {fmt!r}; expected one of: "
+                         + ", ".join(FORMATS)) from None
+    problems = _launch_problems(inst, plan)
+    if problems:
+        raise InputError(f"plan {plan.label()} cannot be written as a {fmt} launch", problems)
+    return writer(inst, plan)
+
+
+def _launch_problems(inst: Instance, plan: Plan) -> list[str]:
+    out = []
+    if not float(plan.micro_batches).is_integer():
+        out.append(f"global_batch={plan.global_batch} is not a whole number of micro-batches of "
+                   f"dp*micro_batch = {plan.dp}*{plan.micro_batch}")
+    if inst.model.layers % (plan.pp * plan.vp):
+        out.append(f"pp*vp = {plan.pp * plan.vp} does not divide layers={inst.model.layers}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+def _node_size(inst: Instance, plan: Plan) -> int:
+    return min(plan.gpus, inst.hw.gpus_per_node)
+
+
+def _intra(plan: Plan) -> dict[str, int]:
+    return {d: getattr(plan, f"{d}_intra") for d in MEGATRON_ORDER}
+
+
+def _placed(plan: Plan, node_size: int, order: tuple[str, ...]) -> dict[str, int]:
+    """Intra-node factors a launcher filling nodes in ``order`` (innermost first) produces."""
+    rem, full, out = node_size, True, {}
+    for dim in order:
+        deg = getattr(plan, dim)
+        f = math.gcd(deg, rem) if full else 1
+        rem //= f
+        full = full and f == deg
+        out[dim] = f
+    return out
+
+
+def _fmt_intra(f: dict[str, int]) -> str:
+    return ", ".join(f"{d}_intra={f[d]}" for d in MEGATRON_ORDER)
+
+
+def _ep(plan: Plan) -> int:
+    return getattr(plan, "ep", 1)
+
+
+def _moe(inst: Instance) -> dict[str, object] | None:
+    """The MoE shape of the model (None for a dense model): experts, top-k, expert width,
+    shared-expert width and which layers are MoE layers (1) or dense (0)."""
+    m = inst.model
+    if not getattr(m, "moe", False):
+        return None
+    d, n = m.first_dense_layers, m.moe_layer_interval
+    pattern = [int(i >= d and (i - d) % n == 0) for i in range(m.layers)]
+    ffn = m.moe_ffn_hidden or m.ffn
+    return {"experts": m.experts, "top_k": m.top_k, "ffn": ffn,
+            "shared_ffn": m.shared_experts * ffn, "pattern": pattern,
+            "freq": 1 if all(pattern) else _freq_expr(m.layers, d, n)}
+
+
+def _freq_expr(layers: int, dense: int, interval: int) -> str:
+    """Megatron's ``--moe-layer-freq`` list expression, e.g. ``([0]*3+[1]*58)``."""
+    q, r = divmod(layers - dense, interval)
+    unit = "[1]" if interval == 1 else f"([1]+[0]*{interval - 1})"
+    terms = [f"[0]*{dense}"] if dense else []
+    if q:
+        terms.append(f"{unit}*{q}")
+    if r:
+        terms.append("[1]" + (f"+[0]*{r - 1}" if r > 1 else ""))
+    return "(" + "+".join(terms) + ")"
+
+
+def _layers_per_stage(inst: Instance, plan: Plan) -> int:
+    return inst.model.layers // (plan.pp * plan.vp)
+
+
+def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> list[str]:
+    per_node = _node_size(inst, plan)
+    m = inst.model
+    gpus = (f"{plan.nodes} node{'s' if plan.nodes > 1 else ''} x {per_node} GPUs per node = "
+            f"{plan.gpus} GPUs")
+    if torchrun:
+        gpus += f" (torchrun --nnodes {plan.nodes} --nproc-per-node {per_node})"
+    return [
+        f"{what} for plan {plan.label()} ({m.name or 'model'}, {inst.spec.training.precision})",
+        gpus,
+        f"global batch {plan.global_batch} = dp {plan.dp} x micro_batch {plan.micro_batch} x "
+        f"{plan.micro_batches} micro-batches per step",
+    ]
+
+
+def _comments(lines: list[str], prefix: str = "# ") -> list[str]:
+    out = []
+    for line in lines:
+        out += textwrap.wrap(line, width=100, initial_indent=prefix, subsequent_indent=prefix + "  ",
+                             break_on_hyphens=False, break_long_words=False)
+    return out
+
+
+# --------------------------------------------------------------------------------------- Megatron
+
+def _megatron(inst: Instance, plan: Plan) -> str:
+    m = inst.model
+    precision = inst.spec.training.precision
+    node = _node_size(inst, plan)
+    intra = _intra(plan)
+    comments = _header(inst, plan, "Megatron-LM pretrain_gpt.py arguments")
+    comments.append(f"data-parallel size {plan.dp} is implied: world size / (tensor * pipeline * "
+                    f"context) = {plan.gpus} / ({plan.tp}*{plan.pp}*{plan.cp})")
+    extra: list[str] = []
+    if intra == _placed(plan, node, MEGATRON_ORDER):
+        comments.append(
+            "rank order: Megatron's default (tp innermost, then cp, dp, pp) fills each node with "
+            f"{_fmt_intra(intra)}, the placement the plan assumes")
+    elif plan.cp == 1 and intra == _placed(plan, node, TP_PP_DP_ORDER):
+        comments.append(
+            f"rank order: the plan places {_fmt_intra(intra)} per node, not Megatron's default "
+            "(tp innermost, then cp, dp, pp); --use-tp-pp-dp-mapping (order tp-pp-dp) gives it")
+        extra.append("--use-tp-pp-dp-mapping")
+    else:
+        comments.append(
+            f"rank order: the plan places {_fmt_intra(intra)} per node, which Megatron's default "
+            f"order (tp innermost, then cp, dp, pp) does not give (it gives "
+            f"{_fmt_intra(_placed(plan, node, MEGATRON_ORDER))}); order the hosts or ranks to match, "
+            "or expect the communication times to differ from the plan's")
+    if precision == "fp8":
+        comments.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine)")
+    comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")
+
+    args: list[str] = [
+        f"--tensor-model-parallel-size {plan.tp}",
+        f"--pipeline-model-parallel-size {plan.pp}",
+        f"--context-parallel-size {plan.cp}",
+    ]
+    if plan.vp > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {_layers_per_stage(inst, plan)}")
+    args += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
+    if plan.sequence_parallel:
+        args.append("--sequence-parallel")
+    if plan.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if plan.recompute == "selective":
+        args.append("--recompute-activations")
+    elif plan.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform",
+                 "--recompute-num-layers 1"]
+    args += extra
+    args += [
+        f"--num-layers {m.layers}",
+        f"--hidden-size {m.hidden}",
+        f"--num-attention-heads {m.heads}",
+        f"--ffn-hidden-size {m.ffn}",
+        f"--seq-length {m.seq_len}",
+        f"--max-position-embeddings {m.seq_len}",
+    ]
+    if m.kv < m.heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.kv}"]
+    if m.gated_mlp:
+        args.append("--swiglu")
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if m.position_embedding == "rope":
+        args.append("--position-embedding-type rope")
+    if not m.dropout:
+        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    moe = _moe(inst)
+    if moe:
+        args += [f"--num-experts {moe['experts']}", f"--moe-router-topk {moe['top_k']}",
+                 f"--moe-ffn-hidden-size {moe['ffn']}"]
+        if moe["shared_ffn"]:
+            args.append(f"--moe-shared-expert-intermediate-size {moe['shared_ffn']}")
+        if moe["freq"] != 1:
+            args.append(f"--moe-layer-freq '{moe['freq']}'")     # quoted for the shell
+        # the plan's expert grid is ep x expert-dp (expert tensor parallelism 1); Megatron's
+        # default expert tensor parallel size is the dense tp
+        args += [f"--expert-model-parallel-size {_ep(plan)}", "--expert-tensor-parallel-size 1"]
+    if precision == "fp16":
+        args.append("--fp16")
+    else:
+        args.append("--bf16")
+        if precision == "fp8":
+            args.append("--fp8-format hybrid")
+    lines = _comments(comments)
+    lines += [a + " \\" for a in args[:-1]] + [args[-1]]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ NeMo
+
+def _yaml_scalar(v: object) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    return str(v)
+
+
+def _yaml(tree: dict, indent: int = 0) -> list[str]:
+    out = []
+    for key, val in tree.items():
+        pad = "  " * indent
+        if isinstance(val, dict):
+            out.append(f"{pad}{key}:")
+            out += _yaml(val, indent + 1)
+        else:
+            out.append(f"{pad}{key}: {_yaml_scalar(val)}")
+    return out
+
+
+def _nemo_moe(inst: Instance) -> dict[str, object]:
+    moe = _moe(inst)
+    if not moe:
+        return {}
+    out = {"num_moe_experts": moe["experts"], "moe_router_topk": moe["top_k"],
+           "moe_ffn_hidden_size": moe["ffn"]}
+    if moe["shared_ffn"]:
+        out["moe_shared_expert_intermediate_size"] = moe["shared_ffn"]
+    out["moe_layer_freq"] = 1 if moe["freq"] == 1 else moe["pattern"]
+    return out
+
+
+def _nemo(inst: Instance, plan: Plan) -> str:
+    m = inst.model
+    precision = inst.spec.training.precision
+    node = _node_size(inst, plan)
+    full = plan.recompute == "full"
+    comments = _header(inst, plan, "NeMo 2 recipe overrides (nemo.collections.llm)", torchrun=False)
+    comments += [
+        "apply to a pretrain recipe (recipe.trainer.strategy.tensor_model_parallel_size = ...) or as",
+        "dotted key=value overrides of `nemo llm pretrain --factory <recipe>`",
+    ]
+    if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
+                        "Megatron-Core's default (tp innermost, then cp, dp, pp)")
+    if m.gated_mlp or m.position_embedding == "rope" or not m.tied_embeddings:
+        comments.append("pick a recipe whose model config matches: "
+                        + ", ".join(s for s, on in (("gated (SwiGLU) MLP", m.gated_mlp),
+                                                     ("rope", m.position_embedding == "rope"),
+                                                     ("untied embeddings", not m.tied_embeddings))
+                                    if on))
+    tree = {
+        "trainer": {
+            "num_nodes": plan.nodes,
+            "devices": node,
+            "strategy": {
+                "tensor_model_parallel_size": plan.tp,
+                "pipeline_model_parallel_size": plan.pp,
+                "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
+                "context_parallel_size": plan.cp,
+                **({"expert_model_parallel_size": _ep(plan), "expert_tensor_parallel_size": 1}
+                   if _moe(inst) else {}),
+                "sequence_parallel": plan.sequence_parallel,
+            },
+            "plugins": {
+                "precision": "16-mixed" if precision == "fp16" else "bf16-mixed",
+                "fp8": "hybrid" if precision == "fp8" else None,
+            },
+        },
+        "data": {
+            "micro_batch_size": plan.micro_batch,
+            "global_batch_size": plan.global_batch,
+            "seq_length": m.seq_len,
+        },
+        "model": {
+            "config": {
+                "num_layers": m.layers,
+                "hidden_size": m.hidden,
+                "ffn_hidden_size": m.ffn,
+                "num_attention_heads": m.heads,
+                "num_query_groups": m.kv,
+                "seq_length": m.seq_len,
+                "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
+                "recompute_method": "uniform" if full else None,
+                "recompute_num_layers": 1 if full else None,
+                **_nemo_moe(inst),
+            },
+        },
+        "optim": {
+            "config": {
+                "use_distributed_optimizer": plan.distributed_optimizer,
+                "bf16": precision != "fp16",
+                "fp16": precision == "fp16",
+            },
+        },
+    }
+    return "\n".join(_comments(comments) + _yaml(tree)) + "\n"
+
+
+# ------------------------------------------------------------------------------------ torchtitan
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def _torchtitan(inst: Instance, plan: Plan) -> str:
+    m = inst.model
+    precision = inst.spec.training.precision
+    node = _node_size(inst, plan)
+    mb, micro = plan.micro_batch, int(plan.micro_batches)
+    comments = _header(inst, plan, "torchtitan 0.2 job config (--job.config_file)")
+    comments.append(
+        f"model shape (layers {m.layers}, hidden {m.hidden}, heads {m.heads}, kv heads {m.kv}, "
+        f"ffn {m.ffn}, vocab {m.vocab}"
+        + (", {experts} experts, top-{top_k}, expert ffn {ffn}".format(**_moe(inst)) if _moe(inst) else "")
+        + ") comes from [model] name/flavor: register a matching flavor")
+    ddp = not plan.distributed_optimizer and plan.tp == plan.pp == plan.cp == 1
+    if plan.distributed_optimizer:
+        comments.append("distributed optimizer: implicit, FSDP2 shards optimizer state (and "
+                        "parameters and gradients) over data_parallel_shard_degree")
+    elif ddp:
+        comments.append("no distributed optimizer: plain DDP (data_parallel_replicate_degree)")
+    else:
+        comments.append("no distributed optimizer in the plan, but torchtitan combines tensor/"
+                        "pipeline/context parallelism only with FSDP2, which shards the optimizer "
+                        "state anyway (less memory than planned, extra parameter all-gathers)")
+    if plan.tp > 1:
+        comments.append(f"sequence parallel: {'on' if plan.sequence_parallel else 'off'} in the "
+                        "plan; torchtitan 0.2 always shards norms over the sequence under tensor "
+                        "parallelism (0.3: parallelism.enable_sequence_parallel)")
+    if plan.pp > 1:
+        comments.append(f"local_batch_size = micro_batch * micro-batches = {mb} * {micro}, split by "
+                        "the pipeline schedule into micro-batches of pipeline_parallel_microbatch_size")
+    elif micro > 1:
+        comments.append(f"no pipeline: local_batch_size = micro_batch; global_batch_size gives "
+                        f"{micro} gradient-accumulation steps")
+    if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node; "
+                        "torchtitan's mesh (pp, dp, cp, tp; tp innermost) does not")
+    if precision == "fp16":
+        comments.append("fp16: torchtitan mixes in bfloat16 or float32 only; bfloat16 is emitted "
+                        "(same speed and memory as fp16)")
+    if plan.recompute == "selective":
+        comments.append("selective: torchtitan's per-op checkpointing saves matmul outputs and "
+                        "recomputes the rest, close to but not the same as Megatron's attention-only "
+                        "selective recompute")
+
+    sections: list[tuple[str, dict]] = []
+    if precision == "fp8":
+        sections.append(("model", {"converters": ["quantize.linear.float8"]}))
+    sections.append(("training", {
+        "local_batch_size": mb * micro if plan.pp > 1 else mb,
+        "global_batch_size": plan.global_batch,
+        "seq_len": m.seq_len,
+        "mixed_precision_param": "bfloat16",
+    }))
+    par: dict[str, object] = {
+        "data_parallel_replicate_degree": plan.dp if ddp else 1,
+        "data_parallel_shard_degree": 1 if ddp else plan.dp,
+        "tensor_parallel_degree": plan.tp,
+        "enable_async_tensor_parallel": False,
+        "pipeline_parallel_degree": plan.pp,
+    }
+    if plan.pp > 1:
+        par["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vp > 1 else "1F1B"
+        par["pipeline_parallel_layers_per_stage"] = _layers_per_stage(inst, plan)
+        # no extra layer-equivalents for the embedding and output layers: exactly pp*vp stages
+        par["pipeline_parallel_first_stage_less_layers"] = 0
+        par["pipeline_parallel_last_stage_less_layers"] = 0
+    par["pipeline_parallel_microbatch_size"] = mb
+    par["context_parallel_degree"] = plan.cp
+    if _moe(inst):
+        par["expert_parallel_degree"] = _ep(plan)
+        par["expert_tensor_parallel_degree"] = 1
+    sections.append(("parallelism", par))
+    ac: dict[str, object] = {"mode": plan.recompute}
+    if plan.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    sections.append(("activation_checkpoint", ac))
+    if precision == "fp8":
+        sections.append(("quantize.linear.float8", {
+            "recipe_name": "tensorwise",
+            "enable_fsdp_float8_all_gather": True,
+            "precompute_float8_dynamic_scale_for_fsdp": True,
+        }))
+    lines = _comments(comments)
+    for name, body in sections:
+        lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------- DeepSpeed
+
+def _deepspeed(inst: Instance, plan: Plan) -> str:
+    precision = inst.spec.training.precision
+    recompute = plan.recompute != "none"
+    doc = {
+        "train_batch_size": plan.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": int(plan.micro_batches),
+        "bf16": {"enabled": precision in ("bf16", "fp8")},
+        "fp16": {"enabled": precision == "fp16"},
+        "zero_optimization": {"stage": 1 if plan.distributed_optimizer else 0},
+        "activation_checkpointing": {
+            "partition_activations": recompute,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        },
+        "plan_parallelism": {
+            "_comment": ("not a DeepSpeed key (DeepSpeed ignores it): DeepSpeed's JSON has no "
+                         "standard tensor/pipeline/context-parallel keys; pass these to the "
+                         "model code (e.g. Megatron-DeepSpeed --tensor-model-parallel-size, "
+                         "PipelineModule(num_stages=pipeline)). recompute says which layers the "
+                         "model code checkpoints; fp8 needs Transformer Engine in the model."),
+            "plan": plan.label(),
+            "tensor": plan.tp,
+            "pipeline": plan.pp,
+            "data": plan.dp,
+            "context": plan.cp,
+            **({"expert": _ep(plan), "expert_tensor": 1} if _moe(inst) else {}),
+            "virtual_pipeline": plan.vp,
+            "layers_per_virtual_stage": _layers_per_stage(inst, plan),
+            "sequence_parallel": plan.sequence_parallel,
+            "recompute": plan.recompute,
+            "precision": precision,
+            "nodes": plan.nodes,
+            "gpus_per_node": _node_size(inst, plan),
+            "gpus": plan.gpus,
+            "intra_node": _intra(plan),
+        },
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+_WRITERS: dict[str, Callable[[Instance, Plan], str]] = {
+    "megatron": _megatron,
+    "nemo": _nemo,
+    "torchtitan": _torchtitan,
+    "deepspeed": _deepspeed,
+}
+
+__all__ = ["FORMATS", "emit"]

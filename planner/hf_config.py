@@ -1,0 +1,236 @@
+"""Read a Hugging Face ``config.json`` into :class:`~planner.schema.ModelSpec` keys.
+
+:func:`read_hf_config` returns a plain dict of ModelSpec keys (never ``hf_config`` itself) for
+the instance loader to merge under the keys the instance gives explicitly. Every problem is a
+:class:`~planner.errors.InputError` that names the file and the key.
+
+Supported ``model_type`` values (``architectures``, e.g. ``LlamaForCausalLM``, is the fallback
+when ``model_type`` is absent or not one of these):
+
+    llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3
+
+Key mapping, all families (required unless a default is given)::
+
+    num_hidden_layers                  -> layers
+    hidden_size                        -> hidden
+    num_attention_heads                -> heads
+    num_key_value_heads                -> kv_heads            (default: heads; DeepSeek: = heads)
+    intermediate_size                  -> ffn_hidden          (width of the dense MLP layers)
+    vocab_size                         -> vocab
+    max_position_embeddings            -> seq_len             (the instance may override it)
+    tie_word_embeddings                -> tied_embeddings     (default false)
+    attention_dropout, hidden_dropout  -> dropout = either > 0 (default false)
+    (constant)                         -> position_embedding = "rope", gated_mlp = true (SwiGLU)
+
+``seq_len`` is the model's *maximum* context, usually far longer than the training sequence
+(163840 for DeepSeek-V3): set ``seq_len`` in the instance to the length you train at.
+
+Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts``,
+``first_dense_layers``, ``moe_layer_interval`` are returned for the MoE families only)::
+
+    mixtral      num_local_experts -> experts, num_experts_per_tok -> top_k,
+                 intermediate_size -> moe_ffn_hidden (every layer is MoE; no shared experts)
+    qwen2_moe,   num_experts -> experts, num_experts_per_tok -> top_k,
+    qwen3_moe    moe_intermediate_size -> moe_ffn_hidden,
+                 shared_expert_intermediate_size (default 0) -> shared_experts =
+                     max(1, round(shared / moe_intermediate_size)) when > 0, else 0,
+                 decoder_sparse_step (default 1) -> moe_layer_interval = step and
+                     first_dense_layers = step - 1 (Hugging Face makes layer i sparse when
+                     (i + 1) % step == 0, i.e. layers step-1, 2*step-1, ...: exactly that set)
+    deepseek_v2, n_routed_experts -> experts, num_experts_per_tok -> top_k,
+    deepseek_v3  moe_intermediate_size -> moe_ffn_hidden,
+                 n_shared_experts (default 0) -> shared_experts (each moe_intermediate_size wide),
+                 moe_layer_freq (default 1) -> moe_layer_interval,
+                 first_k_dense_replace (default 0) -> first_dense_layers, rounded up to a
+                     multiple of moe_layer_freq (Hugging Face makes layer i sparse when
+                     i >= first_k_dense_replace and i % moe_layer_freq == 0; identical when the
+                     frequency is 1, as in every published DeepSeek config)
+
+An MoE config with no routed experts (0 or null), or whose dense layers leave no MoE layer, is
+returned as a dense model.
+
+Approximations (what the returned shape does not capture):
+
+* DeepSeek multi-head latent attention (MLA) is modelled as ordinary multi-head attention with
+  ``num_attention_heads`` heads of ``hidden / heads`` width and ``kv_heads = heads``; the low-rank
+  ``q_lora_rank``/``kv_lora_rank`` projections and the decoupled RoPE dims are dropped. For
+  DeepSeek-V3 (hidden 7168, 128 heads) per layer this over-counts the K/V projection weights
+  (2 * 7168^2 = 103M against MLA's 21M) and under-counts the output projection (51M against
+  117M, since MLA's values are 128 wide per head): net +18M attention weights per layer (+10%),
+  about 0.2% of the 671B total parameters and 3% of the 37B active per token. The attention-score
+  FLOPs and stored Q/K/V activations are *under*-counted: MLA's per-head widths are 192 for
+  queries/keys and 128 for values against 56 here (about 2.9x fewer score FLOPs), which matters
+  at long sequences.
+* DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not counted;
+  ``layers`` is ``num_hidden_layers``.
+* ``head_dim`` (Qwen3, newer Mistral) is not a ModelSpec key: attention is modelled ``hidden /
+  heads`` wide per head. When ``head_dim * heads != hidden`` (e.g. Qwen3-0.6B, Qwen3-30B-A3B)
+  the attention projections are mis-sized and a :class:`UserWarning` says so.
+* Qwen-MoE ``mlp_only_layers`` (dense layers at arbitrary positions) is ignored, with a
+  :class:`UserWarning` when it is not empty (it is empty in the published configs).
+* Sliding-window attention (``sliding_window``) is ignored: attention is modelled as full causal
+  attention. The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+
+SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+             "deepseek_v2", "deepseek_v3")
+
+# ``architectures`` entries are ``<Prefix>For<Task>``; the prefix names the family
+_ARCH_PREFIX = {
+    "Llama": "llama", "Mistral": "mistral", "Mixtral": "mixtral",
+    "Qwen2": "qwen2", "Qwen2Moe": "qwen2_moe", "Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe",
+    "DeepseekV2": "deepseek_v2", "DeepseekV3": "deepseek_v3",
+}
+
+_REQUIRED = object()
+
+
+class _Reader:
+    """Typed access to the config's keys that collects every problem before raising."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+        self.problems: list[str] = []
+
+    def _get(self, key: str, default: Any, check: Callable[[Any], bool], expected: str) -> Any:
+        value = self.cfg.get(key)
+        if value is None:   # absent, or null as Hugging Face writes unset optional keys
+            if default is _REQUIRED:
+                self.problems.append(f"{key}: required key is missing")
+            return None if default is _REQUIRED else default
+        if not check(value):
+            self.problems.append(f"{key}: expected {expected} (got {value!r})")
+            return None
+        return value
+
+    def count(self, key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+        return self._get(key, default,
+                         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
+                         "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
+
+    def number(self, key: str, default: float = 0.0) -> Any:
+        return self._get(key, default,
+                         lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0,
+                         "a number >= 0")
+
+    def flag(self, key: str, default: bool) -> Any:
+        return self._get(key, default, lambda v: isinstance(v, bool), "true or false")
+
+    def int_list(self, key: str) -> list:
+        return self._get(key, [], lambda v: isinstance(v, list)
+                         and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+                         "a list of layer indices")
+
+
+def _load(p: Path) -> dict[str, Any]:
+    if not p.is_file():
+        raise InputError(f"{p}: no such file (expected a Hugging Face config.json)")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not a text file (expected a Hugging Face config.json)") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{p}: invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
+            from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{p}: expected a JSON object of config keys, got a {type(cfg).__name__}")
+    return cfg
+
+
+def _family(cfg: dict[str, Any], p: Path) -> str:
+    model_type = cfg.get("model_type")
+    if model_type in SUPPORTED:
+        return model_type
+    archs = cfg.get("architectures")
+    archs = archs if isinstance(archs, list) else []
+    for arch in archs:
+        if isinstance(arch, str) and arch.split("For")[0] in _ARCH_PREFIX:
+            return _ARCH_PREFIX[arch.split("For")[0]]
+    found = "no model_type" if model_type is None else f"model_type {model_type!r}"
+    if archs:
+        found += f" (architectures {', '.join(map(str, archs))})"
+    raise InputError(f"{p}: unsupported architecture: {found}; supported model_type values: "
+                     + ", ".join(SUPPORTED))
+
+
+def read_hf_config(path: Path) -> dict[str, Any]:
+    """ModelSpec keys from the Hugging Face ``config.json`` at ``path`` (mapping in the module
+    docstring). ``seq_len`` is ``max_position_embeddings``; the instance may override it, and any
+    other key, with an explicit value."""
+    p = Path(path)
+    cfg = _load(p)
+    family = _family(cfg, p)
+    r = _Reader(cfg)
+
+    heads = r.count("num_attention_heads")
+    out: dict[str, Any] = {
+        "layers": r.count("num_hidden_layers"),
+        "hidden": r.count("hidden_size"),
+        "heads": heads,
+        "kv_heads": r.count("num_key_value_heads", heads),
+        "ffn_hidden": r.count("intermediate_size"),
+        "gated_mlp": True,
+        "vocab": r.count("vocab_size"),
+        "seq_len": r.count("max_position_embeddings"),
+        "tied_embeddings": r.flag("tie_word_embeddings", False),
+        "position_embedding": "rope",
+        "dropout": bool((r.number("attention_dropout") or 0) > 0
+                        or (r.number("hidden_dropout") or 0) > 0),
+    }
+    moe: dict[str, Any] | None = None
+    notes: list[str] = []
+
+    if family == "mixtral":
+        moe = {"experts": r.count("num_local_experts", minimum=0),
+               "top_k": r.count("num_experts_per_tok"),
+               "moe_ffn_hidden": out["ffn_hidden"],
+               "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
+    elif family in ("qwen2_moe", "qwen3_moe"):
+        width = r.count("moe_intermediate_size")
+        shared = r.count("shared_expert_intermediate_size", 0, minimum=0)
+        step = r.count("decoder_sparse_step", 1)
+        moe = {"experts": r.count("num_experts", minimum=0),
+               "top_k": r.count("num_experts_per_tok"),
+               "moe_ffn_hidden": width,
+               "shared_experts": max(1, round(shared / width)) if shared and width else 0,
+               "first_dense_layers": step - 1 if step else 0,
+               "moe_layer_interval": step}
+        dense_at = r.int_list("mlp_only_layers")
+        if dense_at:
+            notes.append(f"mlp_only_layers {dense_at} ignored: those layers are modelled as MoE")
+    elif family in ("deepseek_v2", "deepseek_v3"):
+        out["kv_heads"] = heads   # MLA approximated as multi-head attention (module docstring)
+        freq = r.count("moe_layer_freq", 1)
+        first = r.count("first_k_dense_replace", 0, minimum=0)
+        moe = {"experts": r.count("n_routed_experts", 0, minimum=0),
+               "top_k": r.count("num_experts_per_tok"),
+               "moe_ffn_hidden": r.count("moe_intermediate_size"),
+               "shared_experts": r.count("n_shared_experts", 0, minimum=0),
+               "first_dense_layers": -(-first // freq) * freq if freq else first,
+               "moe_layer_interval": freq}
+
+    if r.problems:
+        raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
+
+    if moe is not None and moe["experts"] and moe["first_dense_layers"] < out["layers"]:
+        out.update(moe)
+
+    head_dim = cfg.get("head_dim")
+    if (not family.startswith("deepseek") and isinstance(head_dim, int) and head_dim > 0
+            and head_dim * heads != out["hidden"]):
+        notes.append(f"head_dim {head_dim} x {heads} heads = {head_dim * heads} differs from "
+                     f"hidden_size {out['hidden']}: attention is modelled {out['hidden'] // heads} "
+                     "wide per head, so its projections are mis-sized")
+    for note in notes:
+        warnings.warn(f"{p}: {note}", UserWarning, stacklevel=2)
+    return out

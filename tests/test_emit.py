@@ -1,0 +1,335 @@
+"""Launch configurations: each format, parsed back, carries every knob of the plan."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from planner.emit import FORMATS, emit
+from planner.errors import InputError
+from planner.instance import Instance, load_instance
+from planner.plan import ORDER, Plan, default_placement, plan_from_spec
+from planner.schema import ModelSpec
+
+INSTANCES = Path(__file__).resolve().parent.parent / "instances"
+
+
+def _inst(name: str, precision: str | None = None) -> Instance:
+    inst = load_instance(INSTANCES / name)
+    if precision:
+        inst = inst.with_spec(training=inst.spec.training.model_copy(update={"precision": precision}))
+    return inst
+
+
+CASES = {
+    # the published Megatron-LM run: interleaving, selective recompute, SP, distributed optimizer
+    "gpt3-175b": ("gpt3-175b-a100.toml", None, {}),
+    # GQA, SwiGLU, untied, rope, no dropout; context parallelism, full recompute, FP8
+    "llama3-70b-cp2-full-fp8": ("llama3-70b-h100.toml", "fp8", {"cp": 2, "dp": 8, "recompute": "full"}),
+    "llama3-70b": ("llama3-70b-h100.toml", None, {}),
+    # data parallel only, no pipeline: torchtitan accumulates gradients
+    "gpt-1.3b": ("gpt-1.3b-1node.toml", None, {}),
+    "gpt-1.3b-fp16-ddp": ("gpt-1.3b-1node.toml", "fp16",
+                          {"distributed_optimizer": False, "recompute": "selective", "micro_batch": 4}),
+    # a pipeline without interleaving, placement in tp-pp-dp order
+    "gpt3-175b-pp16": ("gpt3-175b-a100.toml", None,
+                       {"tp": 4, "pp": 16, "dp": 16, "vp": 1, "tp_intra": 4, "pp_intra": 2,
+                        "dp_intra": 1, "sequence_parallel": False, "distributed_optimizer": False}),
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request) -> tuple[Instance, Plan]:
+    name, precision, overrides = CASES[request.param]
+    inst = _inst(name, precision)
+    return inst, plan_from_spec(inst, inst.spec.plan, **overrides)
+
+
+# ------------------------------------------------------------------------------------- parsers
+
+def parse_megatron(text: str) -> dict[str, str | bool]:
+    """Flags with their values (a flag followed by another flag is a switch: True)."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert all(ln.endswith(" \\") for ln in lines[:-1]), "every argument line but the last continues"
+    assert not lines[-1].endswith("\\")
+    tokens = shlex.split(" ".join(ln.rstrip("\\") for ln in lines))    # as the shell reads them
+    out: dict[str, str | bool] = {}
+    for i, tok in enumerate(tokens):
+        if tok.startswith("--"):
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            assert tok not in out, f"{tok} given twice"
+            out[tok] = nxt if nxt is not None and not nxt.startswith("--") else True
+        else:
+            assert tokens[i - 1].startswith("--"), f"stray value {tok}"
+    return out
+
+
+def _scalar(v: str):
+    v = v.strip()
+    if v == "null":
+        return None
+    if v in ("true", "false"):
+        return v == "true"
+    try:
+        return int(v)
+    except ValueError:
+        return v
+
+
+def parse_yaml(text: str) -> dict[str, object]:
+    """Flatten nested two-space-indented ``key: value`` YAML to dotted keys."""
+    out: dict[str, object] = {}
+    stack: list[tuple[int, str]] = []
+    for ln in text.splitlines():
+        if not ln.strip() or ln.lstrip().startswith("#"):
+            continue
+        indent = len(ln) - len(ln.lstrip(" "))
+        assert indent % 2 == 0, ln
+        key, _, val = ln.strip().partition(":")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([k for _, k in stack] + [key])
+        if val.strip():
+            out[path] = _scalar(val)
+        else:
+            stack.append((indent, key))
+    return out
+
+
+def comment_text(text: str) -> str:
+    """The comment lines as one unwrapped string."""
+    return " ".join(ln.lstrip("#").strip() for ln in text.splitlines() if ln.startswith("#"))
+
+
+# ------------------------------------------------------------------------------------- checks
+
+def test_megatron(case):
+    inst, plan = case
+    m, prec = inst.model, inst.spec.training.precision
+    a = parse_megatron(emit(inst, plan, "megatron"))
+    assert a["--tensor-model-parallel-size"] == str(plan.tp)
+    assert a["--pipeline-model-parallel-size"] == str(plan.pp)
+    assert a["--context-parallel-size"] == str(plan.cp)
+    if plan.vp > 1:
+        assert int(a["--num-layers-per-virtual-pipeline-stage"]) * plan.pp * plan.vp == m.layers
+    else:
+        assert "--num-layers-per-virtual-pipeline-stage" not in a
+    assert a["--micro-batch-size"] == str(plan.micro_batch)
+    assert a["--global-batch-size"] == str(plan.global_batch)
+    assert a.get("--sequence-parallel", False) is plan.sequence_parallel
+    assert a.get("--use-distributed-optimizer", False) is plan.distributed_optimizer
+    recompute = {"none": {}, "selective": {"--recompute-activations": True},
+                 "full": {"--recompute-granularity": "full", "--recompute-method": "uniform",
+                          "--recompute-num-layers": "1"}}
+    for mode, flags in recompute.items():
+        for flag, value in flags.items():
+            assert a.get(flag) == (value if mode == plan.recompute else None), flag
+    assert a.get("--bf16", False) is (prec != "fp16")
+    assert a.get("--fp16", False) is (prec == "fp16")
+    assert a.get("--fp8-format") == ("hybrid" if prec == "fp8" else None)
+    assert a["--num-layers"] == str(m.layers)
+    assert a["--hidden-size"] == str(m.hidden)
+    assert a["--num-attention-heads"] == str(m.heads)
+    assert a["--ffn-hidden-size"] == str(m.ffn)
+    assert a["--seq-length"] == a["--max-position-embeddings"] == str(m.seq_len)
+    assert a.get("--num-query-groups") == (str(m.kv) if m.kv < m.heads else None)
+    assert a.get("--group-query-attention", False) is (m.kv < m.heads)
+    assert a.get("--swiglu", False) is m.gated_mlp
+    assert a.get("--untie-embeddings-and-output-weights", False) is (not m.tied_embeddings)
+    assert a.get("--position-embedding-type") == ("rope" if m.position_embedding == "rope" else None)
+
+
+def test_megatron_comments_size_and_rank_order(case):
+    inst, plan = case
+    text = emit(inst, plan, "megatron")
+    comments = comment_text(text)
+    assert f"{plan.nodes} node" in comments and f"x {inst.node_size} GPUs per node" in comments
+    assert "rank order" in comments and "tp innermost, then cp, dp, pp" in comments
+    degrees = {d: getattr(plan, d) for d in ORDER}
+    default = default_placement(degrees, inst.node_size) == {d: getattr(plan, f"{d}_intra") for d in ORDER}
+    assert ("the placement the plan assumes" in comments) is default
+    assert ("--use-tp-pp-dp-mapping" in parse_megatron(text)) is (plan.pp_intra > 1)
+
+
+def test_nemo(case):
+    inst, plan = case
+    m, prec = inst.model, inst.spec.training.precision
+    y = parse_yaml(emit(inst, plan, "nemo"))
+    assert y["trainer.num_nodes"] == plan.nodes
+    assert y["trainer.devices"] == inst.node_size
+    s = "trainer.strategy."
+    assert y[s + "tensor_model_parallel_size"] == plan.tp
+    assert y[s + "pipeline_model_parallel_size"] == plan.pp
+    assert y[s + "virtual_pipeline_model_parallel_size"] == (plan.vp if plan.vp > 1 else None)
+    assert y[s + "context_parallel_size"] == plan.cp
+    assert y[s + "sequence_parallel"] is plan.sequence_parallel
+    assert y["data.micro_batch_size"] == plan.micro_batch
+    assert y["data.global_batch_size"] == plan.global_batch
+    assert y["data.seq_length"] == y["model.config.seq_length"] == m.seq_len
+    c = "model.config."
+    assert y[c + "recompute_granularity"] == (None if plan.recompute == "none" else plan.recompute)
+    assert y[c + "recompute_method"] == ("uniform" if plan.recompute == "full" else None)
+    assert y[c + "recompute_num_layers"] == (1 if plan.recompute == "full" else None)
+    assert (y[c + "num_layers"], y[c + "hidden_size"], y[c + "ffn_hidden_size"],
+            y[c + "num_attention_heads"], y[c + "num_query_groups"]) == (
+        m.layers, m.hidden, m.ffn, m.heads, m.kv)
+    assert y["optim.config.use_distributed_optimizer"] is plan.distributed_optimizer
+    assert y["trainer.plugins.precision"] == ("16-mixed" if prec == "fp16" else "bf16-mixed")
+    assert y["trainer.plugins.fp8"] == ("hybrid" if prec == "fp8" else None)
+    assert y["optim.config.bf16"] is (prec != "fp16") and y["optim.config.fp16"] is (prec == "fp16")
+
+
+def test_torchtitan(case):
+    inst, plan = case
+    m, prec = inst.model, inst.spec.training.precision
+    text = emit(inst, plan, "torchtitan")
+    t = tomllib.loads(text)
+    p, tr = t["parallelism"], t["training"]
+    assert p["data_parallel_shard_degree"] * p["data_parallel_replicate_degree"] == plan.dp
+    if plan.distributed_optimizer:
+        assert p["data_parallel_shard_degree"] == plan.dp       # FSDP shards the optimizer state
+    assert p["tensor_parallel_degree"] == plan.tp
+    assert p["pipeline_parallel_degree"] == plan.pp
+    assert p["context_parallel_degree"] == plan.cp
+    assert p["enable_async_tensor_parallel"] is False
+    assert p["pipeline_parallel_microbatch_size"] == plan.micro_batch
+    if plan.pp > 1:
+        assert p["pipeline_parallel_schedule"] == ("Interleaved1F1B" if plan.vp > 1 else "1F1B")
+        assert p["pipeline_parallel_layers_per_stage"] * plan.pp * plan.vp == m.layers
+        assert p["pipeline_parallel_first_stage_less_layers"] == 0
+        assert p["pipeline_parallel_last_stage_less_layers"] == 0
+        assert tr["local_batch_size"] == plan.micro_batch * plan.micro_batches
+    else:
+        assert "pipeline_parallel_schedule" not in p
+        assert tr["local_batch_size"] == plan.micro_batch
+    assert tr["global_batch_size"] == plan.global_batch
+    assert tr["global_batch_size"] % (tr["local_batch_size"] * plan.dp) == 0
+    assert tr["seq_len"] == m.seq_len
+    assert tr["mixed_precision_param"] == "bfloat16"
+    assert t["activation_checkpoint"]["mode"] == plan.recompute
+    if plan.recompute == "selective":
+        assert t["activation_checkpoint"]["selective_ac_option"] == "op"
+    fp8 = t.get("model", {}).get("converters") == ["quantize.linear.float8"]
+    assert fp8 is (prec == "fp8")
+    assert ("float8" in t.get("quantize", {}).get("linear", {})) is (prec == "fp8")
+    comments = comment_text(text)
+    assert "distributed optimizer" in comments
+    assert ("FSDP2" in comments) is (plan.distributed_optimizer or max(plan.tp, plan.pp, plan.cp) > 1)
+    if plan.tp > 1:
+        assert "sequence parallel: " + ("on" if plan.sequence_parallel else "off") in comments
+    if prec == "fp16":
+        assert "fp16" in comments
+
+
+def test_deepspeed(case):
+    inst, plan = case
+    prec = inst.spec.training.precision
+    d = json.loads(emit(inst, plan, "deepspeed"))
+    assert d["train_batch_size"] == plan.global_batch
+    assert d["train_micro_batch_size_per_gpu"] == plan.micro_batch
+    assert d["gradient_accumulation_steps"] == plan.micro_batches
+    assert d["train_batch_size"] == (d["train_micro_batch_size_per_gpu"]
+                                     * d["gradient_accumulation_steps"] * plan.dp)
+    assert d["bf16"]["enabled"] is (prec != "fp16")
+    assert d["fp16"]["enabled"] is (prec == "fp16")
+    assert d["zero_optimization"]["stage"] == (1 if plan.distributed_optimizer else 0)
+    assert d["activation_checkpointing"]["partition_activations"] is (plan.recompute != "none")
+    pp = d["plan_parallelism"]
+    assert (pp["tensor"], pp["pipeline"], pp["data"], pp["context"], pp["virtual_pipeline"]) == (
+        plan.tp, plan.pp, plan.dp, plan.cp, plan.vp)
+    assert pp["layers_per_virtual_stage"] * plan.pp * plan.vp == inst.model.layers
+    assert pp["sequence_parallel"] is plan.sequence_parallel
+    assert pp["recompute"] == plan.recompute
+    assert pp["precision"] == prec
+    assert (pp["nodes"], pp["gpus_per_node"], pp["gpus"]) == (plan.nodes, inst.node_size, plan.gpus)
+    assert pp["intra_node"] == {"tp": plan.tp_intra, "cp": plan.cp_intra, "dp": plan.dp_intra,
+                                "pp": plan.pp_intra}
+
+
+def test_every_format_ends_with_newline(case):
+    inst, plan = case
+    for fmt in FORMATS:
+        text = emit(inst, plan, fmt)
+        assert text.endswith("\n") and not text.endswith("\n\n"), fmt
+
+
+def test_unknown_format_names_the_known_ones():
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan)
+    with pytest.raises(InputError) as err:
+        emit(inst, plan, "slurm")
+    assert "slurm" in str(err.value)
+    assert all(f in str(err.value) for f in FORMATS)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ({"global_batch": 1000}, "micro-batches"),
+    ({"vp": 5}, "does not divide layers"),
+])
+def test_unlaunchable_plan_is_an_input_error(overrides, needle):
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, **overrides)
+    with pytest.raises(InputError, match="cannot be written") as err:
+        emit(inst, plan, "megatron")
+    assert needle in str(err.value)
+
+
+def test_example_megatron_text_for_the_published_run():
+    """The published GPT-3 run, as Narayanan et al. launched it (plus SP and selective recompute)."""
+    inst = _inst("gpt3-175b-a100.toml")
+    a = parse_megatron(emit(inst, plan_from_spec(inst, inst.spec.plan), "megatron"))
+    assert a["--num-layers-per-virtual-pipeline-stage"] == "4"        # 96 / (8 * 3)
+    assert {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations",
+            "--bf16"} <= set(a)
+
+
+# ------------------------------------------------------------------------- mixture of experts
+
+def _moe_case() -> tuple[Instance, Plan]:
+    if "ep" not in Plan.__dataclass_fields__ or "experts" not in ModelSpec.model_fields:
+        pytest.skip("this tree has no expert parallelism")
+    inst = _inst("llama3-70b-h100.toml")
+    model = inst.model.model_copy(update={"experts": 16, "top_k": 2, "moe_ffn_hidden": 4096,
+                                          "shared_experts": 1, "first_dense_layers": 3,
+                                          "moe_layer_interval": 2})
+    inst = inst.with_spec(model=model)
+    return inst, plan_from_spec(inst, inst.spec.plan, ep=8)
+
+
+def test_moe_megatron_flags():
+    inst, plan = _moe_case()
+    a = parse_megatron(emit(inst, plan, "megatron"))
+    assert a["--num-experts"] == "16" and a["--moe-router-topk"] == "2"
+    assert a["--moe-ffn-hidden-size"] == "4096"
+    assert a["--moe-shared-expert-intermediate-size"] == "4096"
+    assert a["--expert-model-parallel-size"] == str(plan.ep)
+    assert a["--expert-tensor-parallel-size"] == "1"
+    freq = eval(a["--moe-layer-freq"], {"__builtins__": {}})     # Megatron evaluates it too
+    assert freq == [int(i >= 3 and (i - 3) % 2 == 0) for i in range(inst.model.layers)]
+    assert sum(freq) == inst.model.moe_layers
+
+
+def test_moe_other_formats():
+    inst, plan = _moe_case()
+    y = parse_yaml(emit(inst, plan, "nemo"))
+    assert y["trainer.strategy.expert_model_parallel_size"] == plan.ep
+    assert y["trainer.strategy.expert_tensor_parallel_size"] == 1
+    assert y["model.config.num_moe_experts"] == 16 and y["model.config.moe_router_topk"] == 2
+    assert y["model.config.moe_shared_expert_intermediate_size"] == 4096
+    assert json.loads(str(y["model.config.moe_layer_freq"])).count(1) == inst.model.moe_layers
+    t = tomllib.loads(emit(inst, plan, "torchtitan"))
+    assert t["parallelism"]["expert_parallel_degree"] == plan.ep
+    assert t["parallelism"]["expert_tensor_parallel_degree"] == 1
+    d = json.loads(emit(inst, plan, "deepspeed"))
+    assert d["plan_parallelism"]["expert"] == plan.ep
+
+
+def test_dense_model_has_no_expert_keys():
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan)
+    text = "\n".join(emit(inst, plan, f) for f in FORMATS)
+    assert "expert" not in text.lower()
