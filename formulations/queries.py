@@ -34,6 +34,7 @@ class ParetoPoint:
     nodes: int
     result: SolveResult | None          # None: no plan at this size
     reason: str = ""
+    detail: list[str] = field(default_factory=list)   # what binds, when infeasible
     on_front: bool = False
 
     @property
@@ -47,7 +48,8 @@ class ParetoPoint:
 
     def to_dict(self) -> dict[str, Any]:
         if self.result is None:
-            return {"nodes": self.nodes, "feasible": False, "reason": self.reason}
+            return {"nodes": self.nodes, "feasible": False, "reason": self.reason,
+                    "detail": self.detail}
         d = self.result.to_dict()
         d["nodes"] = self.nodes
         d["on_front"] = self.on_front
@@ -73,9 +75,7 @@ def pareto(inst: Instance, solver: str = "highs", time_limit: float | None = Non
             res = solve(sized, solver=solver, time_limit=time_limit)
             points.append(ParetoPoint(n, res if res.report else None, res.note))
         except InfeasibleError as exc:
-            lines = str(exc).splitlines()
-            points.append(ParetoPoint(n, None, (lines[1] if len(lines) > 1 else lines[0])
-                                      .strip(" -")))
+            points.append(ParetoPoint(n, None, exc.args[0], list(exc.explanation)))
     feasible = [p for p in points if p.result is not None]
 
     def k(p: ParetoPoint):
@@ -165,9 +165,11 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "highs",
         last_miss = {"nodes": n, "days": days, "status": res.status.value,
                      "proof": "proven optimum" if res.status.value == "optimal" else
                      "not proven (time limit)"}
-    if ans.nodes is not None and last_miss is not None and last_miss["nodes"] == ans.nodes - 1:
+    if ans.nodes is None:
+        ans.next_smaller = last_miss          # the largest size and why it misses
+    elif last_miss is not None and last_miss["nodes"] == ans.nodes - 1:
         ans.next_smaller = last_miss
-    elif ans.nodes is not None and ans.nodes - 1 >= 1:
+    elif ans.nodes - 1 >= 1:
         n = ans.nodes - 1
         ans.next_smaller = {"nodes": n, "days_lower_bound": days_lower_bound(inst, n),
                             "proof": "outside the instance's node range" if n not in options

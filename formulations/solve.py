@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 from formulations.encoding import encode
+from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import SearchSpace, build_space
 from planner.errors import InfeasibleError, SolverError
@@ -48,19 +49,19 @@ def objective_value(report, kind: str) -> float:
 
 
 def run_backend(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
-                max_objective: float | None = None,
-                exclude: list | None = None) -> tuple[RawSolution, float | None]:
+                max_objective: float | None = None, exclude: list | None = None,
+                points: dict | None = None) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
     exclude = list(exclude or [])
     if backend == "enumerate":
         from formulations import enumerate as en
 
         return en.solve(space, objective, time_limit, max_objective, exclude), None
-    from formulations.enumerate import feasible_points
-
     t0 = time.perf_counter()
+    if points is None:
+        points = feasible_points(space)
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
-    enc = encode(space, objective, feasible_points(space), prune=not exclude)
+    enc = encode(space, objective, points, prune=not exclude)
     enc.max_objective = max_objective
     enc.exclude = exclude
     enc_s = time.perf_counter() - t0
@@ -115,8 +116,13 @@ def solve(inst: Instance, solver: str = "highs", time_limit: float | None = None
     t0 = time.perf_counter()
     kind = objective or default_objective(inst)
     space = build_space(inst)                    # raises InfeasibleError for empty domains
+    points = feasible_points(space)              # the structural rules alone (no step times)
+    if len(points["T"]) == 0:
+        from formulations.explain import explain_infeasible
+
+        raise explain_infeasible(space)          # structural: no solver needed to show it
     raw, quantum = run_backend(space, solver, time_limit, kind, objective_cap(inst, kind),
-                               exclude)
+                               exclude, points)
     wall = time.perf_counter() - t0
     if raw.status == Status.INFEASIBLE:
         if explain and not exclude:

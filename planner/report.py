@@ -210,6 +210,12 @@ def capacity_panel(ans) -> Panel:
     lines = []
     if ans.nodes is None:
         lines.append(f"No size in the range meets {ans.deadline_days:g} days.")
+        if ans.next_smaller:
+            ns = ans.next_smaller
+            best = ns.get("days", ns.get("days_lower_bound"))
+            if best is not None:
+                lines.append(f"The largest size, {ns['nodes']} nodes, needs at least {best:.1f} "
+                             f"days ({ns['proof']}).")
     else:
         lines.append(f"Fewest nodes meeting {ans.deadline_days:g} days: {ans.nodes} "
                      f"({ans.result.report.total_days:.2f} days, proven optimal plan).")

@@ -50,9 +50,12 @@ def test_optimum_is_at_least_as_fast_as_published(run):
         assert best.report.fits
 
 
-@pytest.mark.parametrize("rid", ["korthikanti22-22b-selective-sp", "narayanan21-1.7b",
-                                 "narayanan21-529.6b"])
-@pytest.mark.parametrize("backend", ["cpsat", "highs"])
+@pytest.mark.parametrize("rid, backend", [
+    ("korthikanti22-22b-selective-sp", "cpsat"), ("korthikanti22-22b-selective-sp", "highs"),
+    ("narayanan21-1.7b", "cpsat"), ("narayanan21-1.7b", "highs"),
+    # 2,520 GPUs = TP8 x PP35 x DP9: CP-SAT takes minutes here (see the benchmark), HiGHS seconds
+    ("narayanan21-529.6b", "highs"),
+])
 def test_mip_backends_prove_the_same_optimum_on_published_instances(rid, backend):
     run = next(r for r in RUNS if r["id"] == rid)
     inst, _ = published(run)
