@@ -311,7 +311,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
             groups.append((main, others, classes, class_of, full, main_cols))
         tabulated[slot] = (entry["const"], groups)
 
-    keep = _undominated(tabulated, n) if prune else list(range(n))
+    keep = _undominated(tabulated, n, col.forms) if prune else list(range(n))
     combos = [space.combos[k] for k in keep]
     dims = list(space.dims)
     copies: dict[CopyKey, CopySet] = {}
@@ -362,7 +362,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
                     var_order=tuple(sorted(space.base)), extra_forms=extra)
 
 
-def _undominated(tabulated: dict, n: int) -> list[int]:
+def _undominated(tabulated: dict, n: int, forms: dict) -> list[int]:
     """Categorical combinations not dominated by another one.
 
     Combination ``a`` dominates ``b`` when every table entry of the objective, of every max
@@ -376,8 +376,9 @@ def _undominated(tabulated: dict, n: int) -> list[int]:
         for const, groups in tabulated.values():
             if const[a] > const[b] + 1e-12 * abs(const[b]):
                 return False
-            for *_, full, _cols in groups:
-                fa, fb = full[..., a], full[..., b]
+            for main, _others, _classes, _class_of, full, _cols in groups:
+                live = forms[main].allowed         # unreachable values cannot matter
+                fa, fb = full[live][..., a], full[live][..., b]
                 if np.any(fa > fb + 1e-12 * np.abs(fb)):
                     return False
         return True

@@ -190,7 +190,12 @@ def build_space(inst: Instance) -> SearchSpace:
     modes = c.recompute_modes
     if not modes:
         why.append("constraints.recompute allows no mode")
-    sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (False, True)
+    # Unless a constraint pins them, sequence parallelism and the distributed optimizer are
+    # turned on: in this model they never cost time and never add memory (sequence parallelism
+    # moves the same tensor-parallel bytes and shards what was replicated; the distributed
+    # optimizer moves the same data-parallel bytes and shards the optimizer states), so the
+    # optimum is unchanged. tests/test_dominance.py checks this on random plans.
+    sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (True,)
     if m.moe and sp_vals == (False,):       # MoE with tp > 1 needs sequence parallelism
         base_T = [1]
         if 1 not in T:
@@ -245,8 +250,7 @@ def build_space(inst: Instance) -> SearchSpace:
     if c.cp_within_node:
         cons.append(ExpConstraint("cp within a node", (("C", 1), ("C_in", -1)), zero, eq=True))
 
-    do_vals = ((c.distributed_optimizer,) if c.distributed_optimizer is not None
-               else (False, True))
+    do_vals = ((c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,))
     combos = [Knobs(r, s, o) for r, s, o in itertools.product(modes, sp_vals, do_vals)]
     dims = {"recompute": modes, "sequence_parallel": sp_vals, "distributed_optimizer": do_vals}
     caps = []
