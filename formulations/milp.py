@@ -15,6 +15,7 @@ literally the same model; only the scaling to integers (CP-SAT) differs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
@@ -60,9 +61,16 @@ def _add(acc: dict[int, float], var: int, coef: float) -> None:
     acc[var] = acc.get(var, 0.0) + coef
 
 
-def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
-    """Rows of the MILP. Times are in seconds (per sample for that objective), memory in
-    ``memory_unit`` bytes (GiB by default, for well-scaled rows)."""
+def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | None = None,
+               integral: bool = False) -> Rows:
+    """Rows of the MILP. Times are in units of ``time_unit`` seconds (per sample for that
+    objective; default: the encoding's magnitude, so rows are near 1), memory in
+    ``memory_unit`` bytes (GiB by default).
+
+    ``integral=True`` builds the same model for a pure integer solver (CP-SAT): every table
+    entry is rounded to its unit, every variable is integer, and multiplying a running value
+    ``w`` by a class factor ``h = H / D`` becomes an integer ``u = ceil(h w)``
+    (``H w <= D u <= H w + D - 1``), so each product is exact up to one unit."""
     sp = enc.space
     nq = len(sp.primes)
     r = Rows()
@@ -112,7 +120,7 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
             total_const = con.const[qi] + const
             if con.when_v_gt1:
                 # const + lin >= -M (1 - v_gt1)  <=>  lin - M v_gt1 >= -M - const
-                big = abs(total_const) + sum(abs(c) * 1 for c in lin.values()) * 64 + 64
+                big = float(abs(total_const) + sum(abs(c) for c in lin.values()) * 64 + 64)
                 acc = dict(lin)
                 for z, c in v_gt1.items():
                     _add(acc, z, -big * c)
@@ -178,6 +186,9 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
     def class_indicator(fm: Mono, class_of: np.ndarray, c: int) -> dict[int, float]:
         return {z: 1.0 for z, cl in zip(r.form_vars[fm], class_of) if cl == c}
 
+    def rnd(x):
+        return float(np.rint(x)) if integral else x
+
     def usage_terms(u, unit: float) -> dict[int, float]:
         """Linear terms worth ``u``: the main table on its cells, then each secondary factor
         applied by disaggregating the running value over the factor's classes
@@ -186,6 +197,8 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
         grid = main_cells(u.copy, cs)
         allowed = np.array([r.ub[z] > 0 for z in r.form_vars[u.copy.main]])
         vals = u.main_table / unit
+        if integral:
+            vals = np.rint(vals)
         acc: dict[int, float] = {}
         for v, c in zip(grid.ravel().tolist(), vals.ravel().tolist()):
             if c:
@@ -196,7 +209,9 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
         lo, hi = float(live.min()), float(live.max())
         for (fm, _), classes, class_of in zip(u.copy.others, cs.classes, cs.class_of):
             tag = len(r.names)
-            ws = [r.var(f"w{tag}[{c}]", lb=min(0.0, lo), ub=max(0.0, hi), integer=False)
+            if integral:
+                lo, hi = float(np.floor(lo)), float(np.ceil(hi))
+            ws = [r.var(f"w{tag}[{c}]", lb=min(0.0, lo), ub=max(0.0, hi), integer=integral)
                   for c in range(len(classes))]
             row = {w: 1.0 for w in ws}
             for v, c in acc.items():
@@ -208,7 +223,24 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
                 dn = {w: 1.0, **{z: -lo for z in ind}}
                 r.row(up, -INF, 0.0, f"split{tag}_hi[{c}]")
                 r.row(dn, 0.0, INF, f"split{tag}_lo[{c}]")
-            acc = {w: float(h) for w, h in zip(ws, classes) if h}
+            if integral:
+                acc = {}
+                for c, (w, h) in enumerate(zip(ws, classes)):
+                    q = Fraction(float(h)).limit_denominator(10**6)
+                    if q == 0:
+                        continue
+                    if q.denominator == 1:
+                        acc[w] = float(q.numerator)
+                        continue
+                    big, small = (float(np.ceil(max(0.0, hi * q, lo * q))),
+                                  float(np.floor(min(0.0, hi * q, lo * q))))
+                    uv = r.var(f"u{tag}[{c}]", lb=small, ub=big, integer=True)
+                    # D u - H w in [0, D - 1]: u = ceil(h w)
+                    r.row({uv: float(q.denominator), w: -float(q.numerator)}, 0.0,
+                          float(q.denominator - 1), f"prod{tag}[{c}]")
+                    acc[uv] = 1.0
+            else:
+                acc = {w: float(h) for w, h in zip(ws, classes) if h}
             hs = [float(h) for h in classes]
             lo, hi = min(lo * h for h in hs + [min(hs)]), max(hi * h for h in hs)
             lo = min(lo, min(x * y for x in (lo, hi) for y in hs))
@@ -217,14 +249,14 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
     def linear(expr: LinExpr, unit: float) -> dict[int, float]:
         acc: dict[int, float] = {}
         for k, c in enumerate(expr.constant_by_combo):
-            if c:
-                _add(acc, r.combo_vars[k], c / unit)
+            if rnd(c / unit):
+                _add(acc, r.combo_vars[k], rnd(c / unit))
         for u in expr.usages:
             for v, c in usage_terms(u, unit).items():
                 _add(acc, v, c)
         return acc
 
-    unit = r.time_unit = enc.scale or 1.0       # objective rows near 1 for the tolerances
+    unit = r.time_unit = time_unit or enc.scale or 1.0   # default: objective rows near 1
     r.obj = linear(enc.objective, unit)
     for i, args in enumerate(enc.maxes):
         y = r.var(f"max_{i}", lb=-INF, ub=INF, integer=False)
@@ -234,9 +266,12 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30) -> Rows:
             _add(acc, y, -1.0)
             r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
     for stage, expr in enc.memory.items():
-        r.row(linear(expr, memory_unit), -INF, enc.memory_limit / memory_unit, f"mem_{stage}")
+        limit = enc.memory_limit / memory_unit
+        r.row(linear(expr, memory_unit), -INF, float(np.floor(limit)) if integral else limit,
+              f"mem_{stage}")
     if enc.max_objective is not None:
-        r.row(dict(r.obj), -INF, enc.max_objective / unit, "objective_cap")
+        cap = enc.max_objective / unit
+        r.row(dict(r.obj), -INF, float(np.floor(cap)) if integral else cap, "objective_cap")
     for n_ex, (choice, knobs) in enumerate(enc.exclude):      # no-good cuts (top-k)
         if knobs not in enc.combos:
             continue

@@ -106,10 +106,19 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
     return [f"{k}: {m}" for k, m in out.items()]
 
 
-def parse_instance(data: dict[str, Any], source: str = "<memory>") -> Instance:
+def parse_instance(data: dict[str, Any], source: str = "<memory>",
+                   base_dir: Path | None = None) -> Instance:
     """Validate a parsed TOML document and resolve it (presets, catalog, overrides)."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        from planner.hf_config import read_hf_config
+
+        ref = Path(model["hf_config"])
+        if not ref.is_absolute() and base_dir is not None:
+            ref = base_dir / ref
+        data["model"] = model = {**read_hf_config(ref), **model}
+        model.setdefault("name", ref.stem.replace(".config", ""))
     if isinstance(model, dict) and "preset" in model:
         name = model["preset"]
         if name not in presets():
@@ -181,4 +190,4 @@ def load_instance(path: str | Path) -> Instance:
         raise InputError(f"{p}: TOML syntax error: {exc}") from None
     except UnicodeDecodeError:
         raise InputError(f"{p}: not a text file") from None
-    return parse_instance(data, str(p))
+    return parse_instance(data, str(p), p.parent)

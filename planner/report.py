@@ -45,7 +45,9 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
               f"{inst.model.seq_len}")
     t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({p.nodes} node(s) of "
               f"{inst.hw.gpus_per_node}), {inst.spec.training.precision}")
-    t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}")
+    t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}"
+              + (f"  EP {p.ep} (inside a node {p.ep_intra}, expert DP {p.expert_dp:g})"
+                 if p.ep > 1 else ""))
     t.add_row("inside a node", f"TP {p.tp_intra}  CP {p.cp_intra}  DP {p.dp_intra}  "
               f"PP {p.pp_intra}   (across nodes: TP {p.inter('tp'):g}  CP {p.inter('cp'):g}  "
               f"DP {p.inter('dp'):g}  PP {p.inter('pp'):g})")
