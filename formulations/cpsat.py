@@ -290,7 +290,7 @@ def solve_rows(enc: Encoding, time_limit: float | None = None, workers: int = 2)
     model = cp_model.CpModel()
     big = 2**50
     xs = []
-    for name, lb, ub, is_int in zip(r.names, r.lb, r.ub, r.integer):
+    for name, lb, ub in zip(r.names, r.lb, r.ub):
         lo = -big if lb == -INF else int(np.floor(lb))
         hi = big if ub == INF else int(np.ceil(ub))
         if lo == 0 and hi <= 1:
