@@ -22,8 +22,9 @@ name      meaning                                          derived from it
 ``dp = N / (T C P)``, ``dp_in = g / (T_in C_in P_in)``, ``dp_out = dp / dp_in`` and the
 micro-batch count ``m = B / (dp b)``; the MoE layers' expert data-parallel degree is
 ``N / (P E)`` with ``g / (E_in P_in)`` of it inside a node (expert tensor parallelism 1).
-Degrees are not limited to powers of two: every value is a vector of exponents over the primes of the instance (``N``, ``g``, layers, heads, kv heads,
-sequence, batch, and 2, 3, 5, 7), products are sums of exponent vectors and divisibility is a
+Degrees are not limited to powers of two: every value is a vector of exponents over the primes
+of the instance (``N``, ``g``, layers, heads, kv heads, sequence, experts, batch, and 2, 3, 5,
+7), products are sums of exponent vectors and divisibility is a
 per-prime ``<=`` (DESIGN.md section 2). A global-batch range is searched over its values that
 factor over these primes.
 """
