@@ -275,9 +275,10 @@ def _infeasible(t0: float, why: str) -> RawSolution:
                        "cpsat", note=why)
 
 
-def solve_rows(enc: Encoding, time_limit: float | None = None, workers: int = 2) -> RawSolution:
+def solve_rows(enc: Encoding, time_limit: float | None = None, workers: int = 4) -> RawSolution:
     """CP-SAT on the one-hot MILP of :mod:`formulations.milp` in integer units (the same model
-    HiGHS solves, each product rounded up to one quantum)."""
+    HiGHS solves, each product rounded up to one quantum). Four portfolio workers even on two
+    cores: measured about 3x faster than two on the shipped instances."""
     from ortools.sat.python import cp_model
 
     from formulations.milp import INF, build_rows, decode

@@ -60,7 +60,7 @@ def _dominates(a: tuple, b: tuple) -> bool:
     return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
 
 
-def pareto(inst: Instance, solver: str = "highs", time_limit: float | None = None,
+def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
            node_options: list[int] | None = None) -> list[ParetoPoint]:
     """Proven optimum at each node count, with ``on_front`` marking the non-dominated ones.
 
@@ -128,7 +128,7 @@ def days_lower_bound(inst: Instance, nodes: int) -> float:
     return sh.model_flops(sequences) / (nodes * hw.gpus_per_node * rate) / 86400
 
 
-def capacity(inst: Instance, deadline_days: float, solver: str = "highs",
+def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
              time_limit: float | None = None, budget_usd: float | None = None) -> CapacityAnswer:
     """The fewest nodes in the instance's range whose optimal plan trains the token budget
     within ``deadline_days``, and that plan.
@@ -222,7 +222,7 @@ WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "micro_batch", "max_tp", "max_pp", 
                "cp_within_node", "min_mfu")
 
 
-def compare(inst: Instance, solver: str = "highs", time_limit: float | None = None) -> Comparison:
+def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
     """The instance's constrained optimum next to the optimum without its what-if constraints,
     and each constraint that binds on its own (lifting it alone speeds the optimum up)."""
     c = inst.spec.constraints
@@ -255,7 +255,7 @@ def compare(inst: Instance, solver: str = "highs", time_limit: float | None = No
 # ------------------------------------------------------------------------------------------
 
 
-def top_k(inst: Instance, k: int, solver: str = "highs",
+def top_k(inst: Instance, k: int, solver: str = "cpsat",
           time_limit: float | None = None) -> list[SolveResult]:
     """The ``k`` best distinct plans, each a proven optimum once the better ones are excluded."""
     out: list[SolveResult] = []

@@ -101,7 +101,7 @@ def objective_cap(inst: Instance, kind: str) -> float | None:
     return per_seq * inst.spec.training.global_batch / per_second
 
 
-def solve(inst: Instance, solver: str = "highs", time_limit: float | None = None,
+def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
           objective: str | None = None, explain: bool = True,
           exclude: list | None = None) -> SolveResult:
     """The optimal plan of an instance (fixed GPU count) under its constraints.

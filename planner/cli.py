@@ -83,7 +83,7 @@ def evaluate(
     vs_optimum: Annotated[bool, typer.Option(
         "--vs-optimum", help="also solve for the optimum and print how far this plan is")
     ] = False,
-    solver: SolverOpt = "highs",
+    solver: SolverOpt = "cpsat",
     emit: EmitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -183,7 +183,7 @@ def validate(
 @app.command()
 def solve(
     file: FileArg,
-    solver: SolverOpt = "highs",
+    solver: SolverOpt = "cpsat",
     time_limit: TimeOpt = None,
     nodes: NodesOpt = None,
     compare: Annotated[bool, typer.Option(
@@ -250,7 +250,7 @@ def _emit_text(inst, plan, fmt: str) -> str:
 @app.command()
 def pareto(
     file: FileArg,
-    solver: SolverOpt = "highs",
+    solver: SolverOpt = "cpsat",
     time_limit: TimeOpt = None,
     plot: Annotated[Path | None, typer.Option(help="write a PNG of the front")] = None,
     as_json: JsonOpt = False,
@@ -287,7 +287,7 @@ def capacity(
     budget_usd: Annotated[float | None, typer.Option(
         min=0, help="also find the cheapest plan meeting the deadline and check this budget")
     ] = None,
-    solver: SolverOpt = "highs",
+    solver: SolverOpt = "cpsat",
     time_limit: TimeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

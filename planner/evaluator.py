@@ -206,6 +206,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     gemm, eltwise, dense_compute = layer_time(sh.gemm_flops(b), sh.eltwise_parallel_bytes)
     logits = 3 * sh.logits_flops(b) / (t * c) / peak16
+    dense_share = sh.n_dense / L
+    moe_share = sh.n_moe / L
+    if sh.n_moe:
+        moe_gemm, _, moe_compute = layer_time(sh.moe_gemm_flops(b), sh.moe_eltwise_parallel_bytes)
+    else:
+        moe_gemm, moe_compute = 0.0, 0.0
+    gemm_avg = dense_share * gemm + moe_share * moe_gemm        # GEMM time of a stage's layer
 
     # ---- tensor-parallel communication per layer and micro-batch ---------------------------
     act_bytes = 2 * tokens * h
@@ -213,7 +220,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     tp_layer = n_allreduce * allreduce(act_bytes, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
                                        hw.lat_intra, hw.lat_inter)
     if tr.tp_overlap > 0:
-        tp_layer = vmax((1 - tr.tp_overlap) * tp_layer, tp_layer - gemm)
+        tp_layer = vmax((1 - tr.tp_overlap) * tp_layer, tp_layer - gemm_avg)
 
     # ---- context-parallel ring exchange per layer and micro-batch --------------------------
     if is_one(x.c_in) and is_one(x.c_out):
@@ -230,15 +237,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # stage hold experts / ep whole experts; tokens reach them sharded over tp (sequence
     # parallelism) and cp. Per MoE layer and micro-batch each GPU dispatches and combines
     # top_k copies of its tokens' hidden states (all-to-all over ep), forward and backward.
-    dense_share = sh.n_dense / L
-    moe_share = sh.n_moe / L
     if sh.n_moe:
-        _, _, moe_compute = layer_time(sh.moe_gemm_flops(b), sh.moe_eltwise_parallel_bytes)
         a2a_bytes = 2 * tokens * h * sh.top_k / t
         ep_layer = 2 * (n_fwd + 1) * all_to_all(a2a_bytes, x.e_in, x.e_out, hw.bw_intra,
                                                 hw.bw_inter, hw.lat_intra, hw.lat_inter)
     else:
-        moe_compute, ep_layer = 0.0, 0.0
+        ep_layer = 0.0
     layer_compute = dense_share * dense_compute + moe_share * moe_compute   # stage average
 
     stage_layers = L / p

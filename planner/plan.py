@@ -164,6 +164,14 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
         if plan.ep % plan.ep_intra or (inst.node_size // plan.pp_intra) % plan.ep_intra:
             out.append(f"ep_intra={plan.ep_intra} must divide ep={plan.ep} and the "
                        f"{inst.node_size // plan.pp_intra} GPUs a stage has in a node")
+        else:
+            ed_in = inst.node_size // (plan.ep_intra * plan.pp_intra)
+            ed_out = plan.expert_dp / ed_in
+            if ed_out < 1 or not float(ed_out).is_integer():
+                out.append(f"ep_intra={plan.ep_intra}: the expert data-parallel group "
+                           f"({plan.expert_dp:g} ranks, {ed_in} of them inside a node) does not "
+                           f"tile the {plan.nodes} node(s); choose ep_intra so ep / ep_intra "
+                           "divides the node count")
         if plan.tp > 1 and not plan.sequence_parallel:
             out.append("MoE layers with tp > 1 need sequence parallelism (Megatron-Core)")
     c = inst.spec.constraints
