@@ -262,16 +262,22 @@ def encode(space: SearchSpace, objective: str = "step_time",
     # the cheap half of enumeration: no step time is evaluated; every value they exclude is
     # unreachable, so the model stays exact and gets much smaller and tighter)
     if points is not None:
-        n_pts = len(next(iter(points.values())))
+        positions = {v: np.searchsorted(np.array(bv.values), points[v])
+                     for v, bv in space.base.items()}
         for mono, f in col.forms.items():
-            exps = np.zeros((n_pts, len(space.primes)), dtype=np.int64)
+            lo = np.array(f.lo, dtype=np.int64)
+            span = np.array(f.hi, dtype=np.int64) - lo + 1
+            strides = np.concatenate([np.cumprod(span[::-1])[::-1][1:], [1]])
+            key = np.zeros(len(positions["T"]), dtype=np.int64)   # mixed-radix id per point
             for v, e in mono:
                 bv = space.base[v]
                 table = np.array(bv.exps, dtype=np.int64).reshape(len(bv.values), -1)
-                pos = np.searchsorted(np.array(bv.values), points[v])
-                exps += e * table[pos]
-            seen = {tuple(row) for row in np.unique(exps, axis=0).tolist()} if n_pts else set()
-            f.allowed &= np.array([t in seen for t in f.tuples], dtype=bool)
+                key += ((e * table) @ strides)[positions[v]]
+            key -= int(lo @ strides)
+            seen = np.zeros(int(np.prod(span)), dtype=bool)
+            seen[key] = True
+            ids = (np.array(f.tuples, dtype=np.int64) - lo) @ strides
+            f.allowed &= seen[ids]
 
     # caps on derived forms (dp <= max_dp ...)
     extra = []

@@ -25,45 +25,44 @@ def available() -> bool:
 
 
 def feasible_points(space: SearchSpace) -> dict[str, np.ndarray]:
-    """Every assignment of the base variables that satisfies the structural rules, as columns."""
+    """Every assignment of the base variables that satisfies the structural rules, as columns.
+
+    The product is built one variable at a time and filtered as soon as a rule's variables are
+    all present; rows hold value *indices* (exponents are looked up per rule), which keeps the
+    intermediate arrays small."""
     nq = len(space.primes)
-    cols: dict[str, np.ndarray] = {}        # variable -> value per row
-    exps: dict[str, np.ndarray] = {}        # variable -> exponents per row (rows x primes)
+    idx: dict[str, np.ndarray] = {}          # variable -> value index per row
+    tables = {name: np.array(bv.exps, dtype=np.int64).reshape(len(bv.values), nq)
+              for name, bv in space.base.items()}
+    values = {name: np.array(bv.values, dtype=np.int64) for name, bv in space.base.items()}
     n_rows = 1
     done: set[str] = set()
     pending = list(space.constraints)
     for name in ORDER:
-        bv = space.base[name]
-        vals = np.array(bv.values, dtype=np.int64)
-        ex = np.array(bv.exps, dtype=np.int64).reshape(len(vals), nq)
-        reps = len(vals)
-        for k in cols:
-            cols[k] = np.repeat(cols[k], reps)
-            exps[k] = np.repeat(exps[k], reps, axis=0)
-        cols[name] = np.tile(vals, n_rows)
-        exps[name] = np.tile(ex, (n_rows, 1))
+        reps = len(values[name])
+        idx = {k: np.repeat(c, reps) for k, c in idx.items()}
+        idx[name] = np.tile(np.arange(reps, dtype=np.int32), n_rows)
         n_rows *= reps
         done.add(name)
         keep = np.ones(n_rows, dtype=bool)
         if name in ("V", "P") and {"V", "P"} <= done:
-            keep &= (cols["V"] == 1) | (cols["P"] > 1)          # interleaving needs pp > 1
+            keep &= (values["V"][idx["V"]] == 1) | (values["P"][idx["P"]] > 1)
         still = []
         for con in pending:
             if not {v for v, _ in con.mono} <= done:
                 still.append(con)
                 continue
-            total = np.tile(np.array(con.const, dtype=np.int64), (n_rows, 1))
+            total = np.broadcast_to(np.array(con.const, dtype=np.int64), (n_rows, nq)).copy()
             for v, e in con.mono:
-                total = total + e * exps[v]
+                total += e * tables[v][idx[v]]
             ok = np.all(total == 0, axis=1) if con.eq else np.all(total >= 0, axis=1)
             if con.when_v_gt1:
-                ok |= cols["V"] == 1
+                ok |= values["V"][idx["V"]] == 1
             keep &= ok
         pending = still
-        for k in cols:
-            cols[k] = cols[k][keep]
-            exps[k] = exps[k][keep]
+        idx = {k: c[keep] for k, c in idx.items()}
         n_rows = int(keep.sum())
+    cols = {k: values[k][c] for k, c in idx.items()}
     for _name, mono, coef, lo, hi in space.form_caps:
         val = np.full(n_rows, coef, dtype=float)
         for v, e in mono:
@@ -114,9 +113,9 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
 
 
 def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None,
-          max_objective: float | None = None, exclude=()) -> RawSolution:
+          max_objective: float | None = None, exclude=(), points=None) -> RawSolution:
     t0 = time.perf_counter()
-    cols = feasible_points(space)
+    cols = points if points is not None else feasible_points(space)
     build_s = time.perf_counter() - t0
     n = len(next(iter(cols.values()))) if cols else 0
     if n == 0:

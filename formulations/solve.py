@@ -56,7 +56,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
     if backend == "enumerate":
         from formulations import enumerate as en
 
-        return en.solve(space, objective, time_limit, max_objective, exclude), None
+        return en.solve(space, objective, time_limit, max_objective, exclude, points), None
     t0 = time.perf_counter()
     if points is None:
         points = feasible_points(space)

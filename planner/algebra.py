@@ -208,11 +208,20 @@ def _lift(x) -> Sig:
 
 # Helpers that work on numbers, numpy arrays and Sig alike --------------------------------
 
+#: The same functions on numpy arrays, elementwise (np.vectorize is far too slow here).
+ARRAY_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "gt1": lambda x: (x > 1 + 1e-9).astype(float),
+    "eq1": lambda x: (np.abs(x - 1) <= 1e-9).astype(float),
+    "ring_share": lambda x: 1.0 - 1.0 / x,
+    "steps": lambda x: x - 1.0,
+}
+
+
 def _apply(name: str, x):
     if isinstance(x, Sig):
         return Sig.fn(name, x)
     if isinstance(x, np.ndarray):
-        return np.vectorize(FUNCTIONS[name], otypes=[float])(x)
+        return ARRAY_FUNCTIONS[name](x)
     return FUNCTIONS[name](float(x))
 
 
@@ -229,15 +238,11 @@ def eq1(x):
 def ring_share(n):
     """``(n - 1) / n``: the share of the data a ring of ``n`` moves per GPU per pass. Kept as one
     factor (not ``1 - 1/n``) so the encoders never see a difference of large terms."""
-    if isinstance(n, np.ndarray):
-        return 1.0 - 1.0 / n
     return _apply("ring_share", n)
 
 
 def steps(n):
     """``n - 1``: the number of steps of a ring of ``n`` (kept as one non-negative factor)."""
-    if isinstance(n, np.ndarray):
-        return n - 1.0
     return _apply("steps", n)
 
 
