@@ -79,7 +79,7 @@ def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
 
 
 def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
-                       kind: str = "step_time") -> InfeasibleError:
+                       kind: str = "step_time", suggest: bool = True) -> InfeasibleError:
     """An :class:`InfeasibleError` whose lines say what binds and what would help."""
     inst = space.inst
     found = _min_memory(space)
@@ -112,7 +112,8 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     else:
         lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB; "
                      f"activations and logits the other {(need - static) / GiB:.1f} GiB")
-    lines += _suggestions(space, limit)
+    if suggest:
+        lines += _suggestions(space, limit)
     return InfeasibleError("no plan fits in GPU memory", lines)
 
 

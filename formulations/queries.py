@@ -72,7 +72,7 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     for n in node_options or list(inst.node_options):
         sized = inst.with_nodes(n)
         try:
-            res = solve(sized, solver=solver, time_limit=time_limit)
+            res = solve(sized, solver=solver, time_limit=time_limit, explain="brief")
             points.append(ParetoPoint(n, res if res.report else None, res.note))
         except InfeasibleError as exc:
             points.append(ParetoPoint(n, None, exc.args[0], list(exc.explanation)))

@@ -102,11 +102,12 @@ def objective_cap(inst: Instance, kind: str) -> float | None:
 
 
 def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
-          objective: str | None = None, explain: bool = True,
+          objective: str | None = None, explain: bool | str = True,
           exclude: list | None = None) -> SolveResult:
     """The optimal plan of an instance (fixed GPU count) under its constraints.
 
-    Raises :class:`~planner.errors.InfeasibleError` (with what binds) when no plan exists.
+    Raises :class:`~planner.errors.InfeasibleError` (with what binds) when no plan exists;
+    ``explain="brief"`` says what binds without searching for the nearest change.
     ``exclude`` lists plans to leave out, as (base-variable values, knobs) pairs (top-k).
 
     Example
@@ -131,7 +132,8 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
         if explain and not exclude:
             from formulations.explain import explain_infeasible
 
-            raise explain_infeasible(space, objective_cap(inst, kind), kind)
+            raise explain_infeasible(space, objective_cap(inst, kind), kind,
+                                     suggest=explain != "brief")
         raise InfeasibleError("no plan satisfies the limits" + (
             f" (besides the {len(exclude)} excluded)" if exclude else ""))
     if raw.status in (Status.ERROR, Status.NO_SOLUTION_IN_LIMIT) or raw.choice is None:
