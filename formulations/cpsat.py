@@ -248,26 +248,33 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
                 model.AddHint(idx[name], sp.base[name].values.index(value))
     build_s = time.perf_counter() - t0
 
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
-    if time_limit:
-        solver.parameters.max_time_in_seconds = float(time_limit)
-    t1 = time.perf_counter()
-    st = solver.Solve(model)
-    solve_s = time.perf_counter() - t1
-    status = {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE,
-              cp_model.INFEASIBLE: Status.INFEASIBLE,
-              cp_model.UNKNOWN: Status.NO_SOLUTION_IN_LIMIT,
-              cp_model.MODEL_INVALID: Status.ERROR}[st]
+    solver, status, solve_s, name = _run(model, time_limit, workers)
     if status not in (Status.OPTIMAL, Status.FEASIBLE):
-        return RawSolution(status, None, None, None, None, solve_s, build_s, "cpsat",
-                           note=solver.StatusName(st))
+        return RawSolution(status, None, None, None, None, solve_s, build_s, "cpsat", note=name)
     choice = {n: (sp.fixed[n] if n in sp.fixed else sp.base[n].values[solver.Value(idx[n])])
               for n in sp.base}
     k = solver.Value(combo) if not isinstance(combo, int) else 0
     return RawSolution(status, choice, enc.combos[k], solver.ObjectiveValue() * q_t,
                        solver.BestObjectiveBound() * q_t, solve_s, build_s, "cpsat",
                        extra={"quantum_s": q_t})
+
+
+def _run(model, time_limit: float | None, workers: int):
+    """Solve a CP-SAT model: the solver, its status in our terms, the seconds it took and
+    CP-SAT's own status name."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    if time_limit:
+        solver.parameters.max_time_in_seconds = float(time_limit)
+    t1 = time.perf_counter()
+    st = solver.Solve(model)
+    status = {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE,
+              cp_model.INFEASIBLE: Status.INFEASIBLE,
+              cp_model.UNKNOWN: Status.NO_SOLUTION_IN_LIMIT,
+              cp_model.MODEL_INVALID: Status.ERROR}[st]
+    return solver, status, time.perf_counter() - t1, solver.StatusName(st)
 
 
 def _infeasible(t0: float, why: str) -> RawSolution:
@@ -309,20 +316,9 @@ def solve_rows(enc: Encoding, time_limit: float | None = None, workers: int = 4)
                 model.Add(expr <= int(np.floor(hi + 1e-9)))
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in r.obj.items()))
     build_s = time.perf_counter() - t0
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
-    if time_limit:
-        solver.parameters.max_time_in_seconds = float(time_limit)
-    t1 = time.perf_counter()
-    st = solver.Solve(model)
-    solve_s = time.perf_counter() - t1
-    status = {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE,
-              cp_model.INFEASIBLE: Status.INFEASIBLE,
-              cp_model.UNKNOWN: Status.NO_SOLUTION_IN_LIMIT,
-              cp_model.MODEL_INVALID: Status.ERROR}[st]
+    solver, status, solve_s, name = _run(model, time_limit, workers)
     if status not in (Status.OPTIMAL, Status.FEASIBLE):
-        return RawSolution(status, None, None, None, None, solve_s, build_s, "cpsat",
-                           note=solver.StatusName(st))
+        return RawSolution(status, None, None, None, None, solve_s, build_s, "cpsat", note=name)
     x = [solver.Value(v) for v in xs]
     choice, combo = decode(enc, r, x)
     return RawSolution(status, choice, enc.combos[combo], solver.ObjectiveValue() * q_t,

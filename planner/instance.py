@@ -179,15 +179,21 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
     return Instance(spec, hw, options, options[-1] * g, source)
 
 
-def load_instance(path: str | Path) -> Instance:
-    """Read and resolve an instance TOML file."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; a missing file, a syntax error (with its line) or a binary file is
+    an :class:`InputError` naming the file."""
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: no such file")
     try:
-        data = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{p}: TOML syntax error: {exc}") from None
     except UnicodeDecodeError:
         raise InputError(f"{p}: not a text file") from None
-    return parse_instance(data, str(p), p.parent)
+
+
+def load_instance(path: str | Path) -> Instance:
+    """Read and resolve an instance TOML file."""
+    p = Path(path)
+    return parse_instance(read_toml(p), str(p), p.parent)

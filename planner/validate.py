@@ -12,7 +12,6 @@ Calibration fits exactly one number per GPU type (``efficiency``: the achieved s
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 from planner.errors import InputError, PlanError
 from planner.evaluator import StepReport, evaluate
-from planner.instance import Instance, parse_instance
+from planner.instance import Instance, parse_instance, read_toml
 from planner.plan import plan_from_spec
 from planner.schema import PlanSpec
 
@@ -52,12 +51,7 @@ def default_runs_path() -> Path:
 
 def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     p = Path(path) if path else default_runs_path()
-    if not p.is_file():
-        raise InputError(f"{p}: no such file")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{p}: TOML syntax error: {exc}") from None
+    data = read_toml(p)
     if "runs" not in data or "models" not in data:
         raise InputError(f"{p}: expected [models.*] tables and [[runs]] entries")
     return data
