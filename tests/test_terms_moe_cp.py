@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from planner.evaluator import Degrees, Knobs, evaluate, step_terms
-from planner.instance import parse_instance
 from planner.plan import Plan, structural_violations
 from planner.workload import Shape
+from test_terms import make_inst  # the same tiny-instance builder and catalog figures
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = tomllib.loads((ROOT / "hardware_catalog" / "a100-80gb.toml").read_text())
@@ -56,19 +56,6 @@ REL = 1e-9
 def moe_model(gated: bool, first_dense: int = N_DENSE, **extra) -> dict:
     return {"experts": E, "top_k": TOPK, "moe_ffn_hidden": FE, "shared_experts": NSH,
             "first_dense_layers": first_dense, "gated_mlp": gated, **extra}
-
-
-def make_inst(gpus: int, *, model: dict | None = None, training: dict | None = None,
-              cluster: dict | None = None, global_batch: int = 8):
-    m = {"layers": L, "hidden": H, "heads": A, "vocab": V, "seq_len": S, **(model or {})}
-    tr = {"global_batch": global_batch, **(training or {})}
-    cl = {"gpu": "a100-80gb", "gpus": gpus, "efficiency": EFF,
-          "intra_node_bandwidth_GBps": BWI / 1e9, "inter_node_bandwidth_GBps": BWO / 1e9,
-          **(cluster or {})}
-    inst = parse_instance({"model": m, "training": tr, "cluster": cl})
-    assert inst.hw.efficiency == EFF
-    assert inst.hw.bw_intra == BWI and inst.hw.bw_inter == BWO
-    return inst
 
 
 def make_plan(inst, *, tp=1, pp=1, dp=1, cp=1, vp=1, b=1, B=None, recompute="none", sp=False,
