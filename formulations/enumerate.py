@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from formulations.result import RawSolution, Status
-from formulations.space import SearchSpace
+from formulations.space import SearchSpace, smooth_in_range
 from planner.evaluator import Degrees, memory_limit_bytes, step_terms
 
 ORDER = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
@@ -24,12 +24,19 @@ def available() -> bool:
     return True
 
 
-def feasible_points(space: SearchSpace) -> dict[str, np.ndarray]:
+def feasible_points(space: SearchSpace, dominant_batch: bool = True) -> dict[str, np.ndarray]:
     """Every assignment of the base variables that satisfies the structural rules, as columns.
 
     The product is built one variable at a time and filtered as soon as a rule's variables are
     all present; rows hold value *indices* (exponents are looked up per rule), which keeps the
-    intermediate arrays small."""
+    intermediate arrays small.
+
+    With a global-batch range, only the largest batch each assignment of the other variables
+    admits is kept (``dominant_batch``): for fixed degrees the step time is ``m X + Y`` with
+    ``X, Y >= 0`` independent of the micro-batch count ``m`` and memory does not depend on ``m``,
+    so the time per sequence ``(m X + Y) / (dp b m)`` never increases with the batch
+    (tests/test_dominance.py checks it). The optimum is unchanged; the space shrinks by the
+    number of batch values."""
     nq = len(space.primes)
     idx: dict[str, np.ndarray] = {}          # variable -> value index per row
     tables = {name: np.array(bv.exps, dtype=np.int64).reshape(len(bv.values), nq)
@@ -40,11 +47,14 @@ def feasible_points(space: SearchSpace) -> dict[str, np.ndarray]:
     pending = list(space.constraints)
     for name in ORDER:
         reps = len(values[name])
-        idx = {k: np.repeat(c, reps) for k, c in idx.items()}
-        idx[name] = np.tile(np.arange(reps, dtype=np.int32), n_rows)
-        n_rows *= reps
+        if name == "B" and reps > 1 and dominant_batch:
+            idx["B"], keep = _largest_batch(space, values, idx)
+        else:
+            idx = {k: np.repeat(c, reps) for k, c in idx.items()}
+            idx[name] = np.tile(np.arange(reps, dtype=np.int32), n_rows)
+            n_rows *= reps
+            keep = np.ones(n_rows, dtype=bool)
         done.add(name)
-        keep = np.ones(n_rows, dtype=bool)
         if name in ("V", "P") and {"V", "P"} <= done:
             keep &= (values["V"][idx["V"]] == 1) | (values["P"][idx["P"]] > 1)
         still = []
@@ -75,6 +85,26 @@ def feasible_points(space: SearchSpace) -> dict[str, np.ndarray]:
         cols = {k: c[keep] for k, c in cols.items()}
         n_rows = int(keep.sum())
     return cols
+
+
+def _largest_batch(space: SearchSpace, values: dict, idx: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the index of the largest allowed global batch that ``dp * b`` (and ``pp`` when
+    interleaved) divides, and whether one exists."""
+    T, C, P = (values[k][idx[k]] for k in ("T", "C", "P"))
+    b, V = values["b"][idx["b"]], values["V"][idx["V"]]
+    batches = values["B"]
+    dp = space.inst.gpus // (T * C * P)
+    step = dp * b * np.where(V > 1, P, 1)               # B must be a multiple of this
+    smooth = np.array(smooth_in_range(1, int(batches.max()), space.primes), dtype=np.int64)
+    target = batches.max() // np.maximum(step, 1)
+    pos = np.searchsorted(smooth, target, side="right") - 1
+    k = np.where(pos >= 0, smooth[np.maximum(pos, 0)], 0)
+    B = step * k
+    where = np.searchsorted(batches, B)
+    ok = (k >= 1) & (B >= batches.min()) & (where < len(batches))
+    where = np.minimum(where, len(batches) - 1)
+    ok &= batches[where] == B
+    return where.astype(np.int32), ok
 
 
 def degrees_of(space: SearchSpace, cols: dict[str, np.ndarray]) -> Degrees:

@@ -138,13 +138,14 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
                 if not ok:
                     r.ub[z] = 0.0
             continue
-        zs = [r.var(f"f_{'*'.join(f'{v}^{e}' for v, e in mono)}={val:g}", ub=1.0 if ok else 0.0)
+        # unreachable values get no variable at all (index -1): presolve already ruled them out
+        zs = [r.var(f"f_{'*'.join(f'{v}^{e}' for v, e in mono)}={val:g}") if ok else -1
               for val, ok in zip(f.values, f.allowed)]
         r.form_vars[mono] = zs
-        r.row({z: 1.0 for z in zs}, 1, 1, f"one_{mono}")
+        r.row({z: 1.0 for z in zs if z >= 0}, 1, 1, f"one_{mono}")
         for qi in range(nq):
             lin, const = exp_lin(mono, qi)
-            acc = {z: float(t[qi]) for z, t in zip(zs, f.tuples) if t[qi]}
+            acc = {z: float(t[qi]) for z, t in zip(zs, f.tuples) if t[qi] and z >= 0}
             for z, c in lin.items():
                 _add(acc, z, -c)
             r.row(acc, const, const, f"link_{mono}[{sp.primes[qi]}]")
@@ -167,15 +168,17 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
             grids[gk] = np.array(zs, dtype=int).reshape(-1, 1)
             return grids[gk]
         tag = len(grids)
-        grid = np.empty((len(zs), n_sub), dtype=int)
+        grid = np.full((len(zs), n_sub), -1, dtype=int)
         for j, z in enumerate(zs):
+            if z < 0 or r.ub[z] == 0:
+                continue
             for s_ in range(n_sub):
                 grid[j, s_] = r.var(f"cell{tag}[{j},{s_}]", integer=False, ub=r.ub[z])
             acc = {int(v): 1.0 for v in grid[j]}
             acc[z] = -1.0
             r.row(acc, 0, 0, f"margin{tag}_main[{j}]")
         for s_ in range(n_sub):
-            acc = {int(v): 1.0 for v in grid[:, s_]}
+            acc = {int(v): 1.0 for v in grid[:, s_] if v >= 0}
             for k, sk in enumerate(cs.combo_sub):
                 if sk == s_:
                     _add(acc, r.combo_vars[k], -1.0)
@@ -184,7 +187,7 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
         return grid
 
     def class_indicator(fm: Mono, class_of: np.ndarray, c: int) -> dict[int, float]:
-        return {z: 1.0 for z, cl in zip(r.form_vars[fm], class_of) if cl == c}
+        return {z: 1.0 for z, cl in zip(r.form_vars[fm], class_of) if cl == c and z >= 0}
 
     def rnd(x):
         return float(np.rint(x)) if integral else x
@@ -195,13 +198,13 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
         (``w_c in [lo y_c, hi y_c]``, ``sum_c w_c = value``; exact when ``y`` is integral)."""
         cs = enc.copies[u.copy]
         grid = main_cells(u.copy, cs)
-        allowed = np.array([r.ub[z] > 0 for z in r.form_vars[u.copy.main]])
+        allowed = np.array([z >= 0 and r.ub[z] > 0 for z in r.form_vars[u.copy.main]])
         vals = u.main_table / unit
         if integral:
             vals = np.rint(vals)
         acc: dict[int, float] = {}
         for v, c in zip(grid.ravel().tolist(), vals.ravel().tolist()):
-            if c:
+            if c and v >= 0:
                 _add(acc, v, c)
         if not u.copy.others:
             return acc

@@ -47,3 +47,27 @@ def test_sequence_parallel_and_distributed_optimizer_dominate(
                 for stage in on.memory:
                     assert float(on.memory_total(stage)) <= \
                         float(off.memory_total(stage)) * (1 + 1e-12)
+
+
+def test_largest_batch_dominates_in_a_batch_range():
+    """With a global-batch range the search keeps, per assignment of the other variables, only
+    the largest batch it admits. Checked against the full range on instances where the largest
+    batch is not always reachable."""
+    from formulations.enumerate import evaluate_all, feasible_points
+    from formulations.space import build_space
+
+    for gb, gpus in (([48, 200], 24), ([7, 64], 8), ([100, 1000], 48)):
+        inst = parse_instance({
+            "model": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 32000,
+                      "seq_len": 2048},
+            "training": {"global_batch": gb, "dp_overlap": 0.5},
+            "cluster": {"gpu": "a100-80gb", "gpus": gpus},
+            "constraints": {"max_micro_batch": 8},
+        })
+        space = build_space(inst)
+        full = feasible_points(space, dominant_batch=False)
+        best = feasible_points(space)
+        assert len(best["T"]) < len(full["T"])
+        obj_full, _ = evaluate_all(space, full, "time_per_sample")
+        obj_best, _ = evaluate_all(space, best, "time_per_sample")
+        assert obj_best.min() == obj_full.min()
