@@ -109,6 +109,10 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     if static > limit:
         lines.append(f"weights + gradients + optimizer states alone need {static / GiB:.1f} GiB "
                      f"per GPU even at the largest model-parallel degree the constraints allow")
+        pps = sorted(set(feasible_points(space)["P"].tolist()))
+        if pps and pps[-1] < max(space.base["P"].values):
+            lines.append(f"on {inst.gpus} GPUs pp can only be {pps}: it must divide the "
+                         f"{inst.model.layers} layers and the GPUs left by tp*cp")
     else:
         lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB; "
                      f"activations and logits the other {(need - static) / GiB:.1f} GiB")
@@ -140,19 +144,22 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
         found = _min_memory(sp2)
         if found and found[0] <= memory_limit_bytes(sp2.inst):
             out.append(f"nearest change: {text} (then a plan needs {found[0] / GiB:.1f} GiB)")
-    if not out:
-        g = inst.hw.gpus_per_node
-        for factor in (2, 4, 8):
-            bigger = inst.with_nodes(inst.nodes * factor) if inst.gpus >= g else None
-            if bigger is None:
-                break
+    if not out and inst.gpus >= inst.hw.gpus_per_node:
+        # the nearest larger cluster with a plan that fits: the next 32 node counts, then
+        # a few multiples (memory only falls as GPUs are added, but divisibility is jumpy)
+        n = inst.nodes
+        candidates = sorted(set(range(n + 1, n + 33)) | {round(n * f) for f in (1.5, 2, 3, 4, 8)})
+        for m in candidates:
+            bigger = inst.with_nodes(m)
             try:
                 found = _min_memory(build_space(bigger))
             except InfeasibleError:
                 continue
             if found and found[0] <= memory_limit_bytes(bigger):
-                out.append(f"nearest change: {inst.nodes * factor} nodes ({factor}x) fit "
-                           f"({found[0] / GiB:.1f} GiB per GPU)")
+                point = found[1]
+                out.append(f"nearest change: {m} nodes ({bigger.gpus} GPUs, {m / n:.2f}x) admit "
+                           f"a plan that fits (tp={point['T']}, pp={point['P']}: "
+                           f"{found[0] / GiB:.1f} GiB per GPU)")
                 break
     return out
 
