@@ -23,7 +23,6 @@ def _structural(space: SearchSpace) -> InfeasibleError:
     N = inst.gpus
     gb = inst.spec.training.global_batch
     lines = []
-    cons = inst.spec.constraints
     model_par = sorted({t * c * p for t in space.base["T"].values for c in space.base["C"].values
                         for p in space.base["P"].values if N % (t * c * p) == 0})
     if not model_par:
@@ -32,6 +31,15 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                      f"{list(space.base['P'].values)}, cp from {list(space.base['C'].values)})")
     else:
         dps = sorted({N // x for x in model_par})
+        cons = inst.spec.constraints
+        capped = [d for d in dps if (cons.dp is None or d == cons.dp)
+                  and (cons.max_dp is None or d <= cons.max_dp)]
+        if dps and not capped:
+            return InfeasibleError("no plan satisfies the structural rules", [
+                f"constraints.dp = {cons.dp} / max_dp = {cons.max_dp} binds: on {N} GPUs dp can "
+                f"only be one of {dps} (GPUs / (tp*cp*pp))",
+                f"nearest change: allow dp = {dps[0]}"])
+        dps = capped
         batches = list(space.base["B"].values)
         mbs = list(space.base["b"].values)
         ok = [(d, b, B) for d in dps for b in mbs for B in batches if B % (d * b) == 0]
