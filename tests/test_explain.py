@@ -1,0 +1,62 @@
+"""Infeasible instances are explained: which limit binds, by how much, the nearest change, and
+exit code 3 from the CLI (never a traceback)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from formulations.solve import solve
+from planner.cli import app
+from planner.errors import InfeasibleError
+from planner.instance import parse_instance
+
+
+def explain(doc):
+    with pytest.raises(InfeasibleError) as info:
+        solve(parse_instance(doc))
+    return str(info.value)
+
+
+def test_batch_that_no_dp_divides():
+    msg = explain({"model": {"layers": 4, "hidden": 512, "heads": 8, "vocab": 1000,
+                             "seq_len": 512},
+                   "training": {"global_batch": 7}, "cluster": {"gpu": "h100-sxm", "gpus": 8},
+                   "constraints": {"max_tp": 1, "max_pp": 1}})
+    assert "no dp x micro_batch divides the global batch 7 on 8 GPUs" in msg
+    assert "nearest change: a global batch of 8" in msg
+
+
+def test_weights_alone_do_not_fit_and_divisibility_restricts_pp():
+    msg = explain({"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": [1024, 8192]},
+                   "cluster": {"gpu": "a100-80gb", "gpus": 5128}})
+    assert "weights + gradients + optimizer states alone need" in msg
+    assert "pp can only be [1]" in msg and "105 layers" in msg
+    assert "nearest change: 642 nodes" in msg
+
+
+def test_a_lifted_constraint_is_suggested():
+    msg = explain({"model": {"preset": "gpt3-175b"}, "training": {"global_batch": 512},
+                   "cluster": {"gpu": "a100-80gb", "nodes": 32},
+                   "constraints": {"max_pp": 1, "max_tp": 8}})
+    assert "no plan fits in GPU memory" in msg
+    assert "nearest change: lift constraints.max_pp = 1" in msg
+    assert "nearest change: lift constraints.max_tp = 8" in msg
+
+
+def test_dp_cap_is_named():
+    msg = explain({"model": {"layers": 2, "hidden": 64, "heads": 1, "vocab": 1000,
+                             "seq_len": 512},
+                   "training": {"global_batch": 1}, "cluster": {"gpu": "a100-80gb", "nodes": 1},
+                   "constraints": {"max_dp": 1}})
+    assert "max_dp = 1 binds" in msg
+
+
+def test_cli_exit_code_3_without_traceback(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text('[model]\npreset = "gpt3-175b"\n[training]\nglobal_batch = 7\n'
+                    '[cluster]\ngpu = "a100-80gb"\nnodes = 1\n')
+    result = CliRunner().invoke(app, ["solve", str(path)])
+    assert result.exit_code == 3
+    text = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    assert "Traceback" not in text and "error" in text
