@@ -137,8 +137,6 @@ class Encoding:
     memory: dict[str, LinExpr]                   # stage -> bytes, must be <= memory_limit
     memory_limit: float
     combos: list[Knobs]
-    var_order: tuple[str, ...]
-    extra_forms: list[Mono] = field(default_factory=list)
     #: optional cap on the objective (a minimum MFU is a maximum step time)
     max_objective: float | None = None
     #: plans to leave out (top-k): (base-variable values, knobs)
@@ -280,7 +278,6 @@ def encode(space: SearchSpace, objective: str = "step_time",
             f.allowed &= seen[ids]
 
     # caps on derived forms (dp <= max_dp ...)
-    extra = []
     for _name, mono, coef, lo, hi in space.form_caps:
         main, sign = canon(mono)
         f = col.form(main)
@@ -291,7 +288,6 @@ def encode(space: SearchSpace, objective: str = "step_time",
         if hi is not None:
             ok &= vals <= hi + 1e-9
         f.allowed &= ok
-        extra.append(main)
 
     # tabulate every group of every slot over all categorical combinations
     tabulated: dict = {}
@@ -364,8 +360,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
         float(np.median(nonzero)) if nonzero.size else 1.0)
     return Encoding(space=space, objective_kind=objective, scale=scale,
                     forms=col.forms, copies=copies, objective=objective_expr, maxes=maxes,
-                    memory=memory, memory_limit=memory_limit_bytes(inst), combos=combos,
-                    var_order=tuple(sorted(space.base)), extra_forms=extra)
+                    memory=memory, memory_limit=memory_limit_bytes(inst), combos=combos)
 
 
 def _undominated(tabulated: dict, n: int, forms: dict) -> list[int]:

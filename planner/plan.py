@@ -13,7 +13,7 @@ in Megatron-LM's rank order (tp innermost, then cp, dp, pp).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.instance import Instance
@@ -114,10 +114,6 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 sequence_parallel=fields["sequence_parallel"],
                 distributed_optimizer=fields["distributed_optimizer"],
                 **{f"{d}_intra": intra[d] for d in ORDER})
-
-
-def with_changes(plan: Plan, **changes: Any) -> Plan:
-    return replace(plan, **changes)
 
 
 def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = None) -> list[str]:
