@@ -8,6 +8,7 @@ The model is written once, solver-agnostically; only the option names for "prove
 
 from __future__ import annotations
 
+import logging
 import time
 
 from formulations.encoding import Encoding
@@ -28,10 +29,15 @@ def available(name: str = "highs") -> bool:
         import pyomo.environ as pyo
     except ImportError:
         return False
+    log = logging.getLogger("pyomo")
+    level = log.level
+    log.setLevel(logging.CRITICAL)         # Pyomo logs a traceback for a missing executable
     try:
         return bool(pyo.SolverFactory(SOLVER_NAMES.get(name, name)).available(exception_flag=False))
     except Exception:  # a solver plugin that cannot even be probed is not available
         return False
+    finally:
+        log.setLevel(level)
 
 
 def build_model(enc: Encoding):

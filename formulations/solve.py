@@ -15,7 +15,7 @@ from formulations.encoding import encode
 from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import SearchSpace, build_space
-from planner.errors import InfeasibleError, SolverError
+from planner.errors import InfeasibleError, InputError, SolverError
 from planner.evaluator import evaluate
 from planner.instance import Instance
 from planner.plan import Plan
@@ -53,6 +53,11 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
                 points: dict | None = None) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
     exclude = list(exclude or [])
+    from formulations.pyomo_backend import SOLVER_NAMES
+
+    if backend not in BACKENDS and backend not in SOLVER_NAMES:
+        raise InputError(f"--solver: unknown solver {backend!r}; expected one of "
+                         f"{', '.join(BACKENDS + tuple(n for n in SOLVER_NAMES if n != 'highs'))}")
     if backend == "enumerate":
         from formulations import enumerate as en
 
