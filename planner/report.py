@@ -134,7 +134,7 @@ def solver_panel(res) -> Panel:
     t.add_row("backend", res.backend)
     if res.quantum_s:
         t.add_row("quantum", f"CP-SAT works in integer units of {res.quantum_s:g} s: optimal up "
-                  "to half a unit per table entry")
+                  "to the rounding of each table entry and product to one unit")
     if res.note and not ok:
         t.add_row("note", res.note)
     return Panel(t, title="Solver certificate")
