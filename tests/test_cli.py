@@ -242,3 +242,64 @@ def test_inconsistent_micro_batches_is_reported(runner, tmp_path):
     d = run_json(runner, ["evaluate", str(path), "--json"])
     assert d["plan"]["micro_batches"] == 96
     assert any("micro_batches" in v for v in d["violations"])
+
+
+# ---- solver commands: the JSON contract of DESIGN.md section 3 --------------------------------
+
+SOLVER_KEYS = {"name", "status", "objective", "bound", "wall_s"}
+
+
+def check_plan_result(d):
+    assert {"dp", "tp", "pp", "micro_batch", "micro_batches", "global_batch", "nodes",
+            "gpus"} <= set(d["plan"])
+    assert {"compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer"} <= \
+        set(d["breakdown_s"])
+    assert {"total", "capacity"} <= set(d["memory_gib"])
+    for key in ("step_time_s", "mfu", "total_days", "cost"):
+        assert key in d
+    assert SOLVER_KEYS <= set(d["solver"])
+    assert d["solver"]["status"] == "optimal"
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "highs", "enumerate"])
+def test_solve_json_contract(runner, solver):
+    d = run_json(runner, ["solve", str(ROOT / "instances" / "gpt-1.3b-1node.toml"),
+                          "--solver", solver, "--json"])
+    check_plan_result(d)
+    assert d["solver"]["name"] == solver
+
+
+def test_solve_top_compare_emit_json(runner):
+    d = run_json(runner, ["solve", str(ROOT / "instances" / "gpt-1.3b-1node.toml"), "--top",
+                          "3", "--compare", "--emit", "megatron", "--json"])
+    assert len(d["top"]) == 3 and d["top"][0]["gap_to_optimum"] == 0
+    assert [t["step_time_s"] for t in d["top"]] == sorted(t["step_time_s"] for t in d["top"])
+    assert {"constrained", "unconstrained", "slowdown", "binding"} <= set(d["compare"])
+    assert "--tensor-model-parallel-size" in d["launch"]["text"]
+
+
+def test_pareto_and_capacity_json(runner, tmp_path):
+    path = tmp_path / "range.toml"
+    path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 256\n'
+                    'tokens = 2e10\n[cluster]\ngpu = "h100-sxm"\nnodes = [1, 3]\n'
+                    'price_per_gpu_hour = 2.0\n')
+    front = run_json(runner, ["pareto", str(path), "--json"])
+    assert front["points"] and all(p["on_front"] for p in front["points"])
+    for p in front["points"]:
+        check_plan_result(p)
+    assert [p["nodes"] for p in front["all"]] == [1, 2, 3]
+    best = min(p["total_days"] for p in front["points"])
+    cap = run_json(runner, ["capacity", str(path), "--deadline-days", str(best * 1.01),
+                            "--json"])
+    check_plan_result(cap)
+    assert cap["nodes"] in (1, 2, 3) and cap["total_days"] <= best * 1.01
+
+
+def test_solve_on_a_node_range_needs_a_size(runner, tmp_path):
+    path = tmp_path / "range.toml"
+    path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 256\n'
+                    '[cluster]\ngpu = "h100-sxm"\nnodes = [1, 3]\n')
+    result = runner.invoke(app, ["solve", str(path)])
+    assert result.exit_code == 2 and "--nodes" in all_text(result)
+    ok = runner.invoke(app, ["solve", str(path), "--nodes", "2", "--json"])
+    assert ok.exit_code == 0
