@@ -14,7 +14,7 @@ from dataclasses import replace
 from formulations.encoding import encode
 from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
-from formulations.space import SearchSpace, build_space
+from formulations.space import BaseVar, SearchSpace, build_space
 from planner.errors import InfeasibleError, InputError, SolverError
 from planner.evaluator import evaluate
 from planner.instance import Instance
@@ -62,9 +62,12 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         from formulations import enumerate as en
 
         return en.solve(space, objective, time_limit, max_objective, exclude, points), None
-    t0 = time.perf_counter()
     if points is None:
         points = feasible_points(space)
+    batches = sorted(set(points["B"].tolist()), reverse=True)
+    if len(space.base["B"].values) > 1 and len(batches) > 1 and not exclude:
+        return _per_batch(space, backend, time_limit, objective, max_objective, points, batches)
+    t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
     enc = encode(space, objective, points, prune=not exclude)
     enc.max_objective = max_objective
@@ -90,6 +93,42 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         raw = pyomo_backend.solve(enc, name, time_limit)
         q = None
     return replace(raw, build_s=raw.build_s + enc_s), q
+
+
+def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
+               max_objective: float | None, points: dict, batches: list[int]
+               ) -> tuple[RawSolution, float | None]:
+    """A global-batch range as one fixed-batch model per batch that some assignment's largest
+    admissible batch reaches (a handful): every optimum is such a point, so the best of these
+    proven optima is the proven optimum, and the least of their bounds is a bound. Carrying
+    the batch inside every form instead makes one model many times larger and slower."""
+    best, bounds, status, solve_s, build_s, q = None, [], Status.OPTIMAL, 0.0, 0.0, None
+    for batch in batches:
+        exps = space.base["B"].exps[space.base["B"].values.index(batch)]
+        sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
+                      fixed={**space.fixed, "B": batch})
+        keep = points["B"] == batch
+        raw, q = run_backend(sub, backend, time_limit, objective, max_objective,
+                             points={k: c[keep] for k, c in points.items()})
+        solve_s += raw.solve_s
+        build_s += raw.build_s
+        if raw.status == Status.INFEASIBLE:
+            continue
+        bounds.append(raw.bound)                    # None when that model has no bound
+        if raw.status not in (Status.OPTIMAL, Status.FEASIBLE) or raw.objective is None:
+            status = Status.FEASIBLE                 # a part is unsolved: nothing is proven
+            continue
+        if raw.status != Status.OPTIMAL:
+            status = Status.FEASIBLE
+        if best is None or raw.objective < best.objective:
+            best = raw
+    bound = None if (not bounds or None in bounds) else min(bounds)
+    if best is None:
+        return RawSolution(Status.INFEASIBLE if status == Status.OPTIMAL else
+                           Status.NO_SOLUTION_IN_LIMIT, None, None, None, None, solve_s,
+                           build_s, backend), q
+    return replace(best, status=status, bound=bound, solve_s=solve_s, build_s=build_s,
+                   note=f"{len(batches)} fixed-batch models"), q
 
 
 def objective_cap(inst: Instance, kind: str) -> float | None:
