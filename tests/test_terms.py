@@ -64,7 +64,8 @@ def make_inst(gpus: int, *, model: dict | None = None, training: dict | None = N
 
 
 def make_plan(inst, *, tp=1, pp=1, dp=1, cp=1, vp=1, b=1, B=None, recompute="none", sp=False,
-              distopt=False, tp_intra=None, cp_intra=None, dp_intra=None, pp_intra=None) -> Plan:
+              distopt=False, ep=1, ep_intra=None, tp_intra=None, cp_intra=None, dp_intra=None,
+              pp_intra=None, check=True) -> Plan:
     """A plan with explicit intra-node factors (default: everything inside one node)."""
     gpus = tp * pp * dp * cp
     assert gpus == inst.gpus
@@ -74,8 +75,10 @@ def make_plan(inst, *, tp=1, pp=1, dp=1, cp=1, vp=1, b=1, B=None, recompute="non
                 tp_intra=tp if tp_intra is None else tp_intra,
                 cp_intra=cp if cp_intra is None else cp_intra,
                 dp_intra=dp if dp_intra is None else dp_intra,
-                pp_intra=pp if pp_intra is None else pp_intra)
-    assert structural_violations(inst, plan) == []
+                pp_intra=pp if pp_intra is None else pp_intra,
+                ep=ep, ep_intra=ep if ep_intra is None else ep_intra)
+    if check:
+        assert structural_violations(inst, plan) == []
     return plan
 
 

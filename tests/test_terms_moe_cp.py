@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from planner.evaluator import Degrees, Knobs, evaluate, step_terms
-from planner.plan import Plan, structural_violations
+from planner.plan import structural_violations
 from planner.workload import Shape
-from test_terms import make_inst  # the same tiny-instance builder and catalog figures
+from test_terms import make_inst, make_plan, terms_of  # the same builders and catalog figures
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = tomllib.loads((ROOT / "hardware_catalog" / "a100-80gb.toml").read_text())
@@ -56,30 +56,6 @@ REL = 1e-9
 def moe_model(gated: bool, first_dense: int = N_DENSE, **extra) -> dict:
     return {"experts": E, "top_k": TOPK, "moe_ffn_hidden": FE, "shared_experts": NSH,
             "first_dense_layers": first_dense, "gated_mlp": gated, **extra}
-
-
-def make_plan(inst, *, tp=1, pp=1, dp=1, cp=1, vp=1, b=1, B=None, recompute="none", sp=False,
-              distopt=False, ep=1, ep_intra=None, tp_intra=None, cp_intra=None, dp_intra=None,
-              pp_intra=None, check=True) -> Plan:
-    """A plan with explicit intra-node factors (default: everything inside one node)."""
-    gpus = tp * pp * dp * cp
-    assert gpus == inst.gpus
-    plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch=b,
-                global_batch=B or inst.spec.training.global_batch, gpus=gpus, nodes=inst.nodes,
-                recompute=recompute, sequence_parallel=sp, distributed_optimizer=distopt,
-                tp_intra=tp if tp_intra is None else tp_intra,
-                cp_intra=cp if cp_intra is None else cp_intra,
-                dp_intra=dp if dp_intra is None else dp_intra,
-                pp_intra=pp if pp_intra is None else pp_intra,
-                ep=ep, ep_intra=ep if ep_intra is None else ep_intra)
-    if check:
-        assert structural_violations(inst, plan) == []
-    return plan
-
-
-def terms_of(inst, plan):
-    k = Knobs(plan.recompute, plan.sequence_parallel, plan.distributed_optimizer)
-    return step_terms(inst, Degrees.of(plan), k)
 
 
 def hand_allreduce(size, n_in, n_out):
