@@ -43,8 +43,7 @@ def quantum(enc: Encoding) -> float:
     return 10.0 ** np.floor(np.log10(max(enc.scale, 1e-300) * RELATIVE_QUANTUM))
 
 
-def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
-          hint: dict | None = None) -> RawSolution:
+def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2) -> RawSolution:
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -242,10 +241,6 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2,
             return _infeasible(t0, "the only plan is excluded")
         model.AddBoolOr(differs)
     model.Minimize(objective)
-    if hint:
-        for name, value in hint.get("choice", {}).items():
-            if name in idx:
-                model.AddHint(idx[name], sp.base[name].values.index(value))
     build_s = time.perf_counter() - t0
 
     solver, status, solve_s, name = _run(model, time_limit, workers)

@@ -103,9 +103,6 @@ class CopySet:
     subcombos: list[tuple]       # values of the dependent dims
     combo_sub: list[int]         # for each full combo: its sub-combo index
 
-    @property
-    def inner_shape(self) -> tuple[int, ...]:
-        return tuple(len(c) for c in self.classes) + (len(self.subcombos),)
 
 
 @dataclass
@@ -142,8 +139,6 @@ class Encoding:
     #: plans to leave out (top-k): (base-variable values, knobs)
     exclude: list[tuple[dict[str, int], Knobs]] = field(default_factory=list)
 
-    def form_index(self, mono: Mono, exps: tuple[int, ...]) -> int:
-        return self.forms[mono].tuples.index(exps)
 
 
 def symbolic_degrees(space: SearchSpace) -> tuple[Degrees, dict]:
