@@ -20,6 +20,7 @@ from rich.text import Text
 from planner.errors import PlanError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Provably optimal parallel plans for transformer training (AMPeD model).")
 out = Console(width=None if sys.stdout.isatty() else 120)   # readable tables in pipes and logs
 err = Console(stderr=True)
