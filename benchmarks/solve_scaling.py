@@ -67,11 +67,16 @@ def global_batch_for(gpus: int) -> int:
     return max(2048, gpus // 16)
 
 
-def instance_toml(model: dict, gpus: int, batch: int) -> str:
+def batch_text(batch) -> str:
+    return f"{batch[0]}-{batch[1]}" if isinstance(batch, tuple) else str(batch)
+
+
+def instance_toml(model: dict, gpus: int, batch) -> str:
     lines = ["[model]", f'preset = "{model["preset"]}"']
     if model["layers"] is not None:
         lines.append(f"layers = {model['layers']}")
-    lines += ["", "[training]", f"global_batch = {batch}", "", "[cluster]",
+    gb = f"[{batch[0]}, {batch[1]}]" if isinstance(batch, tuple) else str(batch)
+    lines += ["", "[training]", f"global_batch = {gb}", "", "[cluster]",
               f'gpu = "{model["gpu"]}"', f"gpus = {gpus}", f"gpus_per_node = {GPUS_PER_NODE}"]
     if model["max_cp"] is not None:
         lines += ["", "[constraints]", f"max_cp = {model['max_cp']}"]
@@ -235,7 +240,7 @@ def print_table(mkey: str, model: dict, rows: list[dict], backends: list[str], l
     print("  ".join("-" * (w or 5) for _, w in cols))
     for row in rows:
         res = row["results"]
-        cells = [f"{row['gpus']:>7,}", f"{row['global_batch']:>6}"]
+        cells = [f"{row['gpus']:>7,}", f"{batch_text(row['global_batch']):>6}"]
         for b in backends:
             r = res.get(b)
             cells.append(f"{fmt_t(r and r['whole_s'], bool(r and r['hit_limit'])):>12}")
@@ -431,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", type=Path, default=None,
                     help="write the raw measurements to this file")
     ap.add_argument("--keep", action="store_true", help="keep the instance TOML directory")
+    ap.add_argument("--batch-range", action="store_true",
+                    help="let the planner choose the global batch in [B/4, 4B] around each "
+                    "size's fixed batch B (objective: time per sequence)")
     ap.add_argument("--snapshot", metavar="REV", default=None,
                     help="run `plan` on a `git archive REV` copy of the project (e.g. HEAD) instead "
                          "of the live checkout, which others may be editing during the run")
@@ -475,7 +483,9 @@ def main(argv: list[str] | None = None) -> int:
           f" (killed at {args.time_limit + grace:g} s)")
     print("global batch per size: " + ", ".join(f"{g:,} GPUs -> {global_batch_for(g)}"
                                                 for g in gpus)
-          + "  (max(2048, GPUs // 16), fixed: objective = step time)")
+          + ("  (max(2048, GPUs // 16)); --batch-range: the planner chooses in [B/4, 4B], "
+             "objective = time per sequence" if args.batch_range else
+             "  (max(2048, GPUs // 16), fixed: objective = step time)"))
     print("constraints: schema defaults (no pins; max_cp = 1, micro-batch 1..32, recompute/SP/"
           "distributed optimizer free), model B max_cp = 2")
     sys.stdout.flush()
@@ -490,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for n in gpus:
                 batch = global_batch_for(n)
+                if args.batch_range:
+                    batch = (batch // 4, batch * 4)
                 f = tmp / f"model{mk}_{n}.toml"
                 f.write_text(instance_toml(model, n, batch))
                 runs: dict[str, list[dict]] = {b: [] for b in backends}
