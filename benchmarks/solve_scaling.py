@@ -120,7 +120,8 @@ def run_once(cmd: list[str], limit: float, grace: float, env: dict | None = None
         s = data["solver"]
         rec.update(status=s.get("status"), objective=s.get("objective"), solve_s=s.get("solve_s"),
                    build_s=s.get("build_s"), quantum_s=s.get("quantum_s"),
-                   note=s.get("note") or "", inproc_wall_s=s.get("wall_s"))
+                   note=s.get("note") or "", inproc_wall_s=s.get("wall_s"),
+                   plans=(s.get("space") or {}).get("plans"))
         if data.get("plan"):
             pl = data["plan"]
             rec["plan"] = {k: pl.get(k) for k in ("tp", "pp", "cp", "dp", "vp", "micro_batch",
@@ -147,7 +148,8 @@ def summarise(runs: list[dict]) -> dict:
     return {"whole_s": med("wall_s"), "solve_s": med("solve_s"), "build_s": med("build_s"),
             "status": last["status"], "objective": last["objective"],
             "quantum_s": last["quantum_s"], "hit_limit": any(r["hit_limit"] for r in runs),
-            "note": last["note"], "plan": last.get("plan"), "repeats": len(runs)}
+            "note": last["note"], "plan": last.get("plan"), "repeats": len(runs),
+            "plans": last.get("plans")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +229,7 @@ def print_table(mkey: str, model: dict, rows: list[dict], backends: list[str], l
     print()
     print(title)
     print("=" * len(title))
-    cols = [("GPUs", 7), ("batch", 6)]
+    cols = [("GPUs", 7), ("batch", 6), ("plans", 9)]
     for b in backends:
         short = {"enumerate": "enum"}.get(b, b)
         cols += [(f"{short} whole", 12), (f"{short} solve", 12)]
@@ -240,7 +242,9 @@ def print_table(mkey: str, model: dict, rows: list[dict], backends: list[str], l
     print("  ".join("-" * (w or 5) for _, w in cols))
     for row in rows:
         res = row["results"]
-        cells = [f"{row['gpus']:>7,}", f"{batch_text(row['global_batch']):>6}"]
+        sizes = [r["plans"] for r in res.values() if r.get("plans")]
+        cells = [f"{row['gpus']:>7,}", f"{batch_text(row['global_batch']):>6}",
+                 f"{sizes[0]:>9,}" if sizes else f"{'-':>9}"]
         for b in backends:
             r = res.get(b)
             cells.append(f"{fmt_t(r and r['whole_s'], bool(r and r['hit_limit'])):>12}")
@@ -285,6 +289,8 @@ def print_table(mkey: str, model: dict, rows: list[dict], backends: list[str], l
             notes.append(f"{row['gpus']:,} GPUs plan ({b}): TP{p['tp']} PP{p['pp']} CP{p['cp']} "
                          f"DP{p['dp']} VP{p['vp']} mb{p['micro_batch']} recompute={p['recompute']}"
                          f" SP={p['sequence_parallel']} DO={p['distributed_optimizer']}")
+    print("plans = size of the search space (solver.space.plans: structurally feasible degree "
+          "assignments x knob combinations), the plans the enumerator evaluates")
     print("whole = wall time of the `plan solve` subprocess; solve = solver.solve_s (in-solver); "
           "'>' = stopped at the limit (a lower bound); ratios '<'/'>' inherit that bound.")
     for n in notes:

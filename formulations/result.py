@@ -54,6 +54,9 @@ class SolveResult:
     quantum_s: float | None = None
     choice: dict[str, int] | None = None          # the solution in search-space terms
     knobs: Knobs | None = None
+    space_points: int | None = None               # structurally feasible degree assignments
+    space_combos: int | None = None               # categorical (knob) combinations
+    space_batch_range: bool = False               # assignments carry their largest batch only
 
     @property
     def gap(self) -> float | None:
@@ -65,7 +68,10 @@ class SolveResult:
         return {"name": self.backend, "status": self.status.value, "objective": self.objective,
                 "objective_kind": self.objective_kind, "bound": self.bound, "gap": self.gap,
                 "wall_s": self.wall_s, "solve_s": self.solve_s, "build_s": self.build_s,
-                "quantum_s": self.quantum_s, "note": self.note}
+                "quantum_s": self.quantum_s, "note": self.note,
+                "space": {"assignments": self.space_points, "knob_combinations": self.space_combos,
+                          "plans": (self.space_points * self.space_combos
+                                    if self.space_points is not None and self.space_combos else None)}}
 
     def to_dict(self) -> dict[str, Any]:
         out = self.report.to_dict() if self.report else {"plan": None}

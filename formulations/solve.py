@@ -172,6 +172,8 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     raw, quantum = run_backend(space, solver, time_limit, kind, objective_cap(inst, kind),
                                exclude, points)
     wall = time.perf_counter() - t0
+    size = {"space_points": len(points["T"]), "space_combos": len(space.combos),
+            "space_batch_range": len(space.base["B"].values) > 1}
     if raw.status == Status.INFEASIBLE:
         if explain and not exclude:
             from formulations.explain import explain_infeasible
@@ -182,7 +184,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
             f" (besides the {len(exclude)} excluded)" if exclude else ""))
     if raw.status in (Status.ERROR, Status.NO_SOLUTION_IN_LIMIT) or raw.choice is None:
         return SolveResult(raw.status, None, raw.objective, raw.bound, wall, raw.solve_s,
-                           raw.build_s, raw.backend, kind, raw.note, quantum)
+                           raw.build_s, raw.backend, kind, raw.note, quantum, **size)
     plan = decode_plan(space, raw)
     report = evaluate(inst, plan)
     value = objective_value(report, kind)
@@ -193,4 +195,4 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
         note = (f"the evaluator gives {value!r} for the solver's plan, the solver "
                 f"{raw.objective!r}; violations: {report.violations}")
     return SolveResult(status, report, raw.objective, raw.bound, wall, raw.solve_s, raw.build_s,
-                       raw.backend, kind, note, quantum, choice=raw.choice, knobs=raw.knobs)
+                       raw.backend, kind, note, quantum, choice=raw.choice, knobs=raw.knobs, **size)

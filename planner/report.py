@@ -132,6 +132,12 @@ def solver_panel(res) -> Panel:
     t.add_row("time", f"{res.wall_s:.3f} s wall ({res.solve_s:.3f} s in the solver, "
               f"{res.build_s:.3f} s building)")
     t.add_row("backend", res.backend)
+    if res.space_points is not None:
+        t.add_row("search space", f"{res.space_points:,} degree assignments that satisfy the "
+                  f"structural rules x {res.space_combos} knob combinations = "
+                  f"{res.space_points * res.space_combos:,} plans"
+                  + (" (each assignment with the largest global batch it admits, which is never "
+                     "slower per sequence)" if res.space_batch_range else ""))
     if res.quantum_s:
         t.add_row("quantum", f"CP-SAT works in integer units of {res.quantum_s:g} s: optimal up "
                   "to the rounding of each table entry and product to one unit")
