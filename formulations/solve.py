@@ -101,18 +101,37 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
     """A global-batch range as one fixed-batch model per batch that some assignment's largest
     admissible batch reaches (a handful): every optimum is such a point, so the best of these
     proven optima is the proven optimum, and the least of their bounds is a bound. Carrying
-    the batch inside every form instead makes one model many times larger and slower."""
+    the batch inside every form instead makes one model many times larger and slower.
+
+    Largest batch first (it usually wins: the bubble and the per-step fixed costs shrink per
+    sequence), and every later model only has to beat the incumbent: its objective is capped at
+    the best time per sequence found so far, so a batch that cannot win is proven infeasible,
+    which is cheaper than proving its own optimum. The time limit covers all the models."""
+    t_start = time.perf_counter()
     best, bounds, status, solve_s, build_s, q = None, [], Status.OPTIMAL, 0.0, 0.0, None
+    beaten = 0
     for batch in batches:
+        left = None
+        if time_limit is not None:
+            left = time_limit - (time.perf_counter() - t_start)
+            if left <= 0:
+                status = Status.FEASIBLE               # batches left unsolved: nothing proven
+                bounds.append(None)
+                break
         exps = space.base["B"].exps[space.base["B"].values.index(batch)]
         sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
                       fixed={**space.fixed, "B": batch})
         keep = points["B"] == batch
-        raw, q = run_backend(sub, backend, time_limit, objective, max_objective,
-                             points={k: c[keep] for k, c in points.items()})
+        cap = max_objective
+        if best is not None:
+            cap = best.objective if cap is None else min(cap, best.objective)
+        raw, q_b = run_backend(sub, backend, left, objective, cap,
+                               points={k: c[keep] for k, c in points.items()})
+        q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
         build_s += raw.build_s
         if raw.status == Status.INFEASIBLE:
+            beaten += best is not None                 # no plan at this batch beats the cap
             continue
         bounds.append(raw.bound)                    # None when that model has no bound
         if raw.status not in (Status.OPTIMAL, Status.FEASIBLE) or raw.objective is None:
@@ -128,7 +147,7 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
                            Status.NO_SOLUTION_IN_LIMIT, None, None, None, None, solve_s,
                            build_s, backend), q
     return replace(best, status=status, bound=bound, solve_s=solve_s, build_s=build_s,
-                   note=f"{len(batches)} fixed-batch models"), q
+                   note=f"{len(batches)} fixed-batch models, {beaten} proven not to beat the best"), q
 
 
 def objective_cap(inst: Instance, kind: str) -> float | None:

@@ -11,6 +11,7 @@ memory limits tight enough to bind.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -123,3 +124,33 @@ def test_three_backends_agree(doc):
         assert res.objective == pytest.approx(ref.objective, rel=1e-6, abs=tolerance(res)), \
             (backend, res.report.plan.label(), ref.report.plan.label())
         assert not res.report.violations
+
+
+BATCH_RANGE = {
+    "model": {"preset": "gpt3-175b"},
+    "training": {"global_batch": [512, 8192]},
+    "cluster": {"gpu": "h100-sxm", "gpus": 4096},
+}
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "highs"])
+def test_batch_range_models_prove_the_optimum_with_a_cutoff(backend):
+    """A global-batch range is one fixed-batch model per reachable batch; after the first, each
+    only has to beat the incumbent. The answer is the enumerator's, proven, and the note says how
+    many batch models were closed by the cutoff."""
+    inst = parse_instance(BATCH_RANGE)
+    ref = solve(inst, solver="enumerate")
+    res = solve(inst, solver=backend)
+    assert res.status == Status.OPTIMAL
+    assert res.objective == pytest.approx(ref.objective, rel=1e-6, abs=tolerance(res))
+    assert res.bound <= res.objective * (1 + 1e-9)
+    models, beaten = (int(w) for w in re.findall(r"\d+", res.note))
+    assert models > 1 and 1 <= beaten < models, res.note
+
+
+def test_batch_range_time_limit_covers_all_batch_models():
+    """The time limit is for the whole solve, not per batch model: with almost no time, the
+    answer is not claimed optimal."""
+    inst = parse_instance(BATCH_RANGE)
+    res = solve(inst, solver="cpsat", time_limit=1e-4)
+    assert res.status != Status.OPTIMAL
