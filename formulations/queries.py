@@ -60,6 +60,9 @@ def _dominates(a: tuple, b: tuple) -> bool:
     return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
 
 
+MAX_PARETO_SIZES = 512      # about 0.3 s each: a few minutes at most
+
+
 def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
            node_options: list[int] | None = None) -> list[ParetoPoint]:
     """Proven optimum at each node count, with ``on_front`` marking the non-dominated ones.
@@ -68,8 +71,15 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     batch, so they never change the front. With a global-batch range the objective is time per
     sequence and the comparison uses days (the same ordering).
     """
+    options = list(node_options or inst.node_options)
+    if len(options) > MAX_PARETO_SIZES:
+        from planner.errors import InputError
+
+        raise InputError(f"{inst.source}: cluster.nodes: the range holds {len(options):,} sizes, "
+                         f"each a separate proof; pareto takes at most {MAX_PARETO_SIZES}: give "
+                         "node_counts = [...] with the sizes of interest, or a narrower range")
     points = []
-    for n in node_options or list(inst.node_options):
+    for n in options:
         sized = inst.with_nodes(n)
         try:
             res = solve(sized, solver=solver, time_limit=time_limit, explain="brief")

@@ -88,7 +88,8 @@ def evaluate(
     emit: EmitOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost."""
+    """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost.
+    Exit 3 when the plan breaks a structural rule or does not fit (the report lists why)."""
     from planner.evaluator import evaluate as run_evaluate
     from planner.plan import plan_from_spec
     from planner.report import print_step
@@ -126,6 +127,9 @@ def evaluate(
         _emit_json(doc)
     else:
         print_step(rep, inst, out)
+        if best and not best.report:
+            err.print(f"note: the optimum could not be computed ({best.status.value}"
+                      + (f": {best.note}" if best.note else "") + ")", markup=False, highlight=False)
         if best and best.report:
             out.print(f"The optimum under the same constraints is {best.report.plan.label()} at "
                       f"{best.report.step_time_s:.4g} s per step ({best.status.value}); this "
@@ -133,6 +137,8 @@ def evaluate(
         if launch:
             out.print(f"# launch configuration ({emit})", markup=False, highlight=False)
             out.print(launch, markup=False, highlight=False)
+    if rep.violations:            # the report says which rules or limits the plan breaks
+        raise typer.Exit(3)
 
 
 @app.command()
@@ -196,6 +202,7 @@ def solve(
 ) -> None:
     """The fastest plan under the model, with its optimality certificate."""
     from formulations import queries
+    from formulations.result import Status
     from formulations.solve import solve as run_solve
     from planner.report import compare_table, print_step, solver_panel, top_table
 
@@ -234,7 +241,7 @@ def solve(
         if launch:
             out.print(f"# launch configuration ({emit})", markup=False, highlight=False)
             out.print(launch, markup=False, highlight=False)
-    if res.report is None:
+    if res.report is None or res.status == Status.ERROR:
         raise typer.Exit(4)
 
 
@@ -262,10 +269,14 @@ def pareto(
     from planner.report import pareto_table
 
     try:
+        if plot:
+            from planner.plot import check_plot_path
+
+            check_plot_path(plot)
         inst = _load(file)
         points = queries.pareto(inst, solver=solver, time_limit=time_limit)
         docs = [p.to_dict() for p in points]
-        if plot:
+        if plot and any(d.get("plan") for d in docs):
             from planner.plot import plot_front
 
             plot_front([d for d in docs if d.get("plan")], plot,
@@ -276,8 +287,12 @@ def pareto(
         _emit_json({"points": [d for d in docs if d.get("on_front")], "all": docs})
     else:
         out.print(pareto_table(points))
-        if plot:
-            out.print(f"plot written to {plot}")
+    if not any(p.result is not None for p in points):
+        err.print("error: no size in the range admits a plan (each size's reason is in its row)",
+                  markup=False, highlight=False)
+        raise typer.Exit(3)
+    if plot and not as_json:
+        out.print(f"plot written to {plot}", markup=False, highlight=False)
 
 
 @app.command()
@@ -309,7 +324,7 @@ def capacity(
                    extra=[capacity_panel(ans)])
     else:
         out.print(capacity_panel(ans))
-    if ans.result is None:
+    if ans.result is None or (ans.cheapest and not ans.cheapest["within_budget"]):
         raise typer.Exit(3)
 
 
@@ -321,13 +336,24 @@ def _single_size(inst, nodes: int | None) -> None:
                          "single size, or use plan pareto / plan capacity")
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line, ``warning: ...``, without the source line Python would print."""
+    err.print(Text(f"warning: {message}", style="yellow"), highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     """Console-script entry point."""
+    import warnings
+
+    warnings.showwarning = _show_warning
     try:
         app()
     except PlanError as exc:  # a last guard: no tracebacks for domain errors
         err.print(Text(f"error: {exc}"), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:    # e.g. stdout on a full disk or a closed pipe
+        sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -133,10 +133,14 @@ class _Reader:
 
 
 def _load(p: Path) -> dict[str, Any]:
-    if not p.is_file():
-        raise InputError(f"{p}: no such file (expected a Hugging Face config.json)")
+    from planner.instance import check_readable
+
+    check_readable(p, "Hugging Face config.json")
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise InputError(f"{p}: nested too deeply to read (expected a Hugging Face config.json)") \
+            from None
     except UnicodeDecodeError:
         raise InputError(f"{p}: not a text file (expected a Hugging Face config.json)") from None
     except json.JSONDecodeError as exc:

@@ -95,7 +95,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
         key = f"{prefix}{_fmt_loc(err['loc'])}"
         if key in out:
             continue
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the README instance reference)"
         elif err["type"] == "missing":
@@ -114,6 +114,9 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
         from planner.hf_config import read_hf_config
 
+        if not model["hf_config"].strip():
+            raise InputError(f"{source}: invalid instance",
+                             ["model.hf_config: an empty path; expected a config.json file"])
         ref = Path(model["hf_config"])
         if not ref.is_absolute() and base_dir is not None:
             ref = base_dir / ref
@@ -121,6 +124,9 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
         model.setdefault("name", ref.stem.replace(".config", ""))
     if isinstance(model, dict) and "preset" in model:
         name = model["preset"]
+        if not isinstance(name, str):
+            raise InputError(f"{source}: invalid instance",
+                             [f"model.preset: expected a preset name (a string), got {name!r}"])
         if name not in presets():
             raise InputError(f"{source}: invalid instance",
                              [f"model.preset: unknown preset {name!r}; expected one of: "
@@ -148,6 +154,11 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
     if precision == "fp8" and gpu.peak_tflops_fp8 <= 0:
         raise InputError(f"{source}: invalid instance",
                          [f"training.precision: {gpu.key} has no FP8 tensor cores; use bf16 or fp16"])
+    reserve = spec.constraints.memory_reserve_GiB
+    if reserve >= gpu.hbm_capacity_GiB:
+        raise InputError(f"{source}: invalid instance",
+                         [f"constraints.memory_reserve_GiB: {reserve:g} GiB leaves no memory on "
+                          f"{gpu.key} ({gpu.hbm_capacity_GiB:g} GiB); expected less than that"])
     g = c.gpus_per_node or gpu.gpus_per_node
     eff8 = c.efficiency_fp8 or gpu.efficiency_fp8 or gpu.efficiency
     hw = Hardware(
@@ -183,14 +194,30 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     """A TOML file as a dict; a missing file, a syntax error (with its line) or a binary file is
     an :class:`InputError` naming the file."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such file")
+    check_readable(p, "instance file")
     try:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{p}: TOML syntax error: {exc}") from None
     except UnicodeDecodeError:
         raise InputError(f"{p}: not a text file") from None
+    except RecursionError:
+        raise InputError(f"{p}: nested too deeply to read (arrays or tables inside each other "
+                         "thousands of levels deep)") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from None
+
+
+def check_readable(p: Path, what: str) -> None:
+    """A regular file, or an :class:`InputError` saying what the path is instead."""
+    if str(p) in ("", "."):
+        raise InputError(f"{what}: an empty path")
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, expected a {what}")
+    if not p.is_file():
+        raise InputError(f"{p}: not a regular file (a device, pipe or socket), expected a {what}")
 
 
 def load_instance(path: str | Path) -> Instance:

@@ -60,6 +60,23 @@ def _gpus(ps: list[dict]) -> list[int]:
     return [p["plan"]["gpus"] for p in ps]
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """The plot's path, checked before any solving: a supported suffix, an existing directory,
+    not a directory itself. Raises :class:`~planner.errors.InputError` naming the problem."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"--plot {p}: is a directory; expected a file name such as {p / 'front.png'}")
+    if p.suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"--plot {p}: expected a file name ending in "
+                         f"{', '.join(PLOT_SUFFIXES)}, got {p.suffix or 'no suffix'}")
+    if not p.parent.is_dir():
+        raise InputError(f"--plot {p}: the directory {p.parent} does not exist")
+    return p
+
+
 def plot_front(points: list[dict], path: str | Path, title: str) -> None:
     """Write a PNG (150 dpi) of plan results to ``path``.
 
@@ -129,14 +146,17 @@ def plot_front(points: list[dict], path: str | Path, title: str) -> None:
             else:
                 ax2.set_ylabel("training time (days)")
                 ax2.set_title("training days vs GPUs")
-        fig.suptitle(title, fontsize=14, fontweight="bold")
+        fig.suptitle(title.replace("$", r"\$"), fontsize=14, fontweight="bold")  # no mathtext
         fig.tight_layout()
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         _annotate(ax, front, "step_time_s", renderer)
         if second:
             _annotate(axes[0][1], front, second, renderer)
-        fig.savefig(path, dpi=150)
+        try:
+            fig.savefig(path, dpi=150)
+        except OSError as exc:
+            raise InputError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
         plt.close(fig)
 
 

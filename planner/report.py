@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -40,7 +41,7 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t = Table(title="Plan", show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("model", f"{inst.model.name or 'custom'}: {inst.model.layers} layers, hidden "
+    t.add_row("model", f"{escape(inst.model.name or 'custom')}: {inst.model.layers} layers, hidden "
               f"{inst.model.hidden}, {inst.model.heads} heads ({inst.model.kv} kv), seq "
               f"{inst.model.seq_len}")
     t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({p.nodes} node(s) of "
@@ -227,7 +228,7 @@ def capacity_panel(ans) -> Panel:
     else:
         lines.append(f"Fewest nodes meeting {ans.deadline_days:g} days: {ans.nodes} "
                      f"({ans.result.report.total_days:.2f} days, proven optimal plan).")
-    ns = ans.next_smaller
+    ns = ans.next_smaller if ans.nodes is not None else None   # else: the largest size, above
     if ns:
         if "days" in ns and ns.get("days") is not None:
             lines.append(f"One node fewer ({ns['nodes']}): at best {ns['days']:.2f} days "

@@ -1,26 +1,45 @@
 """The instance file schema (DESIGN.md section 3) as pydantic models.
 
 Unknown keys are errors everywhere (``extra="forbid"``) so a misspelt key never silently falls
-back to a default. Every number is range-checked here; cross-field rules (heads divisible by
-kv_heads, a GPU count that fills whole nodes) are model validators, so all problems surface
-at load time with the key path that holds them.
+back to a default. Types are strict (``layers = true`` or ``global_batch = "512"`` are errors, not
+1 and 512) and floats must be finite. Every number is range-checked here, with upper limits far
+beyond any real job (they keep the search and the solvers' integer units finite); cross-field
+rules (heads divisible by kv_heads, a pin within its cap) are model validators, so all problems
+surface at load time with the key path that holds them.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+Efficiency = Annotated[float, Field(ge=0.01, le=1)]
+Bandwidth = Annotated[float, Field(ge=1e-3, le=1e6)]        # GB/s: 1 MB/s .. 1 PB/s
+
+
+def upto(limit: int):
+    """A positive integer no larger than ``limit``."""
+    return Annotated[int, Field(gt=0, le=limit)]
+
+
+MAX_LAYERS, MAX_WIDTH, MAX_VOCAB, MAX_SEQ = 100_000, 1 << 22, 1 << 26, 1 << 26
+MAX_BATCH, MAX_NODES, MAX_GPUS, MAX_EXPERTS = 1 << 30, 1 << 20, 1 << 24, 1 << 16
+
+# knob -> its cap, for pins that must lie within their caps
+PIN_CAPS = {"tp": "max_tp", "pp": "max_pp", "dp": "max_dp", "cp": "max_cp", "ep": "max_ep",
+            "vp": "max_vp", "micro_batch": "max_micro_batch"}
+MOE_KEYS = ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
+            "moe_layer_interval")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -28,14 +47,14 @@ class ModelSpec(_Strict):
 
     preset: str | None = Field(default=None, description="name of a model preset")
     name: str | None = None
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    kv_heads: PositiveInt | None = Field(default=None, description="GQA key/value heads; default heads")
-    ffn_hidden: PositiveInt | None = Field(default=None, description="MLP width; default 4 * hidden")
+    layers: upto(MAX_LAYERS)
+    hidden: upto(MAX_WIDTH)
+    heads: upto(MAX_WIDTH)
+    kv_heads: upto(MAX_WIDTH) | None = Field(default=None, description="GQA key/value heads; default heads")
+    ffn_hidden: upto(MAX_WIDTH) | None = Field(default=None, description="MLP width; default 4 * hidden")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style three-matrix MLP")
-    vocab: PositiveInt
-    seq_len: PositiveInt
+    vocab: upto(MAX_VOCAB)
+    seq_len: upto(MAX_SEQ)
     tied_embeddings: bool = Field(default=True, description="output layer shares the input embedding")
     position_embedding: Literal["learned", "rope"] = "learned"
     dropout: bool = Field(default=True, description="trained with dropout (stores 1-byte masks)")
@@ -43,13 +62,15 @@ class ModelSpec(_Strict):
         default=None, description="a Hugging Face config.json (path relative to the instance) "
         "filling the keys above; explicit keys override it")
     # mixture of experts (experts = 0: a dense model)
-    experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0 = dense)")
-    top_k: PositiveInt = Field(default=2, description="routed experts per token")
-    moe_ffn_hidden: PositiveInt | None = Field(
+    experts: int = Field(default=0, ge=0, le=MAX_EXPERTS,
+                         description="routed experts per MoE layer (0 = dense)")
+    top_k: upto(MAX_EXPERTS) = Field(default=2, description="routed experts per token")
+    moe_ffn_hidden: upto(MAX_WIDTH) | None = Field(
         default=None, description="MLP width of one expert; default ffn_hidden")
-    shared_experts: int = Field(default=0, ge=0, description="always-on experts per MoE layer")
+    shared_experts: int = Field(default=0, ge=0, le=MAX_EXPERTS,
+                                description="always-on experts per MoE layer")
     first_dense_layers: int = Field(default=0, ge=0, description="leading dense layers")
-    moe_layer_interval: PositiveInt = Field(
+    moe_layer_interval: upto(MAX_LAYERS) = Field(
         default=1, description="every n-th layer after the dense ones is an MoE layer")
 
     @model_validator(mode="after")
@@ -60,6 +81,10 @@ class ModelSpec(_Strict):
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv})")
         if self.experts == 1:
             raise ValueError("experts = 1 is a dense model: use experts = 0")
+        moe_given = [k for k in MOE_KEYS if k in self.model_fields_set]
+        if not self.experts and moe_given:
+            raise ValueError(f"{', '.join(moe_given)} given for a dense model (experts = 0): "
+                             "set experts for a mixture of experts, or remove them")
         if self.experts and self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
         if self.experts and self.first_dense_layers >= self.layers:
@@ -90,7 +115,7 @@ class ModelSpec(_Strict):
 class TrainingSpec(_Strict):
     """The job: batch, token budget, precision, and software behaviour the model needs to know."""
 
-    global_batch: PositiveInt | tuple[PositiveInt, PositiveInt] = Field(
+    global_batch: upto(MAX_BATCH) | tuple[upto(MAX_BATCH), upto(MAX_BATCH)] = Field(
         description="sequences per step, or [lo, hi] to let the planner choose")
     tokens: PositiveFloat | None = Field(default=None, description="token budget for days and cost")
     precision: Precision = "bf16"
@@ -117,17 +142,17 @@ class ClusterSpec(_Strict):
     """The machines: a catalog GPU, how many, and optional overrides of catalog figures."""
 
     gpu: str
-    nodes: PositiveInt | tuple[PositiveInt, PositiveInt] | None = Field(
+    nodes: upto(MAX_NODES) | tuple[upto(MAX_NODES), upto(MAX_NODES)] | None = Field(
         default=None, description="node count, or [lo, hi] for pareto / capacity")
-    node_counts: list[PositiveInt] | None = Field(
+    node_counts: Annotated[list[upto(MAX_NODES)], Field(min_length=1)] | None = Field(
         default=None, description="explicit list of node counts for pareto / capacity")
-    gpus: PositiveInt | None = Field(default=None, description="GPU count instead of nodes")
-    gpus_per_node: PositiveInt | None = Field(default=None, description="default from the catalog")
+    gpus: upto(MAX_GPUS) | None = Field(default=None, description="GPU count instead of nodes")
+    gpus_per_node: upto(MAX_GPUS) | None = Field(default=None, description="default from the catalog")
     price_per_gpu_hour: PositiveFloat | None = None
-    intra_node_bandwidth_GBps: PositiveFloat | None = None
-    inter_node_bandwidth_GBps: PositiveFloat | None = None
-    efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
-    efficiency_fp8: Annotated[float, Field(gt=0, le=1)] | None = None
+    intra_node_bandwidth_GBps: Bandwidth | None = None
+    inter_node_bandwidth_GBps: Bandwidth | None = None
+    efficiency: Efficiency | None = None
+    efficiency_fp8: Efficiency | None = None
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSpec:
@@ -143,21 +168,21 @@ class ClusterSpec(_Strict):
 class ConstraintSpec(_Strict):
     """What-if constraints: pins and caps on every knob, honoured by every backend."""
 
-    tp: PositiveInt | None = None
-    pp: PositiveInt | None = None
-    dp: PositiveInt | None = None
-    cp: PositiveInt | None = None
-    vp: PositiveInt | None = None
-    micro_batch: PositiveInt | None = None
-    max_tp: PositiveInt | None = None
-    max_pp: PositiveInt | None = None
-    max_dp: PositiveInt | None = None
-    max_cp: PositiveInt | None = Field(default=1, description="context parallelism is off unless raised")
-    ep: PositiveInt | None = None
-    max_ep: PositiveInt | None = None
-    max_vp: PositiveInt | None = None
-    min_micro_batch: PositiveInt = 1
-    max_micro_batch: PositiveInt = Field(default=32, description="cap on the micro-batch size")
+    tp: upto(MAX_GPUS) | None = None
+    pp: upto(MAX_GPUS) | None = None
+    dp: upto(MAX_GPUS) | None = None
+    cp: upto(MAX_GPUS) | None = None
+    vp: upto(MAX_GPUS) | None = None
+    micro_batch: upto(MAX_BATCH) | None = None
+    max_tp: upto(MAX_GPUS) | None = None
+    max_pp: upto(MAX_GPUS) | None = None
+    max_dp: upto(MAX_GPUS) | None = None
+    max_cp: upto(MAX_GPUS) | None = Field(default=1, description="context parallelism is off unless raised")
+    ep: upto(MAX_GPUS) | None = None
+    max_ep: upto(MAX_GPUS) | None = None
+    max_vp: upto(MAX_GPUS) | None = None
+    min_micro_batch: upto(MAX_BATCH) = 1
+    max_micro_batch: upto(MAX_BATCH) = Field(default=32, description="cap on the micro-batch size")
     recompute: Recompute | list[Recompute] | None = Field(
         default=None, description="allowed recompute mode(s); default all")
     sequence_parallel: bool | None = Field(default=None, description="pin on/off; default free")
@@ -169,6 +194,35 @@ class ConstraintSpec(_Strict):
         default=None, description="only plans reaching this MFU (a cap on the step time)")
     memory_reserve_GiB: Annotated[float, Field(ge=0)] = Field(
         default=2.0, description="per-GPU memory kept free (CUDA context, NCCL, fragmentation)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pins_raise_default_caps(cls, data):
+        """A pin above a *default* cap (``cp = 2`` with the default ``max_cp = 1``,
+        ``micro_batch = 64`` with the default ``max_micro_batch = 32``) asks for that value: the
+        default cap follows the pin. An explicit cap is checked against the pin below."""
+        if isinstance(data, dict):
+            for pin, cap in (("cp", "max_cp"), ("micro_batch", "max_micro_batch")):
+                if isinstance(data.get(pin), int) and cap not in data:
+                    data = {**data, cap: data[pin]}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConstraintSpec:
+        for pin, cap in PIN_CAPS.items():
+            v, c = getattr(self, pin), getattr(self, cap)
+            if v is not None and c is not None and v > c:
+                raise ValueError(f"{pin} = {v} exceeds {cap} = {c}: raise the cap or change the pin")
+        if self.micro_batch is not None and self.micro_batch < self.min_micro_batch:
+            raise ValueError(f"micro_batch = {self.micro_batch} is below min_micro_batch = "
+                             f"{self.min_micro_batch}")
+        if self.min_micro_batch > self.max_micro_batch:
+            raise ValueError(f"min_micro_batch = {self.min_micro_batch} exceeds max_micro_batch = "
+                             f"{self.max_micro_batch}")
+        if (self.vp or 1) > 1 and (self.pp == 1 or self.max_pp == 1):
+            raise ValueError(f"vp = {self.vp} (interleaved pipeline) needs pp > 1, but "
+                             + ("pp = 1" if self.pp == 1 else "max_pp = 1"))
+        return self
 
     @property
     def recompute_modes(self) -> tuple[str, ...]:
@@ -182,23 +236,23 @@ class ConstraintSpec(_Strict):
 class PlanSpec(_Strict):
     """A fixed parallel plan for ``plan evaluate``; keys as in published runs."""
 
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    dp: PositiveInt | None = Field(default=None, description="default: gpus / (tp * pp * cp)")
-    cp: PositiveInt = 1
-    vp: PositiveInt = Field(default=1, description="virtual pipeline chunks per stage")
-    micro_batch: PositiveInt = 1
-    micro_batches: PositiveInt | None = Field(default=None, description="checked if given")
-    global_batch: PositiveInt | None = Field(default=None, description="default from [training]")
+    tp: upto(MAX_GPUS) = 1
+    pp: upto(MAX_GPUS) = 1
+    dp: upto(MAX_GPUS) | None = Field(default=None, description="default: gpus / (tp * pp * cp)")
+    cp: upto(MAX_GPUS) = 1
+    vp: upto(MAX_GPUS) = Field(default=1, description="virtual pipeline chunks per stage")
+    micro_batch: upto(MAX_BATCH) = 1
+    micro_batches: upto(MAX_BATCH) | None = Field(default=None, description="checked if given")
+    global_batch: upto(MAX_BATCH) | None = Field(default=None, description="default from [training]")
     recompute: Recompute = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
-    ep: PositiveInt = Field(default=1, description="expert-parallel degree (MoE models)")
-    ep_intra: PositiveInt | None = Field(default=None, description="factor of ep inside a node")
-    tp_intra: PositiveInt | None = Field(default=None, description="factor of tp inside a node")
-    cp_intra: PositiveInt | None = None
-    pp_intra: PositiveInt | None = None
-    dp_intra: PositiveInt | None = None
+    ep: upto(MAX_GPUS) = Field(default=1, description="expert-parallel degree (MoE models)")
+    ep_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of ep inside a node")
+    tp_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of tp inside a node")
+    cp_intra: upto(MAX_GPUS) | None = None
+    pp_intra: upto(MAX_GPUS) | None = None
+    dp_intra: upto(MAX_GPUS) | None = None
 
 
 class InstanceSpec(_Strict):

@@ -44,9 +44,9 @@ def all_text(result) -> str:
     return text if err in text else text + err
 
 
-def run_json(runner, args):
+def run_json(runner, args, code=0):
     result = runner.invoke(app, args)
-    assert result.exit_code == 0, all_text(result)
+    assert result.exit_code == code, all_text(result)
     return json.loads(stdout_of(result))
 
 
@@ -95,7 +95,7 @@ def test_json_days_and_cost_consistent(runner):
 
 def test_flag_overrides_tp(runner):
     base = run_json(runner, ["evaluate", str(GPT3), "--json"])
-    tp4 = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4"])
+    tp4 = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4"], code=3)  # 512 of 1024
     assert base["plan"]["tp"] == 8 and tp4["plan"]["tp"] == 4
     assert tp4["step_time_s"] != pytest.approx(base["step_time_s"])
     # a consistent plan: TP4 x PP8 x DP32 = 1024 GPUs
@@ -107,7 +107,7 @@ def test_flag_overrides_tp(runner):
 
 def test_flag_override_inconsistent_plan_is_reported_not_crashed(runner):
     # [plan] pins dp = 16, so --tp 4 alone covers 512 of the 1024 GPUs: reported as a violation
-    d = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4"])
+    d = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4"], code=3)
     assert d["feasible"] is False
     assert any("1024" in v for v in d["violations"])
 
@@ -140,6 +140,12 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str]]:
     gpu.write_text(GPT3.read_text().replace('gpu = "a100-80gb"', 'gpu = "a100"'))
     empty_runs = tmp / "runs-empty.toml"
     empty_runs.write_text('[models.tiny]\nlayers = 2\n')
+    deep = tmp / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    ranged = tmp / "ranged.toml"
+    ranged.write_text(GPT3.read_text().replace("nodes = 128", "nodes = [64, 128]"))
+    huge = tmp / "huge.toml"
+    huge.write_text(GPT3.read_text().replace("nodes = 128", "nodes = [1, 1000]"))
     return {
         "missing-file": (["evaluate", str(tmp / "nope.toml")], "no such file"),
         "unknown-key": (["evaluate", str(unknown)], "model.hiden"),
@@ -149,12 +155,18 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "zero-tp": (["evaluate", str(GPT3), "--tp", "0"], "--tp"),
         "missing-runs": (["validate", str(tmp / "runs.toml")], "no such file"),
         "runs-without-runs": (["validate", str(empty_runs)], "expected"),
+        "directory": (["solve", str(tmp)], "is a directory"),
+        "deep-nesting": (["solve", str(deep)], "nested too deeply"),
+        "plot-suffix": (["pareto", str(ranged), "--plot", str(tmp / "front")], "ending in .png"),
+        "plot-dir": (["pareto", str(ranged), "--plot", str(tmp / "no" / "f.png")], "does not exist"),
+        "pareto-too-many": (["pareto", str(huge)], "node_counts"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing-file", "unknown-key", "toml-syntax", "unknown-gpu",
                                   "bad-recompute", "zero-tp", "missing-runs",
-                                  "runs-without-runs"])
+                                  "runs-without-runs", "directory", "deep-nesting", "plot-suffix",
+                                  "plot-dir", "pareto-too-many"])
 @pytest.mark.parametrize("as_json", [False, True])
 def test_bad_input_exits_2_without_traceback(runner, tmp_path, case, as_json):
     args, needle = _bad_files(tmp_path)[case]
@@ -205,8 +217,8 @@ def test_no_args_shows_help(runner):
 
 
 def test_error_keeps_bracketed_text(runner, tmp_path):
-    # InputError says "training.global_batch: Value error, [lo, hi] needs lo <= hi, got [8, 4]";
-    # the CLI prints "...Value error,  needs lo <= hi, got [8, 4]"
+    # InputError says "training.global_batch: [lo, hi] needs lo <= hi, got [8, 4]"; rich markup
+    # would print it as "training.global_batch:  needs lo <= hi, got [8, 4]"
     path = tmp_path / "gb.toml"
     path.write_text('[model]\npreset = "gpt3-175b"\n[training]\nglobal_batch = [8, 4]\n'
                     '[cluster]\ngpu = "a100-80gb"\nnodes = 1\n')
@@ -239,7 +251,7 @@ def test_inconsistent_micro_batches_is_reported(runner, tmp_path):
     path.write_text(GPT3.read_text().replace("micro_batch = 1\n",
                                              "micro_batch = 1\nmicro_batches = 7\n"))
     assert "micro_batches = 7" in path.read_text()
-    d = run_json(runner, ["evaluate", str(path), "--json"])
+    d = run_json(runner, ["evaluate", str(path), "--json"], code=3)
     assert d["plan"]["micro_batches"] == 96
     assert any("micro_batches" in v for v in d["violations"])
 
@@ -303,3 +315,21 @@ def test_solve_on_a_node_range_needs_a_size(runner, tmp_path):
     assert result.exit_code == 2 and "--nodes" in all_text(result)
     ok = runner.invoke(app, ["solve", str(path), "--nodes", "2", "--json"])
     assert ok.exit_code == 0
+
+
+def test_markup_in_a_model_name_is_printed_as_is(runner, tmp_path):
+    path = tmp_path / "named.toml"
+    path.write_text(GPT3.read_text().replace('preset = "gpt3-175b"',
+                                             'preset = "gpt3-175b"\nname = "[bold]x[/] [/nope]"'))
+    result = runner.invoke(app, ["evaluate", str(path)])
+    assert result.exit_code == 0, all_text(result)
+    assert "[bold]x[/] [/nope]" in stdout_of(result)
+
+
+def test_pareto_with_no_feasible_size_exits_3(runner, tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(GPT3.read_text().replace("nodes = 128", "nodes = [1, 2]"))
+    result = runner.invoke(app, ["pareto", str(path)])
+    assert result.exit_code == 3, all_text(result)
+    assert "no size in the range admits a plan" in all_text(result)
+    assert "Traceback" not in all_text(result)

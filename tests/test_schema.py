@@ -6,6 +6,7 @@ the CLI prints.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,7 @@ def test_non_positive_numbers(section, key, value):
     d.setdefault(section, {})[key] = value
     msg = error_of(d)
     assert f"{section}.{key}: " in msg                         # the exact key path, then ':'
-    assert "greater than 0" in msg
+    assert re.search(r"greater than (or equal to )?0", msg)
     assert repr(value) in msg or str(value) in msg            # the offending value
     assert "constrained-int" not in msg and "tuple[" not in msg
     assert len(msg.splitlines()) == 2                           # header + one problem
@@ -243,3 +244,70 @@ def test_shipped_instances_parse():
     for path in sorted((ROOT / "instances").glob("*.toml")):
         inst = load_instance(path)
         assert inst.gpus > 0 and inst.spec.plan is not None
+
+
+@pytest.mark.parametrize("section, key, value, needle", [
+    ("model", "layers", True, "valid integer"),            # not 1
+    ("model", "layers", "24", "valid integer"),
+    ("model", "gated_mlp", "yes", "valid boolean"),
+    ("training", "global_batch", "512", "global_batch"),
+    ("training", "tokens", float("inf"), "finite number"),
+    ("cluster", "price_per_gpu_hour", float("inf"), "finite number"),
+    ("cluster", "node_counts", [], "at least 1 item"),
+    ("model", "layers", 10**19, "less than or equal to 100000"),
+    ("model", "hidden", 2**40, "less than or equal to"),
+    ("training", "global_batch", 2**62, "less than or equal to"),
+])
+def test_strict_types_and_limits(section, key, value, needle):
+    d = base()
+    if section == "cluster" and key == "node_counts":
+        d["cluster"].pop("nodes")
+    d[section][key] = value
+    msg = error_of(d)
+    assert f"{section}.{key}" in msg and needle in msg, msg
+
+
+def test_preset_must_be_a_name():
+    d = base()
+    d["model"]["preset"] = ["gpt-1.3b"]
+    assert "model.preset: expected a preset name" in error_of(d)
+
+
+@pytest.mark.parametrize("constraints, needle", [
+    ({"tp": 8, "max_tp": 2}, "tp = 8 exceeds max_tp = 2"),
+    ({"dp": 8, "max_dp": 2}, "dp = 8 exceeds max_dp = 2"),
+    ({"cp": 4, "max_cp": 2}, "cp = 4 exceeds max_cp = 2"),
+    ({"micro_batch": 64, "max_micro_batch": 32}, "micro_batch = 64 exceeds max_micro_batch = 32"),
+    ({"micro_batch": 2, "min_micro_batch": 4}, "below min_micro_batch = 4"),
+    ({"min_micro_batch": 8, "max_micro_batch": 4}, "min_micro_batch = 8 exceeds"),
+    ({"vp": 4, "pp": 1}, "needs pp > 1"),
+    ({"vp": 2, "max_pp": 1}, "max_pp = 1"),
+])
+def test_pins_outside_their_caps_name_both_keys(constraints, needle):
+    d = base()
+    d["constraints"] = constraints
+    msg = error_of(d)
+    assert "constraints" in msg and needle in msg, msg
+
+
+def test_a_pin_raises_a_default_cap():
+    """cp = 2 with the default max_cp = 1, micro_batch = 64 with the default cap 32: the pin is
+    what the user asked for."""
+    d = base()
+    d["constraints"] = {"cp": 2, "micro_batch": 64}
+    c = parse_instance(d).spec.constraints
+    assert (c.max_cp, c.max_micro_batch) == (2, 64)
+
+
+def test_moe_keys_on_a_dense_model_are_an_error():
+    d = base()
+    d["model"]["top_k"] = 4
+    msg = error_of(d)
+    assert "top_k given for a dense model" in msg
+
+
+def test_memory_reserve_must_leave_memory():
+    d = base()
+    d["constraints"] = {"memory_reserve_GiB": 1000}
+    msg = error_of(d)
+    assert "constraints.memory_reserve_GiB" in msg and "leaves no memory" in msg
