@@ -14,16 +14,24 @@ per-prime exponents (a linear expression of base exponents), and every table loo
 ``AddElement`` on ``(form index, indicator class, categorical sub-choice)``. Times are scaled to
 integers with a quantum of ``QUANTUM_S`` seconds (memory: 1 byte), so "optimal" means optimal up
 to the rounding of each table entry to the quantum (at most half a quantum per lookup).
+
+Both backends cap memory entries above the limit (:func:`formulations.milp.capped_memory`:
+the same plans fit), leave out a minimum-MFU cap that cannot bind, and refuse, with a
+:class:`~planner.errors.SolverError` naming the problem, an instance whose integers would not
+fit CP-SAT (:data:`formulations.milp.SAFE_INT`) instead of overflowing.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
 from formulations.encoding import Encoding, LinExpr
+from formulations.milp import SAFE_INT, capped_memory, check_units
 from formulations.result import RawSolution, Status
+from planner.errors import SolverError
 
 #: The objective unit is 1e-7 of the objective's magnitude, rounded down to a power of ten
 #: (1 microsecond for a step of about 10 s).
@@ -49,6 +57,8 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2) -> R
     t0 = time.perf_counter()
     sp = enc.space
     q_t = quantum(enc)
+    memory = capped_memory(enc)
+    check_units(enc, memory, q_t, 1.0, integral=True, attr="table")   # entries <= SAFE_INT
     model = cp_model.CpModel()
     primes = sp.primes
     nq = len(primes)
@@ -201,8 +211,11 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2) -> R
         return tv
 
     def linear(expr: LinExpr, unit: float, name: str):
+        """The expression in integer units, a lower and an upper bound of it (each term's
+        least / largest entry; a few dozen terms of at most SAFE_INT each: no int64 overflow)."""
         terms = []
         const = np.rint(expr.constant_by_combo / unit).astype(np.int64)
+        lower, upper = int(const.min()), int(const.max())
         if np.any(const != const[0]):
             terms.append(lookup(combo, const.tolist(), f"{name}_const"))
         else:
@@ -210,20 +223,25 @@ def solve(enc: Encoding, time_limit: float | None = None, workers: int = 2) -> R
         for ui, u in enumerate(expr.usages):
             full = full_table(u.copy.main, u.table)
             ints = np.rint(full.reshape(-1) / unit).astype(np.int64)
+            lower, upper = lower + int(ints.min()), upper + int(ints.max())
             terms.append(lookup(copy_idx(u.copy), ints.tolist(), f"{name}_{ui}"))
-        return sum(terms)
+        return sum(terms), lower, upper
 
-    objective = linear(enc.objective, q_t, "obj")
+    objective, _, obj_upper = linear(enc.objective, q_t, "obj")
     for i, args in enumerate(enc.maxes):
         exprs = [linear(a, q_t, f"max{i}_{k}") for k, a in enumerate(args)]
-        y = model.NewIntVar(-(2**50), 2**50, f"max{i}")
+        low, up = max(e[1] for e in exprs), max(e[2] for e in exprs)
+        y = model.NewIntVar(min(-(2**50), low), max(2**50, up), f"max{i}")  # reaches every max
         for e in exprs:
-            model.Add(y >= e)
+            model.Add(y >= e[0])
         objective = objective + y
-    for stage, expr in enc.memory.items():
-        model.Add(linear(expr, 1.0, f"mem_{stage}") <= int(np.floor(enc.memory_limit)))
-    if enc.max_objective is not None:
-        model.Add(objective <= int(np.floor(enc.max_objective / q_t)))
+        obj_upper += up
+    for stage, expr in memory.items():
+        model.Add(linear(expr, 1.0, f"mem_{stage}")[0] <= int(np.floor(enc.memory_limit)))
+    # a cap above every plan's objective cannot bind (see milp.build_rows): left out
+    cap = None if enc.max_objective is None else np.floor(enc.max_objective / q_t)
+    if cap is not None and cap < obj_upper:
+        model.Add(objective <= _fits(cap, "the minimum-MFU cap on the objective", q_t))
     for choice_x, knobs_x in enc.exclude:                      # no-good cuts (top-k)
         if knobs_x not in enc.combos:
             continue
@@ -277,6 +295,23 @@ def _infeasible(t0: float, why: str) -> RawSolution:
                        "cpsat", note=why)
 
 
+#: CP-SAT rejects a model (MODEL_INVALID) when a linear expression's range over the variable
+#: domains could overflow int64; ``sum |c| (|lo| + |hi|)`` bounds that range, and 2^62 keeps it a
+#: factor 2 below 2^63.
+RANGE = 2**62
+
+
+def _fits(value, what: str, q_t: float, limit: int = SAFE_INT, rounding=round) -> int:
+    """``rounding(value)`` as an int (exact for Python ints beyond 2^53), or a SolverError
+    naming ``what`` when it is not finite or beyond ``limit``: a clean message instead of an
+    OverflowError / TypeError inside OR-Tools or a MODEL_INVALID status."""
+    if not abs(value) <= limit:                    # NaN fails too
+        raise SolverError(f"CP-SAT needs integer units: {what} reaches {float(value):g} units "
+                          f"(quanta of {q_t:g} s, or bytes), more than 2^{limit.bit_length() - 1}"
+                          f"; use --solver highs or --solver enumerate")
+    return int(rounding(value))
+
+
 def solve_rows(enc: Encoding, time_limit: float | None = None, workers: int = 4) -> RawSolution:
     """CP-SAT on the one-hot MILP of :mod:`formulations.milp` in integer units (the same model
     HiGHS solves, each product rounded up to one quantum). Four portfolio workers even on two
@@ -293,23 +328,35 @@ def solve_rows(enc: Encoding, time_limit: float | None = None, workers: int = 4)
     model = cp_model.CpModel()
     big = 2**50
     xs = []
+    span = []                                   # |lo| + |hi| of each variable
+    # bounds derived in build_rows are exact Python ints (table entries are <= SAFE_INT there),
+    # so only int64 safety is checked for them; right-hand sides come from floats: <= SAFE_INT
     for name, lb, ub in zip(r.names, r.lb, r.ub):
-        lo = -big if lb == -INF else int(np.floor(lb))
-        hi = big if ub == INF else int(np.ceil(ub))
+        lo = -big if lb == -INF else _fits(lb, f"the bound of {name}", q_t, RANGE, math.floor)
+        hi = big if ub == INF else _fits(ub, f"the bound of {name}", q_t, RANGE, math.ceil)
+        span.append(abs(lo) + abs(hi))
         if lo == 0 and hi <= 1:
             xs.append(model.NewBoolVar(name) if hi == 1 else model.NewConstant(0))
         else:
             xs.append(model.NewIntVar(lo, hi, name))
-    for coefs, lo, hi, _name in r.rows:
-        expr = sum(int(round(c)) * xs[i] for i, c in coefs.items())
+
+    def int_expr(coefs: dict[int, float], name: str):
+        ints = {i: _fits(c, f"a coefficient of row {name}", q_t, RANGE) for i, c in coefs.items()}
+        _fits(sum(abs(c) * span[i] for i, c in ints.items()), f"the range of row {name}", q_t,
+              RANGE)
+        return sum(c * xs[i] for i, c in ints.items())
+
+    for coefs, lo, hi, name in r.rows:
+        expr = int_expr(coefs, name)
+        what = f"the bound of row {name}"
         if lo == hi:
-            model.Add(expr == int(round(lo)))
+            model.Add(expr == _fits(lo, what, q_t))
         else:
             if lo != -INF:
-                model.Add(expr >= int(np.ceil(lo - 1e-9)))
+                model.Add(expr >= _fits(lo - 1e-9, what, q_t, rounding=math.ceil))
             if hi != INF:
-                model.Add(expr <= int(np.floor(hi + 1e-9)))
-    model.Minimize(sum(int(round(c)) * xs[i] for i, c in r.obj.items()))
+                model.Add(expr <= _fits(hi + 1e-9, what, q_t, rounding=math.floor))
+    model.Minimize(int_expr(r.obj, "objective"))
     build_s = time.perf_counter() - t0
     solver, status, solve_s, name = _run(model, time_limit, workers)
     if status not in (Status.OPTIMAL, Status.FEASIBLE):

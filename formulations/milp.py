@@ -14,13 +14,15 @@ literally the same model; only the scaling to integers (CP-SAT) differs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
 
-from formulations.encoding import CopyKey, Encoding, LinExpr
+from formulations.encoding import CopyKey, Encoding, LinExpr, Usage
 from planner.algebra import Mono
+from planner.errors import SolverError
 
 
 @dataclass
@@ -56,9 +58,88 @@ class Rows:
 
 INF = float("inf")
 
+#: Largest magnitude (quanta or bytes) of a value CP-SAT receives that is rounded from a float:
+#: table entries, constants, right-hand sides. Every integer up to 2^53 is exact in a float64,
+#: so below it the rounding is exact (beyond it the float has already lost the units digit);
+#: CP-SAT computes in int64 (2^63), which leaves a factor 2^10 of headroom for sums of such
+#: values (the row model also checks each row's range). Bounds that :func:`build_rows` derives
+#: from these entries in integral mode are exact Python ints.
+SAFE_INT = 2**53
+
 
 def _add(acc: dict[int, float], var: int, coef: float) -> None:
     acc[var] = acc.get(var, 0.0) + coef
+
+
+def magnitude(exprs, attr: str = "main_table") -> float:
+    """Largest ``|constant|`` or ``|entry|`` of the expressions' ``attr`` tables (``table``: the
+    whole terms the element model reads; ``main_table``: the factors the row model reads);
+    NaN if one is NaN."""
+    tops = [0.0]
+    for e in exprs:
+        for a in (e.constant_by_combo, *(getattr(u, attr) for u in e.usages)):
+            if a.size:
+                tops.append(float(np.max(np.abs(a))))
+    return float(np.max(tops))
+
+
+def capped_memory(enc: Encoding) -> dict[str, LinExpr]:
+    """The memory rows with every entry above the limit lowered to ``cap = 2 max(limit, 0) + 1``
+    bytes, above the limit.
+
+    Why it is exact: a plan fits only if its memory total is at most the limit, and when every
+    term of a stage is non-negative a single term above the limit already rules the plan out,
+    so lowering that term to another value above the limit keeps exactly the same plans
+    feasible. Why it is needed: a 1e20-byte entry (a huge model at a small degree) overflows
+    CP-SAT's int64 and swamps a MILP solver's tolerances. Twice the limit rather than one byte
+    more, so the excess survives the tolerance of a floating-point MILP solver.
+
+    ``table`` (whole terms, read by the element model) is capped at ``cap``. ``main_table``
+    (read by the row model, which multiplies it by a product ``h`` of class values) is capped
+    at ``cap / h_min`` (``h_min``: the smallest positive such product), so every non-zero
+    product of a capped entry is still at least ``cap``. Each is exact on its own; they are no
+    longer each other's multiples. A stage with a negative (or NaN) entry is returned
+    unchanged: there a term above the limit could be offset."""
+    cap = 2.0 * max(enc.memory_limit, 0.0) + 1.0
+    out: dict[str, LinExpr] = {}
+    for stage, expr in enc.memory.items():
+        classes = [cl for u in expr.usages for cl in enc.copies[u.copy].classes]
+        parts = [expr.constant_by_combo, *classes,
+                 *(t for u in expr.usages for t in (u.table, u.main_table))]
+        if not all(np.all(p >= 0) for p in parts):           # NaN compares False too
+            out[stage] = expr
+            continue
+        usages = []
+        for u in expr.usages:
+            h_min = float(np.prod([cl[cl > 0].min() if np.any(cl > 0) else 1.0
+                                   for cl in enc.copies[u.copy].classes]))
+            usages.append(Usage(u.copy, np.minimum(u.table, cap),
+                                np.minimum(u.main_table, cap / h_min)))
+        out[stage] = LinExpr(np.minimum(expr.constant_by_combo, cap), usages)
+    return out
+
+
+def check_units(enc: Encoding, memory: dict[str, LinExpr], time_unit: float,
+                memory_unit: float, integral: bool, attr: str = "main_table") -> None:
+    """Raise a :class:`SolverError` naming the problem when a time or memory entry (of the
+    ``attr`` tables, see :func:`magnitude`), in its unit, is not finite or (``integral``:
+    CP-SAT) exceeds :data:`SAFE_INT`.
+
+    Why here: the rows are built in floats and then rounded; an overflow there would surface as
+    a NumPy warning and a TypeError deep inside OR-Tools, or as a meaningless MILP."""
+    times = [enc.objective, *(a for args in enc.maxes for a in args)]
+    for what, exprs, unit, name in (("the objective", times, time_unit, "s"),
+                                    ("memory", memory.values(), memory_unit, "bytes")):
+        top = magnitude(exprs, attr)
+        with np.errstate(all="ignore"):
+            count = top / unit
+        if not (np.isfinite(top) and np.isfinite(count)):
+            raise SolverError(f"the MILP needs finite coefficients: {what} reaches {top:g} {name} "
+                              f"(units of {unit:g} {name}); use --solver enumerate")
+        if integral and count > SAFE_INT:
+            raise SolverError(f"CP-SAT needs integer units: {what} spans {unit:g} {name} to "
+                              f"{top:g} {name}, more than 2^53 quanta; use --solver highs or "
+                              f"--solver enumerate")
 
 
 def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | None = None,
@@ -70,10 +151,17 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
     ``integral=True`` builds the same model for a pure integer solver (CP-SAT): every table
     entry is rounded to its unit, every variable is integer, and multiplying a running value
     ``w`` by a class factor ``h = H / D`` becomes an integer ``u = ceil(h w)``
-    (``H w <= D u <= H w + D - 1``), so each product is exact up to one unit."""
+    (``H w <= D u <= H w + D - 1``), so each product is exact up to one unit.
+
+    Memory entries above the limit are capped (:func:`capped_memory`: the same plans fit), an
+    objective cap that cannot bind is left out, and entries that are not finite (or, integral,
+    beyond :data:`SAFE_INT` units) raise a :class:`SolverError` (:func:`check_units`)."""
     sp = enc.space
     nq = len(sp.primes)
     r = Rows()
+    unit = r.time_unit = time_unit or enc.scale or 1.0   # default: objective rows near 1
+    memory = capped_memory(enc)
+    check_units(enc, memory, unit, memory_unit, integral)
 
     # one-hot binaries per form (base variables first, so they are forms of one variable)
     exps_of: dict[str, list[dict[int, float]]] = {}
@@ -212,8 +300,8 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
         lo, hi = float(live.min()), float(live.max())
         for (fm, _), classes, class_of in zip(u.copy.others, cs.classes, cs.class_of):
             tag = len(r.names)
-            if integral:
-                lo, hi = float(np.floor(lo)), float(np.ceil(hi))
+            if integral:            # Python ints: exact beyond 2^53 (a float would round them)
+                lo, hi = math.floor(lo), math.ceil(hi)
             ws = [r.var(f"w{tag}[{c}]", lb=min(0.0, lo), ub=max(0.0, hi), integer=integral)
                   for c in range(len(classes))]
             row = {w: 1.0 for w in ws}
@@ -228,25 +316,28 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
                 r.row(dn, 0.0, INF, f"split{tag}_lo[{c}]")
             if integral:
                 acc = {}
-                for c, (w, h) in enumerate(zip(ws, classes)):
-                    q = Fraction(float(h)).limit_denominator(10**6)
+                qs = [Fraction(float(h)).limit_denominator(10**6) for h in classes]
+                for c, (w, q) in enumerate(zip(ws, qs)):
                     if q == 0:
                         continue
                     if q.denominator == 1:
                         acc[w] = float(q.numerator)
                         continue
-                    big, small = (float(np.ceil(max(0.0, hi * q, lo * q))),
-                                  float(np.floor(min(0.0, hi * q, lo * q))))
+                    big, small = (math.ceil(max(0, hi * q, lo * q)),
+                                  math.floor(min(0, hi * q, lo * q)))
                     uv = r.var(f"u{tag}[{c}]", lb=small, ub=big, integer=True)
                     # D u - H w in [0, D - 1]: u = ceil(h w)
                     r.row({uv: float(q.denominator), w: -float(q.numerator)}, 0.0,
                           float(q.denominator - 1), f"prod{tag}[{c}]")
                     acc[uv] = 1.0
+                # the next running value is some ceil(q w), w in [lo, hi] (or 0): exact range
+                ends = [math.ceil(q * x) for q in qs for x in (lo, hi)]
+                lo, hi = min(ends), max(ends)
             else:
                 acc = {w: float(h) for w, h in zip(ws, classes) if h}
-            hs = [float(h) for h in classes]
-            lo, hi = min(lo * h for h in hs + [min(hs)]), max(hi * h for h in hs)
-            lo = min(lo, min(x * y for x in (lo, hi) for y in hs))
+                hs = [float(h) for h in classes]
+                lo, hi = min(lo * h for h in hs + [min(hs)]), max(hi * h for h in hs)
+                lo = min(lo, min(x * y for x in (lo, hi) for y in hs))
         return acc
 
     def linear(expr: LinExpr, unit: float) -> dict[int, float]:
@@ -259,21 +350,36 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
                 _add(acc, v, c)
         return acc
 
-    unit = r.time_unit = time_unit or enc.scale or 1.0   # default: objective rows near 1
+    def bound(acc: dict[int, float], sign: int = 1) -> float:
+        """An upper (``sign=-1``: lower) bound of ``acc . x`` from the variable bounds; exact
+        Python ints in integral mode, where every coefficient and bound is integral."""
+        terms = [(c, r.ub[v] if c * sign > 0 else r.lb[v]) for v, c in acc.items()]
+        return sum(int(c) * int(b) for c, b in terms) if integral else sum(c * b for c, b in terms)
+
     r.obj = linear(enc.objective, unit)
+    obj_upper = bound(r.obj)              # with each max below: its largest argument's bound
     for i, args in enumerate(enc.maxes):
         y = r.var(f"max_{i}", lb=-INF, ub=INF, integer=False)
         _add(r.obj, y, 1.0)
+        lows, ups = [], []
         for a, expr in enumerate(args):
             acc = linear(expr, unit)
+            lows.append(bound(acc, -1))
+            ups.append(bound(acc))
             _add(acc, y, -1.0)
             r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
-    for stage, expr in enc.memory.items():
+        obj_upper += max(ups)
+        if integral:       # bounds every plan's max lies within (no arbitrary 2^50 for CP-SAT)
+            r.lb[y], r.ub[y] = max(lows), max(ups)
+    for stage, expr in memory.items():
         limit = enc.memory_limit / memory_unit
         r.row(linear(expr, memory_unit), -INF, float(np.floor(limit)) if integral else limit,
               f"mem_{stage}")
-    if enc.max_objective is not None:
-        cap = enc.max_objective / unit
+    # every plan has a completion (each max at its largest argument) with an objective of at
+    # most obj_upper, so a cap above it cannot bind: it is left out (a tiny min_mfu gives a cap
+    # far beyond any integer CP-SAT accepts)
+    cap = None if enc.max_objective is None else enc.max_objective / unit
+    if cap is not None and cap <= obj_upper + 1e-9 * abs(obj_upper) + 1:
         r.row(dict(r.obj), -INF, float(np.floor(cap)) if integral else cap, "objective_cap")
     for n_ex, (choice, knobs) in enumerate(enc.exclude):      # no-good cuts (top-k)
         if knobs not in enc.combos:
