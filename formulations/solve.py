@@ -65,8 +65,9 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
     if points is None:
         points = feasible_points(space)
     batches = sorted(set(points["B"].tolist()), reverse=True)
-    if len(space.base["B"].values) > 1 and len(batches) > 1 and not exclude:
-        return _per_batch(space, backend, time_limit, objective, max_objective, points, batches)
+    if len(space.base["B"].values) > 1 and len(batches) > 1:
+        return _per_batch(space, backend, time_limit, objective, max_objective, points, batches,
+                          exclude)
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
     enc = encode(space, objective, points, prune=not exclude)
@@ -96,8 +97,8 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
 
 
 def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
-               max_objective: float | None, points: dict, batches: list[int]
-               ) -> tuple[RawSolution, float | None]:
+               max_objective: float | None, points: dict, batches: list[int],
+               exclude: list | None = None) -> tuple[RawSolution, float | None]:
     """A global-batch range as one fixed-batch model per batch that some assignment's largest
     admissible batch reaches (a handful): every optimum is such a point, so the best of these
     proven optima is the proven optimum, and the least of their bounds is a bound. Carrying
@@ -106,7 +107,8 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
     Largest batch first (it usually wins: the bubble and the per-step fixed costs shrink per
     sequence), and every later model only has to beat the incumbent: its objective is capped at
     the best time per sequence found so far, so a batch that cannot win is proven infeasible,
-    which is cheaper than proving its own optimum. The time limit covers all the models."""
+    which is cheaper than proving its own optimum. The time limit covers all the models.
+    Excluded plans (top-k) go to the model of their batch."""
     t_start = time.perf_counter()
     best, bounds, status, solve_s, build_s, q = None, [], Status.OPTIMAL, 0.0, 0.0, None
     beaten = 0
@@ -126,6 +128,7 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
         if best is not None:
             cap = best.objective if cap is None else min(cap, best.objective)
         raw, q_b = run_backend(sub, backend, left, objective, cap,
+                               [x for x in exclude or () if x[0]["B"] == batch],
                                points={k: c[keep] for k, c in points.items()})
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
