@@ -97,8 +97,11 @@ def summary_table(rep: StepReport, inst: Instance) -> Table:
     t.add_row("", Text(MFU_FORMULA, style="dim"))
     tokens = inst.spec.training.tokens
     if rep.total_days is not None:
-        t.add_row("training time", f"{rep.total_days:.1f} days for {tokens:.3g} tokens "
-                  f"({rep.steps:,.0f} steps of {rep.tokens_per_step:,} tokens)")
+        steps = f"{rep.steps:,.0f} steps" if rep.steps >= 1 else f"{rep.steps:.3g} of one step"
+        days = f"{rep.total_days:.1f} days" if rep.total_days >= 0.1 else (
+            f"{rep.total_days * 24:.2g} hours")
+        t.add_row("training time", f"{days} for {tokens:.3g} tokens ({steps} of "
+                  f"{rep.tokens_per_step:,} tokens)")
     else:
         t.add_row("training time", "set training.tokens for days and cost")
     if rep.cost is not None:
