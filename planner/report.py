@@ -36,6 +36,11 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e6:.1f} us"
 
 
+def _count(x: float) -> str:
+    """An integer as is; a fraction (a plan that breaks a divisibility rule) to 4 digits."""
+    return f"{x:,}" if isinstance(x, int) else f"{x:.4g}"
+
+
 def plan_table(rep: StepReport, inst: Instance) -> Table:
     p = rep.plan
     t = Table(title="Plan", show_header=False, box=None, pad_edge=False)
@@ -53,7 +58,7 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
               f"PP {p.pp_intra}   (across nodes: TP {p.inter('tp'):g}  CP {p.inter('cp'):g}  "
               f"DP {p.inter('dp'):g}  PP {p.inter('pp'):g})")
     t.add_row("batch", f"global {p.global_batch} = DP {p.dp} x micro-batch {p.micro_batch} x "
-              f"{p.micro_batches} micro-batches")
+              f"{_count(p.micro_batches)} micro-batches")
     t.add_row("memory knobs", f"recompute {p.recompute}, sequence parallel "
               f"{'on' if p.sequence_parallel else 'off'}, distributed optimizer "
               f"{'on' if p.distributed_optimizer else 'off'}")
