@@ -84,11 +84,11 @@ def instance_toml(model: dict, gpus: int, batch) -> str:
 
 
 def plan_command() -> list[str]:
-    """The ``plan`` console script next to this interpreter, else ``python -m planner.cli``."""
+    """The ``plan`` console script next to this interpreter, else ``python -m planner.app.cli``."""
     script = Path(sys.executable).with_name("plan")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-m", "planner.cli"]
+    return [sys.executable, "-m", "planner.app.cli"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,7 +411,7 @@ def warm_up(cmd: list[str], tmp: Path, env: dict | None, cwd: str | None) -> Non
     """One untimed import of the heavy modules and one tiny solve: the first process on a cold
     page cache would otherwise pay disk reads the others do not."""
     subprocess.run([sys.executable, "-c", "import ortools.sat.python.cp_model, pyomo.environ, "
-                    "highspy, numpy, planner.cli, formulations.solve"], capture_output=True,
+                    "highspy, numpy, planner.app.cli, formulations.solve"], capture_output=True,
                    env=env, cwd=cwd)
     f = tmp / "warmup.toml"
     f.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 64\n'

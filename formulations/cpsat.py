@@ -17,7 +17,7 @@ to the rounding of each table entry to the quantum (at most half a quantum per l
 
 Both backends cap memory entries above the limit (:func:`formulations.milp.capped_memory`:
 the same plans fit), leave out a minimum-MFU cap that cannot bind, and refuse, with a
-:class:`~planner.errors.SolverError` naming the problem, an instance whose integers would not
+:class:`~planner.model.errors.SolverError` naming the problem, an instance whose integers would not
 fit CP-SAT (:data:`formulations.milp.SAFE_INT`) instead of overflowing.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 from formulations.encoding import Encoding, LinExpr
 from formulations.milp import SAFE_INT, capped_memory, check_units
 from formulations.result import RawSolution, Status
-from planner.errors import SolverError
+from planner.model.errors import SolverError
 
 #: The objective unit is 1e-7 of the objective's magnitude, rounded down to a power of ten
 #: (1 microsecond for a step of about 10 s).

@@ -1,6 +1,6 @@
 """Encode an instance as the log-domain model every MIP backend solves (DESIGN.md section 2).
 
-The evaluator (:func:`planner.evaluator.step_terms`) is run on symbols, once per categorical
+The evaluator (:func:`planner.model.terms.step_terms`) is run on symbols, once per categorical
 combination (recompute x sequence parallelism x distributed optimizer), and returns the step time
 and the memory of each pipeline stage as signomials. Each monomial is a function of one *form*
 (a product of base variables such as ``B T / (N b)``); a few also carry an indicator of a second
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formulations.space import SearchSpace
-from planner.algebra import FUNCTIONS, Mono, Sig
-from planner.evaluator import Degrees, Knobs, memory_limit_bytes, step_terms
+from planner.model.algebra import FUNCTIONS, Mono, Sig
+from planner.model.terms import Degrees, Knobs, memory_limit_bytes, step_terms
 
 OBJECTIVES = ("step_time", "time_per_sample")
 

@@ -2,7 +2,7 @@
 
 It walks exactly the space the MIP backends see (:func:`formulations.space.build_space`):
 the cartesian product of the base variables, filtered by the same per-prime rules, then the
-evaluator (:func:`planner.evaluator.step_terms`) runs once per categorical combination on numpy
+evaluator (:func:`planner.model.terms.step_terms`) runs once per categorical combination on numpy
 arrays holding every surviving plan. No encoding, no solver: if the encoders and this disagree,
 one of them is wrong.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from formulations.result import RawSolution, Status
 from formulations.space import SearchSpace, smooth_in_range
-from planner.evaluator import Degrees, memory_limit_bytes, step_terms
+from planner.model.terms import Degrees, memory_limit_bytes, step_terms
 
 ORDER = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
 

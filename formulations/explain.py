@@ -12,9 +12,9 @@ import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
 from formulations.space import SearchSpace, build_space
-from planner.catalog import GiB
-from planner.errors import InfeasibleError
-from planner.evaluator import memory_limit_bytes, step_terms
+from planner.model.catalog import GiB
+from planner.model.errors import InfeasibleError
+from planner.model.terms import memory_limit_bytes, step_terms
 
 
 def _structural(space: SearchSpace) -> InfeasibleError:

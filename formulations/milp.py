@@ -21,8 +21,8 @@ from fractions import Fraction
 import numpy as np
 
 from formulations.encoding import CopyKey, Encoding, LinExpr, Usage
-from planner.algebra import Mono
-from planner.errors import SolverError
+from planner.model.algebra import Mono
+from planner.model.errors import SolverError
 
 
 @dataclass

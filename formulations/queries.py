@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.errors import InfeasibleError, InputError
-from planner.instance import Instance
-from planner.schema import ConstraintSpec
-from planner.workload import Shape
+from planner.model.errors import InfeasibleError, InputError
+from planner.model.instance import Instance
+from planner.model.schema import ConstraintSpec
+from planner.model.workload import Shape
 
 from formulations.result import SolveResult
 from formulations.solve import solve
@@ -73,7 +73,7 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     """
     options = list(node_options or inst.node_options)
     if len(options) > MAX_PARETO_SIZES:
-        from planner.errors import InputError
+        from planner.model.errors import InputError
 
         raise InputError(f"{inst.source}: cluster.nodes: the range holds {len(options):,} sizes, "
                          f"each a separate proof; pareto takes at most {MAX_PARETO_SIZES}: give "

@@ -2,7 +2,7 @@
 
 A backend reports a :class:`RawSolution` in the search space's own terms (base variable values
 and a categorical combination); :mod:`formulations.solve` decodes it into a
-:class:`~planner.plan.Plan`, re-evaluates it with the evaluator and returns a
+:class:`~planner.model.plan.Plan`, re-evaluates it with the evaluator and returns a
 :class:`SolveResult`. "Stopped at the time limit with a plan" is FEASIBLE, never OPTIMAL.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from planner.evaluator import Knobs, StepReport
+from planner.model.terms import Knobs, StepReport
 
 
 class Status(str, Enum):

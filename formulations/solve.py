@@ -1,7 +1,7 @@
 """``plan solve``: one entry point over the three backends, decoding and checking their answer.
 
 Every backend answers in the search space's terms; :func:`solve` decodes that into a
-:class:`~planner.plan.Plan`, evaluates it with the evaluator (the single source of truth) and
+:class:`~planner.model.plan.Plan`, evaluates it with the evaluator (the single source of truth) and
 checks that the evaluator reproduces the solver's objective. A mismatch is a bug and is reported
 as an ERROR, never silently.
 """
@@ -15,10 +15,10 @@ from formulations.encoding import encode
 from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import BaseVar, SearchSpace, build_space
-from planner.errors import InfeasibleError, InputError, SolverError
-from planner.evaluator import evaluate
-from planner.instance import Instance
-from planner.plan import Plan
+from planner.model.errors import InfeasibleError, InputError, SolverError
+from planner.model.terms import evaluate
+from planner.model.instance import Instance
+from planner.model.plan import Plan
 
 BACKENDS = ("highs", "cpsat", "enumerate", "cpsat-element")
 
@@ -155,7 +155,7 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
 
 def objective_cap(inst: Instance, kind: str) -> float | None:
     """A minimum MFU as a maximum objective: MFU >= x <=> step <= model FLOPs / (x N peak)."""
-    from planner.workload import Shape
+    from planner.model.workload import Shape
 
     mfu = inst.spec.constraints.min_mfu
     if not mfu:
@@ -172,13 +172,13 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
           exclude: list | None = None) -> SolveResult:
     """The optimal plan of an instance (fixed GPU count) under its constraints.
 
-    Raises :class:`~planner.errors.InfeasibleError` (with what binds) when no plan exists;
+    Raises :class:`~planner.model.errors.InfeasibleError` (with what binds) when no plan exists;
     ``explain="brief"`` says what binds without searching for the nearest change.
     ``exclude`` lists plans to leave out, as (base-variable values, knobs) pairs (top-k).
 
     Example
     -------
-    >>> from planner.instance import load_instance                    # doctest: +SKIP
+    >>> from planner.model.instance import load_instance                    # doctest: +SKIP
     >>> res = solve(load_instance("instances/gpt3-175b-a100.toml"))   # doctest: +SKIP
     >>> res.status.value, res.report.plan.label()                       # doctest: +SKIP
     ('optimal', 'TP4 PP8 DP32 VP6 mb1')

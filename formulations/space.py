@@ -35,10 +35,10 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from planner.algebra import Mono
-from planner.errors import InfeasibleError
-from planner.evaluator import Knobs
-from planner.instance import Instance
+from planner.model.algebra import Mono
+from planner.model.errors import InfeasibleError
+from planner.model.terms import Knobs
+from planner.model.instance import Instance
 
 BASE_NAMES = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
-from planner.validate import load_runs
+from planner.app.cli import app
+from planner.app.validate import load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = sorted((ROOT / "instances").glob("*.toml"))

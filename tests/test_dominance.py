@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.evaluator import Degrees, Knobs, step_terms
-from planner.instance import parse_instance
+from planner.model.terms import Degrees, Knobs, step_terms
+from planner.model.instance import parse_instance
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

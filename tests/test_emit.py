@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.emit import FORMATS, emit
-from planner.errors import InputError
-from planner.instance import Instance, load_instance
-from planner.plan import ORDER, Plan, default_placement, plan_from_spec
-from planner.schema import ModelSpec
+from planner.app.emit import FORMATS, emit
+from planner.model.errors import InputError
+from planner.model.instance import Instance, load_instance
+from planner.model.plan import ORDER, Plan, default_placement, plan_from_spec
+from planner.model.schema import ModelSpec
 
 INSTANCES = Path(__file__).resolve().parent.parent / "instances"
 

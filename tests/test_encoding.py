@@ -10,8 +10,8 @@ import pytest
 from formulations.encoding import encode, evaluate_encoding
 from formulations.enumerate import degrees_of, feasible_points
 from formulations.space import build_space
-from planner.evaluator import step_terms
-from planner.instance import load_instance, parse_instance
+from planner.model.terms import step_terms
+from planner.model.instance import load_instance, parse_instance
 
 
 CASES = [

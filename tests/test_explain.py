@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from formulations.solve import solve
-from planner.cli import app
-from planner.errors import InfeasibleError
-from planner.instance import parse_instance
+from planner.app.cli import app
+from planner.model.errors import InfeasibleError
+from planner.model.instance import parse_instance
 
 
 def explain(doc):

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from planner.errors import InputError
-from planner.hf_config import SUPPORTED, read_hf_config
-from planner.schema import ModelSpec
+from planner.model.errors import InputError
+from planner.model.hf_config import SUPPORTED, read_hf_config
+from planner.model.schema import ModelSpec
 
 DATA = Path(__file__).resolve().parent / "data" / "hf"
 LLAMA3_8B = DATA / "llama3-8b.config.json"

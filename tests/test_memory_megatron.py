@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.evaluator import evaluate
-from planner.instance import parse_instance
-from planner.plan import Plan, structural_violations
-from planner.validate import load_runs, validate_runs
+from planner.model.terms import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import Plan, structural_violations
+from planner.app.validate import load_runs, validate_runs
 
 GiB = 2**30
 L, h, a, s, V = 96, 12288, 96, 2048, 51200

@@ -24,9 +24,9 @@ from formulations.enumerate import feasible_points
 from formulations.milp import build_rows, capped_memory
 from formulations.solve import solve
 from formulations.space import build_space
-from planner.cli import app
-from planner.errors import InfeasibleError, SolverError
-from planner.instance import load_instance, parse_instance
+from planner.app.cli import app
+from planner.model.errors import InfeasibleError, SolverError
+from planner.model.instance import load_instance, parse_instance
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("cpsat", "cpsat-element", "highs", "enumerate")
@@ -169,7 +169,7 @@ def test_cli_out_of_range_instance_exits_4_with_the_reason(monkeypatch, tmp_path
     """No instance file can reach this any more (the schema bounds the bandwidth): the loaded
     instance is replaced, the rest of the command runs as usual."""
     tiny = with_bandwidth(instance(), 1.0)
-    monkeypatch.setattr("planner.cli._load", lambda path, nodes=None: tiny)
+    monkeypatch.setattr("planner.app.cli._load", lambda path, nodes=None: tiny)
     path = tmp_path / "any.toml"
     path.write_text("")
     result = CliRunner().invoke(app, ["solve", str(path)])

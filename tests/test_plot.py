@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from planner.errors import InputError
-from planner.plan import Plan
-from planner.plot import _dollars, plan_label, plot_front
+from planner.model.errors import InputError
+from planner.model.plan import Plan
+from planner.app.plot import _dollars, plan_label, plot_front
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

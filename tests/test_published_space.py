@@ -11,9 +11,9 @@ from formulations.enumerate import feasible_points
 from formulations.result import Status
 from formulations.solve import solve
 from formulations.space import build_space
-from planner.evaluator import evaluate
-from planner.plan import plan_from_spec
-from planner.validate import load_runs, run_instance
+from planner.model.terms import evaluate
+from planner.model.plan import plan_from_spec
+from planner.app.validate import load_runs, run_instance
 
 DATA = load_runs()
 RUNS = DATA["runs"]

@@ -8,9 +8,9 @@ import pytest
 
 from formulations import queries
 from formulations.solve import solve
-from planner.errors import InfeasibleError
-from planner.evaluator import evaluate
-from planner.instance import parse_instance
+from planner.model.errors import InfeasibleError
+from planner.model.terms import evaluate
+from planner.model.instance import parse_instance
 
 BACKENDS = ("enumerate", "cpsat", "highs")
 

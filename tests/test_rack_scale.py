@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from formulations.solve import solve
-from planner.evaluator import Degrees, Knobs, evaluate, step_terms
-from planner.instance import parse_instance
-from planner.plan import plan_from_spec
-from planner.schema import PlanSpec
+from planner.model.terms import Degrees, Knobs, evaluate, step_terms
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+from planner.model.schema import PlanSpec
 
 
 def inst_of(gpu: str, nodes: int, **plan):

@@ -1,6 +1,6 @@
 """Bad input gives clear errors that name the key (DESIGN.md section 3), and presets fill keys.
 
-Every error is a :class:`planner.errors.InputError`; the checks read ``str(exc)``, which is what
+Every error is a :class:`planner.model.errors.InputError`; the checks read ``str(exc)``, which is what
 the CLI prints.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import InputError
-from planner.instance import load_instance, parse_instance, presets
+from planner.model.errors import InputError
+from planner.model.instance import load_instance, parse_instance, presets
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from formulations.result import Status
 from formulations.solve import solve
-from planner.errors import InfeasibleError
-from planner.instance import parse_instance
+from planner.model.errors import InfeasibleError
+from planner.model.instance import parse_instance
 
 GPUS = ("a100-80gb", "a100-40gb", "h100-sxm", "b200", "mi300x")
 

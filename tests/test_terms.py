@@ -1,4 +1,4 @@
-"""Each time and memory term of ``planner.evaluator.step_terms`` against a hand computation.
+"""Each time and memory term of ``planner.model.terms.step_terms`` against a hand computation.
 
 The configuration is tiny (L=4 layers, h=64, a=4 heads, V=128, s=32) and the cluster overrides
 are round numbers (efficiency 0.5, 100 GB/s inside a node, 10 GB/s across nodes), so every
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.evaluator import TIME_TERMS, Degrees, Knobs, evaluate, step_terms
-from planner.instance import parse_instance
-from planner.plan import Plan, structural_violations
+from planner.model.terms import TIME_TERMS, Degrees, Knobs, evaluate, step_terms
+from planner.model.instance import parse_instance
+from planner.model.plan import Plan, structural_violations
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = tomllib.loads((ROOT / "hardware_catalog" / "a100-80gb.toml").read_text())

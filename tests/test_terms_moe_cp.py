@@ -1,4 +1,4 @@
-"""Context parallelism and mixture-of-experts terms of ``planner.evaluator.step_terms`` against
+"""Context parallelism and mixture-of-experts terms of ``planner.model.terms.step_terms`` against
 hand computations.
 
 Same conventions as ``tests/test_terms.py``: a tiny model (L=4, h=64, a=4, V=128, s=32), cluster
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.evaluator import Degrees, Knobs, evaluate, step_terms
-from planner.plan import structural_violations
-from planner.workload import Shape
+from planner.model.terms import Degrees, Knobs, evaluate, step_terms
+from planner.model.plan import structural_violations
+from planner.model.workload import Shape
 from test_terms import make_inst, make_plan, terms_of  # the same builders and catalog figures
 
 ROOT = Path(__file__).resolve().parents[1]

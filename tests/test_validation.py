@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.validate import calibrate, load_runs, summary, validate_runs
+from planner.app.validate import calibrate, load_runs, summary, validate_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN_BOUND, MAX_BOUND = 0.08, 0.15

@@ -1,7 +1,7 @@
 """Launch configuration text for a chosen plan: Megatron-LM arguments, NeMo 2 overrides, a
 torchtitan job config or a DeepSpeed JSON.
 
-``emit(inst, plan, fmt)`` returns the text; every value comes from the :class:`~planner.plan.Plan`
+``emit(inst, plan, fmt)`` returns the text; every value comes from the :class:`~planner.model.plan.Plan`
 and the instance's model, so the launch runs the plan that was evaluated. Comments in the output
 say where a framework has no equivalent of a plan knob (``docs/launch_configs.md`` has the same
 table with more caveats).
@@ -105,9 +105,9 @@ import math
 import textwrap
 from collections.abc import Callable
 
-from planner.errors import InputError
-from planner.instance import Instance
-from planner.plan import Plan
+from planner.model.errors import InputError
+from planner.model.instance import Instance
+from planner.model.plan import Plan
 
 FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
 
@@ -118,14 +118,14 @@ TP_PP_DP_ORDER = ("tp", "pp", "dp", "cp")       # --use-tp-pp-dp-mapping ("tp-pp
 def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     """Launch configuration text for ``plan`` in one of :data:`FORMATS`.
 
-    Raises :class:`~planner.errors.InputError` for an unknown format, or for a plan no framework
+    Raises :class:`~planner.model.errors.InputError` for an unknown format, or for a plan no framework
     could launch: a global batch that is not a whole number of micro-batches, or pp * vp not
     dividing the layers.
 
     Example
     -------
-    >>> from planner.instance import load_instance                 # doctest: +SKIP
-    >>> from planner.plan import plan_from_spec                    # doctest: +SKIP
+    >>> from planner.model.instance import load_instance                 # doctest: +SKIP
+    >>> from planner.model.plan import plan_from_spec                    # doctest: +SKIP
     >>> inst = load_instance("instances/gpt3-175b-a100.toml")      # doctest: +SKIP
     >>> print(emit(inst, plan_from_spec(inst, inst.spec.plan), "megatron"))  # doctest: +SKIP
     """

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from planner.errors import InputError
+from planner.model.errors import InputError
 
 FRONT = "#1f5fbf"
 OTHER = "#9a9a9a"
@@ -23,7 +23,7 @@ STYLE = {"font.size": 10, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fo
 
 
 def plan_label(plan: dict[str, Any]) -> str:
-    """:meth:`planner.plan.Plan.label` from a plan dict (``Plan.to_dict()``)."""
+    """:meth:`planner.model.plan.Plan.label` from a plan dict (``Plan.to_dict()``)."""
     s = f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}"
     if plan.get("cp", 1) > 1:
         s += f" CP{plan['cp']}"
@@ -65,7 +65,7 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 def check_plot_path(path: str | Path) -> Path:
     """The plot's path, checked before any solving: a supported suffix, an existing directory,
-    not a directory itself. Raises :class:`~planner.errors.InputError` naming the problem."""
+    not a directory itself. Raises :class:`~planner.model.errors.InputError` naming the problem."""
     p = Path(path)
     if p.is_dir():
         raise InputError(f"--plot {p}: is a directory; expected a file name such as {p / 'front.png'}")

@@ -5,12 +5,12 @@ AMPeD (Moolchandani et al., ISPASS 2023, Sec. III-C) splits every parallel group
 (the per-GPU NIC). A ring collective over such a group is costed hierarchically: reduce-scatter
 inside the node, the inter-node ring on the ``1/n_intra`` shard each GPU owns, all-gather inside
 the node. Each function is plain arithmetic so it works on numbers, arrays and
-:class:`~planner.algebra.Sig` symbols (see :mod:`planner.algebra`).
+:class:`~planner.model.algebra.Sig` symbols (see :mod:`planner.model.algebra`).
 """
 
 from __future__ import annotations
 
-from planner.algebra import gt1, ring_share, steps
+from planner.model.algebra import gt1, ring_share, steps
 
 
 def allreduce(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):

@@ -2,7 +2,7 @@
 
 :func:`step_terms` is the model. It is plain arithmetic on the degrees in :class:`Degrees`, so it
 evaluates a fixed plan (numbers), a whole search space at once (numpy arrays, the enumerator) or
-the step time as a signomial for the MIP encoders (:class:`~planner.algebra.Sig`). The total step
+the step time as a signomial for the MIP encoders (:class:`~planner.model.algebra.Sig`). The total step
 time is the sum of the named terms of DESIGN.md section 1:
 
 ``step = compute + bubble + tp_comm + cp_comm + pp_comm + dp_comm + optimizer``
@@ -12,7 +12,7 @@ Training of Transformers", ISPASS 2023 (Sec. III: compute, communication, bubble
 extended as DESIGN.md lists (recompute, sequence/context parallelism, interleaving, the
 distributed optimizer, GQA, gated MLPs, FP8).
 
-:func:`evaluate` turns one :class:`~planner.plan.Plan` into a :class:`StepReport` with the
+:func:`evaluate` turns one :class:`~planner.model.plan.Plan` into a :class:`StepReport` with the
 breakdown, memory per GPU against capacity, MFU, days and cost, and the list of limits the plan
 violates (never an exception for a plan that does not fit).
 """
@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.algebra import eq1, gt1, is_one, ring_share, steps, vmax
-from planner.catalog import GiB
-from planner.collectives import all_to_all, allreduce, ring_step
-from planner.instance import Hardware, Instance
-from planner.plan import Plan, structural_violations
-from planner.schema import PlanSpec
-from planner.workload import Shape
+from planner.model.algebra import eq1, gt1, is_one, ring_share, steps, vmax
+from planner.model.catalog import GiB
+from planner.model.collectives import all_to_all, allreduce, ring_step
+from planner.model.instance import Hardware, Instance
+from planner.model.plan import Plan, structural_violations
+from planner.model.schema import PlanSpec
+from planner.model.workload import Shape
 
 TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
               "optimizer")
@@ -420,7 +420,7 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
 
     Example
     -------
-    >>> from planner.instance import load_instance          # doctest: +SKIP
+    >>> from planner.model.instance import load_instance          # doctest: +SKIP
     >>> inst = load_instance("instances/gpt3-175b-a100.toml")  # doctest: +SKIP
     >>> evaluate(inst, plan_from_spec(inst, inst.spec.plan)).step_time_s  # doctest: +SKIP
     """

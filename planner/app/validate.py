@@ -17,11 +17,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.errors import InputError, PlanError
-from planner.evaluator import StepReport, evaluate
-from planner.instance import Instance, parse_instance, read_toml
-from planner.plan import plan_from_spec
-from planner.schema import PlanSpec
+from planner.model.errors import InputError, PlanError
+from planner.model.terms import StepReport, evaluate
+from planner.model.instance import Instance, parse_instance, read_toml
+from planner.model.plan import plan_from_spec
+from planner.model.schema import PlanSpec
 
 PLAN_KEYS = set(PlanSpec.model_fields)
 

@@ -2,7 +2,7 @@
 figures looked up and overridden, everything the evaluator needs in SI units.
 
 Errors name the key path and what was expected (``model.heads: must be divisible ...``) and are
-raised as :class:`~planner.errors.InputError`; the CLI prints them without a traceback.
+raised as :class:`~planner.model.errors.InputError`; the CLI prints them without a traceback.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.catalog import GPU, GiB, load_gpu
-from planner.errors import InputError
-from planner.schema import InstanceSpec, ModelSpec
+from planner.model.catalog import GPU, GiB, load_gpu
+from planner.model.errors import InputError
+from planner.model.schema import InstanceSpec, ModelSpec
 
 
 @cache
@@ -112,7 +112,7 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
-        from planner.hf_config import read_hf_config
+        from planner.model.hf_config import read_hf_config
 
         if not model["hf_config"].strip():
             raise InputError(f"{source}: invalid instance",

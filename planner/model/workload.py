@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.schema import ModelSpec
+from planner.model.schema import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.errors import InputError
+from planner.model.errors import InputError
 
 GiB = 1024**3
 

@@ -13,8 +13,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from planner.evaluator import MEMORY_TERMS, MFU_FORMULA, TIME_TERMS, StepReport
-from planner.instance import Instance
+from planner.model.terms import MEMORY_TERMS, MFU_FORMULA, TIME_TERMS, StepReport
+from planner.model.instance import Instance
 
 TERM_LABELS = {
     "compute": "compute (fwd + bwd + recompute)",

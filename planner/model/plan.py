@@ -16,8 +16,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from planner.instance import Instance
-from planner.schema import PlanSpec
+from planner.model.instance import Instance
+from planner.model.schema import PlanSpec
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
 

@@ -1,8 +1,8 @@
-"""Read a Hugging Face ``config.json`` into :class:`~planner.schema.ModelSpec` keys.
+"""Read a Hugging Face ``config.json`` into :class:`~planner.model.schema.ModelSpec` keys.
 
 :func:`read_hf_config` returns a plain dict of ModelSpec keys (never ``hf_config`` itself) for
 the instance loader to merge under the keys the instance gives explicitly. Every problem is a
-:class:`~planner.errors.InputError` that names the file and the key.
+:class:`~planner.model.errors.InputError` that names the file and the key.
 
 Supported ``model_type`` values (``architectures``, e.g. ``LlamaForCausalLM``, is the fallback
 when ``model_type`` is absent or not one of these):
@@ -80,7 +80,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from planner.errors import InputError
+from planner.model.errors import InputError
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
              "deepseek_v2", "deepseek_v3")
@@ -133,7 +133,7 @@ class _Reader:
 
 
 def _load(p: Path) -> dict[str, Any]:
-    from planner.instance import check_readable
+    from planner.model.instance import check_readable
 
     check_readable(p, "Hugging Face config.json")
     try:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from planner.errors import PlanError
+from planner.model.errors import PlanError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
@@ -54,7 +54,7 @@ def _fail(exc: PlanError) -> None:
 
 
 def _load(path: Path, nodes: int | None = None):
-    from planner.instance import load_instance
+    from planner.model.instance import load_instance
 
     inst = load_instance(path)
     if nodes is not None:
@@ -90,14 +90,14 @@ def evaluate(
 ) -> None:
     """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost.
     Exit 3 when the plan breaks a structural rule or does not fit (the report lists why)."""
-    from planner.evaluator import evaluate as run_evaluate
-    from planner.plan import plan_from_spec
-    from planner.report import print_step
-    from planner.schema import RECOMPUTE_MODES, PlanSpec
+    from planner.model.terms import evaluate as run_evaluate
+    from planner.model.plan import plan_from_spec
+    from planner.app.report import print_step
+    from planner.model.schema import RECOMPUTE_MODES, PlanSpec
 
     try:
         if recompute is not None and recompute not in RECOMPUTE_MODES:
-            from planner.errors import InputError
+            from planner.model.errors import InputError
 
             raise InputError(f"--recompute: expected one of {', '.join(RECOMPUTE_MODES)}, "
                              f"got {recompute!r}")
@@ -150,7 +150,7 @@ def validate(
     as_json: JsonOpt = False,
 ) -> None:
     """Predicted vs measured step time for every published run, with mean and max error."""
-    from planner import validate as v
+    from planner.app import validate as v
 
     try:
         data = v.load_runs(runs)
@@ -204,7 +204,7 @@ def solve(
     from formulations import queries
     from formulations.result import Status
     from formulations.solve import solve as run_solve
-    from planner.report import compare_table, print_step, solver_panel, top_table
+    from planner.app.report import compare_table, print_step, solver_panel, top_table
 
     try:
         inst = _load(file, nodes)
@@ -250,7 +250,7 @@ def _gap(r, best) -> float:
 
 
 def _emit_text(inst, plan, fmt: str) -> str:
-    from planner.emit import emit as run_emit
+    from planner.app.emit import emit as run_emit
 
     return run_emit(inst, plan, fmt)
 
@@ -266,18 +266,18 @@ def pareto(
     """Proven optimum at every node count of [cluster] nodes = [lo, hi] (or node_counts), and
     the non-dominated front of GPUs, step time, days and dollars."""
     from formulations import queries
-    from planner.report import pareto_table
+    from planner.app.report import pareto_table
 
     try:
         if plot:
-            from planner.plot import check_plot_path
+            from planner.app.plot import check_plot_path
 
             check_plot_path(plot)
         inst = _load(file)
         points = queries.pareto(inst, solver=solver, time_limit=time_limit)
         docs = [p.to_dict() for p in points]
         if plot and any(d.get("plan") for d in docs):
-            from planner.plot import plot_front
+            from planner.app.plot import plot_front
 
             plot_front([d for d in docs if d.get("plan")], plot,
                        f"{inst.model.name or 'model'} on {inst.hw.gpu.name}")
@@ -309,7 +309,7 @@ def capacity(
 ) -> None:
     """The fewest nodes (in the instance's range) whose optimal plan meets the deadline."""
     from formulations import queries
-    from planner.report import capacity_panel, print_step
+    from planner.app.report import capacity_panel, print_step
 
     try:
         inst = _load(file)
@@ -329,7 +329,7 @@ def capacity(
 
 
 def _single_size(inst, nodes: int | None) -> None:
-    from planner.errors import InputError
+    from planner.model.errors import InputError
 
     if nodes is None and len(inst.node_options) > 1:
         raise InputError(f"{inst.source}: cluster.nodes gives a range; pass --nodes N for a "

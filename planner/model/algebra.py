@@ -1,7 +1,7 @@
 """A tiny symbolic algebra so that the evaluator is written once and read three ways.
 
 The AMPeD step time is a sum of monomials ``c * x1^e1 * x2^e2 ...`` in the parallel degrees
-(DESIGN.md section 2). The evaluator (:mod:`planner.evaluator`) is plain arithmetic on its inputs;
+(DESIGN.md section 2). The evaluator (:mod:`planner.model.terms`) is plain arithmetic on its inputs;
 fed numbers it returns numbers (``plan evaluate``), fed numpy arrays it returns arrays (the
 enumerator), and fed :class:`Sig` symbols it returns the step time as a signomial that the MIP
 encoders (:mod:`formulations.encoding`) turn into solver constraints. One source of truth, so the
