@@ -23,7 +23,8 @@ import numpy as np
 
 from formulations.space import SearchSpace
 from planner.model.algebra import FUNCTIONS, Mono, Sig
-from planner.model.terms import Degrees, Knobs, memory_limit_bytes, step_terms
+from planner.model.plan import Degrees, Grid, Knobs
+from planner.model.terms import memory_limit_bytes, step_terms
 
 OBJECTIVES = ("step_time", "time_per_sample")
 
@@ -142,19 +143,11 @@ class Encoding:
 
 
 def symbolic_degrees(space: SearchSpace) -> tuple[Degrees, dict]:
-    """Degrees as symbols of the base variables (fixed ones substituted by their value)."""
+    """Degrees as symbols of the base variables (fixed ones substituted by their value): the
+    one derivation (:meth:`planner.model.plan.Grid.from_base`) run on symbols."""
     inst = space.inst
     sym = {n: (space.fixed[n] if n in space.fixed else Sig.var(n)) for n in space.base}
-    T, Ti, C, Ci, P, Pi, V, b, B, E, Ei = (sym[n] for n in (
-        "T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in"))
-    N, g = inst.gpus, inst.node_size
-    d = N / (T * C * P)
-    d_in = g / (Ti * Ci * Pi)
-    ed_in = g / (Ei * Pi)
-    deg = Degrees(t_in=Ti, t_out=T / Ti, c_in=Ci, c_out=C / Ci, p_in=Pi, p_out=P / Pi,
-                  d_in=d_in, d_out=d / d_in, b=b, v=V, B=B, e_in=Ei, e_out=E / Ei,
-                  ed_in=ed_in, ed_out=N / (P * E) / ed_in)
-    return deg, sym
+    return Grid.from_base(sym, inst.gpus, inst.node_size).degrees(), sym
 
 
 def _as_sig(x) -> Sig:

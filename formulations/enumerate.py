@@ -15,9 +15,9 @@ import numpy as np
 
 from formulations.result import RawSolution, Status
 from formulations.space import SearchSpace, smooth_in_range
-from planner.model.terms import Degrees, memory_limit_bytes, step_terms
-
-ORDER = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
+from planner.model.plan import BASE_NAMES as ORDER
+from planner.model.plan import Degrees, Grid
+from planner.model.terms import memory_limit_bytes, step_terms
 
 
 def available() -> bool:
@@ -55,8 +55,10 @@ def feasible_points(space: SearchSpace, dominant_batch: bool = True) -> dict[str
             n_rows *= reps
             keep = np.ones(n_rows, dtype=bool)
         done.add(name)
-        if name in ("V", "P") and {"V", "P"} <= done:
-            keep &= (values["V"][idx["V"]] == 1) | (values["P"][idx["P"]] > 1)
+        for imp in space.implications:
+            if name in (imp.if_var, imp.then_var) and {imp.if_var, imp.then_var} <= done:
+                keep &= ((values[imp.if_var][idx[imp.if_var]] == 1)
+                         | (values[imp.then_var][idx[imp.then_var]] > 1))
         still = []
         for con in pending:
             if not {v for v, _ in con.mono} <= done:
@@ -108,15 +110,9 @@ def _largest_batch(space: SearchSpace, values: dict, idx: dict) -> tuple[np.ndar
 
 
 def degrees_of(space: SearchSpace, cols: dict[str, np.ndarray]) -> Degrees:
+    """The evaluator's degrees of every point at once (the one derivation, on arrays)."""
     f = {k: c.astype(float) for k, c in cols.items()}
-    N, g = space.inst.gpus, space.inst.node_size
-    d = N / (f["T"] * f["C"] * f["P"])
-    d_in = g / (f["T_in"] * f["C_in"] * f["P_in"])
-    ed_in = g / (f["E_in"] * f["P_in"])
-    return Degrees(t_in=f["T_in"], t_out=f["T"] / f["T_in"], c_in=f["C_in"],
-                   c_out=f["C"] / f["C_in"], p_in=f["P_in"], p_out=f["P"] / f["P_in"],
-                   d_in=d_in, d_out=d / d_in, b=f["b"], v=f["V"], B=f["B"], e_in=f["E_in"],
-                   e_out=f["E"] / f["E_in"], ed_in=ed_in, ed_out=N / (f["P"] * f["E"]) / ed_in)
+    return Grid.from_base(f, space.inst.gpus, space.inst.node_size).degrees()
 
 
 def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
-from formulations.space import SearchSpace, build_space
+from formulations.space import SearchSpace, build_space, divisors
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
 from planner.model.terms import memory_limit_bytes, step_terms
@@ -118,7 +118,10 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
         lines.append(f"weights + gradients + optimizer states alone need {static / GiB:.1f} GiB "
                      f"per GPU even at the largest model-parallel degree the constraints allow")
         pps = sorted(set(feasible_points(space)["P"].tolist()))
-        if pps and pps[-1] < max(space.base["P"].values):
+        cons = inst.spec.constraints
+        by_layers = [d for d in divisors(inst.model.layers)
+                     if (cons.max_pp is None or d <= cons.max_pp) and cons.pp in (None, d)]
+        if pps and pps[-1] < max(by_layers, default=1):
             lines.append(f"on {inst.gpus} GPUs pp can only be {pps}: it must divide the "
                          f"{inst.model.layers} layers and the GPUs left by tp*cp")
     else:

@@ -195,12 +195,13 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
         return {z: 1.0 for z, v in zip(zs, bv.values) if v > 1}, 0.0
 
     v_gt1, v_c = indicator_gt1("V")
-    p_gt1, p_c = indicator_gt1("P")
-    # V > 1 implies P > 1:  v_gt1 - p_gt1 <= 0
-    acc = dict(v_gt1)
-    for z, c in p_gt1.items():
-        _add(acc, z, -c)
-    r.row(acc, -INF, p_c - v_c, "interleave_needs_pp")
+    for imp in sp.implications:              # if_var > 1 implies then_var > 1
+        a, a_c = indicator_gt1(imp.if_var)
+        b, b_c = indicator_gt1(imp.then_var)
+        acc = dict(a)
+        for z, c in b.items():
+            _add(acc, z, -c)
+        r.row(acc, -INF, b_c - a_c, imp.name)
 
     for con in sp.constraints:
         for qi in range(nq):

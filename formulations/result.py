@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from planner.model.terms import Knobs, StepReport
+from planner.model.evaluate import StepReport
+from planner.model.plan import Knobs
 
 
 class Status(str, Enum):

@@ -16,7 +16,7 @@ from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import BaseVar, SearchSpace, build_space
 from planner.model.errors import InfeasibleError, InputError, SolverError
-from planner.model.terms import evaluate
+from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
 from planner.model.plan import Plan
 
@@ -30,18 +30,7 @@ def default_objective(inst: Instance) -> str:
 
 
 def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
-    ch = raw.choice
-    inst = space.inst
-    N, g = inst.gpus, inst.node_size
-    knobs = raw.knobs
-    T, C, P = ch["T"], ch["C"], ch["P"]
-    return Plan(tp=T, pp=P, dp=N // (T * C * P), cp=C, vp=ch["V"], micro_batch=ch["b"],
-                global_batch=ch["B"], gpus=N, nodes=inst.nodes, recompute=knobs.recompute,
-                sequence_parallel=knobs.sequence_parallel,
-                distributed_optimizer=knobs.distributed_optimizer, tp_intra=ch["T_in"],
-                cp_intra=ch["C_in"], pp_intra=ch["P_in"],
-                dp_intra=g // (ch["T_in"] * ch["C_in"] * ch["P_in"]), ep=ch["E"],
-                ep_intra=ch["E_in"])
+    return Plan.from_base(raw.choice, raw.knobs, space.inst.gpus, space.inst.nodes)
 
 
 def objective_value(report, kind: str) -> float:

@@ -1,7 +1,8 @@
-"""The search space every backend walks: base degrees, their allowed values, the rules that
+"""The search space every backend walks: base variables, their allowed values, the rows that
 link them, and the categorical choices.
 
-Base variables (the rest is derived from them and the GPU count ``N``, ``g`` GPUs per node):
+Base variables (the free choices of a plan, :data:`planner.model.plan.BASE_NAMES`; ``N`` GPUs,
+``g`` GPUs per node):
 
 ========  ===============================================  ===========================
 name      meaning                                          derived from it
@@ -19,14 +20,22 @@ name      meaning                                          derived from it
 ``E_in``  its factor inside a node
 ========  ===============================================  ===========================
 
-``dp = N / (T C P)``, ``dp_in = g / (T_in C_in P_in)``, ``dp_out = dp / dp_in`` and the
-micro-batch count ``m = B / (dp b)``; the MoE layers' expert data-parallel degree is
-``N / (P E)`` with ``g / (E_in P_in)`` of it inside a node (expert tensor parallelism 1).
+Everything else (``dp = N / (T C P)``, ``dp_in = g / (T_in C_in P_in)``, the micro-batch count,
+the expert data-parallel group) is derived by :meth:`planner.model.plan.Grid.from_base`, the one
+derivation every reader shares.
+
 Degrees are not limited to powers of two: every value is a vector of exponents over the primes
-of the instance (``N``, ``g``, layers, heads, kv heads, sequence, experts, batch, and 2, 3, 5,
-7), products are sums of exponent vectors and divisibility is a
-per-prime ``<=`` (DESIGN.md section 2). A global-batch range is searched over its values that
-factor over these primes.
+of the instance (``N``, ``g``, nodes, layers, heads, kv heads, sequence, experts, batch, and 2,
+3, 5, 7), products are sums of exponent vectors and divisibility is a per-prime ``<=``
+(docs/encoding.md, "Degrees as exponent vectors").
+
+Nothing here states a structural rule of its own: the rows come from the rule table
+(:mod:`planner.model.rules`), each rule's quantity run on the symbols of the base variables
+(:func:`rule_rows`), and so do the domains (:func:`_domains`): a rule ``K / (x_1^a_1 ...)`` that
+must be an integer bounds each ``x_i`` to the divisors of ``K``, and a rule of two variables
+keeps only the values of each that the other can match. The only inputs beyond the rules are
+the ranges of the batch knobs (``[training] global_batch``, the micro-batch caps) and the
+``[constraints]`` pins and caps.
 """
 
 from __future__ import annotations
@@ -34,13 +43,21 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
-from planner.model.algebra import Mono
+from planner.model.algebra import Mono, Sig
 from planner.model.errors import InfeasibleError
-from planner.model.terms import Knobs
 from planner.model.instance import Instance
+from planner.model.plan import BASE_NAMES, Grid, Knobs
+from planner.model.rules import Rule, Sizes, rules_for
 
-BASE_NAMES = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
+#: The user's names of the base variables, and their pin / cap keys in [constraints].
+LABELS = {"T": ("tensor-parallel degree", "tp"), "T_in": ("intra-node tensor factor", None),
+          "C": ("context-parallel degree", "cp"), "C_in": ("intra-node context factor", None),
+          "P": ("pipeline-parallel degree", "pp"), "P_in": ("intra-node pipeline factor", None),
+          "V": ("virtual-stage count", "vp"), "b": ("micro-batch size", "micro_batch"),
+          "B": ("global batch", None), "E": ("expert-parallel degree", "ep"),
+          "E_in": ("intra-node expert factor", None)}
 
 
 def factorize(n: int) -> dict[int, int]:
@@ -84,13 +101,24 @@ class BaseVar:
 
 @dataclass(frozen=True)
 class ExpConstraint:
-    """``const + sum(coef * exponent(var))`` per prime, ``>= 0`` (or ``== 0`` with ``eq``)."""
+    """``const + sum(coef * exponent(var))`` per prime, ``>= 0`` (or ``== 0`` with ``eq``): one
+    rule quantity ``c * prod(var^coef)`` being an integer (exactly 1), ``const`` the exponents of
+    ``c``."""
 
     name: str
     mono: Mono
     const: tuple[int, ...]
     eq: bool = False
     when_v_gt1: bool = False    # enforced only for interleaved plans (V > 1)
+
+
+@dataclass(frozen=True)
+class Implication:
+    """``if_var > 1`` implies ``then_var > 1`` (interleaving needs a pipeline)."""
+
+    name: str
+    if_var: str
+    then_var: str
 
 
 @dataclass
@@ -104,6 +132,7 @@ class SearchSpace:
     dims: dict[str, tuple]                 # categorical dimension -> its values
     form_caps: list[tuple[str, Mono, float, int | None, int | None]] = field(default_factory=list)
     #: (name, mono, coefficient, lo, hi): ``lo <= coef * value(mono) <= hi``
+    implications: list[Implication] = field(default_factory=list)
 
     @property
     def N(self) -> int:
@@ -118,6 +147,135 @@ class SearchSpace:
 
 def _vec(f: dict[int, int], primes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(f.get(q, 0) for q in primes)
+
+
+def monomial(x) -> tuple[Fraction, Mono]:
+    """A rule quantity on symbols as its exact coefficient and monomial (the quantities are
+    products of the instance's integer sizes and the base variables, so the coefficient is a
+    ratio of integers below 2^40: the float is recovered exactly)."""
+    if isinstance(x, Sig):
+        mono, c = x.single_form()
+    else:
+        mono, c = (), float(x)
+    return Fraction(c).limit_denominator(1 << 40), mono
+
+
+def _exponents(c: Fraction, primes: tuple[int, ...]) -> tuple[int, ...]:
+    num, den = factorize(c.numerator), factorize(c.denominator)
+    if (set(num) | set(den)) - set(primes):
+        raise ValueError(f"{c} has primes outside {primes}")
+    return tuple(num.get(q, 0) - den.get(q, 0) for q in primes)
+
+
+def symbols(inst: Instance) -> Grid:
+    """The grid of the instance on the symbols of every base variable."""
+    return Grid.from_base({n: Sig.var(n) for n in BASE_NAMES}, inst.gpus, inst.node_size)
+
+
+@dataclass(frozen=True)
+class RuleRow:
+    """One quantity of one rule, on the base variables: ``coef * prod(var^e)``."""
+
+    rule: Rule
+    index: int
+    coef: Fraction
+    mono: Mono
+
+
+def rule_rows(inst: Instance) -> tuple[list[RuleRow], list[Implication], list[Rule]]:
+    """The rule table on the symbols of the base variables: the monomial of every quantity of
+    the product rules (a constant one holds by construction and gets no row), the implications,
+    and the rules that need a knob."""
+    grid, sizes = symbols(inst), Sizes.of(inst)
+    rows, implications, knob_rules = [], [], []
+    for rule in rules_for(inst):
+        quantities = rule.quantities(grid, sizes)
+        if rule.kind == "implies":
+            (a, _), (b, _) = (q.single_form() for q in quantities)
+            implications.append(Implication(rule.name, a[0][0], b[0][0]))
+            continue
+        if rule.kind == "needs_knob":
+            knob_rules.append(rule)
+            continue
+        for i, q in enumerate(quantities):
+            coef, mono = monomial(q)
+            if not mono:
+                ok = coef == 1 if rule.kind == "one" else (coef.denominator == 1 and coef >= 1)
+                if not ok:                 # a rule no assignment can keep: the model is wrong
+                    raise RuntimeError(f"rule {rule.name} is the constant {coef}")
+                continue
+            rows.append(RuleRow(rule, i, coef, mono))
+    return rows, implications, knob_rules
+
+
+def _domains(rows: list[RuleRow], start: dict[str, list[int] | None], caps: dict[str, tuple]
+             ) -> tuple[dict[str, list[int]], dict[str, list[str]]]:
+    """The values each base variable can take under the rules (and which rules bound it).
+
+    A product rule whose quantity ``K / (x_1^a_1 ... x_n^a_n)`` (every exponent negative) must
+    be an integer bounds each ``x_i^a_i`` to the divisors of ``K`` (the other factors are
+    positive integers); a rule of exactly 1 on one variable fixes it. Pins and caps cut the
+    values; then every rule of two variables keeps only the values of each that some value of
+    the other matches, until nothing changes. Rules of more variables are left to the rows."""
+    dom = dict(start)
+    why: dict[str, list[str]] = {n: [] for n in dom}
+    for row in rows:
+        if row.rule.interleaved:
+            continue
+        if row.rule.kind == "one" and len(row.mono) == 1:
+            (v, e), = row.mono
+            val = (1 / row.coef) ** Fraction(1, e) if e > 0 else row.coef ** Fraction(1, -e)
+            keep = [int(val)] if float(val).is_integer() else []
+        elif row.coef.denominator == 1 and all(e < 0 for _, e in row.mono):
+            K = row.coef.numerator
+            for v, e in row.mono:
+                values = [x for x in divisors(K) if K % x ** -e == 0]
+                dom[v] = values if dom[v] is None else [x for x in dom[v] if x in values]
+                why[v].append(row.rule.says)
+            continue
+        else:
+            continue
+        dom[v] = keep if dom[v] is None else [x for x in dom[v] if x in keep]
+        why[v].append(row.rule.says)
+    unbounded = [n for n, d in dom.items() if d is None]
+    if unbounded:                             # every variable must be bounded by some rule
+        raise RuntimeError(f"no rule bounds {unbounded}")
+    for v, (pin, lo, hi) in caps.items():
+        dom[v] = [x for x in dom[v] if (pin is None or x == pin) and (lo is None or x >= lo)
+                  and (hi is None or x <= hi)]
+    pairs = [r for r in rows if len(r.mono) == 2 and not r.rule.interleaved]
+    changed = True
+    while changed:
+        changed = False
+        for r in pairs:
+            (a, ea), (b, eb) = r.mono
+
+            def ok(xa, xb, r=r, ea=ea, eb=eb) -> bool:
+                q = r.coef * Fraction(xa) ** ea * Fraction(xb) ** eb
+                return q == 1 if r.rule.kind == "one" else (q.denominator == 1 and q >= 1)
+
+            for x, y, swap in ((a, b, False), (b, a, True)):
+                kept = [vx for vx in dom[x]
+                        if any(ok(vy, vx) if swap else ok(vx, vy) for vy in dom[y])]
+                if len(kept) < len(dom[x]):
+                    dom[x] = kept
+                    why[x].append(r.rule.says)
+                    changed = True
+    return dom, why
+
+
+def _caps_text(var: str, caps: dict[str, tuple], inst: Instance) -> str:
+    key = LABELS[var][1]
+    c = inst.spec.constraints
+    parts = []
+    if key and getattr(c, key, None) is not None:
+        parts.append(f"constraints.{key} = {getattr(c, key)}")
+    cap = {"T": "max_tp", "C": "max_cp", "P": "max_pp", "V": "max_vp", "E": "max_ep"}.get(var)
+    if cap and getattr(c, cap) is not None:
+        parts.append(f"constraints.{cap} = {getattr(c, cap)}")
+    if var == "b":
+        parts.append(f"micro-batch sizes {c.min_micro_batch} to {c.max_micro_batch}")
+    return (" within " + " and ".join(parts)) if parts else ""
 
 
 def build_space(inst: Instance) -> SearchSpace:
@@ -135,126 +293,70 @@ def build_space(inst: Instance) -> SearchSpace:
         base_primes |= set(factorize(gb))
     primes = tuple(sorted(base_primes))
 
-    def var(name: str, values) -> BaseVar:
-        vals = tuple(sorted(set(values)))
-        return BaseVar(name, vals, tuple(_vec(factorize(v), primes) for v in vals))
-
-    def capped(values, pin, cap):
-        vals = [v for v in values if (cap is None or v <= cap) and (pin is None or v == pin)]
-        return vals
-
     why: list[str] = []
-    head_div = divisors(math.gcd(m.heads, m.kv))
-    T = capped(head_div, c.tp, c.max_tp)
-    if not T:
-        why.append(f"no tensor degree divides heads={m.heads} and kv_heads={m.kv} within "
-                   f"tp={c.tp} / max_tp={c.max_tp}")
-    T_in = [v for v in divisors(g) if any(t % v == 0 for t in T)]
-    C = capped(divisors(m.seq_len), c.cp, c.max_cp)
-    if not C:
-        why.append(f"no context degree divides seq_len={m.seq_len} within cp={c.cp} / "
-                   f"max_cp={c.max_cp}")
-    C_in = [v for v in divisors(g) if any(x % v == 0 for x in C)]
-    P = capped(divisors(m.layers), c.pp, c.max_pp)
-    if not P:
-        why.append(f"no pipeline degree divides layers={m.layers} within pp={c.pp} / max_pp={c.max_pp}")
-    P_in = [v for v in divisors(g) if any(x % v == 0 for x in P)]
-    V = capped(divisors(m.layers), c.vp, c.max_vp)
-    if not V:
-        why.append(f"no virtual-stage count divides layers={m.layers} within vp={c.vp} / "
-                   f"max_vp={c.max_vp}")
-    if isinstance(gb, int):
-        B = [gb]
-        b_all = divisors(gb)
-    else:
-        B = smooth_in_range(gb[0], gb[1], primes)
-        if not B:
-            why.append(f"training.global_batch range {list(gb)} holds no batch that factors over "
-                       f"the primes {primes}")
-        b_all = smooth_in_range(1, max(B) if B else 1, primes)
+    # the batch knobs' ranges: the only candidate values that do not come from a rule
+    B = [gb] if isinstance(gb, int) else smooth_in_range(gb[0], gb[1], primes)
+    if not B:
+        why.append(f"training.global_batch range {list(gb)} holds no batch that factors over "
+                   f"the primes {primes}")
     lo_mb, hi_mb = c.min_micro_batch, c.max_micro_batch
     if c.micro_batch is not None:
         lo_mb = hi_mb = c.micro_batch
-    b = [v for v in b_all if lo_mb <= v <= hi_mb]
-    if not b:
-        why.append(f"no micro-batch size in [{lo_mb}, {hi_mb}] divides the global batch")
-    if m.moe:
-        E = capped(divisors(m.experts), c.ep, c.max_ep)
-        if not E:
-            why.append(f"no expert-parallel degree divides experts={m.experts} within "
-                       f"ep={c.ep} / max_ep={c.max_ep}")
-    else:
-        E = [1]
-        if c.ep not in (None, 1):
-            why.append(f"constraints.ep = {c.ep} needs a mixture-of-experts model")
-    E_in = [v for v in divisors(g) if any(x % v == 0 for x in E)]
+    start: dict[str, list[int] | None] = {n: None for n in BASE_NAMES}
+    start["B"] = B
+    start["b"] = smooth_in_range(lo_mb, min(hi_mb, max(B, default=1)), primes)
+    caps = {"T": (c.tp, None, c.max_tp), "C": (c.cp, None, c.max_cp),
+            "P": (c.pp, None, c.max_pp), "V": (c.vp, None, c.max_vp),
+            "E": (c.ep, None, c.max_ep)}
+
+    rows, implications, knob_rules = rule_rows(inst)
+    # a knob the rules need (sequence parallelism for MoE layers with tp > 1) that the
+    # constraints turn off leaves the degree it needs at 1
+    for rule in knob_rules:
+        if getattr(c, rule.knob) is False:
+            (mono, _), = (q.single_form() for q in rule.quantities(symbols(inst), Sizes.of(inst)))
+            var = mono[0][0]
+            pin, lo, hi = caps.get(var, (None, None, None))
+            if pin not in (None, 1):
+                raise InfeasibleError("the constraints leave no plan", [
+                    f"{rule.message(None, Sizes.of(inst))}, which the constraints turn off, "
+                    f"and constraints.{LABELS[var][1]} = {pin}"])
+            caps[var] = (pin, lo, 1)
+    dom, bounded_by = _domains(rows, start, caps)
+    for var in BASE_NAMES:
+        if not dom[var] and not (var == "B" and not B):
+            rules = "; ".join(dict.fromkeys(bounded_by[var]))
+            why.append(f"no {LABELS[var][0]} satisfies: {rules}"
+                       f"{_caps_text(var, caps, inst)}")
     modes = c.recompute_modes
     if not modes:
         why.append("constraints.recompute allows no mode")
+    if why:
+        raise InfeasibleError("the constraints leave no plan", why)
+
+    def var(name: str) -> BaseVar:
+        vals = tuple(sorted(set(dom[name])))
+        return BaseVar(name, vals, tuple(_vec(factorize(v), primes) for v in vals))
+
+    base = {n: var(n) for n in BASE_NAMES}
+    fixed = {n: bv.values[0] for n, bv in base.items() if len(bv.values) == 1}
+    cons = [ExpConstraint(f"{r.rule.says}" + (f" [{r.index}]" if r.index else ""), r.mono,
+                          _exponents(r.coef, primes), eq=r.rule.kind == "one",
+                          when_v_gt1=r.rule.interleaved) for r in rows]
+
     # Unless a constraint pins them, sequence parallelism and the distributed optimizer are
     # turned on: in this model they never cost time and never add memory (sequence parallelism
     # moves the same tensor-parallel bytes and shards what was replicated; the distributed
     # optimizer moves the same data-parallel bytes and shards the optimizer states), so the
-    # optimum is unchanged. tests/test_dominance.py checks this on random plans.
+    # optimum is unchanged. tests/test_dominance.py checks this on random plans. (A rule that
+    # needs sequence parallelism, as MoE layers with tp > 1 do, is then always kept.)
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (True,)
-    if m.moe and sp_vals == (False,):       # MoE with tp > 1 needs sequence parallelism
-        base_T = [1]
-        if 1 not in T:
-            raise InfeasibleError("the constraints leave no plan", [
-                "MoE layers with tp > 1 need sequence parallelism, which the constraints turn off,"
-                " and tp = 1 is not allowed"])
-        T = base_T
-        T_in = [1]
-    elif m.moe:
-        sp_vals = (True,)                     # equivalent at tp = 1, required at tp > 1
-    if why:
-        raise InfeasibleError("the constraints leave no plan", why)
-
-    base = {"T": var("T", T), "T_in": var("T_in", T_in), "C": var("C", C),
-            "C_in": var("C_in", C_in), "P": var("P", P), "P_in": var("P_in", P_in),
-            "V": var("V", V), "b": var("b", b), "B": var("B", B), "E": var("E", E),
-            "E_in": var("E_in", E_in)}
-    fixed = {n: bv.values[0] for n, bv in base.items() if len(bv.values) == 1}
-
-    zero = tuple(0 for _ in primes)
-    NE, gE, nodesE = _vec(factorize(N), primes), _vec(factorize(g), primes), \
-        _vec(factorize(nodes), primes)
-    LE = _vec(factorize(m.layers), primes)
-    cons = [
-        ExpConstraint("t_out = T / T_in is an integer", (("T", 1), ("T_in", -1)), zero),
-        ExpConstraint("c_out = C / C_in is an integer", (("C", 1), ("C_in", -1)), zero),
-        ExpConstraint("p_out = P / P_in is an integer", (("P", 1), ("P_in", -1)), zero),
-        ExpConstraint("dp = N / (T C P) is an integer", (("C", -1), ("P", -1), ("T", -1)), NE),
-        ExpConstraint("dp_in = g / (T_in C_in P_in) is an integer",
-                      (("C_in", -1), ("P_in", -1), ("T_in", -1)), gE),
-        ExpConstraint("dp_out = dp / dp_in is an integer",
-                      (("C", -1), ("C_in", 1), ("P", -1), ("P_in", 1), ("T", -1), ("T_in", 1)),
-                      nodesE),
-        ExpConstraint("pp * vp divides layers", (("P", -1), ("V", -1)), LE),
-        ExpConstraint("m = B / (dp b) is an integer",
-                      (("B", 1), ("C", 1), ("P", 1), ("T", 1), ("b", -1)),
-                      tuple(-e for e in NE)),
-        ExpConstraint("e_out = E / E_in is an integer", (("E", 1), ("E_in", -1)), zero),
-        ExpConstraint("expert dp = N / (P E) is an integer", (("E", -1), ("P", -1)), NE),
-        ExpConstraint("expert dp_in = g / (E_in P_in) is an integer",
-                      (("E_in", -1), ("P_in", -1)), gE),
-        ExpConstraint("expert dp_out is an integer",
-                      (("E", -1), ("E_in", 1), ("P", -1), ("P_in", 1)), nodesE),
-        ExpConstraint("interleaving needs pp | micro-batches",
-                      (("B", 1), ("C", 1), ("T", 1), ("b", -1)), tuple(-e for e in NE),
-                      when_v_gt1=True),
-    ]
-    if c.tp_within_node:
-        cons.append(ExpConstraint("tp within a node", (("T", 1), ("T_in", -1)), zero, eq=True))
-    if c.pp_within_node:
-        cons.append(ExpConstraint("pp within a node", (("P", 1), ("P_in", -1)), zero, eq=True))
-    if c.cp_within_node:
-        cons.append(ExpConstraint("cp within a node", (("C", 1), ("C_in", -1)), zero, eq=True))
-
-    do_vals = ((c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,))
+    do_vals = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,)
     combos = [Knobs(r, s, o) for r, s, o in itertools.product(modes, sp_vals, do_vals)]
     dims = {"recompute": modes, "sequence_parallel": sp_vals, "distributed_optimizer": do_vals}
-    caps = []
+    caps_on_forms = []
     if c.dp is not None or c.max_dp is not None:
-        caps.append(("dp", (("C", -1), ("P", -1), ("T", -1)), float(N), c.dp, c.dp or c.max_dp))
-    return SearchSpace(inst, primes, base, fixed, cons, combos, dims, caps)
+        mono, coef = symbols(inst).dp.single_form()
+        caps_on_forms.append(("dp", mono, coef, c.dp, c.dp or c.max_dp))
+    return SearchSpace(inst, primes, base, fixed, cons, combos, dims, caps_on_forms,
+                       implications)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.model.terms import Degrees, Knobs, step_terms
+from planner.model.plan import Degrees, Knobs
+from planner.model.terms import step_terms
 from planner.model.instance import parse_instance
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.model.terms import evaluate
+from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 from planner.model.plan import Plan, structural_violations
 from planner.app.validate import load_runs, validate_runs

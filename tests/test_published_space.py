@@ -11,7 +11,7 @@ from formulations.enumerate import feasible_points
 from formulations.result import Status
 from formulations.solve import solve
 from formulations.space import build_space
-from planner.model.terms import evaluate
+from planner.model.evaluate import evaluate
 from planner.model.plan import plan_from_spec
 from planner.app.validate import load_runs, run_instance
 

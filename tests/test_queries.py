@@ -9,7 +9,7 @@ import pytest
 from formulations import queries
 from formulations.solve import solve
 from planner.model.errors import InfeasibleError
-from planner.model.terms import evaluate
+from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 
 BACKENDS = ("enumerate", "cpsat", "highs")

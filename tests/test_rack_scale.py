@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from formulations.solve import solve
-from planner.model.terms import Degrees, Knobs, evaluate, step_terms
+from planner.model.evaluate import evaluate
+from planner.model.plan import Knobs
+from planner.model.terms import step_terms
 from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
 from planner.model.schema import PlanSpec
@@ -34,11 +36,11 @@ def test_expert_and_tensor_groups_stay_on_nvlink_inside_the_domain():
     rep = evaluate(inst, plan)
     assert not rep.violations
     # every collective of this plan stays on NVLink: only gradients cross the two racks
-    terms = step_terms(inst, Degrees.of(plan), Knobs("none", True, True))
+    terms = step_terms(inst, plan.grid.degrees(), Knobs("none", True, True))
     slow_nic = parse_instance({
         "model": {"preset": "mixtral-8x7b"}, "training": {"global_batch": 576},
         "cluster": {"gpu": "gb200", "nodes": 2, "inter_node_bandwidth_GBps": 1.0}})
-    slow = step_terms(slow_nic, Degrees.of(plan), Knobs("none", True, True))
+    slow = step_terms(slow_nic, plan.grid.degrees(), Knobs("none", True, True))
     assert slow.time["ep_comm"] == pytest.approx(terms.time["ep_comm"], rel=1e-12)
     assert slow.time["tp_comm"] == pytest.approx(terms.time["tp_comm"], rel=1e-12)
     assert slow.time["dp_comm"] > terms.time["dp_comm"]

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.model.terms import TIME_TERMS, Degrees, Knobs, evaluate, step_terms
+from planner.model.evaluate import evaluate
+from planner.model.plan import Knobs
+from planner.model.terms import TIME_TERMS, step_terms
 from planner.model.instance import parse_instance
 from planner.model.plan import Plan, structural_violations
 
@@ -84,7 +86,7 @@ def make_plan(inst, *, tp=1, pp=1, dp=1, cp=1, vp=1, b=1, B=None, recompute="non
 
 def terms_of(inst, plan):
     k = Knobs(plan.recompute, plan.sequence_parallel, plan.distributed_optimizer)
-    return step_terms(inst, Degrees.of(plan), k)
+    return step_terms(inst, plan.grid.degrees(), k)
 
 
 # Test-local hand formulas, used only by the composite tests (bubble, overlap, sums) after the

@@ -16,12 +16,16 @@ ep expert-parallel, ed expert data-parallel; PK = peak * efficiency; tensors 16-
 
 from __future__ import annotations
 
+import dataclasses
+
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from planner.model.terms import Degrees, Knobs, evaluate, step_terms
+from planner.model.evaluate import evaluate
+from planner.model.plan import Knobs
+from planner.model.terms import step_terms
 from planner.model.plan import structural_violations
 from planner.model.workload import Shape
 from test_terms import make_inst, make_plan, terms_of  # the same builders and catalog figures
@@ -303,7 +307,7 @@ def test_ep_all_to_all(case):
     B, b = 16, 1
     inst = make_inst(gpus, model=moe_model(False), cluster={"gpus_per_node": gpn}, global_batch=B)
     plan = make_plan(inst, b=b, recompute=recompute, **kw)
-    x = Degrees.of(plan)
+    x = plan.grid.degrees()
     assert (x.e_in, x.e_out) == (e_in, e_out)
     tm = terms_of(inst, plan)
     t, c, dp = kw.get("tp", 1), kw.get("cp", 1), kw["dp"]
@@ -325,8 +329,8 @@ def test_dense_model_has_no_ep_comm():
     plan = make_plan(inst, dp=4)
     assert terms_of(inst, plan).time["ep_comm"] == 0
     # even with expert-parallel degrees forced on the degrees, a dense model has nothing to route
-    x = Degrees.of(plan)
-    forced = Degrees(**{**vars(x), "e_in": 2, "e_out": 2})
+    x = plan.grid.degrees()
+    forced = dataclasses.replace(x, e_in=2, e_out=2)
     tm = step_terms(inst, forced, Knobs())
     assert tm.time["ep_comm"] == 0
     ref = terms_of(inst, plan)
@@ -359,7 +363,7 @@ def test_expert_gradients_and_optimizer(case, gated, distopt):
     gpus, gpn, kw, (d_in, d_out), (ed_in, ed_out) = ED_CASES[case]
     inst = make_inst(gpus, model=moe_model(gated), cluster={"gpus_per_node": gpn}, global_batch=16)
     plan = make_plan(inst, distopt=distopt, **kw)
-    x = Degrees.of(plan)
+    x = plan.grid.degrees()
     pp, ep = kw.get("pp", 1), kw["ep"]
     assert plan.expert_dp == gpus / (pp * ep) == ed_in * ed_out
     assert (x.ed_in, x.ed_out) == (ed_in, ed_out)
@@ -394,7 +398,7 @@ def test_moe_memory_stages(gated, recompute, distopt):
     plan = make_plan(inst, tp=tp, pp=pp, dp=dp, ep=ep, b=b, sp=True, recompute=recompute,
                      distopt=distopt)
     ed = 8 // (pp * ep)                                      # expert data-parallel degree 1 (!= d)
-    assert Degrees.of(plan).ed == ed
+    assert plan.grid.degrees().ed == ed
     tm = terms_of(inst, plan)
     assert set(tm.memory) == {"first_dense", "last_dense", "first_moe", "last_moe"}
     af = act_f(gated)
@@ -524,7 +528,7 @@ def test_moe_tp_needs_sequence_parallelism():
 def test_ep_intra_must_match_a_single_node():
     inst = make_inst(8, model=moe_model(False))              # one node of 8 GPUs
     plan = make_plan(inst, dp=8, ep=4, ep_intra=1, check=False)
-    x = Degrees.of(plan)
+    x = plan.grid.degrees()
     assert x.ed_out >= 1 and x.e_out == 1 or structural_violations(inst, plan) != []
 
 

@@ -90,7 +90,7 @@ def evaluate(
 ) -> None:
     """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost.
     Exit 3 when the plan breaks a structural rule or does not fit (the report lists why)."""
-    from planner.model.terms import evaluate as run_evaluate
+    from planner.model.evaluate import evaluate as run_evaluate
     from planner.model.plan import plan_from_spec
     from planner.app.report import print_step
     from planner.model.schema import RECOMPUTE_MODES, PlanSpec

@@ -13,7 +13,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from planner.model.terms import MEMORY_TERMS, MFU_FORMULA, TIME_TERMS, StepReport
+from planner.model.evaluate import MFU_FORMULA, StepReport
+from planner.model.terms import MEMORY_TERMS, TIME_TERMS
 from planner.model.instance import Instance
 
 TERM_LABELS = {

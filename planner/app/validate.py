@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.model.errors import InputError, PlanError
-from planner.model.terms import StepReport, evaluate
+from planner.model.evaluate import StepReport, evaluate
 from planner.model.instance import Instance, parse_instance, read_toml
 from planner.model.plan import plan_from_spec
 from planner.model.schema import PlanSpec

@@ -1,25 +1,169 @@
-"""The parallel plan: one frozen record that owns the degrees and their placement on nodes.
+"""The parallel plan and the one derivation of every degree from the base variables.
 
-Like torchtitan's ``ParallelDims`` it is the single owner of the degrees; unlike it, checking a
-plan never raises: :func:`structural_violations` returns every broken rule so a report can list
-them all (DESIGN.md: "a plan that does not fit is reported with the limits it violates").
+Three readers need the degrees of a plan: the evaluator (a fixed plan, numbers), the enumerator
+(a whole search space at once, numpy arrays) and the MIP encoding (symbols of
+:mod:`planner.model.algebra`); the decoder turns a solver's answer back into a :class:`Plan`.
+All four go through the two functions here, written once as plain arithmetic:
+
+* :meth:`Grid.from_base` maps the search's *base variables* (``T, T_in, C, C_in, P, P_in, V, b,
+  B, E, E_in``: the degrees a plan chooses freely) to the whole process grid, deriving the data
+  degree ``dp = N / (T C P)`` and its intra-node factor ``dp_intra = g / (T_in C_in P_in)``;
+* :meth:`Grid.degrees` maps a grid to the evaluator's :class:`Degrees`: every degree split into
+  its factor inside a node and across nodes, the micro-batch count and the expert data-parallel
+  group.
 
 Placement follows AMPeD: each degree splits into an intra-node factor and an inter-node factor
 (``tp = tp_intra * tp_inter``) and the intra factors of all degrees multiply to the GPUs of one
 node, i.e. every node holds a box of the process grid. When a plan does not say, the box is taken
-in Megatron-LM's rank order (tp innermost, then cp, dp, pp).
+in Megatron-LM's rank order (tp innermost, then cp, dp, pp): :func:`default_placement`.
+
+Whether a plan keeps the structural rules (divisibility, node tiling, ...) is decided by the one
+rule table of :mod:`planner.model.rules`; :func:`structural_violations` lists every rule broken,
+and never raises (a report lists them all).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from planner.model.instance import Instance
+from planner.model.rules import violations
 from planner.model.schema import PlanSpec
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
+
+#: The search's base variables (the free choices of a plan), in enumeration order.
+BASE_NAMES = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The categorical choices of a plan."""
+
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """Degrees split into intra- and inter-node factors, micro-batch ``b``, virtual stages ``v``
+    and global batch ``B``: what the evaluator reads. Any field may be a number, a numpy array or
+    a symbol; build it with :meth:`Grid.degrees`, never by hand."""
+
+    t_in: Any
+    t_out: Any
+    c_in: Any
+    c_out: Any
+    p_in: Any
+    p_out: Any
+    d_in: Any
+    d_out: Any
+    b: Any
+    v: Any
+    B: Any
+    e_in: Any = 1      # expert-parallel group: inside a node / across nodes
+    e_out: Any = 1
+    ed_in: Any = 1     # expert data-parallel group (gradients of the experts)
+    ed_out: Any = 1
+
+    @property
+    def t(self):
+        return self.t_in * self.t_out
+
+    @property
+    def c(self):
+        return self.c_in * self.c_out
+
+    @property
+    def p(self):
+        return self.p_in * self.p_out
+
+    @property
+    def d(self):
+        return self.d_in * self.d_out
+
+    @property
+    def m(self):
+        """Micro-batches per step: ``B / (d b)``."""
+        return self.B / (self.d * self.b)
+
+    @property
+    def e(self):
+        return self.e_in * self.e_out
+
+    @property
+    def ed(self):
+        return self.ed_in * self.ed_out
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The process grid of a plan: every degree, its intra-node factor, the micro-batch and the
+    global batch, on ``gpus`` GPUs with ``node_size`` GPUs per node. Fields may be numbers,
+    numpy arrays or symbols, so the same derivation serves every reader."""
+
+    tp: Any
+    tp_intra: Any
+    cp: Any
+    cp_intra: Any
+    pp: Any
+    pp_intra: Any
+    dp: Any
+    dp_intra: Any
+    vp: Any
+    micro_batch: Any
+    global_batch: Any
+    ep: Any
+    ep_intra: Any
+    gpus: Any
+    node_size: Any
+
+    @staticmethod
+    def from_base(x, gpus, node_size) -> Grid:
+        """The grid of an assignment ``x`` of the base variables (:data:`BASE_NAMES`): the data
+        degree fills the GPUs the model-parallel degrees leave, inside a node and overall."""
+        T, Ti, C, Ci, P, Pi = (x[n] for n in ("T", "T_in", "C", "C_in", "P", "P_in"))
+        return Grid(tp=T, tp_intra=Ti, cp=C, cp_intra=Ci, pp=P, pp_intra=Pi,
+                    dp=gpus / (T * C * P), dp_intra=node_size / (Ti * Ci * Pi), vp=x["V"],
+                    micro_batch=x["b"], global_batch=x["B"], ep=x["E"], ep_intra=x["E_in"],
+                    gpus=gpus, node_size=node_size)
+
+    def inter(self, dim: str):
+        """Inter-node factor of a degree (``tp_inter = tp / tp_intra``)."""
+        return getattr(self, dim) / getattr(self, f"{dim}_intra")
+
+    @property
+    def micro_batches(self):
+        """Micro-batches per step per pipeline: ``global_batch / (dp * micro_batch)``."""
+        return self.global_batch / (self.dp * self.micro_batch)
+
+    @property
+    def expert_dp(self):
+        """Expert data-parallel degree: the MoE layers' grid is ``ep x expert_dp`` per stage
+        (expert tensor parallelism 1, Megatron-Core's MoE parallel folding)."""
+        return self.gpus / (self.pp * self.ep)
+
+    @property
+    def expert_dp_intra(self):
+        """Its factor inside a node: the GPUs a stage has in a node, over ``ep_intra``."""
+        return self.node_size / (self.ep_intra * self.pp_intra)
+
+    def degrees(self) -> Degrees:
+        """The evaluator's degrees: each split into its intra- and inter-node factor."""
+        ed_in = self.expert_dp_intra
+        return Degrees(t_in=self.tp_intra, t_out=self.inter("tp"), c_in=self.cp_intra,
+                       c_out=self.inter("cp"), p_in=self.pp_intra, p_out=self.inter("pp"),
+                       d_in=self.dp_intra, d_out=self.inter("dp"), b=self.micro_batch,
+                       v=self.vp, B=self.global_batch, e_in=self.ep_intra,
+                       e_out=self.inter("ep"), ed_in=ed_in, ed_out=self.expert_dp / ed_in)
+
+
+def _whole(x: Any) -> Any:
+    """An integral number as an int (a derived degree such as ``dp = N / (T C P)``)."""
+    return int(x) if float(x).is_integer() else x
 
 
 @dataclass(frozen=True)
@@ -45,21 +189,48 @@ class Plan:
     ep: int = 1          # expert-parallel degree (MoE layers): experts sharded over ep ranks
     ep_intra: int = 1    # its factor inside a node
 
+    @staticmethod
+    def from_base(x, knobs: Knobs, gpus: int, nodes: int) -> Plan:
+        """Decode an assignment of the base variables (a solver's answer) into a plan."""
+        g = Grid.from_base(x, gpus, gpus // nodes)
+        grid = {f.name: _whole(getattr(g, f.name)) for f in fields(Grid)
+                if f.name not in ("node_size",)}
+        return Plan(nodes=nodes, recompute=knobs.recompute,
+                    sequence_parallel=knobs.sequence_parallel,
+                    distributed_optimizer=knobs.distributed_optimizer, **grid)
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(self.recompute, self.sequence_parallel, self.distributed_optimizer)
+
+    @property
+    def node_size(self) -> int:
+        """GPUs per node of the cluster the plan runs on."""
+        return self.gpus // self.nodes
+
+    @property
+    def grid(self) -> Grid:
+        return Grid(**{f.name: getattr(self, f.name) for f in fields(Grid)
+                       if f.name != "node_size"}, node_size=self.node_size)
+
+    def base(self) -> dict[str, int]:
+        """The plan's values of the search's base variables (:data:`BASE_NAMES`)."""
+        return {"T": self.tp, "T_in": self.tp_intra, "C": self.cp, "C_in": self.cp_intra,
+                "P": self.pp, "P_in": self.pp_intra, "V": self.vp, "b": self.micro_batch,
+                "B": self.global_batch, "E": self.ep, "E_in": self.ep_intra}
+
     @property
     def expert_dp(self) -> float:
-        """Expert data-parallel degree: the MoE layers' grid is ep x expert_dp per stage
-        (expert tensor parallelism 1, Megatron-Core's MoE parallel folding)."""
-        return self.gpus / (self.pp * self.ep)
+        return self.grid.expert_dp
 
     @property
     def micro_batches(self) -> float:
         """Micro-batches per step per pipeline: global_batch / (dp * micro_batch)."""
-        m = self.global_batch / (self.dp * self.micro_batch)
-        return int(m) if float(m).is_integer() else m
+        return _whole(self.grid.micro_batches)
 
     def inter(self, dim: str) -> float:
         """Inter-node factor of a degree (tp_inter = tp / tp_intra)."""
-        return getattr(self, dim) / getattr(self, f"{dim}_intra")
+        return self.grid.inter(dim)
 
     def label(self) -> str:
         """Short human label, e.g. ``TP8 PP8 DP16 mb1``."""
@@ -81,11 +252,12 @@ class Plan:
         return d
 
 
-def default_placement(degrees: dict[str, int], node_size: int) -> dict[str, int]:
-    """Intra-node factors in Megatron rank order: a degree gets a factor of the node only once
-    every inner degree fits entirely inside it."""
+def default_placement(degrees: dict[str, int], node_size: int,
+                      order: tuple[str, ...] = ORDER) -> dict[str, int]:
+    """Intra-node factors a launcher filling nodes in ``order`` (innermost first) produces: a
+    degree gets a factor of the node only once every inner degree fits entirely inside it."""
     rem, full, out = node_size, True, {}
-    for dim in ORDER:
+    for dim in order:
         f = math.gcd(degrees[dim], rem) if full else 1
         rem //= f
         full = full and f == degrees[dim]
@@ -95,83 +267,30 @@ def default_placement(degrees: dict[str, int], node_size: int) -> dict[str, int]
 
 def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     """Build a :class:`Plan` from ``[plan]`` plus command-line overrides (``tp=8``)."""
-    fields = spec.model_dump()
-    fields.update({k: v for k, v in overrides.items() if v is not None})
-    tp, pp, cp = fields["tp"], fields["pp"], fields["cp"]
+    f = spec.model_dump()
+    f.update({k: v for k, v in overrides.items() if v is not None})
+    tp, pp, cp = f["tp"], f["pp"], f["cp"]
     gpus = inst.gpus
-    dp = fields["dp"] or max(1, gpus // (tp * pp * cp))
+    dp = f["dp"] or max(1, gpus // (tp * pp * cp))
     tb = inst.spec.training.global_batch
-    gb = fields["global_batch"] or (tb if isinstance(tb, int) else tb[1])
-    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
-    placed = default_placement(degrees, inst.node_size)
-    intra = {d: fields.get(f"{d}_intra") or placed[d] for d in ORDER}
-    ep = fields.get("ep") or 1
+    gb = f["global_batch"] or (tb if isinstance(tb, int) else tb[1])
+    placed = default_placement({"tp": tp, "cp": cp, "dp": dp, "pp": pp}, inst.node_size)
+    intra = {d: f.get(f"{d}_intra") or placed[d] for d in ORDER}
+    ep = f.get("ep") or 1
     # experts fill the innermost ranks of a stage: as much of ep as the stage's share of a node
-    ep_intra = fields.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))
-    return Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=fields["vp"], micro_batch=fields["micro_batch"],
-                ep=ep, ep_intra=ep_intra,
-                global_batch=gb, gpus=gpus, nodes=inst.nodes, recompute=fields["recompute"],
-                sequence_parallel=fields["sequence_parallel"],
-                distributed_optimizer=fields["distributed_optimizer"],
+    ep_intra = f.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))
+    return Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=f["vp"], micro_batch=f["micro_batch"],
+                ep=ep, ep_intra=ep_intra, global_batch=gb, gpus=gpus, nodes=inst.nodes,
+                recompute=f["recompute"], sequence_parallel=f["sequence_parallel"],
+                distributed_optimizer=f["distributed_optimizer"],
                 **{f"{d}_intra": intra[d] for d in ORDER})
 
 
 def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = None) -> list[str]:
-    """Every structural rule the plan breaks, as sentences naming the numbers."""
-    m = inst.model
-    out = []
-    if plan.tp * plan.pp * plan.dp * plan.cp != plan.gpus:
-        out.append(f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = "
-                   f"{plan.tp * plan.pp * plan.dp * plan.cp}, not the {plan.gpus} GPUs")
-    if m.heads % plan.tp or m.kv % plan.tp:
-        out.append(f"tp={plan.tp} must divide heads={m.heads} and kv_heads={m.kv}")
-    if m.layers % (plan.pp * plan.vp):
-        out.append(f"pp*vp = {plan.pp * plan.vp} must divide layers={m.layers}")
-    if plan.vp > 1 and plan.pp == 1:
-        out.append("vp > 1 needs pp > 1 (interleaving splits pipeline stages)")
-    if m.seq_len % plan.cp:
-        out.append(f"cp={plan.cp} must divide seq_len={m.seq_len}")
-    if plan.global_batch % (plan.dp * plan.micro_batch):
-        out.append(f"dp*micro_batch = {plan.dp * plan.micro_batch} must divide "
-                   f"global_batch={plan.global_batch}")
-    elif plan.vp > 1 and plan.micro_batches % plan.pp:
-        out.append(f"interleaving needs micro_batches ({plan.micro_batches}) divisible by "
-                   f"pp ({plan.pp})")
+    """Every structural rule the plan breaks, as sentences naming the numbers (the rules of
+    :mod:`planner.model.rules`), plus a ``[plan] micro_batches`` that disagrees with the plan."""
+    out = violations(inst, plan.grid, plan.knobs)
     if spec is not None and spec.micro_batches and spec.micro_batches != plan.micro_batches:
         out.append(f"plan.micro_batches={spec.micro_batches} but global_batch/(dp*micro_batch)"
                    f" = {plan.micro_batches}")
-    box = 1
-    for dim in ORDER:
-        f, deg = getattr(plan, f"{dim}_intra"), getattr(plan, dim)
-        box *= f
-        if deg % f:
-            out.append(f"{dim}_intra={f} must divide {dim}={deg}")
-    if box != inst.node_size:
-        out.append(f"intra-node factors tp*cp*dp*pp = {box} must equal the {inst.node_size} GPUs "
-                   "of a node (each node holds a box of the process grid); set *_intra in [plan]")
-    if plan.ep > 1 and not m.moe:
-        out.append(f"ep={plan.ep} needs a mixture-of-experts model (model.experts > 1)")
-    if m.moe:
-        if m.experts % plan.ep:
-            out.append(f"ep={plan.ep} must divide experts={m.experts}")
-        if (plan.gpus // plan.pp) % plan.ep:
-            out.append(f"ep={plan.ep} must divide the {plan.gpus // plan.pp} GPUs of a pipeline "
-                       "stage (tp*cp*dp)")
-        if plan.ep % plan.ep_intra or (inst.node_size // plan.pp_intra) % plan.ep_intra:
-            out.append(f"ep_intra={plan.ep_intra} must divide ep={plan.ep} and the "
-                       f"{inst.node_size // plan.pp_intra} GPUs a stage has in a node")
-        else:
-            ed_in = inst.node_size // (plan.ep_intra * plan.pp_intra)
-            ed_out = plan.expert_dp / ed_in
-            if ed_out < 1 or not float(ed_out).is_integer():
-                out.append(f"ep_intra={plan.ep_intra}: the expert data-parallel group "
-                           f"({plan.expert_dp:g} ranks, {ed_in} of them inside a node) does not "
-                           f"tile the {plan.nodes} node(s); choose ep_intra so ep / ep_intra "
-                           "divides the node count")
-        if plan.tp > 1 and not plan.sequence_parallel:
-            out.append("MoE layers with tp > 1 need sequence parallelism (Megatron-Core)")
-    c = inst.spec.constraints
-    for dim in ("tp", "pp", "cp"):
-        if getattr(c, f"{dim}_within_node") and plan.inter(dim) != 1:
-            out.append(f"constraints.{dim}_within_node but {dim}={getattr(plan, dim)} crosses nodes")
     return out

@@ -26,8 +26,7 @@ from planner.model.algebra import eq1, gt1, is_one, ring_share, steps, vmax
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, ring_step
 from planner.model.instance import Hardware, Instance
-from planner.model.plan import Plan, structural_violations
-from planner.model.schema import PlanSpec
+from planner.model.plan import Degrees, Knobs
 from planner.model.workload import Shape
 
 TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
@@ -46,76 +45,6 @@ GRAD_WIRE_BYTES = 2
 #: HBM bytes touched per parameter by the Adam step: read fp32 master, m, v, grad (16), write
 #: master, m, v (12), write the 16-bit weight (2).
 ADAM_STEP_BYTES = 30
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """The categorical choices of a plan."""
-
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    distributed_optimizer: bool = False
-
-
-@dataclass
-class Degrees:
-    """Degrees split into intra- and inter-node factors, micro-batch ``b``, virtual stages ``v``
-    and global batch ``B``. Any field may be a number, a numpy array or a symbol."""
-
-    t_in: Any
-    t_out: Any
-    c_in: Any
-    c_out: Any
-    p_in: Any
-    p_out: Any
-    d_in: Any
-    d_out: Any
-    b: Any
-    v: Any
-    B: Any
-    e_in: Any = 1      # expert-parallel group: inside a node / across nodes
-    e_out: Any = 1
-    ed_in: Any = 1     # expert data-parallel group (gradients of the experts)
-    ed_out: Any = 1
-
-    @property
-    def t(self):
-        return self.t_in * self.t_out
-
-    @property
-    def c(self):
-        return self.c_in * self.c_out
-
-    @property
-    def p(self):
-        return self.p_in * self.p_out
-
-    @property
-    def d(self):
-        return self.d_in * self.d_out
-
-    @property
-    def m(self):
-        """Micro-batches per step: ``B / (d b)``."""
-        return self.B / (self.d * self.b)
-
-    @property
-    def e(self):
-        return self.e_in * self.e_out
-
-    @property
-    def ed(self):
-        return self.ed_in * self.ed_out
-
-    @staticmethod
-    def of(plan: Plan) -> Degrees:
-        node = plan.gpus // plan.nodes
-        ed_in = node / (plan.ep_intra * plan.pp_intra)
-        return Degrees(t_in=plan.tp_intra, t_out=plan.inter("tp"), c_in=plan.cp_intra,
-                       c_out=plan.inter("cp"), p_in=plan.pp_intra, p_out=plan.inter("pp"),
-                       d_in=plan.dp_intra, d_out=plan.inter("dp"), b=plan.micro_batch,
-                       v=plan.vp, B=plan.global_batch, e_in=plan.ep_intra,
-                       e_out=plan.inter("ep"), ed_in=ed_in, ed_out=plan.expert_dp / ed_in)
 
 
 @dataclass
@@ -358,105 +287,6 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                         "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer})
 
 
-# ------------------------------------------------------------------------------------------
-# Reports
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepReport:
-    """Everything ``plan evaluate`` prints, and the JSON contract of DESIGN.md section 3."""
-
-    plan: Plan
-    step_time_s: float
-    breakdown_s: dict[str, float]
-    memory_gib: dict[str, float]
-    memory_by_stage_gib: dict[str, dict[str, float]]
-    most_loaded_stage: str
-    mfu: float
-    model_tflops_per_gpu: float
-    total_days: float | None
-    cost: float | None
-    tokens_per_step: int
-    steps: float | None
-    violations: list[str]
-
-    @property
-    def fits(self) -> bool:
-        return not self.violations
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "plan": self.plan.to_dict(),
-            "step_time_s": self.step_time_s,
-            "breakdown_s": self.breakdown_s,
-            "memory_gib": self.memory_gib,
-            "memory_by_stage_gib": self.memory_by_stage_gib,
-            "most_loaded_stage": self.most_loaded_stage,
-            "mfu": self.mfu,
-            "mfu_formula": MFU_FORMULA,
-            "model_tflops_per_gpu": self.model_tflops_per_gpu,
-            "total_days": self.total_days,
-            "cost": self.cost,
-            "tokens_per_step": self.tokens_per_step,
-            "steps": self.steps,
-            "feasible": self.fits,
-            "violations": self.violations,
-        }
-
-
-MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit peak); model FLOPs "
-               "= 3 * B * (L * (GEMM + 4 s^2 h) + 2 s h V) per sequence, no recompute "
-               "(Megatron-LM / Narayanan et al. 2021 Eq. 3)")
-
-
 def memory_limit_bytes(inst: Instance) -> float:
+    """Bytes a plan may use per GPU: the capacity less the reserve."""
     return inst.hw.hbm_bytes - inst.spec.constraints.memory_reserve_GiB * GiB
-
-
-def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = None,
-             spec: PlanSpec | None = None) -> StepReport:
-    """Evaluate one plan: step time with breakdown, memory against capacity, MFU, days, cost.
-
-    Example
-    -------
-    >>> from planner.model.instance import load_instance          # doctest: +SKIP
-    >>> inst = load_instance("instances/gpt3-175b-a100.toml")  # doctest: +SKIP
-    >>> evaluate(inst, plan_from_spec(inst, inst.spec.plan)).step_time_s  # doctest: +SKIP
-    """
-    k = Knobs(plan.recompute, plan.sequence_parallel, plan.distributed_optimizer)
-    terms = step_terms(inst, Degrees.of(plan), k)
-    breakdown = {name: float(terms.time[name]) for name in TIME_TERMS}
-    step = sum(breakdown.values())
-    by_stage = {st: {n: float(terms.memory[st][n]) / GiB for n in MEMORY_TERMS}
-                for st in terms.memory}
-    for st in by_stage:
-        by_stage[st]["total"] = sum(by_stage[st][n] for n in MEMORY_TERMS)
-    worst = max(by_stage, key=lambda st: by_stage[st]["total"])
-    limit = memory_limit_bytes(inst) / GiB
-    memory = dict(by_stage[worst])
-    memory["capacity"] = inst.hw.hbm_bytes / GiB
-    memory["reserve"] = inst.spec.constraints.memory_reserve_GiB
-    memory["limit"] = limit
-
-    violations = structural_violations(inst, plan, spec) + list(extra_violations or [])
-    if memory["total"] > limit:
-        violations.append(
-            f"memory: the {worst} pipeline stage needs {memory['total']:.1f} GiB per GPU, over the "
-            f"{limit:.1f} GiB limit ({memory['capacity']:.1f} GiB capacity - "
-            f"{memory['reserve']:.1f} GiB reserve)")
-
-    sh = Shape.of(inst.model)
-    flops = sh.model_flops(plan.global_batch)
-    achieved = flops / step / plan.gpus
-    mfu = achieved / inst.hw.peak
-    tokens_step = plan.global_batch * sh.s
-    tr = inst.spec.training
-    n_steps = tr.tokens / tokens_step if tr.tokens else None
-    days = n_steps * step / 86400 if n_steps is not None else None
-    price = inst.spec.cluster.price_per_gpu_hour
-    cost = days * 24 * plan.gpus * price if (days is not None and price) else None
-    return StepReport(plan=plan, step_time_s=step, breakdown_s=breakdown, memory_gib=memory,
-                      memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
-                      model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
-                      tokens_per_step=tokens_step, steps=n_steps, violations=violations)

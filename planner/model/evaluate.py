@@ -1,0 +1,113 @@
+"""One plan's numbers: the model's terms summed into the step time and its breakdown, memory
+per GPU against the limit, MFU, days and cost, and the limits the plan breaks
+(:class:`StepReport`, the JSON of every command's plan result; docs/contract.md).
+
+The terms themselves are :func:`planner.model.terms.step_terms`; this module only assembles
+them, so the model and its report cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.model.catalog import GiB
+from planner.model.instance import Instance
+from planner.model.plan import Plan, structural_violations
+from planner.model.schema import PlanSpec
+from planner.model.terms import MEMORY_TERMS, TIME_TERMS, memory_limit_bytes, step_terms
+from planner.model.workload import Shape
+
+
+@dataclass
+class StepReport:
+    """Everything ``plan evaluate`` prints, and the JSON contract of DESIGN.md section 3."""
+
+    plan: Plan
+    step_time_s: float
+    breakdown_s: dict[str, float]
+    memory_gib: dict[str, float]
+    memory_by_stage_gib: dict[str, dict[str, float]]
+    most_loaded_stage: str
+    mfu: float
+    model_tflops_per_gpu: float
+    total_days: float | None
+    cost: float | None
+    tokens_per_step: int
+    steps: float | None
+    violations: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            "step_time_s": self.step_time_s,
+            "breakdown_s": self.breakdown_s,
+            "memory_gib": self.memory_gib,
+            "memory_by_stage_gib": self.memory_by_stage_gib,
+            "most_loaded_stage": self.most_loaded_stage,
+            "mfu": self.mfu,
+            "mfu_formula": MFU_FORMULA,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "total_days": self.total_days,
+            "cost": self.cost,
+            "tokens_per_step": self.tokens_per_step,
+            "steps": self.steps,
+            "feasible": self.fits,
+            "violations": self.violations,
+        }
+
+
+MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit peak); model FLOPs "
+               "= 3 * B * (L * (GEMM + 4 s^2 h) + 2 s h V) per sequence, no recompute "
+               "(Megatron-LM / Narayanan et al. 2021 Eq. 3)")
+
+
+def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = None,
+             spec: PlanSpec | None = None) -> StepReport:
+    """Evaluate one plan: step time with breakdown, memory against capacity, MFU, days, cost.
+
+    Example
+    -------
+    >>> from planner.model.instance import load_instance          # doctest: +SKIP
+    >>> inst = load_instance("instances/gpt3-175b-a100.toml")  # doctest: +SKIP
+    >>> evaluate(inst, plan_from_spec(inst, inst.spec.plan)).step_time_s  # doctest: +SKIP
+    """
+    terms = step_terms(inst, plan.grid.degrees(), plan.knobs)
+    breakdown = {name: float(terms.time[name]) for name in TIME_TERMS}
+    step = sum(breakdown.values())
+    by_stage = {st: {n: float(terms.memory[st][n]) / GiB for n in MEMORY_TERMS}
+                for st in terms.memory}
+    for st in by_stage:
+        by_stage[st]["total"] = sum(by_stage[st][n] for n in MEMORY_TERMS)
+    worst = max(by_stage, key=lambda st: by_stage[st]["total"])
+    limit = memory_limit_bytes(inst) / GiB
+    memory = dict(by_stage[worst])
+    memory["capacity"] = inst.hw.hbm_bytes / GiB
+    memory["reserve"] = inst.spec.constraints.memory_reserve_GiB
+    memory["limit"] = limit
+
+    violations = structural_violations(inst, plan, spec) + list(extra_violations or [])
+    if memory["total"] > limit:
+        violations.append(
+            f"memory: the {worst} pipeline stage needs {memory['total']:.1f} GiB per GPU, over the "
+            f"{limit:.1f} GiB limit ({memory['capacity']:.1f} GiB capacity - "
+            f"{memory['reserve']:.1f} GiB reserve)")
+
+    sh = Shape.of(inst.model)
+    flops = sh.model_flops(plan.global_batch)
+    achieved = flops / step / plan.gpus
+    mfu = achieved / inst.hw.peak
+    tokens_step = plan.global_batch * sh.s
+    tr = inst.spec.training
+    n_steps = tr.tokens / tokens_step if tr.tokens else None
+    days = n_steps * step / 86400 if n_steps is not None else None
+    price = inst.spec.cluster.price_per_gpu_hour
+    cost = days * 24 * plan.gpus * price if (days is not None and price) else None
+    return StepReport(plan=plan, step_time_s=step, breakdown_s=breakdown, memory_gib=memory,
+                      memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
+                      model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
+                      tokens_per_step=tokens_step, steps=n_steps, violations=violations)

@@ -1,0 +1,221 @@
+"""The structural rules of a plan, written once as data.
+
+Each :class:`Rule` states a fact every runnable plan has (``tp`` divides the attention heads, the
+global batch is a whole number of micro-batches, each node holds a box of the process grid, ...)
+as *quantities* that must be positive integers (``kind = "integer"``) or exactly 1
+(``kind = "one"``). A quantity is a product of powers of the plan's degrees and the instance's
+sizes, written as plain arithmetic on a :class:`~planner.model.plan.Grid`, so the same
+expression is read two ways:
+
+* on a plan's numbers it decides whether the plan keeps the rule, and :meth:`Rule.message`
+  says why not in the user's terms (``plan evaluate``, ``plan validate``, the launch exports);
+* on the symbols of the search's base variables (:meth:`Grid.from_base
+  <planner.model.plan.Grid.from_base>` run on :class:`~planner.model.algebra.Sig`) it is one
+  monomial ``c * prod x_i^e_i``; "a positive integer" is then, per prime ``q`` of the instance,
+  ``v_q(c) + sum_i e_i v_q(x_i) >= 0`` (``== 0`` for "exactly 1"): the rows of the MIPs and the
+  filter of the enumerator (``formulations/space.py``). A rule whose quantity is a constant
+  there (the search derives ``dp`` so that ``tp*pp*dp*cp = N`` always holds) needs no row.
+
+Two rules are not products: ``kind = "implies"`` (interleaving needs a pipeline: ``vp > 1``
+implies ``pp > 1``) and ``kind = "needs_knob"`` (MoE layers with ``tp > 1`` need sequence
+parallelism): both name the degrees they relate, which the search reads as its own rows.
+
+A rule may apply only to some instances (``applies``: MoE models, ``*_within_node``
+constraints), only to interleaved plans (``interleaved``), or only once other rules hold
+(``requires``: a fractional micro-batch count is not also reported as "not divisible by pp").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from planner.model.instance import Instance
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The instance sizes the rules mention (``N`` GPUs, ``g`` GPUs per node, ...)."""
+
+    N: int
+    g: int
+    nodes: int
+    layers: int
+    heads: int
+    kv: int
+    seq: int
+    experts: int
+
+    @staticmethod
+    def of(inst: Instance) -> Sizes:
+        m = inst.model
+        return Sizes(N=inst.gpus, g=inst.node_size, nodes=inst.nodes, layers=m.layers,
+                     heads=m.heads, kv=m.kv, seq=m.seq_len, experts=max(m.experts, 1))
+
+
+Quantities = Callable[[Any, Sizes], tuple]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One structural rule; see the module docstring for the kinds."""
+
+    name: str
+    kind: str                                   # integer | one | implies | needs_knob
+    quantities: Quantities                      # (grid, sizes) -> the quantities
+    says: str                                   # the rule in a few words (for domain messages)
+    message: Callable[[Any, Sizes], str]        # the broken rule, with the plan's numbers
+    applies: Callable[[Instance], bool] = lambda inst: True
+    interleaved: bool = False                   # only for plans with vp > 1
+    requires: tuple[str, ...] = ()              # checked only when these rules hold
+    knob: str | None = None                     # needs_knob: the knob the rule needs
+    what_if: bool = False                       # a [constraints] what-if, not a framework rule
+
+    def holds(self, grid, sizes: Sizes, knobs=None) -> bool:
+        """Whether a plan's numbers keep the rule."""
+        q = self.quantities(grid, sizes)
+        if self.kind == "integer":
+            return all(_positive_integer(x) for x in q)
+        if self.kind == "one":
+            return all(abs(float(x) - 1.0) <= 1e-9 for x in q)
+        if self.kind == "implies":       # q[0] > 1 implies q[1] > 1
+            return not (q[0] > 1 and not q[1] > 1)
+        if self.kind == "needs_knob":    # q[0] > 1 needs the knob on
+            return not (q[0] > 1 and not getattr(knobs, self.knob))
+        raise ValueError(f"unknown rule kind {self.kind!r}")
+
+
+def _positive_integer(x) -> bool:
+    x = float(x)
+    return x >= 1 - 1e-9 and abs(x - round(x)) <= 1e-9 * max(1.0, abs(x))
+
+
+def _moe(inst: Instance) -> bool:
+    return inst.model.moe
+
+
+def _g(x) -> str:
+    """A number as the user wrote it: 32, not 32.0 (a fraction to 4 digits)."""
+    x = float(x)
+    return f"{int(x)}" if x.is_integer() else f"{x:.4g}"
+
+
+def _within(dim: str) -> Rule:
+    return Rule(
+        f"{dim}_within_node", "one", lambda v, k, dim=dim: (v.inter(dim),),
+        f"{dim} within a node",
+        lambda v, k, dim=dim: f"constraints.{dim}_within_node but {dim}={getattr(v, dim)} "
+                              "crosses nodes",
+        applies=lambda inst, dim=dim: getattr(inst.spec.constraints, f"{dim}_within_node"),
+        what_if=True)
+
+
+def _intra(dim: str) -> Rule:
+    return Rule(
+        f"{dim}_intra", "integer", lambda v, k, dim=dim: (v.inter(dim),),
+        f"{dim}_intra divides {dim}",
+        lambda v, k, dim=dim: f"{dim}_intra={getattr(v, f'{dim}_intra')} must divide "
+                              f"{dim}={getattr(v, dim)}")
+
+
+#: The expert rules are reported once the grid itself is consistent (and ep = 1 on a dense model)
+_GRID_OK = ("ep_dense", "gpus", "box", "pp_intra")
+
+#: Every structural rule, in the order a report lists broken ones.
+RULES: tuple[Rule, ...] = (
+    Rule("gpus", "one", lambda v, k: (v.tp * v.pp * v.dp * v.cp / k.N,),
+         "tp*pp*dp*cp = GPUs",
+         lambda v, k: f"tp*pp*dp*cp = {v.tp}*{v.pp}*{v.dp}*{v.cp} = "
+                      f"{_g(v.tp * v.pp * v.dp * v.cp)}, not the {k.N} GPUs"),
+    Rule("dp", "integer", lambda v, k: (v.dp,), "dp = GPUs / (tp*cp*pp) is whole",
+         lambda v, k: f"dp = {_g(v.dp)} is not a whole number"),
+    Rule("dp_in_node", "integer", lambda v, k: (v.dp_intra,),
+         "dp_intra = node / (tp_intra*cp_intra*pp_intra) is whole",
+         lambda v, k: f"dp_intra = {_g(v.dp_intra)} is not a whole number"),
+    Rule("heads", "integer", lambda v, k: (k.heads / v.tp, k.kv / v.tp),
+         "tp divides heads and kv_heads",
+         lambda v, k: f"tp={v.tp} must divide heads={k.heads} and kv_heads={k.kv}"),
+    Rule("layers", "integer", lambda v, k: (k.layers / (v.pp * v.vp),),
+         "pp*vp divides layers",
+         lambda v, k: f"pp*vp = {v.pp * v.vp} must divide layers={k.layers}"),
+    Rule("interleave_pp", "implies", lambda v, k: (v.vp, v.pp), "vp > 1 needs pp > 1",
+         lambda v, k: "vp > 1 needs pp > 1 (interleaving splits pipeline stages)"),
+    Rule("seq", "integer", lambda v, k: (k.seq / v.cp,), "cp divides seq_len",
+         lambda v, k: f"cp={v.cp} must divide seq_len={k.seq}"),
+    Rule("micro_batch", "integer", lambda v, k: (v.global_batch / v.micro_batch,),
+         "micro_batch divides the global batch",
+         lambda v, k: f"micro_batch={v.micro_batch} must divide global_batch={v.global_batch}"),
+    Rule("batch", "integer", lambda v, k: (v.micro_batches,),
+         "dp*micro_batch divides the global batch",
+         lambda v, k: f"dp*micro_batch = {_g(v.dp * v.micro_batch)} must divide "
+                      f"global_batch={v.global_batch}", requires=("micro_batch",)),
+    Rule("interleave_m", "integer", lambda v, k: (v.micro_batches / v.pp,),
+         "pp divides the micro-batches when interleaved",
+         lambda v, k: f"interleaving needs micro_batches ({_g(v.micro_batches)}) divisible by "
+                      f"pp ({v.pp})", interleaved=True, requires=("micro_batch", "batch")),
+    *(_intra(dim) for dim in ("tp", "cp", "dp", "pp")),
+    Rule("box", "one",
+         lambda v, k: (v.tp_intra * v.cp_intra * v.dp_intra * v.pp_intra / k.g,),
+         "each node holds a box of the process grid",
+         lambda v, k: f"intra-node factors tp*cp*dp*pp = "
+                      f"{_g(v.tp_intra * v.cp_intra * v.dp_intra * v.pp_intra)} must equal the "
+                      f"{k.g} GPUs of a node (each node holds a box of the process grid); set "
+                      "*_intra in [plan]"),
+    Rule("ep_dense", "one", lambda v, k: (v.ep,), "ep = 1 for a dense model",
+         lambda v, k: f"ep={v.ep} needs a mixture-of-experts model (model.experts > 1)",
+         applies=lambda inst: not inst.model.moe),
+    Rule("experts", "integer", lambda v, k: (k.experts / v.ep,), "ep divides experts",
+         lambda v, k: f"ep={v.ep} must divide experts={k.experts}", applies=_moe),
+    # the expert rules hold for every dense plan with ep = 1; they are checked for dense models
+    # too (so the search's expert variables get their domains from them), after ep_dense
+    Rule("ep_stage", "integer", lambda v, k: (v.expert_dp,),
+         "ep divides the GPUs of a pipeline stage",
+         lambda v, k: f"ep={v.ep} must divide the {_g(k.N / v.pp)} GPUs of a pipeline stage "
+                      "(tp*cp*dp)", requires=_GRID_OK),
+    Rule("ep_intra", "integer", lambda v, k: (v.inter("ep"), v.expert_dp_intra),
+         "ep_intra divides ep and the GPUs a stage has in a node",
+         lambda v, k: f"ep_intra={v.ep_intra} must divide ep={v.ep} and the "
+                      f"{_g(k.g / v.pp_intra)} GPUs a stage has in a node",
+         requires=_GRID_OK),
+    Rule("expert_dp", "integer", lambda v, k: (v.expert_dp / v.expert_dp_intra,),
+         "the expert data-parallel group tiles the nodes",
+         lambda v, k: f"ep_intra={v.ep_intra}: the expert data-parallel group "
+                      f"({_g(v.expert_dp)} ranks, {_g(v.expert_dp_intra)} of them inside a node) "
+                      f"does not tile the {k.nodes} node{'s' if k.nodes != 1 else ''}; choose "
+                      "ep_intra so ep / ep_intra divides the node count",
+         requires=_GRID_OK + ("ep_intra",)),
+    Rule("moe_sp", "needs_knob", lambda v, k: (v.tp,), "MoE with tp > 1 needs sequence "
+         "parallelism",
+         lambda v, k: "MoE layers with tp > 1 need sequence parallelism (Megatron-Core)",
+         applies=_moe, knob="sequence_parallel"),
+    *(_within(dim) for dim in ("tp", "pp", "cp")),
+)
+
+BY_NAME = {r.name: r for r in RULES}
+
+
+def rules_for(inst: Instance) -> list[Rule]:
+    """The rules that apply to an instance."""
+    return [r for r in RULES if r.applies(inst)]
+
+
+def violations(inst: Instance, grid, knobs, what_ifs: bool = True) -> list[str]:
+    """Every applicable rule a plan's grid (numbers) breaks, as the user reads it
+    (``what_ifs=False``: only the rules every framework has, not the ``[constraints]``)."""
+    sizes = Sizes.of(inst)
+    held: set[str] = set()
+    out = []
+    for rule in rules_for(inst):
+        if rule.what_if and not what_ifs:
+            continue
+        if any(r not in held for r in rule.requires if r in BY_NAME and BY_NAME[r].applies(inst)):
+            continue
+        if rule.interleaved and not grid.vp > 1:
+            held.add(rule.name)
+            continue
+        if rule.holds(grid, sizes, knobs):
+            held.add(rule.name)
+        else:
+            out.append(rule.message(grid, sizes))
+    return out
