@@ -1,4 +1,4 @@
-"""Encode an instance as the log-domain model every MIP backend solves (DESIGN.md section 2).
+"""Encode an instance as the log-domain model every MIP backend solves (docs/encoding.md).
 
 The evaluator (:func:`planner.model.terms.step_terms`) is run on symbols, once per categorical
 combination (recompute x sequence parallelism x distributed optimizer), and returns the step time
@@ -7,12 +7,13 @@ and the memory of each pipeline stage as signomials. Each monomial is a function
 form (``gt1(P / P_in)``: the pipeline crosses nodes). Terms are grouped by form, and each group
 becomes a table over the form's few values (times the categorical choices it depends on):
 
-* HiGHS/Pyomo: one binary per form value, a continuous copy per (value, choice) cell linked by
-  margins, and the table as objective / constraint coefficients;
-* CP-SAT: an integer index per form and ``AddElement`` into the table.
+one binary per form value, a continuous copy per (value, choice) cell linked by margins, and the
+table as objective / constraint coefficients (:mod:`formulations.milp` writes those rows; HiGHS
+and CP-SAT both solve them).
 
-Whole terms are never tabulated jointly over several variables: that blows up (DESIGN.md).
-This module is solver-free; :class:`Encoding` is what the backends read.
+Whole terms are never tabulated jointly over several variables: that blows up
+(docs/encoding.md, "Measured design findings"). This module is solver-free; :class:`Encoding`
+is what the backends read, and a query's :class:`Cuts` travel beside it.
 """
 
 from __future__ import annotations
@@ -135,12 +136,20 @@ class Encoding:
     memory: dict[str, LinExpr]                   # stage -> bytes, must be <= memory_limit
     memory_limit: float
     combos: list[Knobs]
-    #: optional cap on the objective (a minimum MFU is a maximum step time)
+
+
+@dataclass(frozen=True)
+class Cuts:
+    """What a query adds to an encoding when it asks a backend: a cap on the objective (a
+    minimum MFU is a maximum step time) and plans to leave out (top-k no-good cuts), each a
+    (base-variable values, knobs) pair. Passed to the backends beside the encoding, never
+    written into it."""
+
     max_objective: float | None = None
-    #: plans to leave out (top-k): (base-variable values, knobs)
-    exclude: list[tuple[dict[str, int], Knobs]] = field(default_factory=list)
+    exclude: tuple[tuple[dict[str, int], Knobs], ...] = ()
 
 
+NO_CUTS = Cuts()
 
 def symbolic_degrees(space: SearchSpace) -> tuple[Degrees, dict]:
     """Degrees as symbols of the base variables (fixed ones substituted by their value): the
@@ -207,20 +216,47 @@ def _fn_values(values: np.ndarray, fns, sign: int = 1) -> np.ndarray:
 
 def encode(space: SearchSpace, objective: str = "step_time",
            points: dict[str, np.ndarray] | None = None, prune: bool = True) -> Encoding:
-    """Run the evaluator symbolically for every categorical combination and tabulate.
+    """The evaluator run on symbols and tabulated by form: the model every MIP backend solves.
 
     ``points`` (the structurally feasible assignments of the base variables, see
     :func:`formulations.enumerate.feasible_points`) lets the encoding drop unreachable form
-    values."""
+    values; ``prune`` drops dominated categorical combinations (not when listing distinct plans).
+    The steps, in order:
+
+    1. :func:`_collect`: run :func:`~planner.model.terms.step_terms` on symbols for every
+       categorical combination and group the monomials by the forms they depend on;
+    2. :func:`_restrict_forms`: forbid form values no plan reaches (a fractional argument of a
+       function, a value no feasible point has, a cap on a derived degree);
+    3. :func:`_tabulate`: one table per group over its form's values and the combinations;
+    4. :func:`_undominated`: drop combinations another one beats everywhere;
+    5. :func:`_expressions`: the objective, the maxima's arguments and the memory rows as
+       linear expressions over the tables, each table split by the categorical choices it
+       really depends on.
+    """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}")
-    inst = space.inst
-    deg, sym = symbolic_degrees(space)
+    col, arity = _collect(space, objective)
+    _restrict_forms(col, space, points)
+    tabulated = _tabulate(col)
     n = len(space.combos)
-    col = _Collector(space, n)
+    keep = _undominated(tabulated, n, col.forms) if prune else list(range(n))
+    objective_expr, maxes, memory, copies = _expressions(space, tabulated, keep, arity)
+    return Encoding(space=space, objective_kind=objective, scale=_magnitude(objective_expr),
+                    forms=col.forms, copies=copies, objective=objective_expr, maxes=maxes,
+                    memory=memory, memory_limit=memory_limit_bytes(space.inst),
+                    combos=[space.combos[k] for k in keep])
+
+
+def _collect(space: SearchSpace, objective: str) -> tuple[_Collector, list[int]]:
+    """Step 1: the step time (or time per sequence), the arguments of its maxima and every
+    stage's memory, per categorical combination, grouped by form. The maxima must keep their
+    shape across combinations, and a constraint (memory) may not hold a maximum: the algebra's
+    :class:`~planner.model.algebra.Unencodable` is raised rather than dropping it."""
+    deg, sym = symbolic_degrees(space)
+    col = _Collector(space, len(space.combos))
     arity: list[int] | None = None
     for k, knobs in enumerate(space.combos):
-        terms = step_terms(inst, deg, knobs)
+        terms = step_terms(space.inst, deg, knobs)
         obj = _as_sig(terms.step_time)
         if objective == "time_per_sample":
             obj = obj / _as_sig(sym["B"]) if isinstance(sym["B"], Sig) else obj / sym["B"]
@@ -234,8 +270,15 @@ def encode(space: SearchSpace, objective: str = "step_time",
             for a, arg in enumerate(mx):
                 col.add(("max", i, a), k, arg)
         for stage in terms.memory:
-            col.add(("mem", stage), k, _as_sig(terms.memory_total(stage)))
+            mem = _as_sig(terms.memory_total(stage))
+            mem.require_linear(f"the memory of the {stage} pipeline stage (a constraint)")
+            col.add(("mem", stage), k, mem)
+    return col, arity or []
 
+
+def _restrict_forms(col: _Collector, space: SearchSpace, points: dict | None) -> None:
+    """Step 2: mark the form values no plan can take as not allowed (the model stays exact and
+    gets smaller and tighter)."""
     # a function's argument is a degree (a positive integer) at every feasible point, so form
     # values that would make it fractional are unreachable: forbidding them keeps the LP from
     # mixing impossible values (e.g. a ring share 1 - 8/1 < 0)
@@ -246,7 +289,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
 
     # presolve: keep only form values some structurally feasible point reaches (the points are
     # the cheap half of enumeration: no step time is evaluated; every value they exclude is
-    # unreachable, so the model stays exact and gets much smaller and tighter)
+    # unreachable)
     if points is not None:
         positions = {v: np.searchsorted(np.array(bv.values), points[v])
                      for v, bv in space.base.items()}
@@ -277,7 +320,11 @@ def encode(space: SearchSpace, objective: str = "step_time",
             ok &= vals <= hi + 1e-9
         f.allowed &= ok
 
-    # tabulate every group of every slot over all categorical combinations
+
+def _tabulate(col: _Collector) -> dict:
+    """Step 3: per slot, its constants and, per group, the table over the main form's values x
+    the classes of each secondary form x every combination (and the main factor alone)."""
+    n = col.n
     tabulated: dict = {}
     for slot, entry in col.slots.items():
         groups = []
@@ -300,11 +347,32 @@ def encode(space: SearchSpace, objective: str = "step_time",
                 full[..., k] = np.multiply.outer(main_cols[:, k], outer)
             groups.append((main, others, classes, class_of, full, main_cols))
         tabulated[slot] = (entry["const"], groups)
+    return tabulated
 
-    keep = _undominated(tabulated, n, col.forms) if prune else list(range(n))
+
+def _expressions(space: SearchSpace, tabulated: dict, keep: list[int], arity: list[int]):
+    """Step 5: the linear expressions of the kept combinations. A table is split only by the
+    categorical dimensions it depends on (one copy of its cells per value of those), so a
+    term that does not change with recompute shares its cells across the recompute modes."""
+    n = len(space.combos)
     combos = [space.combos[k] for k in keep]
     dims = list(space.dims)
     copies: dict[CopyKey, CopySet] = {}
+
+    def depends(full: np.ndarray) -> tuple[str, ...]:
+        dep = []
+        for di, dname in enumerate(dims):
+            values = {getattr(kn, dname) for kn in combos}
+            if len(values) < 2:
+                continue
+            by_rest: dict = {}
+            for k, kn in enumerate(combos):
+                rest = tuple(getattr(kn, d2) for jj, d2 in enumerate(dims) if jj != di)
+                by_rest.setdefault(rest, []).append(k)
+            if any(not np.allclose(full[..., ks[0]], full[..., kk], rtol=1e-12, atol=0)
+                   for ks in by_rest.values() for kk in ks[1:]):
+                dep.append(dname)
+        return tuple(dep)
 
     def build(slot) -> LinExpr:
         const, groups = tabulated.get(slot, (np.zeros(n), []))
@@ -312,22 +380,10 @@ def encode(space: SearchSpace, objective: str = "step_time",
         for main, others, classes, class_of, full_all, cols_all in groups:
             full = full_all[..., keep]
             cols = cols_all[:, keep]
-            dep = []
-            for di, dname in enumerate(dims):
-                values = {getattr(kn, dname) for kn in combos}
-                if len(values) < 2:
-                    continue
-                by_rest: dict = {}
-                for k, kn in enumerate(combos):
-                    rest = tuple(getattr(kn, d2) for jj, d2 in enumerate(dims) if jj != di)
-                    by_rest.setdefault(rest, []).append(k)
-                if any(not np.allclose(full[..., ks[0]], full[..., kk], rtol=1e-12, atol=0)
-                       for ks in by_rest.values() for kk in ks[1:]):
-                    dep.append(dname)
-            key = CopyKey(main, others, tuple(dep))
+            key = CopyKey(main, others, depends(full))
             if key not in copies:
-                subs = sorted({tuple(getattr(kn, d) for d in dep) for kn in combos}, key=str)
-                combo_sub = [subs.index(tuple(getattr(kn, d) for d in dep)) for kn in combos]
+                subs = sorted({tuple(getattr(kn, d) for d in key.dims) for kn in combos}, key=str)
+                combo_sub = [subs.index(tuple(getattr(kn, d) for d in key.dims)) for kn in combos]
                 copies[key] = CopySet(key, classes, class_of, subs, combo_sub)
             cs = copies[key]
             table = np.zeros(full.shape[:-1] + (len(cs.subcombos),))
@@ -339,16 +395,19 @@ def encode(space: SearchSpace, objective: str = "step_time",
         return expr
 
     objective_expr = build("obj")
-    maxes = [[build(("max", i, a)) for a in range(n_args)] for i, n_args in enumerate(arity or [])]
-    memory = {slot[1]: build(slot) for slot in col.slots if slot[0] == "mem"}
+    maxes = [[build(("max", i, a)) for a in range(n_args)] for i, n_args in enumerate(arity)]
+    memory = {slot[1]: build(slot) for slot in tabulated if slot[0] == "mem"}
+    return objective_expr, maxes, memory, copies
+
+
+def _magnitude(objective_expr: LinExpr) -> float:
+    """A typical objective value (the largest constant, else the median entry): the unit the
+    backends scale the objective by."""
     consts = np.abs(objective_expr.constant_by_combo)
     entries = [np.abs(u.table[u.table != 0]) for u in objective_expr.usages]
     nonzero = np.concatenate(entries) if entries else np.zeros(0)
-    scale = float(consts.max()) if consts.max() > 0 else (
+    return float(consts.max()) if consts.max() > 0 else (
         float(np.median(nonzero)) if nonzero.size else 1.0)
-    return Encoding(space=space, objective_kind=objective, scale=scale,
-                    forms=col.forms, copies=copies, objective=objective_expr, maxes=maxes,
-                    memory=memory, memory_limit=memory_limit_bytes(inst), combos=combos)
 
 
 def _undominated(tabulated: dict, n: int, forms: dict) -> list[int]:

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from formulations.encoding import NO_CUTS, Cuts
 from formulations.result import RawSolution, Status
 from formulations.space import SearchSpace, smooth_in_range
 from planner.model.plan import BASE_NAMES as ORDER
@@ -139,7 +140,7 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
 
 
 def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None,
-          max_objective: float | None = None, exclude=(), points=None) -> RawSolution:
+          cuts: Cuts = NO_CUTS, points=None) -> RawSolution:
     t0 = time.perf_counter()
     cols = points if points is not None else feasible_points(space)
     build_s = time.perf_counter() - t0
@@ -149,9 +150,9 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
                            note="no plan satisfies the structural rules",
                            extra={"points": 0})
     obj, _fits = evaluate_all(space, cols, objective)
-    if max_objective is not None:
-        obj[obj > max_objective] = np.inf
-    for choice_x, knobs_x in exclude:                          # top-k: leave these out
+    if cuts.max_objective is not None:
+        obj[obj > cuts.max_objective] = np.inf
+    for choice_x, knobs_x in cuts.exclude:                          # top-k: leave these out
         if knobs_x in space.combos:
             hit = np.ones(n, dtype=bool)
             for name in ORDER:

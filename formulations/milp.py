@@ -1,6 +1,6 @@
 """The one-hot MILP form of an :class:`~formulations.encoding.Encoding`, solver-neutral.
 
-DESIGN.md section 2: one binary per value of each form (``sum_j z_j = 1`` and the form's
+docs/encoding.md, "The one-hot MILP": one binary per value of each form (``sum_j z_j = 1`` and the form's
 per-prime exponents ``= sum_j exps_j z_j``), one binary per categorical combination, and for a
 table that depends on a second form's indicator class or on categorical choices, one continuous
 cell per (value, class, choice) tied to the binaries by its margins. Every objective and memory
@@ -20,8 +20,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from formulations.encoding import CopyKey, Encoding, LinExpr, Usage
-from planner.model.algebra import Mono
+from formulations.encoding import NO_CUTS, CopyKey, Cuts, Encoding, LinExpr, Usage
 from planner.model.errors import SolverError
 
 
@@ -71,13 +70,12 @@ def _add(acc: dict[int, float], var: int, coef: float) -> None:
     acc[var] = acc.get(var, 0.0) + coef
 
 
-def magnitude(exprs, attr: str = "main_table") -> float:
-    """Largest ``|constant|`` or ``|entry|`` of the expressions' ``attr`` tables (``table``: the
-    whole terms the element model reads; ``main_table``: the factors the row model reads);
-    NaN if one is NaN."""
+def magnitude(exprs) -> float:
+    """Largest ``|constant|`` or ``|entry|`` of the expressions' main tables (the factors the
+    rows read); NaN if one is NaN."""
     tops = [0.0]
     for e in exprs:
-        for a in (e.constant_by_combo, *(getattr(u, attr) for u in e.usages)):
+        for a in (e.constant_by_combo, *(u.main_table for u in e.usages)):
             if a.size:
                 tops.append(float(np.max(np.abs(a))))
     return float(np.max(tops))
@@ -94,7 +92,8 @@ def capped_memory(enc: Encoding) -> dict[str, LinExpr]:
     CP-SAT's int64 and swamps a MILP solver's tolerances. Twice the limit rather than one byte
     more, so the excess survives the tolerance of a floating-point MILP solver.
 
-    ``table`` (whole terms, read by the element model) is capped at ``cap``. ``main_table``
+    ``table`` (whole terms, read by :func:`formulations.encoding.evaluate_encoding`) is capped
+    at ``cap``. ``main_table``
     (read by the row model, which multiplies it by a product ``h`` of class values) is capped
     at ``cap / h_min`` (``h_min``: the smallest positive such product), so every non-zero
     product of a capped entry is still at least ``cap``. Each is exact on its own; they are no
@@ -120,17 +119,17 @@ def capped_memory(enc: Encoding) -> dict[str, LinExpr]:
 
 
 def check_units(enc: Encoding, memory: dict[str, LinExpr], time_unit: float,
-                memory_unit: float, integral: bool, attr: str = "main_table") -> None:
-    """Raise a :class:`SolverError` naming the problem when a time or memory entry (of the
-    ``attr`` tables, see :func:`magnitude`), in its unit, is not finite or (``integral``:
-    CP-SAT) exceeds :data:`SAFE_INT`.
+                memory_unit: float, integral: bool) -> None:
+    """Raise a :class:`SolverError` naming the problem when a time or memory entry (see
+    :func:`magnitude`), in its unit, is not finite or (``integral``: CP-SAT) exceeds
+    :data:`SAFE_INT`.
 
     Why here: the rows are built in floats and then rounded; an overflow there would surface as
     a NumPy warning and a TypeError deep inside OR-Tools, or as a meaningless MILP."""
     times = [enc.objective, *(a for args in enc.maxes for a in args)]
     for what, exprs, unit, name in (("the objective", times, time_unit, "s"),
                                     ("memory", memory.values(), memory_unit, "bytes")):
-        top = magnitude(exprs, attr)
+        top = magnitude(exprs)
         with np.errstate(all="ignore"):
             count = top / unit
         if not (np.isfinite(top) and np.isfinite(count)):
@@ -142,121 +141,198 @@ def check_units(enc: Encoding, memory: dict[str, LinExpr], time_unit: float,
                               f"--solver enumerate")
 
 
-def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | None = None,
-               integral: bool = False) -> Rows:
-    """Rows of the MILP. Times are in units of ``time_unit`` seconds (per sample for that
-    objective; default: the encoding's magnitude, so rows are near 1), memory in
-    ``memory_unit`` bytes (GiB by default).
+class _RealUnits:
+    """How the rows carry numbers for a floating-point MILP solver (HiGHS): as they are."""
 
-    ``integral=True`` builds the same model for a pure integer solver (CP-SAT): every table
-    entry is rounded to its unit, every variable is integer, and multiplying a running value
-    ``w`` by a class factor ``h = H / D`` becomes an integer ``u = ceil(h w)``
-    (``H w <= D u <= H w + D - 1``), so each product is exact up to one unit.
+    integral = False
 
-    Memory entries above the limit are capped (:func:`capped_memory`: the same plans fit), an
-    objective cap that cannot bind is left out, and entries that are not finite (or, integral,
-    beyond :data:`SAFE_INT` units) raise a :class:`SolverError` (:func:`check_units`)."""
-    sp = enc.space
-    nq = len(sp.primes)
-    r = Rows()
-    unit = r.time_unit = time_unit or enc.scale or 1.0   # default: objective rows near 1
-    memory = capped_memory(enc)
-    check_units(enc, memory, unit, memory_unit, integral)
+    def entry(self, x: float) -> float:
+        return x
 
-    # one-hot binaries per form (base variables first, so they are forms of one variable)
-    exps_of: dict[str, list[dict[int, float]]] = {}
-    for name, bv in sp.base.items():
-        if name in sp.fixed:
-            exps_of[name] = [{} for _ in range(nq)]
-            continue
-        zs = [r.var(f"x_{name}={v}") for v in bv.values]
-        r.row({z: 1.0 for z in zs}, 1, 1, f"one_{name}")
-        r.form_vars[((name, 1),)] = zs
-        exps_of[name] = [{z: float(e[qi]) for z, e in zip(zs, bv.exps) if e[qi]}
-                         for qi in range(nq)]
+    def bound(self, lo: float, hi: float) -> tuple[float, float]:
+        return lo, hi
 
-    def exp_lin(mono, qi) -> tuple[dict[int, float], float]:
+    def limit(self, x: float) -> float:
+        return x
+
+    def scale(self, rb: _RowBuilder, ws: list[int], classes, lo: float, hi: float, tag: int):
+        """Multiply the disaggregated running value by the class factors: ``sum h_c w_c``,
+        and the range of the result."""
+        acc = {w: float(h) for w, h in zip(ws, classes) if h}
+        hs = [float(h) for h in classes]
+        lo2, hi2 = min(lo * h for h in hs + [min(hs)]), max(hi * h for h in hs)
+        return acc, min(lo2, min(x * y for x in (lo2, hi2) for y in hs)), hi2
+
+    def total(self, terms) -> float:
+        return sum(c * b for c, b in terms)
+
+
+class _IntegerUnits(_RealUnits):
+    """The same rows for a pure integer solver (CP-SAT): every entry rounded to its unit, every
+    variable integer, and multiplying a running value ``w`` by a class factor ``h = H / D``
+    an integer ``u = ceil(h w)`` (``H w <= D u <= H w + D - 1``): each product exact up to one
+    unit. Bounds are exact Python ints (a float would round them beyond 2^53)."""
+
+    integral = True
+
+    def entry(self, x: float) -> float:
+        return float(np.rint(x))
+
+    def bound(self, lo: float, hi: float) -> tuple[int, int]:
+        return math.floor(lo), math.ceil(hi)
+
+    def limit(self, x: float) -> float:
+        return float(np.floor(x))
+
+    def scale(self, rb: _RowBuilder, ws: list[int], classes, lo, hi, tag: int):
+        r = rb.r
+        acc = {}
+        qs = [Fraction(float(h)).limit_denominator(10**6) for h in classes]
+        for c, (w, q) in enumerate(zip(ws, qs)):
+            if q == 0:
+                continue
+            if q.denominator == 1:
+                acc[w] = float(q.numerator)
+                continue
+            big, small = (math.ceil(max(0, hi * q, lo * q)), math.floor(min(0, hi * q, lo * q)))
+            uv = r.var(f"u{tag}[{c}]", lb=small, ub=big, integer=True)
+            # D u - H w in [0, D - 1]: u = ceil(h w)
+            r.row({uv: float(q.denominator), w: -float(q.numerator)}, 0.0,
+                  float(q.denominator - 1), f"prod{tag}[{c}]")
+            acc[uv] = 1.0
+        # the next running value is some ceil(q w), w in [lo, hi] (or 0): exact range
+        ends = [math.ceil(q * x) for q in qs for x in (lo, hi)]
+        return acc, min(ends), max(ends)
+
+    def total(self, terms) -> int:
+        return sum(int(c) * int(b) for c, b in terms)
+
+
+class _RowBuilder:
+    """Builds :class:`Rows` from an encoding, one named step per kind of row (see
+    :func:`build_rows` for the order)."""
+
+    def __init__(self, enc: Encoding, units: _RealUnits):
+        self.enc, self.sp, self.units = enc, enc.space, units
+        self.nq = len(enc.space.primes)
+        self.r = Rows()
+        self.exps_of: dict[str, list[dict[int, float]]] = {}
+        self.grids: dict = {}
+
+    # -- helpers ---------------------------------------------------------------------------
+    def exp_lin(self, mono, qi) -> tuple[dict[int, float], float]:
+        """The exponent of prime ``qi`` in a form, as a linear expression of the binaries."""
         acc: dict[int, float] = {}
         const = 0.0
         for v, e in mono:
-            if v in sp.fixed:
-                const += e * sp.base[v].exps[0][qi]
+            if v in self.sp.fixed:
+                const += e * self.sp.base[v].exps[0][qi]
             else:
-                for z, c in exps_of[v][qi].items():
+                for z, c in self.exps_of[v][qi].items():
                     _add(acc, z, e * c)
         return acc, const
 
-    def indicator_gt1(name):
+    def indicator_gt1(self, name):
         """Linear expression (dict, const) equal to 1 when the base variable exceeds 1."""
-        bv = sp.base[name]
-        if name in sp.fixed:
+        bv = self.sp.base[name]
+        if name in self.sp.fixed:
             return {}, float(bv.values[0] > 1)
-        zs = r.form_vars[((name, 1),)]
+        zs = self.r.form_vars[((name, 1),)]
         return {z: 1.0 for z, v in zip(zs, bv.values) if v > 1}, 0.0
 
-    v_gt1, v_c = indicator_gt1("V")
-    for imp in sp.implications:              # if_var > 1 implies then_var > 1
-        a, a_c = indicator_gt1(imp.if_var)
-        b, b_c = indicator_gt1(imp.then_var)
-        acc = dict(a)
-        for z, c in b.items():
-            _add(acc, z, -c)
-        r.row(acc, -INF, b_c - a_c, imp.name)
+    def bound(self, acc: dict[int, float], sign: int = 1):
+        """An upper (``sign=-1``: lower) bound of ``acc . x`` from the variable bounds."""
+        r = self.r
+        return self.units.total((c, r.ub[v] if c * sign > 0 else r.lb[v])
+                                for v, c in acc.items())
 
-    for con in sp.constraints:
-        for qi in range(nq):
-            lin, const = exp_lin(con.mono, qi)
-            total_const = con.const[qi] + const
-            if con.when_v_gt1:
-                # const + lin >= -M (1 - v_gt1)  <=>  lin - M v_gt1 >= -M - const
-                big = float(abs(total_const) + sum(abs(c) for c in lin.values()) * 64 + 64)
-                acc = dict(lin)
-                for z, c in v_gt1.items():
-                    _add(acc, z, -big * c)
-                r.row(acc, -big * (1 - v_c) - total_const, INF, f"{con.name}[{sp.primes[qi]}]")
-            elif con.eq:
-                r.row(lin, -total_const, -total_const, f"{con.name}[{sp.primes[qi]}]")
-            else:
-                r.row(lin, -total_const, INF, f"{con.name}[{sp.primes[qi]}]")
+    # -- 1. base variables and the structural rules ------------------------------------------
+    def base_variables(self) -> None:
+        """One binary per value of each base variable (``x_T=8``), exactly one of them on."""
+        r, sp = self.r, self.sp
+        for name, bv in sp.base.items():
+            if name in sp.fixed:
+                self.exps_of[name] = [{} for _ in range(self.nq)]
+                continue
+            zs = [r.var(f"x_{name}={v}") for v in bv.values]
+            r.row({z: 1.0 for z in zs}, 1, 1, f"one_{name}")
+            r.form_vars[((name, 1),)] = zs
+            self.exps_of[name] = [{z: float(e[qi]) for z, e in zip(zs, bv.exps) if e[qi]}
+                                  for qi in range(self.nq)]
 
-    # derived forms: one binary per reachable value, linked per prime
-    for mono, f in enc.forms.items():
-        if mono in r.form_vars:
-            zs = r.form_vars[mono]
-            for z, ok in zip(zs, f.allowed):
-                if not ok:
-                    r.ub[z] = 0.0
-            continue
-        # unreachable values get no variable at all (index -1): presolve already ruled them out
-        zs = [r.var(f"f_{'*'.join(f'{v}^{e}' for v, e in mono)}={val:g}") if ok else -1
-              for val, ok in zip(f.values, f.allowed)]
-        r.form_vars[mono] = zs
-        r.row({z: 1.0 for z in zs if z >= 0}, 1, 1, f"one_{mono}")
-        for qi in range(nq):
-            lin, const = exp_lin(mono, qi)
-            acc = {z: float(t[qi]) for z, t in zip(zs, f.tuples) if t[qi] and z >= 0}
-            for z, c in lin.items():
+    def structural_rows(self) -> None:
+        """The rule table's rows (:mod:`formulations.space`): implications between indicators,
+        and per prime ``const + exponents >= 0`` (``== 0``); an interleaved-only row is relaxed
+        by a big M when ``V = 1``."""
+        r, sp = self.r, self.sp
+        for imp in sp.implications:              # if_var > 1 implies then_var > 1
+            a, a_c = self.indicator_gt1(imp.if_var)
+            b, b_c = self.indicator_gt1(imp.then_var)
+            acc = dict(a)
+            for z, c in b.items():
                 _add(acc, z, -c)
-            r.row(acc, const, const, f"link_{mono}[{sp.primes[qi]}]")
+            r.row(acc, -INF, b_c - a_c, imp.name)
+        v_gt1, v_c = self.indicator_gt1("V")
+        for con in sp.constraints:
+            for qi in range(self.nq):
+                lin, const = self.exp_lin(con.mono, qi)
+                total_const = con.const[qi] + const
+                name = f"{con.name}[{sp.primes[qi]}]"
+                if con.when_v_gt1:
+                    # const + lin >= -M (1 - v_gt1)  <=>  lin - M v_gt1 >= -M - const
+                    big = float(abs(total_const) + sum(abs(c) for c in lin.values()) * 64 + 64)
+                    acc = dict(lin)
+                    for z, c in v_gt1.items():
+                        _add(acc, z, -big * c)
+                    r.row(acc, -big * (1 - v_c) - total_const, INF, name)
+                elif con.eq:
+                    r.row(lin, -total_const, -total_const, name)
+                else:
+                    r.row(lin, -total_const, INF, name)
 
-    # categorical combinations
-    n_combos = len(enc.combos)
-    r.combo_vars = [r.var(f"combo={k}") for k in range(n_combos)]
-    r.row({u: 1.0 for u in r.combo_vars}, 1, 1, "one_combo")
+    # -- 2. forms and categorical combinations ---------------------------------------------
+    def forms(self) -> None:
+        """One binary per reachable value of each derived form, linked to the base binaries per
+        prime; a value the encoding does not allow gets no variable (a base variable's value,
+        an upper bound of 0)."""
+        r = self.r
+        for mono, f in self.enc.forms.items():
+            if mono in r.form_vars:
+                for z, ok in zip(r.form_vars[mono], f.allowed):
+                    if not ok:
+                        r.ub[z] = 0.0
+                continue
+            zs = [r.var(f"f_{'*'.join(f'{v}^{e}' for v, e in mono)}={val:g}") if ok else -1
+                  for val, ok in zip(f.values, f.allowed)]
+            r.form_vars[mono] = zs
+            r.row({z: 1.0 for z in zs if z >= 0}, 1, 1, f"one_{mono}")
+            for qi in range(self.nq):
+                lin, const = self.exp_lin(mono, qi)
+                acc = {z: float(t[qi]) for z, t in zip(zs, f.tuples) if t[qi] and z >= 0}
+                for z, c in lin.items():
+                    _add(acc, z, -c)
+                r.row(acc, const, const, f"link_{mono}[{self.sp.primes[qi]}]")
 
-    # cells (main value x categorical sub-choice) tied to the binaries by their margins
-    grids: dict = {}
+    def combinations(self) -> None:
+        """One binary per categorical combination, exactly one on."""
+        r = self.r
+        r.combo_vars = [r.var(f"combo={k}") for k in range(len(self.enc.combos))]
+        r.row({u: 1.0 for u in r.combo_vars}, 1, 1, "one_combo")
 
-    def main_cells(key: CopyKey, cs) -> np.ndarray:
+    # -- 3. terms -----------------------------------------------------------------------------
+    def main_cells(self, key: CopyKey, cs) -> np.ndarray:
+        """Cells (main value x categorical sub-choice) tied to the binaries by their margins;
+        a table with one sub-choice reads the form's binaries directly."""
+        r = self.r
         gk = (key.main, key.dims)
-        if gk in grids:
-            return grids[gk]
+        if gk in self.grids:
+            return self.grids[gk]
         zs = r.form_vars[key.main]
         n_sub = len(cs.subcombos)
         if n_sub == 1:
-            grids[gk] = np.array(zs, dtype=int).reshape(-1, 1)
-            return grids[gk]
-        tag = len(grids)
+            self.grids[gk] = np.array(zs, dtype=int).reshape(-1, 1)
+            return self.grids[gk]
+        tag = len(self.grids)
         grid = np.full((len(zs), n_sub), -1, dtype=int)
         for j, z in enumerate(zs):
             if z < 0 or r.ub[z] == 0:
@@ -272,24 +348,19 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
                 if sk == s_:
                     _add(acc, r.combo_vars[k], -1.0)
             r.row(acc, 0, 0, f"margin{tag}_choice[{s_}]")
-        grids[gk] = grid
+        self.grids[gk] = grid
         return grid
 
-    def class_indicator(fm: Mono, class_of: np.ndarray, c: int) -> dict[int, float]:
-        return {z: 1.0 for z, cl in zip(r.form_vars[fm], class_of) if cl == c and z >= 0}
-
-    def rnd(x):
-        return float(np.rint(x)) if integral else x
-
-    def usage_terms(u, unit: float) -> dict[int, float]:
+    def usage_terms(self, u: Usage, unit: float) -> dict[int, float]:
         """Linear terms worth ``u``: the main table on its cells, then each secondary factor
         applied by disaggregating the running value over the factor's classes
         (``w_c in [lo y_c, hi y_c]``, ``sum_c w_c = value``; exact when ``y`` is integral)."""
-        cs = enc.copies[u.copy]
-        grid = main_cells(u.copy, cs)
+        r, units = self.r, self.units
+        cs = self.enc.copies[u.copy]
+        grid = self.main_cells(u.copy, cs)
         allowed = np.array([z >= 0 and r.ub[z] > 0 for z in r.form_vars[u.copy.main]])
         vals = u.main_table / unit
-        if integral:
+        if units.integral:
             vals = np.rint(vals)
         acc: dict[int, float] = {}
         for v, c in zip(grid.ravel().tolist(), vals.ravel().tolist()):
@@ -301,102 +372,108 @@ def build_rows(enc: Encoding, memory_unit: float = 2.0**30, time_unit: float | N
         lo, hi = float(live.min()), float(live.max())
         for (fm, _), classes, class_of in zip(u.copy.others, cs.classes, cs.class_of):
             tag = len(r.names)
-            if integral:            # Python ints: exact beyond 2^53 (a float would round them)
-                lo, hi = math.floor(lo), math.ceil(hi)
-            ws = [r.var(f"w{tag}[{c}]", lb=min(0.0, lo), ub=max(0.0, hi), integer=integral)
+            lo, hi = units.bound(lo, hi)
+            ws = [r.var(f"w{tag}[{c}]", lb=min(0.0, lo), ub=max(0.0, hi), integer=units.integral)
                   for c in range(len(classes))]
             row = {w: 1.0 for w in ws}
             for v, c in acc.items():
                 _add(row, v, -c)
             r.row(row, 0, 0, f"split{tag}")
             for c, w in enumerate(ws):
-                ind = class_indicator(fm, class_of, c)
-                up = {w: 1.0, **{z: -hi for z in ind}}
-                dn = {w: 1.0, **{z: -lo for z in ind}}
-                r.row(up, -INF, 0.0, f"split{tag}_hi[{c}]")
-                r.row(dn, 0.0, INF, f"split{tag}_lo[{c}]")
-            if integral:
-                acc = {}
-                qs = [Fraction(float(h)).limit_denominator(10**6) for h in classes]
-                for c, (w, q) in enumerate(zip(ws, qs)):
-                    if q == 0:
-                        continue
-                    if q.denominator == 1:
-                        acc[w] = float(q.numerator)
-                        continue
-                    big, small = (math.ceil(max(0, hi * q, lo * q)),
-                                  math.floor(min(0, hi * q, lo * q)))
-                    uv = r.var(f"u{tag}[{c}]", lb=small, ub=big, integer=True)
-                    # D u - H w in [0, D - 1]: u = ceil(h w)
-                    r.row({uv: float(q.denominator), w: -float(q.numerator)}, 0.0,
-                          float(q.denominator - 1), f"prod{tag}[{c}]")
-                    acc[uv] = 1.0
-                # the next running value is some ceil(q w), w in [lo, hi] (or 0): exact range
-                ends = [math.ceil(q * x) for q in qs for x in (lo, hi)]
-                lo, hi = min(ends), max(ends)
-            else:
-                acc = {w: float(h) for w, h in zip(ws, classes) if h}
-                hs = [float(h) for h in classes]
-                lo, hi = min(lo * h for h in hs + [min(hs)]), max(hi * h for h in hs)
-                lo = min(lo, min(x * y for x in (lo, hi) for y in hs))
+                ind = {z: 1.0 for z, cl in zip(r.form_vars[fm], class_of) if cl == c and z >= 0}
+                r.row({w: 1.0, **{z: -hi for z in ind}}, -INF, 0.0, f"split{tag}_hi[{c}]")
+                r.row({w: 1.0, **{z: -lo for z in ind}}, 0.0, INF, f"split{tag}_lo[{c}]")
+            acc, lo, hi = units.scale(self, ws, classes, lo, hi, tag)
         return acc
 
-    def linear(expr: LinExpr, unit: float) -> dict[int, float]:
+    def linear(self, expr: LinExpr, unit: float) -> dict[int, float]:
+        """An expression's linear terms: its constant per combination, then its tables."""
         acc: dict[int, float] = {}
         for k, c in enumerate(expr.constant_by_combo):
-            if rnd(c / unit):
-                _add(acc, r.combo_vars[k], rnd(c / unit))
+            if self.units.entry(c / unit):
+                _add(acc, self.r.combo_vars[k], self.units.entry(c / unit))
         for u in expr.usages:
-            for v, c in usage_terms(u, unit).items():
+            for v, c in self.usage_terms(u, unit).items():
                 _add(acc, v, c)
         return acc
 
-    def bound(acc: dict[int, float], sign: int = 1) -> float:
-        """An upper (``sign=-1``: lower) bound of ``acc . x`` from the variable bounds; exact
-        Python ints in integral mode, where every coefficient and bound is integral."""
-        terms = [(c, r.ub[v] if c * sign > 0 else r.lb[v]) for v, c in acc.items()]
-        return sum(int(c) * int(b) for c, b in terms) if integral else sum(c * b for c, b in terms)
+    # -- 4. objective, memory, the query's cuts ------------------------------------------------
+    def objective(self, unit: float) -> float:
+        """The objective and one epigraph variable per maximum; returns an upper bound of the
+        objective over every plan (each maximum at its largest argument)."""
+        r = self.r
+        r.obj = self.linear(self.enc.objective, unit)
+        upper = self.bound(r.obj)
+        for i, args in enumerate(self.enc.maxes):
+            y = r.var(f"max_{i}", lb=-INF, ub=INF, integer=False)
+            _add(r.obj, y, 1.0)
+            lows, ups = [], []
+            for a, expr in enumerate(args):
+                acc = self.linear(expr, unit)
+                lows.append(self.bound(acc, -1))
+                ups.append(self.bound(acc))
+                _add(acc, y, -1.0)
+                r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
+            upper += max(ups)
+            if self.units.integral:    # bounds every plan's max lies within (no arbitrary 2^50)
+                r.lb[y], r.ub[y] = max(lows), max(ups)
+        return upper
 
-    r.obj = linear(enc.objective, unit)
-    obj_upper = bound(r.obj)              # with each max below: its largest argument's bound
-    for i, args in enumerate(enc.maxes):
-        y = r.var(f"max_{i}", lb=-INF, ub=INF, integer=False)
-        _add(r.obj, y, 1.0)
-        lows, ups = [], []
-        for a, expr in enumerate(args):
-            acc = linear(expr, unit)
-            lows.append(bound(acc, -1))
-            ups.append(bound(acc))
-            _add(acc, y, -1.0)
-            r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
-        obj_upper += max(ups)
-        if integral:       # bounds every plan's max lies within (no arbitrary 2^50 for CP-SAT)
-            r.lb[y], r.ub[y] = max(lows), max(ups)
-    for stage, expr in memory.items():
-        limit = enc.memory_limit / memory_unit
-        r.row(linear(expr, memory_unit), -INF, float(np.floor(limit)) if integral else limit,
-              f"mem_{stage}")
-    # every plan has a completion (each max at its largest argument) with an objective of at
-    # most obj_upper, so a cap above it cannot bind: it is left out (a tiny min_mfu gives a cap
-    # far beyond any integer CP-SAT accepts)
-    cap = None if enc.max_objective is None else enc.max_objective / unit
-    if cap is not None and cap <= obj_upper + 1e-9 * abs(obj_upper) + 1:
-        r.row(dict(r.obj), -INF, float(np.floor(cap)) if integral else cap, "objective_cap")
-    for n_ex, (choice, knobs) in enumerate(enc.exclude):      # no-good cuts (top-k)
-        if knobs not in enc.combos:
-            continue
-        acc: dict[int, float] = {}
-        free = 0
-        for name, bv in sp.base.items():
-            if name in sp.fixed:
+    def memory(self, memory: dict[str, LinExpr], memory_unit: float) -> None:
+        """Per pipeline stage: memory per GPU within the limit."""
+        limit = self.units.limit(self.enc.memory_limit / memory_unit)
+        for stage, expr in memory.items():
+            self.r.row(self.linear(expr, memory_unit), -INF, limit, f"mem_{stage}")
+
+    def cuts(self, cuts: Cuts, unit: float, obj_upper: float) -> None:
+        """The query's cap on the objective (left out when no plan's objective can reach it: a
+        tiny min_mfu gives a cap far beyond any integer CP-SAT accepts) and its no-good cuts."""
+        r, enc = self.r, self.enc
+        cap = None if cuts.max_objective is None else cuts.max_objective / unit
+        if cap is not None and cap <= obj_upper + 1e-9 * abs(obj_upper) + 1:
+            r.row(dict(r.obj), -INF, self.units.limit(cap), "objective_cap")
+        for n_ex, (choice, knobs) in enumerate(cuts.exclude):      # no-good cuts (top-k)
+            if knobs not in enc.combos:
                 continue
-            free += 1
-            acc[r.form_vars[((name, 1),)][bv.values.index(choice[name])]] = 1.0
-        if len(enc.combos) > 1:
-            free += 1
-            acc[r.combo_vars[enc.combos.index(knobs)]] = 1.0
-        r.row(acc, -INF, free - 1, f"exclude_{n_ex}")
-    return r
+            acc: dict[int, float] = {}
+            free = 0
+            for name, bv in self.sp.base.items():
+                if name in self.sp.fixed:
+                    continue
+                free += 1
+                acc[r.form_vars[((name, 1),)][bv.values.index(choice[name])]] = 1.0
+            if len(enc.combos) > 1:
+                free += 1
+                acc[r.combo_vars[enc.combos.index(knobs)]] = 1.0
+            r.row(acc, -INF, free - 1, f"exclude_{n_ex}")
+
+
+def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30,
+               time_unit: float | None = None, integral: bool = False) -> Rows:
+    """Rows of the MILP of an encoding and a query's cuts. Times are in units of ``time_unit``
+    seconds (per sample for that objective; default: the encoding's magnitude, so rows are
+    near 1), memory in ``memory_unit`` bytes (GiB by default).
+
+    The steps: the base variables' binaries, the structural rows, the derived forms' binaries,
+    the categorical combinations, the objective (with its maxima), the memory rows, the cuts.
+    ``integral=True`` builds the same model for a pure integer solver (:class:`_IntegerUnits`).
+
+    Memory entries above the limit are capped (:func:`capped_memory`: the same plans fit), and
+    entries that are not finite (or, integral, beyond :data:`SAFE_INT` units) raise a
+    :class:`SolverError` (:func:`check_units`)."""
+    unit = time_unit or enc.scale or 1.0   # default: objective rows near 1
+    memory = capped_memory(enc)
+    check_units(enc, memory, unit, memory_unit, integral)
+    rb = _RowBuilder(enc, _IntegerUnits() if integral else _RealUnits())
+    rb.r.time_unit = unit
+    rb.base_variables()
+    rb.structural_rows()
+    rb.forms()
+    rb.combinations()
+    obj_upper = rb.objective(unit)
+    rb.memory(memory, memory_unit)
+    rb.cuts(cuts, unit, obj_upper)
+    return rb.r
 
 
 def decode(enc: Encoding, r: Rows, x: list[float]) -> tuple[dict[str, int], int]:

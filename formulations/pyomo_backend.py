@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from formulations.encoding import Encoding
+from formulations.encoding import NO_CUTS, Cuts, Encoding
 from formulations.milp import INF, build_rows, decode
 from formulations.result import RawSolution, Status
 
@@ -40,11 +40,11 @@ def available(name: str = "highs") -> bool:
         log.setLevel(level)
 
 
-def build_model(enc: Encoding):
-    """The Pyomo model of an encoding, and the rows it was built from."""
+def build_model(enc: Encoding, cuts: Cuts = NO_CUTS):
+    """The Pyomo model of an encoding and a query's cuts, and the rows it was built from."""
     import pyomo.environ as pyo
 
-    r = build_rows(enc)
+    r = build_rows(enc, cuts)
     m = pyo.ConcreteModel(name="plan")
     names = list(r.names)
     if len(set(names)) != len(names):          # keep names readable but unique
@@ -74,12 +74,13 @@ def build_model(enc: Encoding):
     return m, r
 
 
-def solve(enc: Encoding, solver: str = "highs", time_limit: float | None = None) -> RawSolution:
+def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
+          solver: str = "highs") -> RawSolution:
     import pyomo.environ as pyo
     from pyomo.opt import TerminationCondition as TC
 
     t0 = time.perf_counter()
-    m, r = build_model(enc)
+    m, r = build_model(enc, cuts)
     build_s = time.perf_counter() - t0
     if r.violated:
         return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, build_s, solver,

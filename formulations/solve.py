@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from formulations.encoding import encode
+from formulations.encoding import Cuts, encode
 from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import BaseVar, SearchSpace, build_space
@@ -20,7 +20,7 @@ from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
 from planner.model.plan import Plan
 
-BACKENDS = ("highs", "cpsat", "enumerate", "cpsat-element")
+BACKENDS = ("highs", "cpsat", "enumerate")
 
 
 def default_objective(inst: Instance) -> str:
@@ -41,38 +41,31 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
                 max_objective: float | None = None, exclude: list | None = None,
                 points: dict | None = None) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
-    exclude = list(exclude or [])
     from formulations.pyomo_backend import SOLVER_NAMES
 
+    cuts = Cuts(max_objective, tuple(exclude or ()))
     if backend not in BACKENDS and backend not in SOLVER_NAMES:
         raise InputError(f"--solver: unknown solver {backend!r}; expected one of "
                          f"{', '.join(BACKENDS + tuple(n for n in SOLVER_NAMES if n != 'highs'))}")
     if backend == "enumerate":
         from formulations import enumerate as en
 
-        return en.solve(space, objective, time_limit, max_objective, exclude, points), None
+        return en.solve(space, objective, time_limit, cuts, points), None
     if points is None:
         points = feasible_points(space)
     batches = sorted(set(points["B"].tolist()), reverse=True)
     if len(space.base["B"].values) > 1 and len(batches) > 1:
-        return _per_batch(space, backend, time_limit, objective, max_objective, points, batches,
-                          exclude)
+        return _per_batch(space, backend, time_limit, objective, cuts, points, batches)
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
-    enc = encode(space, objective, points, prune=not exclude)
-    enc.max_objective = max_objective
-    enc.exclude = exclude
+    enc = encode(space, objective, points, prune=not cuts.exclude)
     enc_s = time.perf_counter() - t0
-    if backend in ("cpsat", "cpsat-element"):
+    if backend == "cpsat":
         from formulations import cpsat
 
         if not cpsat.available():
             raise SolverError("OR-Tools CP-SAT is not installed (pip install ortools)")
-        # "cpsat" solves the one-hot model HiGHS solves, in integer units; "cpsat-element" is
-        # the AddElement-per-form model of DESIGN.md, kept for comparison (much slower here)
-        raw = (cpsat.solve_rows(enc, time_limit) if backend == "cpsat"
-               else cpsat.solve(enc, time_limit))
-        q = cpsat.quantum(enc)
+        raw, q = cpsat.solve(enc, cuts, time_limit), cpsat.quantum(enc)
     else:
         from formulations import pyomo_backend
 
@@ -80,14 +73,12 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         if not pyomo_backend.available(name):
             raise SolverError(f"Pyomo cannot find the MILP solver {name!r}; install it or use "
                               f"--solver cpsat / highs / enumerate")
-        raw = pyomo_backend.solve(enc, name, time_limit)
-        q = None
+        raw, q = pyomo_backend.solve(enc, cuts, time_limit, name), None
     return replace(raw, build_s=raw.build_s + enc_s), q
 
 
 def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
-               max_objective: float | None, points: dict, batches: list[int],
-               exclude: list | None = None) -> tuple[RawSolution, float | None]:
+               cuts: Cuts, points: dict, batches: list[int]) -> tuple[RawSolution, float | None]:
     """A global-batch range as one fixed-batch model per batch that some assignment's largest
     admissible batch reaches (a handful): every optimum is such a point, so the best of these
     proven optima is the proven optimum, and the least of their bounds is a bound. Carrying
@@ -113,11 +104,11 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
         sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
                       fixed={**space.fixed, "B": batch})
         keep = points["B"] == batch
-        cap = max_objective
+        cap = cuts.max_objective
         if best is not None:
             cap = best.objective if cap is None else min(cap, best.objective)
         raw, q_b = run_backend(sub, backend, left, objective, cap,
-                               [x for x in exclude or () if x[0]["B"] == batch],
+                               [x for x in cuts.exclude if x[0]["B"] == batch],
                                points={k: c[keep] for k, c in points.items()})
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s

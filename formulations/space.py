@@ -324,7 +324,7 @@ def build_space(inst: Instance) -> SearchSpace:
             caps[var] = (pin, lo, 1)
     dom, bounded_by = _domains(rows, start, caps)
     for var in BASE_NAMES:
-        if not dom[var] and not (var == "B" and not B):
+        if not dom[var] and B:               # (an empty batch range is reported above)
             rules = "; ".join(dict.fromkeys(bounded_by[var]))
             why.append(f"no {LABELS[var][0]} satisfies: {rules}"
                        f"{_caps_text(var, caps, inst)}")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from formulations.encoding import encode, evaluate_encoding
+from formulations.encoding import Cuts, encode, evaluate_encoding
 from formulations.enumerate import feasible_points
 from formulations.milp import build_rows, capped_memory
 from formulations.solve import solve
@@ -29,8 +29,8 @@ from planner.model.errors import InfeasibleError, SolverError
 from planner.model.instance import load_instance, parse_instance
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = ("cpsat", "cpsat-element", "highs", "enumerate")
-CPSAT = ("cpsat", "cpsat-element")
+BACKENDS = ("cpsat", "highs", "enumerate")
+CPSAT = ("cpsat",)
 BASE = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 512},
         "cluster": {"gpu": "a100-80gb", "nodes": 1}}
 # widest and deepest the schema allows: 1e20-byte weights, layer counts near 1e5 as factors
@@ -119,7 +119,7 @@ def test_tiny_bandwidth_solves_alike_or_cpsat_says_why(bytes_per_s):
         assert all(isinstance(objective_or_error(inst, b), float) for b in CPSAT)
 
 
-@pytest.mark.parametrize("backend", ["cpsat", "cpsat-element", "highs"])
+@pytest.mark.parametrize("backend", ["cpsat", "highs"])
 def test_non_finite_times_are_a_clear_solver_error(backend):
     inst = with_bandwidth(instance(), 1e-320)               # times overflow to inf / nan
     with np.errstate(all="ignore"), pytest.raises(SolverError, match="finite") as info:
@@ -142,8 +142,8 @@ def test_cap_rows_only_when_they_can_bind():
         inst = instance(constraints={"min_mfu": min_mfu})
         space = build_space(inst)
         enc = encode(space, "step_time", feasible_points(space))
-        enc.max_objective = objective_cap(inst, "step_time")
-        return [row for row in build_rows(enc, **kw).rows if row[3] == "objective_cap"]
+        cuts = Cuts(max_objective=objective_cap(inst, "step_time"))
+        return [row for row in build_rows(enc, cuts, **kw).rows if row[3] == "objective_cap"]
 
     assert cap_rows(1e-12, memory_unit=1.0, time_unit=1e-7, integral=True) == []
     assert cap_rows(1e-12) == []
@@ -156,7 +156,7 @@ def test_cli_huge_model_exits_3_without_traceback(tmp_path):
     path.write_text('[model]\npreset = "gpt-1.3b"\nhidden = 4194304\nheads = 16\n'
                     'layers = 100000\n\n[training]\nglobal_batch = 512\n\n'
                     '[cluster]\ngpu = "a100-80gb"\nnodes = 1\n')
-    for backend in ("cpsat", "cpsat-element"):
+    for backend in ("cpsat",):
         result = CliRunner().invoke(app, ["solve", str(path), "--solver", backend])
         text = all_text(result)
         assert result.exit_code == 3, text

@@ -27,7 +27,7 @@ err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable JSON on stdout")]
 SolverOpt = Annotated[str, typer.Option(
-    help="cpsat | highs | enumerate | cpsat-element, or any MILP solver Pyomo knows (gurobi, scip, cbc)")]
+    help="cpsat | highs | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")]
 TimeOpt = Annotated[float | None, typer.Option(
     min=0.001, help="seconds per solve; at the limit the best plan found is returned, not proven")]
 NodesOpt = Annotated[int | None, typer.Option(min=1, help="override the node count")]

@@ -1,19 +1,30 @@
 """A tiny symbolic algebra so that the evaluator is written once and read three ways.
 
 The AMPeD step time is a sum of monomials ``c * x1^e1 * x2^e2 ...`` in the parallel degrees
-(DESIGN.md section 2). The evaluator (:mod:`planner.model.terms`) is plain arithmetic on its inputs;
-fed numbers it returns numbers (``plan evaluate``), fed numpy arrays it returns arrays (the
-enumerator), and fed :class:`Sig` symbols it returns the step time as a signomial that the MIP
-encoders (:mod:`formulations.encoding`) turn into solver constraints. One source of truth, so the
-solver's objective and the evaluator's number cannot drift apart.
+(docs/encoding.md, "The evaluator on symbols"). The evaluator (:mod:`planner.model.terms`) is
+plain arithmetic on its inputs; fed numbers it returns numbers (``plan evaluate``), fed numpy
+arrays it returns arrays (the enumerator), and fed :class:`Sig` symbols it returns the step time
+as a signomial that the MIP encoders (:mod:`formulations.encoding`) turn into solver rows. One
+source of truth, so the solver's objective and the evaluator's number cannot drift apart.
 
-Three extensions beyond plain monomials keep every AMPeD term expressible:
+What a model term may use, and nothing else (anything else raises :class:`Unencodable`, so a
+term the encoders cannot represent exactly can never be dropped or approximated silently):
 
+* sums, differences and products of degrees, numbers and such terms, and division by a
+  *single* monomial (a degree, a product of degrees, a number);
+* integer powers of those;
 * ``Fn`` factors: a named function of one monomial *form* (``gt1(p_inter)`` = 1 if the pipeline
-  crosses nodes). The encoders tabulate such a function over the form's few values.
-* ``vmax``: a maximum of expressions, allowed in the objective only (it is minimised, so an
-  epigraph variable encodes it exactly). Used for communication that may hide behind compute.
-* Subtraction, so ``(t - 1) / t = 1 - 1/t`` is two monomials.
+  crosses nodes; ``ring_share(n) = (n - 1) / n``; ``steps(n) = n - 1``; ``eq1``), tabulated by
+  the encoders over the form's few values;
+* ``vmax``: a maximum of such expressions, in the *objective only* (it is minimised, so an
+  epigraph variable encodes it exactly), never nested, never scaled by a factor that may be
+  negative, never inside a constraint (memory);
+* :func:`is_one` to skip a term whose degree is known to be 1.
+
+Not supported, and raising :class:`Unencodable`: division by a sum or by a function factor,
+a function of a sum, a product of two maxima, a maximum that is negated, nested, scaled by a
+possibly negative factor or used in a constraint, comparisons and truth tests of symbols
+(``if t > 1`` must be written with ``gt1``), ``float()`` of a symbol, non-integer powers.
 
 Example
 -------
@@ -55,6 +66,11 @@ class Fn:
 
 
 Key = tuple[Mono, tuple[Fn, ...]]
+
+
+class Unencodable(TypeError):
+    """A model term uses a construct the MIP encodings cannot represent exactly (see the
+    module docstring for what is supported)."""
 
 
 def mono_mul(a: Mono, b: Mono, sign: int = 1) -> Mono:
@@ -104,13 +120,33 @@ class Sig:
     def single_form(self) -> tuple[Mono, float]:
         """The monomial and coefficient of a one-term signomial (a degree or a product)."""
         if self.maxes or len(self.terms) > 1:
-            raise TypeError("expected a single monomial")
+            raise Unencodable("expected a single monomial (a degree or a product of degrees), "
+                              f"got {self!r}")
         if not self.terms:
             return (), 0.0
         (mono, fns), c = next(iter(self.terms.items()))
         if fns:
-            raise TypeError("expected a monomial without function factors")
+            raise Unencodable(f"expected a monomial without function factors, got {self!r}")
         return mono, c
+
+    def require_linear(self, what: str) -> None:
+        """Raise :class:`Unencodable` if the expression holds a maximum: ``what`` (a
+        constraint) must be a plain signomial."""
+        if self.maxes:
+            raise Unencodable(f"{what} holds a maximum, which only the objective may: write "
+                              "it without vmax")
+
+    def __bool__(self):
+        raise Unencodable("a symbol has no truth value: write the condition with gt1 / eq1")
+
+    def __float__(self):
+        raise Unencodable("a symbol has no numeric value until the encoders tabulate it")
+
+    def __lt__(self, other):
+        raise Unencodable("symbols cannot be compared: write the condition with gt1 / eq1 "
+                          "or the choice with vmax")
+
+    __le__ = __gt__ = __ge__ = __lt__
 
     # arithmetic ---------------------------------------------------------------------------
     def __add__(self, other) -> Sig:
@@ -126,7 +162,7 @@ class Sig:
 
     def __neg__(self) -> Sig:
         if self.maxes:
-            raise TypeError("a maximum cannot be negated")
+            raise Unencodable("a maximum cannot be negated")
         return Sig({k: -c for k, c in self.terms.items()})
 
     def __sub__(self, other) -> Sig:
@@ -141,17 +177,17 @@ class Sig:
         if o is NotImplemented:
             return NotImplemented
         if self.maxes and o.maxes:
-            raise TypeError("a product of two maxima is not representable")
+            raise Unencodable("a product of two maxima is not representable")
         if o.maxes:
             return o * self
+        if self.maxes and any(c < 0 for c in o.terms.values()):
+            raise Unencodable("a maximum cannot be scaled by a factor that may be negative")
         terms: dict[Key, float] = {}
         for (m1, f1), c1 in self.terms.items():
             for (m2, f2), c2 in o.terms.items():
                 k = (mono_mul(m1, m2), tuple(sorted(f1 + f2)))
                 terms[k] = terms.get(k, 0.0) + c1 * c2
         terms = {k: c for k, c in terms.items() if c != 0.0}
-        if self.maxes and o.terms.get(((), ()), 0.0) < 0 and len(o.terms) == 1:
-            raise TypeError("a maximum cannot be scaled by a negative number")
         maxes = tuple(tuple(arg * o for arg in mx) for mx in self.maxes)
         return Sig(terms, maxes)
 
@@ -160,10 +196,10 @@ class Sig:
     def __truediv__(self, other) -> Sig:
         if isinstance(other, Sig):
             if len(other.terms) != 1 or other.maxes:
-                raise TypeError("can only divide by a single monomial")
+                raise Unencodable(f"can only divide by a single monomial, not by {other!r}")
             (mono, fns), c = next(iter(other.terms.items()))
             if fns:
-                raise TypeError("cannot divide by a function factor")
+                raise Unencodable("cannot divide by a function factor")
             inv = Sig({(tuple((v, -e) for v, e in mono), ()): 1.0 / c})
             return self * inv
         return self * (1.0 / other)
@@ -172,6 +208,8 @@ class Sig:
         return Sig.const(other) / self if not isinstance(other, Sig) else other / self
 
     def __pow__(self, n: int) -> Sig:
+        if not isinstance(n, int):
+            raise Unencodable(f"only integer powers of a symbol are supported, not {n!r}")
         out = Sig.const(1.0)
         for _ in range(abs(n)):
             out = out * self
@@ -252,7 +290,7 @@ def vmax(*args):
         sigs = tuple(_lift(a) for a in args)
         for s in sigs:
             if s.maxes:
-                raise TypeError("nested maxima are not representable")
+                raise Unencodable("nested maxima are not representable")
         return Sig({}, (sigs,))
     if any(isinstance(a, np.ndarray) for a in args):
         out = np.asarray(args[0], dtype=float)
