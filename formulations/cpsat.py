@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from formulations import ties
 from formulations.encoding import NO_CUTS, Cuts, Encoding
 from formulations.milp import SAFE_INT
 from formulations.result import RawSolution, Status
@@ -109,8 +110,10 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         lo = -big if lb == -INF else _fits(lb, f"the bound of {name}", q_t, RANGE, math.floor)
         hi = big if ub == INF else _fits(ub, f"the bound of {name}", q_t, RANGE, math.ceil)
         span.append(abs(lo) + abs(hi))
-        if lo == 0 and hi <= 1:
-            xs.append(model.NewBoolVar(name) if hi == 1 else model.NewConstant(0))
+        if lo == 0 and hi == 0:
+            xs.append(0)                        # a value the encoding rules out
+        elif lo == 0 and hi == 1:
+            xs.append(model.NewBoolVar(name))
         else:
             xs.append(model.NewIntVar(lo, hi, name))
 
@@ -118,11 +121,15 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         ints = {i: _fits(c, f"a coefficient of row {name}", q_t, RANGE) for i, c in coefs.items()}
         _fits(sum(abs(c) * span[i] for i, c in ints.items()), f"the range of row {name}", q_t,
               RANGE)
-        return sum(c * xs[i] for i, c in ints.items())
+        return sum(c * xs[i] for i, c in ints.items() if not isinstance(xs[i], int))
 
     for coefs, lo, hi, name in r.rows:
         expr = int_expr(coefs, name)
         what = f"the bound of row {name}"
+        if isinstance(expr, int):               # every variable of the row is ruled out
+            if not lo - 1e-9 <= expr <= hi + 1e-9:
+                return _infeasible(t0, f"violated: {name}")
+            continue
         if lo == hi:
             model.Add(expr == _fits(lo, what, q_t))
         else:
@@ -130,13 +137,46 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
                 model.Add(expr >= _fits(lo - 1e-9, what, q_t, rounding=math.ceil))
             if hi != INF:
                 model.Add(expr <= _fits(hi + 1e-9, what, q_t, rounding=math.floor))
-    model.Minimize(int_expr(r.obj, "objective"))
+    goals = {g: int_expr(c, f"goal {g}") for g, c in r.goals.items()}
+    session = _Session(model, xs, goals, r, workers)
     build_s = time.perf_counter() - t0
-    solver, status, solve_s, name = _run(model, time_limit, workers)
-    if status not in (Status.OPTIMAL, Status.FEASIBLE):
-        return RawSolution(status, None, None, None, None, solve_s, build_s, "cpsat", note=name)
-    x = [solver.Value(v) for v in xs]
-    choice, combo = decode(enc, r, x)
-    return RawSolution(status, choice, enc.combos[combo], solver.ObjectiveValue() * q_t,
-                       solver.BestObjectiveBound() * q_t, solve_s, build_s, "cpsat",
-                       extra={"quantum_s": q_t})
+    first, last, note = ties.run(session, time_limit)
+    if not first.ok:
+        return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
+                           "cpsat", note=first.note)
+    choice, combo = decode(enc, r, last.x)
+    objective = r.value("objective", last.x) * q_t
+    return RawSolution(Status.OPTIMAL if first.proven else Status.FEASIBLE, choice,
+                       enc.combos[combo], objective, first.bound * q_t, session.solve_s, build_s,
+                       "cpsat", note=note, extra={"quantum_s": q_t})
+
+
+class _Session:
+    """One CP-SAT model re-solved for each tie-break goal (:mod:`formulations.ties`), the
+    previous solution given as a hint."""
+
+    def __init__(self, model, xs, goals, rows, workers: int):
+        self.model, self.xs, self.exprs, self.rows, self.workers = model, xs, goals, rows, workers
+        self.solve_s = 0.0
+
+    def goals(self) -> list[str]:
+        return list(self.exprs)
+
+    def cap(self, goal: str, value: float) -> None:
+        if not isinstance(self.exprs[goal], int):          # a constant goal caps nothing
+            self.model.Add(self.exprs[goal] <= int(self.rows.tie_cap(goal, value)))
+
+    def minimize(self, goal: str, time_limit: float | None, hint: list | None) -> ties.Answer:
+        self.model.Minimize(self.exprs[goal])
+        self.model.ClearHints()
+        if hint is not None:
+            for v, val in zip(self.xs, hint):
+                if not isinstance(v, int):
+                    self.model.AddHint(v, val)
+        solver, status, solve_s, name = _run(self.model, time_limit, self.workers)
+        self.solve_s += solve_s
+        if status not in (Status.OPTIMAL, Status.FEASIBLE):
+            return ties.Answer(False, False, None, None, None, status, name)
+        return ties.Answer(True, status == Status.OPTIMAL,
+                           [v if isinstance(v, int) else solver.Value(v) for v in self.xs],
+                           solver.ObjectiveValue(), solver.BestObjectiveBound(), status, name)

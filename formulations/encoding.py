@@ -25,7 +25,7 @@ import numpy as np
 from formulations.space import SearchSpace
 from planner.model.algebra import FUNCTIONS, Mono, Sig
 from planner.model.plan import Degrees, Grid, Knobs
-from planner.model.terms import memory_limit_bytes, step_terms
+from planner.model.terms import internode_bytes, memory_limit_bytes, step_terms
 
 OBJECTIVES = ("step_time", "time_per_sample")
 
@@ -136,6 +136,9 @@ class Encoding:
     memory: dict[str, LinExpr]                   # stage -> bytes, must be <= memory_limit
     memory_limit: float
     combos: list[Knobs]
+    #: bytes each GPU sends across nodes per step, and its maxima (a tie-break goal)
+    internode: LinExpr | None = None
+    internode_maxes: list[list[LinExpr]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -240,40 +243,45 @@ def encode(space: SearchSpace, objective: str = "step_time",
     tabulated = _tabulate(col)
     n = len(space.combos)
     keep = _undominated(tabulated, n, col.forms) if prune else list(range(n))
-    objective_expr, maxes, memory, copies = _expressions(space, tabulated, keep, arity)
-    return Encoding(space=space, objective_kind=objective, scale=_magnitude(objective_expr),
-                    forms=col.forms, copies=copies, objective=objective_expr, maxes=maxes,
-                    memory=memory, memory_limit=memory_limit_bytes(space.inst),
-                    combos=[space.combos[k] for k in keep])
+    exprs, copies = _expressions(space, tabulated, keep, arity)
+    return Encoding(space=space, objective_kind=objective, scale=_magnitude(exprs["obj"]),
+                    forms=col.forms, copies=copies, objective=exprs["obj"], maxes=exprs["max"],
+                    memory=exprs["mem"], memory_limit=memory_limit_bytes(space.inst),
+                    combos=[space.combos[k] for k in keep], internode=exprs["bytes"],
+                    internode_maxes=exprs["bmax"])
 
 
-def _collect(space: SearchSpace, objective: str) -> tuple[_Collector, list[int]]:
-    """Step 1: the step time (or time per sequence), the arguments of its maxima and every
-    stage's memory, per categorical combination, grouped by form. The maxima must keep their
-    shape across combinations, and a constraint (memory) may not hold a maximum: the algebra's
+def _collect(space: SearchSpace, objective: str) -> tuple[_Collector, dict[str, list[int]]]:
+    """Step 1: the step time (or time per sequence), every stage's memory and the bytes sent
+    across nodes (a tie-break goal), per categorical combination, grouped by form; a maximum's
+    arguments go to slots of their own. The maxima must keep their shape across combinations,
+    and a constraint (memory) may not hold a maximum: the algebra's
     :class:`~planner.model.algebra.Unencodable` is raised rather than dropping it."""
     deg, sym = symbolic_degrees(space)
     col = _Collector(space, len(space.combos))
-    arity: list[int] | None = None
+    arity: dict[str, list[int]] = {}
+
+    def add_with_maxes(slot: str, max_slot: str, k: int, sig: Sig) -> None:
+        shape = [len(mx) for mx in sig.maxes]
+        if arity.setdefault(max_slot, shape) != shape:
+            raise RuntimeError(f"categorical choices changed the structure of {slot}")
+        col.add(slot, k, Sig(sig.terms))
+        for i, mx in enumerate(sig.maxes):
+            for a, arg in enumerate(mx):
+                col.add((max_slot, i, a), k, arg)
+
     for k, knobs in enumerate(space.combos):
         terms = step_terms(space.inst, deg, knobs)
         obj = _as_sig(terms.step_time)
         if objective == "time_per_sample":
             obj = obj / _as_sig(sym["B"]) if isinstance(sym["B"], Sig) else obj / sym["B"]
-        shape = [len(mx) for mx in obj.maxes]
-        if arity is None:
-            arity = shape
-        elif arity != shape:
-            raise RuntimeError("categorical choices changed the structure of the step time")
-        col.add("obj", k, Sig(obj.terms))
-        for i, mx in enumerate(obj.maxes):
-            for a, arg in enumerate(mx):
-                col.add(("max", i, a), k, arg)
+        add_with_maxes("obj", "max", k, obj)
         for stage in terms.memory:
             mem = _as_sig(terms.memory_total(stage))
             mem.require_linear(f"the memory of the {stage} pipeline stage (a constraint)")
             col.add(("mem", stage), k, mem)
-    return col, arity or []
+        add_with_maxes("bytes", "bmax", k, _as_sig(internode_bytes(space.inst, deg, knobs)))
+    return col, arity
 
 
 def _restrict_forms(col: _Collector, space: SearchSpace, points: dict | None) -> None:
@@ -350,8 +358,10 @@ def _tabulate(col: _Collector) -> dict:
     return tabulated
 
 
-def _expressions(space: SearchSpace, tabulated: dict, keep: list[int], arity: list[int]):
-    """Step 5: the linear expressions of the kept combinations. A table is split only by the
+def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
+                 arity: dict[str, list[int]]) -> tuple[dict, dict[CopyKey, CopySet]]:
+    """Step 5: the linear expressions of the kept combinations (``obj``, ``mem`` by stage,
+    ``bytes``, and the arguments of each maximum of ``obj`` and ``bytes``). A table is split only by the
     categorical dimensions it depends on (one copy of its cells per value of those), so a
     term that does not change with recompute shares its cells across the recompute modes."""
     n = len(space.combos)
@@ -394,10 +404,12 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int], arity: li
             expr.usages.append(Usage(key, table, main_table))
         return expr
 
-    objective_expr = build("obj")
-    maxes = [[build(("max", i, a)) for a in range(n_args)] for i, n_args in enumerate(arity)]
-    memory = {slot[1]: build(slot) for slot in tabulated if slot[0] == "mem"}
-    return objective_expr, maxes, memory, copies
+    exprs = {"obj": build("obj"), "bytes": build("bytes"),
+             "mem": {slot[1]: build(slot) for slot in tabulated if slot[0] == "mem"}}
+    for max_slot in ("max", "bmax"):
+        exprs[max_slot] = [[build((max_slot, i, a)) for a in range(n_args)]
+                           for i, n_args in enumerate(arity.get(max_slot, []))]
+    return exprs, copies
 
 
 def _magnitude(objective_expr: LinExpr) -> float:

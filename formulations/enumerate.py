@@ -14,11 +14,12 @@ import time
 import numpy as np
 
 from formulations.encoding import NO_CUTS, Cuts
+from formulations import ties
 from formulations.result import RawSolution, Status
 from formulations.space import SearchSpace, smooth_in_range
 from planner.model.plan import BASE_NAMES as ORDER
 from planner.model.plan import Degrees, Grid
-from planner.model.terms import memory_limit_bytes, step_terms
+from planner.model.terms import internode_bytes, memory_limit_bytes, step_terms
 
 
 def available() -> bool:
@@ -119,12 +120,21 @@ def degrees_of(space: SearchSpace, cols: dict[str, np.ndarray]) -> Degrees:
 def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Objective per (combination, point), +inf where memory does not fit; and the fit mask."""
+    obj = evaluate_goals(space, cols, objective)[0]
+    return obj, np.isfinite(obj)
+
+
+def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (combination, point): the objective (+inf where memory does not fit), the memory of
+    the most loaded stage and the bytes sent across nodes (the goals of
+    :mod:`formulations.ties`)."""
     inst = space.inst
     deg = degrees_of(space, cols)
     n = len(next(iter(cols.values())))
     limit = memory_limit_bytes(inst)
-    obj = np.full((len(space.combos), n), np.inf)
-    fits = np.zeros((len(space.combos), n), dtype=bool)
+    shape = (len(space.combos), n)
+    obj, memory, internode = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
     for k, knobs in enumerate(space.combos):
         t = step_terms(inst, deg, knobs)
         step = np.broadcast_to(np.asarray(t.step_time, dtype=float), (n,))
@@ -133,10 +143,11 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
         mem = np.zeros(n)
         for stage in t.memory_stages():
             mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float), (n,)))
-        ok = mem <= limit
-        fits[k] = ok
-        obj[k] = np.where(ok, step, np.inf)
-    return obj, fits
+        obj[k] = np.where(mem <= limit, step, np.inf)
+        memory[k] = mem
+        internode[k] = np.broadcast_to(
+            np.asarray(internode_bytes(inst, deg, knobs), dtype=float), (n,))
+    return obj, memory, internode
 
 
 def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None,
@@ -149,7 +160,7 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
         return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, build_s, "enumerate",
                            note="no plan satisfies the structural rules",
                            extra={"points": 0})
-    obj, _fits = evaluate_all(space, cols, objective)
+    obj, memory, internode = evaluate_goals(space, cols, objective)
     if cuts.max_objective is not None:
         obj[obj > cuts.max_objective] = np.inf
     for choice_x, knobs_x in cuts.exclude:                          # top-k: leave these out
@@ -158,14 +169,24 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
             for name in ORDER:
                 hit &= cols[name] == choice_x[name]
             obj[space.combos.index(knobs_x), hit] = np.inf
+    z = float(np.min(obj))
+    if not np.isfinite(z):
+        return RawSolution(Status.INFEASIBLE, None, None, None, None,
+                           time.perf_counter() - t0 - build_s, build_s, "enumerate",
+                           note="no plan fits in memory", extra={"points": n * len(space.combos)})
+    if len(space.base["B"].values) > 1:      # ties are broken within the batch of the optimum
+        batch = cols["B"][np.any(obj <= ties.objective_cap(z), axis=0)].max()
+        obj = np.where(cols["B"] == batch, obj, np.inf)
+    values = {name: space.base[name].values for name in ORDER}
+    keys = []
+    for name, ranks in ties.lex_ranks(values, len(space.combos)):
+        if name == "combo":
+            keys.append(np.arange(len(space.combos))[:, None])
+        else:
+            rank_of = dict(zip(values[name], ranks))
+            keys.append(np.array([rank_of[v] for v in cols[name].tolist()])[None, :])
+    k, i = ties.pick(obj, memory, internode, keys)
     solve_s = time.perf_counter() - t0 - build_s
-    best = np.unravel_index(np.argmin(obj), obj.shape)
-    if not np.isfinite(obj[best]):
-        return RawSolution(Status.INFEASIBLE, None, None, None, None, solve_s, build_s,
-                           "enumerate", note="no plan fits in memory",
-                           extra={"points": n * len(space.combos)})
-    k, i = int(best[0]), int(best[1])
     choice = {name: int(cols[name][i]) for name in ORDER}
-    val = float(obj[k, i])
-    return RawSolution(Status.OPTIMAL, choice, space.combos[k], val, val, solve_s, build_s, "enumerate",
-                       extra={"points": n * len(space.combos)})
+    return RawSolution(Status.OPTIMAL, choice, space.combos[k], float(obj[k, i]), z, solve_s,
+                       build_s, "enumerate", extra={"points": n * len(space.combos)})

@@ -20,6 +20,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from formulations import ties
 from formulations.encoding import NO_CUTS, CopyKey, Cuts, Encoding, LinExpr, Usage
 from planner.model.errors import SolverError
 
@@ -38,6 +39,36 @@ class Rows:
     combo_vars: list[int] = field(default_factory=list)
     violated: list[str] = field(default_factory=list)  # rows that fail on constants alone
     time_unit: float = 1.0                              # objective value = unit * obj . x
+    #: the goals of :mod:`formulations.ties`, in order: name -> linear expression, and its unit
+    goals: dict[str, dict[int, float]] = field(default_factory=dict)
+    goal_units: dict[str, float] = field(default_factory=dict)
+    #: per goal with maxima: its linear part and each maximum's argument expressions
+    goal_parts: dict[str, tuple[dict[int, float], list[list[dict[int, float]]]]] = field(
+        default_factory=dict)
+    integral: bool = False
+
+    def value(self, goal: str, x: list[float]) -> float:
+        """A goal's value at a solution, in its unit: each maximum at its largest argument
+        (a later goal may leave an epigraph variable above it)."""
+        def dot(acc):
+            return sum(c * x[i] for i, c in acc.items())
+        if goal not in self.goal_parts:
+            return dot(self.goals[goal])
+        linear, maxes = self.goal_parts[goal]
+        return dot(linear) + sum(max(dot(a) for a in args) for args in maxes)
+
+    def tie_cap(self, goal: str, value: float) -> float:
+        """The largest value of ``goal`` (in its unit) a plan tied with ``value`` may have."""
+        unit = self.goal_units[goal]
+        if goal == "objective":
+            cap = ties.objective_cap(value)
+        elif goal == "memory":
+            cap = value + ties.MEMORY_TOLERANCE_BYTES / unit
+        elif goal == "internode":
+            cap = ties.internode_cap(value * unit) / unit
+        else:                              # lexicographic goals are exact integers
+            cap = value + (0.0 if self.integral else 0.5)
+        return float(math.floor(cap + 1e-9)) if self.integral else cap
 
     def var(self, name: str, lb: float = 0.0, ub: float = 1.0, integer: bool = True) -> int:
         self.names.append(name)
@@ -397,33 +428,77 @@ class _RowBuilder:
                 _add(acc, v, c)
         return acc
 
-    # -- 4. objective, memory, the query's cuts ------------------------------------------------
-    def objective(self, unit: float) -> float:
-        """The objective and one epigraph variable per maximum; returns an upper bound of the
-        objective over every plan (each maximum at its largest argument)."""
+    # -- 4. objective, memory, the tie-break goals, the query's cuts ------------------------
+    def with_maxes(self, expr: LinExpr, maxes: list[list[LinExpr]], unit: float, tag: str
+                   ) -> tuple[dict[int, float], float]:
+        """An expression plus one epigraph variable per maximum (``y >= each argument``; the
+        goal is minimised, so ``y`` is the maximum); returns it and an upper bound of it over
+        every plan (each maximum at its largest argument)."""
         r = self.r
-        r.obj = self.linear(self.enc.objective, unit)
-        upper = self.bound(r.obj)
-        for i, args in enumerate(self.enc.maxes):
-            y = r.var(f"max_{i}", lb=-INF, ub=INF, integer=False)
-            _add(r.obj, y, 1.0)
+        acc = self.linear(expr, unit)
+        upper = self.bound(acc)
+        parts: tuple[dict[int, float], list] = (dict(acc), [])
+        for i, args in enumerate(maxes):
+            y = r.var(f"{tag}max_{i}", lb=-INF, ub=INF, integer=False)
+            _add(acc, y, 1.0)
             lows, ups = [], []
-            for a, expr in enumerate(args):
-                acc = self.linear(expr, unit)
-                lows.append(self.bound(acc, -1))
-                ups.append(self.bound(acc))
-                _add(acc, y, -1.0)
-                r.row(acc, -INF, 0.0, f"max_{i}_arg{a}")
+            parts[1].append([])
+            for a, arg in enumerate(args):
+                row = self.linear(arg, unit)
+                parts[1][-1].append(dict(row))
+                lows.append(self.bound(row, -1))
+                ups.append(self.bound(row))
+                _add(row, y, -1.0)
+                r.row(row, -INF, 0.0, f"{tag}max_{i}_arg{a}")
             upper += max(ups)
             if self.units.integral:    # bounds every plan's max lies within (no arbitrary 2^50)
                 r.lb[y], r.ub[y] = max(lows), max(ups)
+        self.parts = parts
+        return acc, upper
+
+    def objective(self, unit: float) -> float:
+        """The objective (the first goal); returns an upper bound of it over every plan."""
+        self.r.obj, upper = self.with_maxes(self.enc.objective, self.enc.maxes, unit, "")
+        self.r.goals["objective"], self.r.goal_units["objective"] = self.r.obj, unit
+        self.r.goal_parts["objective"] = self.parts
         return upper
 
     def memory(self, memory: dict[str, LinExpr], memory_unit: float) -> None:
-        """Per pipeline stage: memory per GPU within the limit."""
+        """Per pipeline stage: memory per GPU within the limit; and the memory goal, a variable
+        ``peak`` no smaller than any stage's memory."""
+        r = self.r
         limit = self.units.limit(self.enc.memory_limit / memory_unit)
+        peak = r.var("memory_peak", lb=0.0, ub=max(limit, 0.0), integer=self.units.integral)
         for stage, expr in memory.items():
-            self.r.row(self.linear(expr, memory_unit), -INF, limit, f"mem_{stage}")
+            acc = self.linear(expr, memory_unit)
+            r.row(acc, -INF, limit, f"mem_{stage}")
+            below = {v: -c for v, c in acc.items()}
+            _add(below, peak, 1.0)
+            r.row(below, 0.0, INF, f"peak_{stage}")
+        r.goals["memory"], r.goal_units["memory"] = {peak: 1.0}, memory_unit
+
+    def internode(self, unit: float) -> None:
+        """The goal of bytes sent across nodes per step."""
+        enc = self.enc
+        if enc.internode is None:
+            return
+        acc, _ = self.with_maxes(enc.internode, enc.internode_maxes, unit, "b")
+        self.r.goals["internode"], self.r.goal_units["internode"] = acc, unit
+        self.r.goal_parts["internode"] = self.parts
+
+    def lex(self) -> None:
+        """The lexicographic goals: weighted ranks of the base variables' values and of the
+        combinations (:func:`formulations.ties.lex_goals`)."""
+        r, sp = self.r, self.sp
+        values = {n: sp.base[n].values for n in sp.base}
+        for i, goal in enumerate(ties.lex_goals(ties.lex_ranks(values, len(self.enc.combos)))):
+            acc: dict[int, float] = {}
+            for name, weights in goal:
+                zs = r.combo_vars if name == "combo" else r.form_vars[((name, 1),)]
+                for z, w in zip(zs, weights):
+                    if w:
+                        _add(acc, z, float(w))
+            r.goals[f"lex{i}"], r.goal_units[f"lex{i}"] = acc, 1.0
 
     def cuts(self, cuts: Cuts, unit: float, obj_upper: float) -> None:
         """The query's cap on the objective (left out when no plan's objective can reach it: a
@@ -455,7 +530,8 @@ def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30
     near 1), memory in ``memory_unit`` bytes (GiB by default).
 
     The steps: the base variables' binaries, the structural rows, the derived forms' binaries,
-    the categorical combinations, the objective (with its maxima), the memory rows, the cuts.
+    the categorical combinations, the objective (with its maxima), the memory rows, the
+    tie-break goals of :mod:`formulations.ties` (``Rows.goals``), the cuts.
     ``integral=True`` builds the same model for a pure integer solver (:class:`_IntegerUnits`).
 
     Memory entries above the limit are capped (:func:`capped_memory`: the same plans fit), and
@@ -465,15 +541,30 @@ def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30
     memory = capped_memory(enc)
     check_units(enc, memory, unit, memory_unit, integral)
     rb = _RowBuilder(enc, _IntegerUnits() if integral else _RealUnits())
-    rb.r.time_unit = unit
+    rb.r.time_unit, rb.r.integral = unit, integral
     rb.base_variables()
     rb.structural_rows()
     rb.forms()
     rb.combinations()
     obj_upper = rb.objective(unit)
     rb.memory(memory, memory_unit)
+    rb.internode(internode_unit(enc, memory_unit, integral))
+    rb.lex()
     rb.cuts(cuts, unit, obj_upper)
+    # a goal without variables cannot break a tie (a single plan, a fixed grid)
+    rb.r.goals = {g: c for g, c in rb.r.goals.items() if c or g == "objective"}
     return rb.r
+
+
+def internode_unit(enc: Encoding, memory_unit: float, integral: bool) -> float:
+    """Bytes per unit of the internode goal: the memory unit, raised for an integer solver to
+    a power of ten that keeps the largest entry below 2^40 units."""
+    if not integral or enc.internode is None:
+        return memory_unit
+    top = magnitude([enc.internode, *(a for args in enc.internode_maxes for a in args)])
+    if not np.isfinite(top) or top <= 2**40 * memory_unit:
+        return memory_unit
+    return float(10.0 ** np.ceil(np.log10(top / 2**40)))
 
 
 def decode(enc: Encoding, r: Rows, x: list[float]) -> tuple[dict[str, int], int]:

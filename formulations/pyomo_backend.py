@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+from formulations import ties
 from formulations.encoding import NO_CUTS, Cuts, Encoding
 from formulations.milp import INF, build_rows, decode
 from formulations.result import RawSolution, Status
@@ -68,8 +69,10 @@ def build_model(enc: Encoding, cuts: Cuts = NO_CUTS):
             m.rows.add(body == lo)
         else:
             m.rows.add(pyo.inequality(None if lo == -INF else lo, body, None if hi == INF else hi))
-    m.obj = pyo.Objective(expr=sum(c * xs[i] for i, c in r.obj.items()) + r.obj_const,
-                          sense=pyo.minimize)
+    m.goals = pyo.ObjectiveList(sense=pyo.minimize)
+    m.caps = pyo.ConstraintList()
+    m.goal_exprs = {g: sum(c * xs[i] for i, c in coefs.items())
+                    + (r.obj_const if g == "objective" else 0.0) for g, coefs in r.goals.items()}
     m.xs = xs
     return m, r
 
@@ -77,7 +80,6 @@ def build_model(enc: Encoding, cuts: Cuts = NO_CUTS):
 def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
           solver: str = "highs") -> RawSolution:
     import pyomo.environ as pyo
-    from pyomo.opt import TerminationCondition as TC
 
     t0 = time.perf_counter()
     m, r = build_model(enc, cuts)
@@ -94,39 +96,64 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         # tight feasibility so a near-zero binary cannot carry a visible share of a product term
         opt.options["mip_feasibility_tolerance"] = 1e-9
         opt.options["primal_feasibility_tolerance"] = 1e-9
-    if time_limit and name in TIME_OPTION:
-        opt.options[TIME_OPTION[name]] = float(time_limit)
-    t1 = time.perf_counter()
-    try:
-        res = opt.solve(m, load_solutions=False)
-    except Exception as exc:  # a solver crash is reported, not raised
-        return RawSolution(Status.ERROR, None, None, None, None, time.perf_counter() - t1,
-                           build_s, solver, note=f"{type(exc).__name__}: {exc}")
-    solve_s = time.perf_counter() - t1
-    tc = res.solver.termination_condition
-    lower = res.problem.lower_bound
-    has_solution = len(res.solution) > 0 if hasattr(res, "solution") else False
-    if tc in (TC.infeasible, TC.infeasibleOrUnbounded):
-        return RawSolution(Status.INFEASIBLE, None, None, None, None, solve_s, build_s, solver,
-                           note=str(tc))
-    if not has_solution:
+    session = _Session(m, r, opt, name)
+    first, last, note = ties.run(session, time_limit)
+    if not first.ok:
+        return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
+                           solver, note=first.note)
+    choice, combo = decode(enc, r, last.x)
+    objective = (r.value("objective", last.x) + r.obj_const) * r.time_unit
+    bound = first.bound * r.time_unit if first.bound is not None else None
+    # "zero gap" up to the solver's floating-point tolerances (1e-6 relative, rows near 1)
+    proven = first.proven and bound is not None and \
+        first.value * r.time_unit - bound <= 1e-6 * abs(objective)
+    return RawSolution(Status.OPTIMAL if proven else Status.FEASIBLE, choice, enc.combos[combo],
+                       objective, bound, session.solve_s, build_s, solver,
+                       note=note or str(first.status))
+
+
+class _Session:
+    """One Pyomo model re-solved for each tie-break goal (:mod:`formulations.ties`)."""
+
+    def __init__(self, m, rows, opt, name: str):
+        self.m, self.rows, self.opt, self.name = m, rows, opt, name
+        self.solve_s = 0.0
+
+    def goals(self) -> list[str]:
+        return list(self.rows.goals)
+
+    def cap(self, goal: str, value: float) -> None:
+        if self.rows.goals[goal]:                          # a constant goal caps nothing
+            self.m.caps.add(self.m.goal_exprs[goal] <= self.rows.tie_cap(goal, value))
+
+    def minimize(self, goal: str, time_limit: float | None, hint: list | None) -> ties.Answer:
+        import pyomo.environ as pyo
+        from pyomo.opt import TerminationCondition as TC
+
+        m, opt = self.m, self.opt
+        for o in m.goals.values():
+            o.deactivate()
+        m.goals.add(m.goal_exprs[goal])
+        if time_limit and self.name in TIME_OPTION:
+            opt.options[TIME_OPTION[self.name]] = max(float(time_limit), 1e-3)
+        t1 = time.perf_counter()
+        try:
+            res = opt.solve(m, load_solutions=False)
+        except Exception as exc:  # a solver crash is reported, not raised
+            self.solve_s += time.perf_counter() - t1
+            return ties.Answer(False, False, None, None, None, Status.ERROR,
+                               f"{type(exc).__name__}: {exc}")
+        self.solve_s += time.perf_counter() - t1
+        tc = res.solver.termination_condition
+        lower = res.problem.lower_bound
+        if tc in (TC.infeasible, TC.infeasibleOrUnbounded):
+            return ties.Answer(False, False, None, None, None, Status.INFEASIBLE, str(tc))
         try:
             m.solutions.load_from(res)
-            has_solution = True
         except Exception:
-            has_solution = False
-    else:
-        m.solutions.load_from(res)
-    if not has_solution:
-        status = Status.NO_SOLUTION_IN_LIMIT if tc == TC.maxTimeLimit else Status.ERROR
-        return RawSolution(status, None, None, None, None, solve_s, build_s, solver, note=str(tc))
-    x = [pyo.value(v, exception=False) or 0.0 for v in m.xs]
-    choice, combo = decode(enc, r, x)
-    objective = float(pyo.value(m.obj)) * r.time_unit
-    bound = (float(lower) * r.time_unit
-             if lower is not None and abs(float(lower)) != float("inf") else None)
-    # "zero gap" up to the solver's floating-point tolerances (1e-6 relative, rows near 1)
-    proven = tc == TC.optimal and bound is not None and objective - bound <= 1e-6 * abs(objective)
-    status = Status.OPTIMAL if proven else Status.FEASIBLE
-    return RawSolution(status, choice, enc.combos[combo], objective, bound, solve_s, build_s, solver,
-                       note=str(tc))
+            status = Status.NO_SOLUTION_IN_LIMIT if tc == TC.maxTimeLimit else Status.ERROR
+            return ties.Answer(False, False, None, None, None, status, str(tc))
+        x = [pyo.value(v, exception=False) or 0.0 for v in m.xs]
+        value = float(pyo.value(m.goal_exprs[goal]))
+        bound = float(lower) if lower is not None and abs(float(lower)) != float("inf") else None
+        return ties.Answer(True, tc == TC.optimal, x, value, bound, tc, str(tc))

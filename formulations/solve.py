@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from formulations import ties
 from formulations.encoding import Cuts, encode
 from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
@@ -90,8 +91,12 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
     which is cheaper than proving its own optimum. The time limit covers all the models.
     Excluded plans (top-k) go to the model of their batch."""
     t_start = time.perf_counter()
-    best, bounds, status, solve_s, build_s, q = None, [], Status.OPTIMAL, 0.0, 0.0, None
+    found, bounds, status, solve_s, build_s, q = [], [], Status.OPTIMAL, 0.0, 0.0, None
     beaten = 0
+
+    def optimum(raw: RawSolution) -> float:       # a model's proven optimum (its plan may be a tie)
+        return raw.bound if raw.status == Status.OPTIMAL and raw.bound is not None \
+            else raw.objective
     for batch in batches:
         left = None
         if time_limit is not None:
@@ -105,8 +110,9 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
                       fixed={**space.fixed, "B": batch})
         keep = points["B"] == batch
         cap = cuts.max_objective
-        if best is not None:
-            cap = best.objective if cap is None else min(cap, best.objective)
+        if found:                                   # beat the best so far, or tie with it
+            tie = ties.objective_cap(min(optimum(r) for r in found))
+            cap = tie if cap is None else min(cap, tie)
         raw, q_b = run_backend(sub, backend, left, objective, cap,
                                [x for x in cuts.exclude if x[0]["B"] == batch],
                                points={k: c[keep] for k, c in points.items()})
@@ -114,7 +120,7 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
         solve_s += raw.solve_s
         build_s += raw.build_s
         if raw.status == Status.INFEASIBLE:
-            beaten += best is not None                 # no plan at this batch beats the cap
+            beaten += bool(found)                      # no plan at this batch beats the cap
             continue
         bounds.append(raw.bound)                    # None when that model has no bound
         if raw.status not in (Status.OPTIMAL, Status.FEASIBLE) or raw.objective is None:
@@ -122,9 +128,13 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
             continue
         if raw.status != Status.OPTIMAL:
             status = Status.FEASIBLE
-        if best is None or raw.objective < best.objective:
-            best = raw
+        found.append(raw)
     bound = None if (not bounds or None in bounds) else min(bounds)
+    # the optimum's batch: the largest whose model ties with the best (formulations/ties.py)
+    best = None
+    if found:
+        tie = ties.objective_cap(min(optimum(r) for r in found))
+        best = next(r for r in found if optimum(r) <= tie)
     if best is None:
         return RawSolution(Status.INFEASIBLE if status == Status.OPTIMAL else
                            Status.NO_SOLUTION_IN_LIMIT, None, None, None, None, solve_s,

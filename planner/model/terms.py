@@ -19,7 +19,7 @@ violates (never an exception for a plan that does not fit).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.model.algebra import eq1, gt1, is_one, ring_share, steps, vmax
@@ -31,6 +31,8 @@ from planner.model.workload import Shape
 
 TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
               "optimizer")
+#: The communication terms of the step time (each a collective or transfer on its links).
+COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits")
 STAGES = ("first", "last")
 
@@ -290,3 +292,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 def memory_limit_bytes(inst: Instance) -> float:
     """Bytes a plan may use per GPU: the capacity less the reserve."""
     return inst.hw.hbm_bytes - inst.spec.constraints.memory_reserve_GiB * GiB
+
+
+def internode_bytes(inst: Instance, x: Degrees, k: Knobs):
+    """Bytes one GPU sends across nodes per step: the communication terms of
+    :func:`step_terms` on a network where the NIC moves one byte per second and everything
+    else (NVLink, latency, compute, HBM) is free, with no overlap. Counting them with the model's
+    own collectives means the bytes can never disagree with the time terms; the search uses
+    them to break ties between plans of equal step time (docs/encoding.md, "Ties")."""
+    free = float("inf")
+    hw = replace(inst.hw, peak=free, peak_fp8=free, hbm_bw=free, bw_intra=free, bw_inter=1.0,
+                 lat_intra=0.0, lat_inter=0.0)
+    training = inst.spec.training.model_copy(update={"tp_overlap": 0.0, "dp_overlap": 0.0})
+    network = replace(inst, hw=hw, spec=inst.spec.model_copy(update={"training": training}))
+    time = step_terms(network, x, k).time
+    return sum(time[name] for name in COMM_TERMS)
+
