@@ -92,22 +92,22 @@ def table1_model(row) -> dict:
 # ------------------------------------------------------------------------------------------
 
 
-def narayanan_eq2_params(l, h, V, s):
+def narayanan_eq2_params(L, h, V, s):
     """Narayanan et al. 2021 Eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))."""
-    return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    return 12 * L * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
 
 
-def narayanan_eq3_flops(B, s, l, h, V):
+def narayanan_eq3_flops(B, s, L, h, V):
     """Narayanan et al. 2021 Eq. 3 (with activation recomputation: one extra forward of the
     transformer layers): F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
-    return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+    return 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
 
 
-def model_flops_closed_form(B, s, l, h, V):
+def model_flops_closed_form(B, s, L, h, V):
     """Model FLOPs without recomputation, the MFU numerator of Korthikanti et al. 2022 and
     Megatron-LM: forward + backward = 3 x forward of Narayanan's count,
     72 B s l h^2 (1 + s/(6h) + V/(12 h l))."""
-    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * h * l))
+    return 72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * h * L))
 
 
 # ------------------------------------------------------------------------------------------
@@ -141,9 +141,9 @@ def test_model_flops_is_the_closed_form(row):
     """MFU's numerator is 72 B s l h^2 (1 + s/(6h) + V/(12hl)) for GPT shapes, exactly; and the
     report's TFLOP/s per GPU is that count over step time and GPUs."""
     inst = instance(table1_model(row), gpus=8)
-    B, s, l, h, V = row["batch"], TABLE1["seq_len"], row["layers"], row["hidden"], TABLE1["vocab"]
+    B, s, L, h, V = row["batch"], TABLE1["seq_len"], row["layers"], row["hidden"], TABLE1["vocab"]
     assert Shape.of(inst.model).model_flops(B) == pytest.approx(
-        model_flops_closed_form(B, s, l, h, V), rel=1e-12)
+        model_flops_closed_form(B, s, L, h, V), rel=1e-12)
 
 
 @pytest.mark.parametrize("row", TABLE1["rows"], ids=lambda r: r["run"])
@@ -161,18 +161,18 @@ def test_table1_throughput_from_the_shipped_step_times(row):
     assert plan["tp"] * plan["pp"] * plan["dp"] == row["gpus"]
     assert plan["recompute"] == "full"            # Table 1 runs recompute activations
 
-    B, s, l, h, V = row["batch"], TABLE1["seq_len"], row["layers"], row["hidden"], TABLE1["vocab"]
+    B, s, L, h, V = row["batch"], TABLE1["seq_len"], row["layers"], row["hidden"], TABLE1["vocab"]
     t_meas = run["measured_step_time_s"]
     # TFLOP/s were rounded to 1 (<= 0.37%), step times to 3-4 digits (<= 0.15%)
     tol = 0.5 / row["tflops_per_gpu"] + 0.005 / t_meas
-    eq3 = narayanan_eq3_flops(B, s, l, h, V) / (t_meas * row["gpus"]) / 1e12
+    eq3 = narayanan_eq3_flops(B, s, L, h, V) / (t_meas * row["gpus"]) / 1e12
     assert eq3 == pytest.approx(row["tflops_per_gpu"], rel=tol)
 
     inst = run_instance(RUNS, run)
     rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan))
     assert rep.plan.gpus == row["gpus"]
     at_measured = rep.model_tflops_per_gpu * rep.step_time_s / t_meas
-    ratio = model_flops_closed_form(B, s, l, h, V) / narayanan_eq3_flops(B, s, l, h, V)
+    ratio = model_flops_closed_form(B, s, L, h, V) / narayanan_eq3_flops(B, s, L, h, V)
     assert at_measured == pytest.approx(row["tflops_per_gpu"] * ratio, rel=tol)
     # and MFU is that over the catalog's A100 peak, the 312 TFLOP/s of the paper
     assert inst.hw.peak == TABLE1["peak_tflops"] * 1e12
@@ -426,8 +426,8 @@ def test_full_recompute_costs_one_more_forward_narayanan_eq3():
                     training={"flash_attention": False}, global_batch=1)
     full = terms(inst, plan_of(inst, tp=8, recompute="full")).time["compute"]
     none = terms(inst, plan_of(inst, tp=8)).time["compute"]
-    B, s, l, h, V = 1, 2048, 96, 12288, 51200
-    ratio = narayanan_eq3_flops(B, s, l, h, V) / model_flops_closed_form(B, s, l, h, V)
+    B, s, L, h, V = 1, 2048, 96, 12288, 51200
+    ratio = narayanan_eq3_flops(B, s, L, h, V) / model_flops_closed_form(B, s, L, h, V)
     assert full / none == pytest.approx(ratio, rel=1e-3)
 
 
