@@ -215,9 +215,10 @@ KORTHIKANTI_TABLE2 = {
 }
 
 
-def gpt3_first_stage_activations(layers, recompute, sp, *, pp=1, vp=1, flash=False):
-    inst = instance({"preset": "gpt3-175b", "layers": layers}, gpus=T3 * pp,
-                    training={"flash_attention": flash})
+def gpt3_first_stage_activations(layers, recompute, sp, *, pp=1, vp=1, flash=False,
+                                 dropout=True):
+    inst = instance({"preset": "gpt3-175b", "layers": layers, "dropout": dropout},
+                    gpus=T3 * pp, training={"flash_attention": flash})
     rep = evaluate(inst, plan_of(inst, tp=T3, pp=pp, vp=vp, b=B3, recompute=recompute, sp=sp))
     return rep.memory_by_stage_gib["first"]["activations"] * GiB
 
@@ -239,6 +240,18 @@ def test_full_recompute_checkpoint_is_sharded_by_sequence_parallelism():
     with_sp = (gpt3_first_stage_activations(L3 + 1, "full", True)
                - gpt3_first_stage_activations(L3, "full", True))
     assert with_sp == pytest.approx(2 * S3 * B3 * H3 / T3, rel=1e-9)
+
+
+def test_a_model_without_dropout_stores_no_masks_korthikanti_sec_4_1():
+    """Korthikanti et al. Sec. 4.1 itemises Table 2's dropout storage per layer: a 1-byte mask
+    after attention and after the MLP (sbh each, replicated across tensor ranks without
+    sequence parallelism), and in the attention core the dropout mask (a s^2 b) and its 16-bit
+    output (2 a s^2 b), split over t. A model trained without dropout stores none of them."""
+    def per_layer(dropout):
+        return (gpt3_first_stage_activations(L3 + 1, "none", False, dropout=dropout)
+                - gpt3_first_stage_activations(L3, "none", False, dropout=dropout))
+    masks = 2 * S3 * B3 * H3 + 3 * A3 * S3 * S3 * B3 / T3
+    assert per_layer(True) - per_layer(False) == pytest.approx(masks, rel=1e-9)
 
 
 @pytest.mark.parametrize("vp", [1, 2, 3])
