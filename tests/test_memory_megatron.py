@@ -45,24 +45,21 @@ def test_preset_is_gpt3():
     assert (m.layers, m.hidden, m.heads, m.vocab, m.seq_len) == (L, h, a, V, s)
 
 
-def test_weights_gradients_optimizer_18_bytes_per_param():
-    """Megatron's count: 18 bytes per parameter (2 weights + 4 gradients + 12 optimizer) for
-    the first stage's parameters: L/p layers of 12h^2 + 13h, word and position embeddings, / t."""
-    first_stage_params = ((L // p) * (12 * h * h + 13 * h) + V * h + s * h) / t
-    megatron = 18 * first_stage_params / GiB
-    assert megatron == pytest.approx(46.9, abs=0.05)      # about 46.9 GiB
-    # the naive share of 175B parameters: 175e9 / (t p) * 18 bytes
-    assert 175e9 / (t * p) * 18 / GiB == pytest.approx(megatron, rel=0.05)
+def test_weights_gradients_optimizer_are_18_bytes_of_a_64th_of_175b():
+    """Megatron's 18 bytes per parameter (2 weights + 4 gradients + 12 optimizer) on the first of
+    8 x 8 model-parallel ranks of GPT-3 175B (Brown et al. 2020: 175 billion parameters) is
+    about 18 x 175e9 / 64 bytes; the first stage also holds the embeddings, so a little more.
+    (The exact bytes per parameter are in tests/test_papers.py.)"""
+    share = 175e9 / (t * p) * 18 / GiB
     mem = gpt3("selective", True).memory_by_stage_gib["first"]
     states = mem["weights"] + mem["gradients"] + mem["optimizer_states"]
-    assert states == pytest.approx(megatron, rel=0.05)
+    assert share < states < 1.05 * share
 
 
 def test_activations_selective_sequence_parallel_korthikanti():
     """Korthikanti et al. 2022: selective recompute + sequence parallelism store 34 s b h / t
     bytes per layer; the first 1F1B stage holds L layers' worth: 34 s b h L / t (~9.6 GiB)."""
     ref = 34 * s * b * h * L / t / GiB
-    assert ref == pytest.approx(9.56, abs=0.01)
     for flash in (True, False):
         act = gpt3("selective", True, flash=flash).memory_by_stage_gib["first"]["activations"]
         assert act == pytest.approx(ref, rel=0.05)
