@@ -11,7 +11,7 @@ enumerate). Measured per run:
 * status and objective, and whether the three backends agree on the objective
   (relative 1e-6 plus 200 CP-SAT quanta ``solver.quantum_s``, the tolerance ``plan solve`` itself uses).
 
-Models (DESIGN.md section 2 targets: "plan solve <= 1 s up to 131,072 GPUs" and ">= 10x faster
+Models (issue 3 targets: "plan solve <= 1 s up to 131,072 GPUs" and ">= 10x faster
 than enumeration from 4,096 GPUs up"):
 
 * A: GPT-3 175B dense (preset ``gpt3-175b``) on a100-80gb (``--gpu-a h100-sxm`` for H100);

@@ -1,4 +1,4 @@
-"""The planning questions users ask, each answered with proven optima (DESIGN.md section 2):
+"""The planning questions users ask, each answered with proven optima (docs/encoding.md, "Queries"):
 
 * :func:`pareto`: the optimum at every allowed cluster size, and the non-dominated front of
   (GPUs, step time, days, dollars);

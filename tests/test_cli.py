@@ -1,4 +1,4 @@
-"""The ``plan`` command line through typer's CliRunner (DESIGN.md section 3).
+"""The ``plan`` command line through typer's CliRunner (docs/contract.md, "Commands" and "Exit codes").
 
 ``result.output`` may or may not contain stderr depending on the click version; the helpers
 below read stdout alone for JSON and everything for error messages.
@@ -265,7 +265,7 @@ def test_inconsistent_micro_batches_is_reported(runner, tmp_path):
     assert any("micro_batches" in v for v in d["violations"])
 
 
-# ---- solver commands: the JSON contract of DESIGN.md section 3 --------------------------------
+# ---- solver commands: the JSON contract of docs/contract.md, "JSON: solver result" ----------
 
 SOLVER_KEYS = {"name", "status", "objective", "bound", "wall_s"}
 

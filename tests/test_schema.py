@@ -1,4 +1,4 @@
-"""Bad input gives clear errors that name the key (DESIGN.md section 3), and presets fill keys.
+"""Bad input gives clear errors that name the key (docs/contract.md, "Instance files"), and presets fill keys.
 
 Every error is a :class:`planner.model.errors.InputError`; the checks read ``str(exc)``, which is what
 the CLI prints.

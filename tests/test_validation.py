@@ -1,5 +1,5 @@
-"""Prediction error on the shipped published runs (DESIGN.md section 4), and the calibration the
-catalog records.
+"""Prediction error on the shipped published runs (README "Validation"; docs/contract.md,
+"Runs files"), and the calibration the catalog records.
 
 Bounds: mean absolute step-time error <= 8%, max <= 15% over every run of
 ``planner/data/published_runs.toml``. Each GPU type's ``efficiency`` (and ``efficiency_fp8``) in

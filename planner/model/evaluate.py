@@ -21,7 +21,7 @@ from planner.model.workload import Shape
 
 @dataclass
 class StepReport:
-    """Everything ``plan evaluate`` prints, and the JSON contract of DESIGN.md section 3."""
+    """Everything ``plan evaluate`` prints, and the JSON contract of docs/contract.md, "JSON: plan result"."""
 
     plan: Plan
     step_time_s: float

@@ -1,4 +1,4 @@
-"""The instance file schema (DESIGN.md section 3) as pydantic models.
+"""The instance file schema (docs/contract.md, "Instance files") as pydantic models.
 
 Unknown keys are errors everywhere (``extra="forbid"``) so a misspelt key never silently falls
 back to a default. Types are strict (``layers = true`` or ``global_batch = "512"`` are errors, not

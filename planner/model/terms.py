@@ -3,13 +3,13 @@
 :func:`step_terms` is the model. It is plain arithmetic on the degrees in :class:`Degrees`, so it
 evaluates a fixed plan (numbers), a whole search space at once (numpy arrays, the enumerator) or
 the step time as a signomial for the MIP encoders (:class:`~planner.model.algebra.Sig`). The total step
-time is the sum of the named terms of DESIGN.md section 1:
+time is the sum of the named terms (docs/model.md, "Step time"):
 
 ``step = compute + bubble + tp_comm + cp_comm + pp_comm + dp_comm + optimizer``
 
 Reference: Moolchandani et al., "AMPeD: An Analytical Model for Performance in Distributed
 Training of Transformers", ISPASS 2023 (Sec. III: compute, communication, bubble, memory),
-extended as DESIGN.md lists (recompute, sequence/context parallelism, interleaving, the
+extended as docs/model.md describes (recompute, sequence/context parallelism, interleaving, the
 distributed optimizer, GQA, gated MLPs, FP8).
 
 :func:`evaluate` turns one :class:`~planner.model.plan.Plan` into a :class:`StepReport` with the
