@@ -8,6 +8,8 @@ would make it fit (a relaxed constraint, or more GPUs).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
@@ -62,7 +64,24 @@ def _structural(space: SearchSpace) -> InfeasibleError:
             if m.layers % 2 or cons.tp_within_node or cons.pp_within_node:
                 lines.append("nearest change: drop a *_within_node constraint or choose a GPU "
                              "count that is a multiple of the node size")
+    lines += _binding_rules(space)
     return InfeasibleError("no plan satisfies the structural rules", lines)
+
+
+def _binding_rules(space: SearchSpace) -> list[str]:
+    """The structural rules (of :mod:`planner.model.rules`) that bind on their own: with the
+    rows of any one of them left out, some assignment of the degrees would remain."""
+    names = list(dict.fromkeys(con.name.split(" [")[0] for con in space.constraints))
+    out = []
+    for name in names:
+        rest = [con for con in space.constraints if con.name.split(" [")[0] != name]
+        relaxed = dataclasses.replace(space, constraints=rest)
+        if len(feasible_points(relaxed)["T"]):
+            out.append(name)
+    if not out:
+        return []
+    return [f"rules that bind on their own (lifting any one would leave a plan): "
+            f"{'; '.join(out)}"]
 
 
 def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:

@@ -60,3 +60,15 @@ def test_cli_exit_code_3_without_traceback(tmp_path):
     assert result.exit_code == 3
     text = result.output + (result.stderr if result.stderr_bytes is not None else "")
     assert "Traceback" not in text and "error" in text
+
+
+def test_the_binding_rule_is_named_from_the_rule_table():
+    """The explanation names the rule (as the rule table says it) whose rows alone leave no
+    plan: here only the batch rule binds; a plan exists as soon as it is lifted."""
+    msg = explain({"model": {"layers": 4, "hidden": 512, "heads": 8, "vocab": 1000,
+                             "seq_len": 512},
+                   "training": {"global_batch": 7}, "cluster": {"gpu": "h100-sxm", "gpus": 8},
+                   "constraints": {"max_tp": 1, "max_pp": 1}})
+    line = next(x for x in msg.splitlines() if "rules that bind on their own" in x)
+    assert "dp*micro_batch divides the global batch" in line
+    assert "tp divides heads" not in line
