@@ -148,6 +148,9 @@ def solver_panel(res) -> Panel:
                   f"{res.space_points * res.space_combos:,} plans"
                   + (" (each assignment with the largest global batch it admits, which is never "
                      "slower per sequence)" if res.space_batch_range else ""))
+    t.add_row("ties", "plans within 0.01% of the optimum are ties, broken by the most memory "
+              "headroom, then the fewest bytes across nodes, then the simplest plan (the same in "
+              "every backend)")
     if res.quantum_s:
         t.add_row("quantum", f"CP-SAT works in integer units of {res.quantum_s:g} s: optimal up "
                   "to the rounding of each table entry and product to one unit")
