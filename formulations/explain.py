@@ -174,7 +174,7 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
         found = _min_memory(sp2)
         if found and found[0] <= memory_limit_bytes(sp2.inst):
             out.append(f"nearest change: {text} (then a plan needs {found[0] / GiB:.1f} GiB)")
-    if not out and inst.gpus >= inst.hw.gpus_per_node:
+    if not out and inst.gpus >= inst.hw.gpus_per_host:
         # the nearest larger cluster with a plan that fits: the next 32 node counts, then
         # a few multiples (memory only falls as GPUs are added, but divisibility is jumpy)
         n = inst.nodes

@@ -135,7 +135,7 @@ def days_lower_bound(inst: Instance, nodes: int) -> float:
     rate = max(hw.peak * hw.efficiency,
                hw.peak_fp8 * hw.efficiency_fp8 if inst.spec.training.precision == "fp8" else 0)
     sequences = inst.spec.training.tokens / sh.s
-    return sh.model_flops(sequences) / (nodes * hw.gpus_per_node * rate) / 86400
+    return sh.model_flops(sequences) / (nodes * hw.gpus_per_host * rate) / 86400
 
 
 def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",

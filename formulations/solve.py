@@ -31,7 +31,8 @@ def default_objective(inst: Instance) -> str:
 
 
 def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
-    return Plan.from_base(raw.choice, raw.knobs, space.inst.gpus, space.inst.nodes)
+    inst = space.inst
+    return Plan.from_base(raw.choice, raw.knobs, inst.gpus, inst.nodes, inst.node_size)
 
 
 def objective_value(report, kind: str) -> float:

@@ -284,7 +284,7 @@ def build_space(inst: Instance) -> SearchSpace:
     c = inst.spec.constraints
     tr = inst.spec.training
     N, g = inst.gpus, inst.node_size
-    nodes = N // g
+    nodes = inst.segments
     gb = tr.global_batch
     base_primes = {2, 3, 5, 7}
     for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len, max(m.experts, 1)):

@@ -153,7 +153,7 @@ def _launch_problems(inst: Instance, plan: Plan) -> list[str]:
 # ---------------------------------------------------------------------------------------- helpers
 
 def _node_size(inst: Instance, plan: Plan) -> int:
-    return min(plan.gpus, inst.hw.gpus_per_node)
+    return plan.node_size
 
 
 def _intra(plan: Plan) -> dict[str, int]:
@@ -211,7 +211,7 @@ def _layers_per_stage(inst: Instance, plan: Plan) -> int:
 
 
 def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> list[str]:
-    per_node = _node_size(inst, plan)
+    per_node = plan.gpus // plan.nodes                 # GPUs per host (the scheduling node)
     m = inst.model
     gpus = (f"{plan.nodes} node{'s' if plan.nodes > 1 else ''} x {per_node} GPUs per node = "
             f"{plan.gpus} GPUs")
@@ -557,7 +557,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             "recompute": plan.recompute,
             "precision": precision,
             "nodes": plan.nodes,
-            "gpus_per_node": _node_size(inst, plan),
+            "gpus_per_node": plan.gpus // plan.nodes,
             "gpus": plan.gpus,
             "intra_node": _intra(plan),
         },

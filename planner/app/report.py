@@ -50,8 +50,11 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t.add_row("model", f"{escape(inst.model.name or 'custom')}: {inst.model.layers} layers, hidden "
               f"{inst.model.hidden}, {inst.model.heads} heads ({inst.model.kv} kv), seq "
               f"{inst.model.seq_len}")
-    t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({p.nodes} node(s) of "
-              f"{inst.hw.gpus_per_node}), {inst.spec.training.precision}")
+    hosts = f"{p.nodes} node{'s' if p.nodes != 1 else ''} of {inst.hw.gpus_per_host}"
+    if inst.node_size != inst.hw.gpus_per_host:
+        hosts += f", NVLink segments of {inst.node_size}"
+    t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({hosts}), "
+              f"{inst.spec.training.precision}")
     t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}"
               + (f"  EP {p.ep} (inside a node {p.ep_intra}, expert DP {p.expert_dp:g})"
                  if p.ep > 1 else ""))

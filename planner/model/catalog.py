@@ -30,7 +30,11 @@ class GPU(BaseModel):
     peak_tflops_fp8: float = Field(ge=0, description="dense FP8 tensor-core peak; 0 = no FP8")
     hbm_capacity_GiB: float = Field(gt=0)
     hbm_bandwidth_GBps: float = Field(gt=0)
-    gpus_per_node: int = Field(gt=0, description="GPUs per NVLink domain")
+    gpus_per_node: int = Field(gt=0, description="GPUs per NVLink domain (the largest group the "
+                               "intra-node links join: 8 on a DGX, 72 on GB200 NVL72)")
+    gpus_per_host: int | None = Field(default=None, gt=0, description="GPUs per host, the "
+                                      "scheduling node (4 on a GB200 compute tray); default "
+                                      "gpus_per_node")
     intra_node_bandwidth_GBps: float = Field(gt=0)
     inter_node_bandwidth_GBps: float = Field(gt=0)
     intra_node_latency_us: float = Field(ge=0)
@@ -39,6 +43,14 @@ class GPU(BaseModel):
     efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
     calibration: str
     sources: dict[str, str]
+
+    @property
+    def nvlink_domain(self) -> int:
+        return self.gpus_per_node
+
+    @property
+    def host_size(self) -> int:
+        return self.gpus_per_host or self.gpus_per_node
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak in FLOP/s for a precision name (bf16, fp16, fp8)."""
@@ -72,6 +84,8 @@ def load_gpu(key: str) -> GPU:
     except (tomllib.TOMLDecodeError, ValidationError) as exc:  # a broken shipped file
         raise InputError(f"hardware_catalog/{key}.toml is invalid: {exc}") from None
     missing = [f for f in _FIGURES if f not in gpu.sources]
+    if gpu.gpus_per_host is not None and "gpus_per_host" not in gpu.sources:
+        missing.append("gpus_per_host")
     if missing:
         raise InputError(f"hardware_catalog/{key}.toml: no source for {', '.join(missing)}")
     return gpu

@@ -38,7 +38,8 @@ class Hardware:
     efficiency_fp8: float
     hbm_bytes: float
     hbm_bw: float
-    gpus_per_node: int
+    gpus_per_host: int      # the scheduling node (`nodes` counts hosts)
+    nvlink_domain: int      # GPUs the intra-node links join
     bw_intra: float
     bw_inter: float
     lat_intra: float
@@ -61,21 +62,46 @@ class Instance:
 
     @property
     def nodes(self) -> int:
-        g = self.hw.gpus_per_node
+        """Hosts (scheduling nodes) the job runs on."""
+        g = self.hw.gpus_per_host
         return max(1, -(-self.gpus // g))
 
     @property
     def node_size(self) -> int:
-        """GPUs that share the fast intra-node links (a partial node when gpus < gpus_per_node)."""
-        return min(self.gpus, self.hw.gpus_per_node)
+        """GPUs that share the fast intra-node links: the job's NVLink segment, which every
+        "node" of the model's placement is (:func:`nvlink_segment`)."""
+        return nvlink_segment(self.gpus, self.hw.gpus_per_host, self.hw.nvlink_domain)
+
+    @property
+    def segments(self) -> int:
+        """NVLink segments of the job (the model's nodes): ``gpus / node_size``."""
+        return self.gpus // self.node_size
 
     def with_nodes(self, nodes: int) -> Instance:
-        """The same instance on ``nodes`` nodes."""
-        return replace(self, gpus=nodes * self.hw.gpus_per_node, node_options=(nodes,))
+        """The same instance on ``nodes`` hosts."""
+        return replace(self, gpus=nodes * self.hw.gpus_per_host, node_options=(nodes,))
 
     def with_spec(self, **sections: Any) -> Instance:
         """A copy with whole sections of the spec replaced (constraints, plan, training...)."""
         return replace(self, spec=self.spec.model_copy(update=sections))
+
+
+def nvlink_segment(gpus: int, host: int, domain: int) -> int:
+    """The GPUs of a job that one NVLink segment joins: the largest divisor of the GPU count no
+    larger than the NVLink domain that is a whole number of hosts (or a part of one host), so
+    the segments tile the job. A DGX job (host = domain = 8) has segments of 8; a 128-GPU job
+    on GB200 NVL72 (hosts of 4, domain 72) runs as two segments of 64 GPUs, as NVIDIA's
+    benchmark recipes place it (Slurm ``--segment 16`` trays); fewer GPUs than a host share
+    one segment.
+
+    >>> nvlink_segment(128, 4, 72), nvlink_segment(144, 4, 72), nvlink_segment(64, 8, 8)
+    (64, 72, 8)
+    """
+    if gpus <= min(host, domain):
+        return gpus
+    fits = [d for d in range(min(gpus, domain), 0, -1)
+            if gpus % d == 0 and (d % host == 0 or host % d == 0)]
+    return fits[0]
 
 
 def _fmt_loc(loc: tuple) -> str:
@@ -159,7 +185,8 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         raise InputError(f"{source}: invalid instance",
                          [f"constraints.memory_reserve_GiB: {reserve:g} GiB leaves no memory on "
                           f"{gpu.key} ({gpu.hbm_capacity_GiB:g} GiB); expected less than that"])
-    g = c.gpus_per_node or gpu.gpus_per_node
+    host = c.gpus_per_node or c.gpus_per_host or gpu.host_size
+    domain = c.gpus_per_node or c.nvlink_domain or gpu.nvlink_domain
     eff8 = c.efficiency_fp8 or gpu.efficiency_fp8 or gpu.efficiency
     hw = Hardware(
         gpu=gpu,
@@ -169,25 +196,26 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         efficiency_fp8=eff8,
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,
         hbm_bw=gpu.hbm_bandwidth_GBps * 1e9,
-        gpus_per_node=g,
+        gpus_per_host=host,
+        nvlink_domain=domain,
         bw_intra=(c.intra_node_bandwidth_GBps or gpu.intra_node_bandwidth_GBps) * 1e9,
         bw_inter=(c.inter_node_bandwidth_GBps or gpu.inter_node_bandwidth_GBps) * 1e9,
         lat_intra=gpu.intra_node_latency_us * 1e-6,
         lat_inter=gpu.inter_node_latency_us * 1e-6,
     )
     if c.gpus is not None:
-        if c.gpus > g and c.gpus % g:
+        if c.gpus > host and c.gpus % host:
             raise InputError(f"{source}: invalid instance",
-                             [f"cluster.gpus: {c.gpus} does not fill whole nodes of {g} GPUs; "
-                              f"use a multiple of {g} or fewer than {g}"])
-        return Instance(spec, hw, (max(1, c.gpus // g),), c.gpus, source)
+                             [f"cluster.gpus: {c.gpus} does not fill whole hosts of {host} GPUs; "
+                              f"use a multiple of {host} or fewer than {host}"])
+        return Instance(spec, hw, (max(1, c.gpus // host),), c.gpus, source)
     if c.node_counts is not None:
         options = tuple(sorted(set(c.node_counts)))
     elif isinstance(c.nodes, tuple):
         options = tuple(range(c.nodes[0], c.nodes[1] + 1))
     else:
         options = (c.nodes,)
-    return Instance(spec, hw, options, options[-1] * g, source)
+    return Instance(spec, hw, options, options[-1] * host, source)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -188,16 +188,21 @@ class Plan:
     dp_intra: int = 1
     ep: int = 1          # expert-parallel degree (MoE layers): experts sharded over ep ranks
     ep_intra: int = 1    # its factor inside a node
+    #: GPUs of one NVLink segment, the "node" of the placement (0: gpus / nodes, a host that is
+    #: one NVLink domain)
+    nvlink_domain: int = 0
 
     @staticmethod
-    def from_base(x, knobs: Knobs, gpus: int, nodes: int) -> Plan:
-        """Decode an assignment of the base variables (a solver's answer) into a plan."""
-        g = Grid.from_base(x, gpus, gpus // nodes)
+    def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int) -> Plan:
+        """Decode an assignment of the base variables (a solver's answer) into a plan on
+        ``nodes`` hosts whose NVLink segments hold ``node_size`` GPUs."""
+        g = Grid.from_base(x, gpus, node_size)
         grid = {f.name: _whole(getattr(g, f.name)) for f in fields(Grid)
                 if f.name not in ("node_size",)}
         return Plan(nodes=nodes, recompute=knobs.recompute,
                     sequence_parallel=knobs.sequence_parallel,
-                    distributed_optimizer=knobs.distributed_optimizer, **grid)
+                    distributed_optimizer=knobs.distributed_optimizer, nvlink_domain=node_size,
+                    **grid)
 
     @property
     def knobs(self) -> Knobs:
@@ -205,8 +210,8 @@ class Plan:
 
     @property
     def node_size(self) -> int:
-        """GPUs per node of the cluster the plan runs on."""
-        return self.gpus // self.nodes
+        """GPUs per node of the placement: the plan's NVLink segment."""
+        return self.nvlink_domain or self.gpus // self.nodes
 
     @property
     def grid(self) -> Grid:
@@ -249,6 +254,7 @@ class Plan:
         for dim in ORDER + ("ep",):
             d[f"{dim}_inter"] = self.inter(dim)
         d["expert_dp"] = self.expert_dp
+        d["nvlink_domain"] = self.node_size
         return d
 
 
@@ -282,7 +288,7 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     return Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=f["vp"], micro_batch=f["micro_batch"],
                 ep=ep, ep_intra=ep_intra, global_batch=gb, gpus=gpus, nodes=inst.nodes,
                 recompute=f["recompute"], sequence_parallel=f["sequence_parallel"],
-                distributed_optimizer=f["distributed_optimizer"],
+                distributed_optimizer=f["distributed_optimizer"], nvlink_domain=inst.node_size,
                 **{f"{d}_intra": intra[d] for d in ORDER})
 
 

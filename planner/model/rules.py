@@ -40,7 +40,7 @@ class Sizes:
 
     N: int
     g: int
-    nodes: int
+    nodes: int          # the model's nodes: NVLink segments of g GPUs
     layers: int
     heads: int
     kv: int
@@ -50,7 +50,7 @@ class Sizes:
     @staticmethod
     def of(inst: Instance) -> Sizes:
         m = inst.model
-        return Sizes(N=inst.gpus, g=inst.node_size, nodes=inst.nodes, layers=m.layers,
+        return Sizes(N=inst.gpus, g=inst.node_size, nodes=inst.segments, layers=m.layers,
                      heads=m.heads, kv=m.kv, seq=m.seq_len, experts=max(m.experts, 1))
 
 

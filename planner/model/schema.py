@@ -147,7 +147,13 @@ class ClusterSpec(_Strict):
     node_counts: Annotated[list[upto(MAX_NODES)], Field(min_length=1)] | None = Field(
         default=None, description="explicit list of node counts for pareto / capacity")
     gpus: upto(MAX_GPUS) | None = Field(default=None, description="GPU count instead of nodes")
-    gpus_per_node: upto(MAX_GPUS) | None = Field(default=None, description="default from the catalog")
+    gpus_per_node: upto(MAX_GPUS) | None = Field(
+        default=None, description="GPUs per node where a host is one NVLink domain (DGX-style): "
+        "sets both gpus_per_host and nvlink_domain; default from the catalog")
+    gpus_per_host: upto(MAX_GPUS) | None = Field(
+        default=None, description="GPUs per host, the scheduling node that `nodes` counts")
+    nvlink_domain: upto(MAX_GPUS) | None = Field(
+        default=None, description="GPUs joined by NVLink (72 on GB200 NVL72)")
     price_per_gpu_hour: PositiveFloat | None = None
     intra_node_bandwidth_GBps: Bandwidth | None = None
     inter_node_bandwidth_GBps: Bandwidth | None = None
@@ -160,6 +166,9 @@ class ClusterSpec(_Strict):
         if len(given) != 1:
             raise ValueError("give exactly one of nodes, node_counts or gpus"
                              + (f" (got {', '.join(given)})" if given else ""))
+        if self.gpus_per_node is not None and (self.gpus_per_host or self.nvlink_domain):
+            raise ValueError("give gpus_per_node (a host that is one NVLink domain) or "
+                             "gpus_per_host / nvlink_domain, not both")
         if isinstance(self.nodes, tuple) and self.nodes[0] > self.nodes[1]:
             raise ValueError(f"nodes = [lo, hi] needs lo <= hi, got {list(self.nodes)}")
         return self
