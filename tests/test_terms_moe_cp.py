@@ -128,8 +128,8 @@ def test_cp_ring_exchange_exposed(case, recompute):
     attn = (passes + 0.5) * 4 * b * S * S * H / (t * c) / PK   # flash attention core it hides behind
     assert raw > attn                                        # tiny s: the ring is exposed
     assert tm.layer["attention"] == pytest.approx(attn, rel=REL)
-    # cp_comm = m L/p max(0, ring - attention)
-    assert tm.time["cp_comm"] == pytest.approx(m * L * (raw - attn), rel=REL)
+    # cp_comm = m L/p (max(0, ring - attention) + the last backward hop, which nothing hides)
+    assert tm.time["cp_comm"] == pytest.approx(m * L * (raw - attn + step), rel=REL)
 
 
 def test_cp4_spanning_is_priced_at_nic_pace():
@@ -154,10 +154,11 @@ def test_cp_ring_hidden_behind_attention_with_long_sequences(where):
     attn = 3.5 * 4 * b * s * s * H / c / PK
     if where == "intra":
         assert raw < attn
-        assert tm.time["cp_comm"] == 0                       # max(0, raw - attn) = 0
+        # max(0, raw - attn) = 0: only the last backward hop is exposed
+        assert tm.time["cp_comm"] == pytest.approx(m * L * step, rel=REL)
     else:
         assert raw > attn
-        assert tm.time["cp_comm"] == pytest.approx(m * L * (raw - attn), rel=REL)
+        assert tm.time["cp_comm"] == pytest.approx(m * L * (raw - attn + step), rel=REL)
 
 
 def test_no_cp_no_ring():
@@ -474,15 +475,20 @@ def test_moe_bubble_includes_the_moe_share_of_ep():
     inst = make_inst(8, model=moe_model(False))
     tm = terms_of(inst, make_plan(inst, tp=tp, pp=pp, dp=dp, ep=ep, b=b, sp=True))
     tokens = b * S
-    tp_layer = 4 * hand_allreduce(2 * tokens * H, tp, 1)     # 4 all-reduces of b s h / c
+    # an MoE layer runs only the attention's 2 of the 4 collectives (experts: ETP = 1)
+    tp_moe = 2 * hand_allreduce(2 * tokens * H, tp, 1)
     size = 2 * tokens * H * TOPK / tp
     a2a = size * (ep - 1) / ep / BWI + (ep - 1) * LAT_I      # ep inside the node
     ep_layer = 4 * a2a
-    # bubble = R (p - 1)/p L / v (layer + tp + cp + n_moe/L ep)
-    bubble = 1.0 * (1 - 1 / pp) * L / 1 * (tm.layer["compute"] + tp_layer + 0 + (N_MOE / L) * ep_layer)
+    # L/p = 2 layers per stage and 3 MoE layers: the last stage is all-MoE and sets the pace,
+    # bubble = R (p - 1) / v stage times of that stage
+    assert tm.layer["stage_moe_layers"] == 2
+    assert tm.layer["tp_comm_moe"] == pytest.approx(tp_moe, rel=REL)
+    bubble = 1.0 * (pp - 1) / 1 * 2 * (tm.layer["moe_compute"] + tp_moe + ep_layer)
     assert tm.time["bubble"] == pytest.approx(bubble, rel=REL)
     m = 8 / (dp * b)
-    assert tm.time["ep_comm"] == pytest.approx(m * (L / pp) * (N_MOE / L) * ep_layer, rel=REL)
+    assert tm.time["ep_comm"] == pytest.approx(m * 2 * ep_layer, rel=REL)
+    assert tm.time["tp_comm"] == pytest.approx(m * 2 * tp_moe, rel=REL)
 
 
 # ------------------------------------------------------------------------------------------
