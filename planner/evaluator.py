@@ -277,8 +277,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                    hw.lat_intra, hw.lat_inter)
         # hidden behind the attention core up to its length; the last backward hop (the
         # K/V gradients returning to their owner) follows the last block and stays exposed
-        cp_layer = vmax(0.0, cp_raw - attn) + gt1(c) * ring_step(
-            kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        # (written as gt1(c) * intra-node hop + gt1(c_out) * (inter - intra): c_out > 1 implies
+        # c > 1, and each term carries one indicator, as the encoders handle best)
+        hop_in = kv_bytes / hw.bw_intra + hw.lat_intra
+        hop_out = kv_bytes / hw.bw_inter + hw.lat_inter
+        cp_layer = vmax(0.0, cp_raw - attn) + gt1(c) * hop_in + gt1(x.c_out) * (hop_out - hop_in)
 
     # ---- mixture of experts: MoE layers replace the MLP by routed + shared experts ----------
     # Expert tensor parallelism is 1 (Megatron-Core MoE parallel folding): the ep ranks of a
