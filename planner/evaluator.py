@@ -250,7 +250,6 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         moe_gemm, _, moe_compute = layer_time(moe_gemms, sh.moe_eltwise_parallel_bytes)
     else:
         moe_gemm, moe_compute = 0.0, 0.0
-    gemm_avg = dense_share * gemm + moe_share * moe_gemm        # GEMM time of a stage's layer
 
     # ---- tensor-parallel communication per layer and micro-batch ---------------------------
     # a dense layer: 2 collectives forward (attention, MLP), 2 backward, 2 more under full
