@@ -112,3 +112,23 @@ def test_headroom_in_every_result(path):
     mem = data["memory_gib"]
     assert mem["headroom"] == pytest.approx(mem["limit"] - mem["total"])
     assert (mem["headroom"] >= 0) == (not any(v.startswith("memory") for v in data["violations"]))
+
+
+def test_tp_across_infiniband_loses_on_its_collectives():
+    """A 1T model on 32 A100 nodes with no constraint: the optimum keeps TP inside the node. The
+    TP32 plan the flat model chose loses on its tensor-parallel collectives across the NICs
+    (at the bus bandwidth NCCL reaches), not on a rule."""
+    from formulations.solve import solve
+    from planner.schema import PlanSpec
+
+    doc = {"model": {"preset": "megatron-1t"}, "training": {"global_batch": 512},
+           "cluster": {"gpu": "a100-80gb", "nodes": 32}}
+    inst = parse_instance(doc)
+    best = solve(inst).report
+    assert best.plan.tp <= 8 and best.plan.tp == best.plan.tp_intra
+    tp32 = evaluate(inst, plan_from_spec(inst, PlanSpec(
+        tp=32, pp=8, dp=1, vp=4, micro_batch=1, recompute="none", sequence_parallel=True,
+        distributed_optimizer=True)))
+    assert tp32.step_time_s > best.step_time_s
+    assert tp32.breakdown_s["tp_comm"] > 3 * best.breakdown_s["tp_comm"]
+    assert tp32.breakdown_s["tp_comm"] > tp32.step_time_s - best.step_time_s
