@@ -162,7 +162,7 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
     for key, free in relax.items():
         if getattr(c, key) != free and getattr(c, key) is not None:
             trials.append((f"lift constraints.{key} = {getattr(c, key)!r}", {key: free}))
-    if c.memory_reserve_GiB > 0:
+    if (c.memory_reserve_GiB or 0) > 0:
         trials.append((f"lower constraints.memory_reserve_GiB from {c.memory_reserve_GiB}",
                        {"memory_reserve_GiB": 0.0}))
     out = []

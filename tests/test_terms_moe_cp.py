@@ -18,7 +18,7 @@ from planner.model.evaluate import evaluate
 from planner.model.plan import Knobs, structural_violations
 from planner.model.terms import step_terms
 from planner.model.workload import Shape
-from test_terms import make_inst, make_plan, no_latency, terms_of, with_hw
+from test_terms import BWI, make_inst, make_plan, no_latency, terms_of, with_hw
 
 L, H, A, V, S = 4, 64, 4, 128, 32
 F = 4 * H                                       # default ffn_hidden (the dense layers' MLP)
@@ -43,14 +43,14 @@ def moe_model(gated: bool, first_dense: int = N_DENSE, **extra) -> dict:
 
 def test_cp_ring_is_exposed_beyond_the_attention_it_hides_behind():
     """The K/V ring of context parallelism overlaps the attention core: with tiny s it is
-    exposed, on an infinitely fast link it is hidden (zero), and it shrinks with the kv heads
-    (ring attention passes K and V, Liu et al. 2023)."""
+    exposed, on an infinitely fast link it is hidden (all but nothing), and it shrinks with the
+    kv heads (ring attention passes K and V, Liu et al. 2023)."""
     inst = make_inst(2)
     plan = make_plan(inst, cp=2)
     exposed = terms_of(inst, plan).time["cp_comm"]
     assert exposed > 0
     fast = with_hw(inst, bw_intra=1e18, lat_intra=0.0)
-    assert terms_of(fast, plan).time["cp_comm"] == 0
+    assert terms_of(fast, plan).time["cp_comm"] < 1e-6 * exposed
     gqa = make_inst(2, model={"kv_heads": 1})
     assert terms_of(gqa, make_plan(gqa, cp=2)).time["cp_comm"] < exposed
 
@@ -74,14 +74,19 @@ def test_cp4_spanning_is_priced_at_nic_pace():
 
 @pytest.mark.parametrize("where", ["intra", "inter"])
 def test_cp_ring_hidden_behind_attention_with_long_sequences(where):
-    """s = 4096: the attention core (s^2) outgrows the K/V exchange (s) on NVLink, not on the NIC."""
+    """s = 4096: the attention core (s^2) outgrows the K/V exchange (s) on NVLink, not on the NIC:
+    inside a node only the ring's last backward hop, which no attention follows, stays exposed
+    (one step of the s/c tokens' K and V per layer and micro-batch)."""
     inst = make_inst(2, model={"seq_len": 4096},
                      cluster={"gpus_per_node": 8 if where == "intra" else 1})
     tm = terms_of(inst, make_plan(inst, cp=2, cp_intra=2 if where == "intra" else 1))
+    kv_bytes = 2 * 2 * (4096 / 2) * H                      # K and V of s/c tokens, 16-bit, MHA
+    m = 8                                                   # micro-batches (B = 8, dp = 1)
+    one_hop = m * L * (kv_bytes / BWI + inst.hw.lat_intra)
     if where == "intra":
-        assert tm.time["cp_comm"] == 0
+        assert 0 < tm.time["cp_comm"] <= one_hop * (1 + 1e-9)
     else:
-        assert tm.time["cp_comm"] > 0
+        assert tm.time["cp_comm"] > 2 * one_hop
 
 
 def test_no_cp_no_ring():

@@ -2,8 +2,10 @@
 "Runs files"), and the calibration the catalog records.
 
 Bounds: mean absolute step-time error <= 8%, max <= 15% over every run of
-``planner/data/published_runs.toml``. Each GPU type's ``efficiency`` (and ``efficiency_fp8``) in
-``hardware_catalog/`` must be the value ``calibrate()`` finds on those runs, within 0.01.
+``planner/data/published_runs.toml``; out of sample (parameters fitted without the run's source)
+mean <= 7% and max <= 15% (issue 12 asks for a 6% mean: measured 6.3%, kept as a strict xfail).
+Each GPU type's parameters in ``hardware_catalog/`` must be the values ``calibrate()`` finds on
+those runs (efficiencies within 0.01, knees within one grid step).
 """
 
 from __future__ import annotations
@@ -14,10 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from planner.app.validate import calibrate, load_runs, summary, validate_runs
+from planner.app.validate import (
+    KNEE_TOKENS_GRID,
+    KNEE_WIDTH_GRID,
+    Calibrator,
+    calibrate,
+    load_runs,
+    out_of_sample,
+    source_of,
+    summary,
+    validate_runs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN_BOUND, MAX_BOUND = 0.08, 0.15
+OOS_MEAN_BOUND, OOS_MAX_BOUND, OOS_MEAN_TARGET = 0.07, 0.15, 0.06
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +99,64 @@ def test_calibration_covers_every_gpu_with_runs(data, fitted):
 
 
 def test_catalog_records_the_calibrated_efficiency(fitted):
-    """The catalog file holds the value calibrate() finds (read the file, not the loader)."""
+    """The catalog file holds the values calibrate() finds (read the file, not the loader)."""
+    step = {"gemm_knee_tokens": KNEE_TOKENS_GRID[1], "gemm_knee_width": KNEE_WIDTH_GRID[1]}
     for gpu, fit in fitted.items():
         catalog = tomllib.loads((ROOT / "hardware_catalog" / f"{gpu}.toml").read_text())
         for key, value in fit.items():
             assert key in catalog, f"hardware_catalog/{gpu}.toml has no {key}"
-            assert abs(catalog[key] - value) <= 0.01, (
+            assert abs(catalog[key] - value) <= step.get(key, 0.01), (
                 f"{gpu}: calibrate() gives {key}={value}, the catalog records {catalog[key]}")
+            assert key in catalog["sources"]
         assert "calibrat" in catalog["calibration"].lower()
+
+
+def test_few_parameters_per_gpu_type_and_none_per_run(fitted):
+    """One token knee for all GPU types, an asymptote and a width knee per type (an FP8
+    asymptote where FP8 runs exist): never more parameters than GPU types can carry."""
+    assert len({f["gemm_knee_tokens"] for f in fitted.values()}) == 1
+    for fit in fitted.values():
+        assert set(fit) <= {"efficiency", "gemm_knee_tokens", "gemm_knee_width", "efficiency_fp8"}
+
+
+def test_source_groups():
+    data = load_runs()
+    groups = {source_of(r) for r in data["runs"]}
+    assert {"narayanan21", "korthikanti22", "MLPerf Training v3.1"} <= groups
+    assert source_of({"source": "MLPerf Training v3.1 n512"}) == "MLPerf Training v3.1"
+    assert source_of({"id": "narayanan21-1.7b"}) == "narayanan21"
+
+
+@pytest.fixture(scope="module")
+def oos(data):
+    return out_of_sample(data)
+
+
+def test_out_of_sample_excludes_the_source(data):
+    """Refitting without a source changes the parameters of the GPU type it has runs on (the
+    left-out runs had weight), and a GPU type left without 16-bit runs gets no 16-bit fit."""
+    cal = Calibrator(data)
+    full = cal.fit()
+    without = cal.fit(exclude_source="narayanan21")
+    assert without["a100-80gb"] != full["a100-80gb"]
+    sub = {"models": data["models"],
+           "runs": [r for r in data["runs"] if r["gpu"] != "h100-sxm" or r["precision"] == "fp8"]}
+    left = Calibrator(sub).fit()
+    # H100 with FP8 runs only: no 16-bit fit (the catalog's stands), an FP8 asymptote on top
+    assert set(left["h100-sxm"]) == {"efficiency_fp8"}
+
+
+def test_out_of_sample_bounds(data, oos):
+    assert set(oos) == {r["id"] for r in data["runs"]}
+    errs = [abs(e) for e in oos.values()]
+    mean, worst = sum(errs) / len(errs), max(errs)
+    assert mean <= OOS_MEAN_BOUND, f"out-of-sample mean |error| {100 * mean:.1f}%"
+    assert worst <= OOS_MAX_BOUND, f"out-of-sample max |error| {100 * worst:.1f}%"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 target: the out-of-sample mean is 6.3%: the "
+                   "Korthikanti et al. 2022 runs are ~8% faster than the model fitted on "
+                   "Narayanan et al. 2021 alone (and the reverse), on the same machine")
+def test_out_of_sample_mean_target(oos):
+    errs = [abs(e) for e in oos.values()]
+    assert sum(errs) / len(errs) <= OOS_MEAN_TARGET

@@ -146,45 +146,76 @@ def validate(
     runs: Annotated[Path | None, typer.Argument(
         help="runs TOML (default: the shipped published runs)")] = None,
     calibrate: Annotated[bool, typer.Option(
-        "--calibrate", help="also fit one efficiency per GPU type and print it")] = False,
+        "--calibrate", help="also print the parameters fitted per GPU type")] = False,
+    rank: Annotated[bool, typer.Option(
+        "--ranking/--no-ranking", help="solve each run's knob space and report the published "
+        "plan's step time over the model's optimum (about 20 s)")] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Predicted vs measured step time for every published run, with mean and max error."""
+    """Predicted vs measured step time for every published run: error in sample, error out of
+    sample (parameters fitted without the run's source) and the ranking ratio."""
     from planner.app import validate as v
 
     try:
         data = v.load_runs(runs)
         results = v.validate_runs(data)
-        fitted = v.calibrate(data) if calibrate else None
+        cal = v.Calibrator(data)
+        fitted = cal.fit() if calibrate else None
+        oos = v.out_of_sample(data, cal)
+        ranks = v.ranking(data) if rank else {}
     except PlanError as exc:
         _fail(exc)
     summ = v.summary(results)
+    errs = [abs(oos[r.id]) for r in results]
+    summ["mean_abs_error_out_of_sample"] = sum(errs) / len(errs)
+    summ["max_abs_error_out_of_sample"] = max(errs)
+    ratios = [ranks[r.id]["ratio"] for r in results if ranks.get(r.id, {}).get("ratio")]
+    if ratios:
+        summ["max_ranking_ratio"] = max(ratios)
+        summ["runs_ranking_within_10pct"] = sum(1 for x in ratios if x <= 1.10)
     if as_json:
         _emit_json({"runs": [{"id": r.id, "gpu": r.gpu, "precision": r.precision, "gpus": r.gpus,
                               "measured_s": r.measured_s, "predicted_s": r.predicted_s,
-                              "error": r.error, "fits": r.report.fits,
-                              "memory_gib": r.report.memory_gib["total"], "source": r.source}
-                             for r in results], "summary": summ, "calibration": fitted})
+                              "error": r.error, "error_out_of_sample": oos[r.id],
+                              "source_group": v.source_of(run),
+                              "ranking": ranks.get(r.id), "fits": r.report.fits,
+                              "memory_gib": r.report.memory_gib["total"],
+                              "memory_headroom_gib": r.report.memory_gib["headroom"],
+                              "source": r.source}
+                             for r, run in zip(results, data["runs"])],
+                    "summary": summ, "calibration": fitted})
         return
     t = Table(title="Predicted vs measured step time")
-    for col in ("run", "GPUs", "GPU", "prec", "measured s", "predicted s", "error", "mem GiB"):
+    cols = ["run", "GPUs", "GPU", "prec", "meas. s", "pred. s", "error", "out of sample",
+            "mem GiB"] + (["pub./opt."] if ranks else [])
+    for col in cols:
         t.add_column(col, justify="left" if col in ("run", "GPU", "prec") else "right")
     for r in results:
         style = "red" if abs(r.error) > 0.15 else ("yellow" if abs(r.error) > 0.08 else "")
         mem = f"{r.report.memory_gib['total']:.1f}" + ("" if r.report.fits else " (!)")
-        t.add_row(r.id, str(r.gpus), r.gpu, r.precision, f"{r.measured_s:.3f}",
-                  f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%", mem, style=style)
+        row = [r.id, str(r.gpus), r.gpu, r.precision, f"{r.measured_s:.3f}",
+               f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%", f"{100 * oos[r.id]:+.1f}%", mem]
+        if ranks:
+            ratio = ranks.get(r.id, {}).get("ratio")
+            row.append(f"{ratio:.3f}" if ratio else "-")
+        t.add_row(*row, style=style)
     out.print(t)
     out.print(f"runs: {summ['runs']}   mean |error|: {100 * summ['mean_abs_error']:.1f}%   "
-              f"max |error|: {100 * summ['max_abs_error']:.1f}%")
+              f"max |error|: {100 * summ['max_abs_error']:.1f}%   out of sample (fitted without "
+              f"the run's source): mean {100 * summ['mean_abs_error_out_of_sample']:.1f}%, max "
+              f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
+    if ratios:
+        out.print(f"ranking (published plan's predicted step / the model's optimum in the run's "
+                  f"knob space): max {summ['max_ranking_ratio']:.3f}, "
+                  f"{summ['runs_ranking_within_10pct']} of {len(ratios)} runs within 10%")
     misfits = [r for r in results if not r.report.fits]
     for r in misfits:
         out.print(f"[yellow]{r.id}: the model says this plan does not fit: "
                   f"{'; '.join(r.report.violations)}[/]")
     if fitted:
-        out.print("calibration (minimiser of the mean |error| per GPU type): "
-                  + ", ".join(f"{g}: " + ", ".join(f"{k}={x}" for k, x in f.items())
-                              for g, f in fitted.items()))
+        out.print("calibration (minimiser of the mean |error|; see hardware_catalog/*.toml "
+                  "calibration): " + ", ".join(f"{g}: " + ", ".join(f"{k}={x}" for k, x in f.items())
+                                               for g, f in fitted.items()))
 
 
 @app.command()

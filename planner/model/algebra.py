@@ -284,6 +284,28 @@ def steps(n):
     return _apply("steps", n)
 
 
+def capped_quotient(x, num: int, cap: int):
+    """``min(num / x, cap)`` (x a degree): e.g. the MoE layers of the pipeline stage that holds
+    the most of them, ``min(L / p, n_moe)``. Registered per ``(num, cap)`` as a named function of
+    one form, so the encoders tabulate it like any other."""
+    name = f"capq_{num}_{cap}"
+    if name not in FUNCTIONS:
+        FUNCTIONS[name] = lambda v, n=num, c=cap: min(n / v, float(c))
+        ARRAY_FUNCTIONS[name] = lambda v, n=num, c=cap: np.minimum(n / v, float(c))
+    return _apply(name, x)
+
+
+def quotient_excess(x, num: int, cap: int):
+    """``max(num / x - cap, 0)`` (x a degree): what :func:`capped_quotient` leaves of ``num /
+    x``, e.g. the dense layers of that stage, ``L / p - min(L / p, n_moe)``. One non-negative
+    factor (not a difference), so it may scale a maximum."""
+    name = f"qexcess_{num}_{cap}"
+    if name not in FUNCTIONS:
+        FUNCTIONS[name] = lambda v, n=num, c=cap: max(n / v - float(c), 0.0)
+        ARRAY_FUNCTIONS[name] = lambda v, n=num, c=cap: np.maximum(n / v - float(c), 0.0)
+    return _apply(name, x)
+
+
 def vmax(*args):
     """Maximum of expressions; symbolic arguments make a ``max`` term of a :class:`Sig`."""
     if any(isinstance(a, Sig) for a in args):
@@ -303,3 +325,9 @@ def vmax(*args):
 def is_one(x) -> bool:
     """True when ``x`` is the number 1 (a degree known to be 1 needs no term at all)."""
     return not isinstance(x, (Sig, np.ndarray)) and math.isclose(float(x), 1.0)
+
+
+def is_zero(x) -> bool:
+    """True when ``x`` is the number 0 (a numpy array, e.g. of candidate calibration values,
+    is never taken for zero: its terms are kept)."""
+    return not isinstance(x, (Sig, np.ndarray)) and float(x) == 0.0

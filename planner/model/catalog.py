@@ -37,10 +37,20 @@ class GPU(BaseModel):
                                       "gpus_per_node")
     intra_node_bandwidth_GBps: float = Field(gt=0)
     inter_node_bandwidth_GBps: float = Field(gt=0)
+    intra_node_bus_efficiency: float = Field(
+        default=1.0, gt=0, le=1, description="share of the NVLink rate NCCL collectives reach "
+        "(nccl-tests bus bandwidth on large messages / link rate)")
+    inter_node_bus_efficiency: float = Field(
+        default=1.0, gt=0, le=1, description="share of the NIC rate NCCL collectives reach")
     intra_node_latency_us: float = Field(ge=0)
     inter_node_latency_us: float = Field(ge=0)
     efficiency: float = Field(gt=0, le=1, description="achieved share of peak on GEMMs, calibrated")
     efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
+    gemm_knee_tokens: float = Field(
+        default=0.0, ge=0, description="GEMM size curve, rows: a GEMM of M tokens and a weight "
+        "shard N x K runs at efficiency * M/(M+kt) * N/(N+kw) * K/(K+kw); calibrated, 0 = flat")
+    gemm_knee_width: float = Field(
+        default=0.0, ge=0, description="GEMM size curve, weight dimensions per tensor rank (kw)")
     calibration: str
     sources: dict[str, str]
 
@@ -63,6 +73,9 @@ _FIGURES = (
     "hbm_bandwidth_GBps", "gpus_per_node", "intra_node_bandwidth_GBps",
     "inter_node_bandwidth_GBps", "intra_node_latency_us", "inter_node_latency_us", "efficiency",
 )
+#: Figures that need a source when the file gives them (their defaults leave the model as before).
+_OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "gemm_knee_tokens",
+                     "gemm_knee_width")
 
 
 def known_gpus() -> list[str]:
@@ -86,6 +99,7 @@ def load_gpu(key: str) -> GPU:
     missing = [f for f in _FIGURES if f not in gpu.sources]
     if gpu.gpus_per_host is not None and "gpus_per_host" not in gpu.sources:
         missing.append("gpus_per_host")
+    missing += [f for f in _OPTIONAL_FIGURES if f in data and f not in gpu.sources]
     if missing:
         raise InputError(f"hardware_catalog/{key}.toml: no source for {', '.join(missing)}")
     return gpu

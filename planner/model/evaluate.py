@@ -15,7 +15,8 @@ from planner.model.catalog import GiB
 from planner.model.instance import Instance
 from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
-from planner.model.terms import MEMORY_TERMS, TIME_TERMS, memory_limit_bytes, step_terms
+from planner.model.terms import (MEMORY_TERMS, TIME_TERMS, memory_limit_bytes,
+                                 memory_reserve_GiB, step_terms)
 from planner.model.workload import Shape
 
 
@@ -87,8 +88,9 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     limit = memory_limit_bytes(inst) / GiB
     memory = dict(by_stage[worst])
     memory["capacity"] = inst.hw.hbm_bytes / GiB
-    memory["reserve"] = inst.spec.constraints.memory_reserve_GiB
+    memory["reserve"] = memory_reserve_GiB(inst)
     memory["limit"] = limit
+    memory["headroom"] = limit - memory["total"]      # GiB left under the limit (< 0: over)
 
     violations = structural_violations(inst, plan, spec) + list(extra_violations or [])
     if memory["total"] > limit:

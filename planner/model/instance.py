@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from planner.model.catalog import GPU, GiB, load_gpu
 from planner.model.errors import InputError
-from planner.model.schema import InstanceSpec, ModelSpec
+from planner.model.schema import InstanceSpec, ModelSpec, default_reserve_GiB
 
 
 @cache
@@ -36,6 +36,8 @@ class Hardware:
     peak_fp8: float      # dense FP8 FLOP/s, 0 when the GPU has none
     efficiency: float
     efficiency_fp8: float
+    knee_tokens: float   # GEMM size curve knees (0 = flat efficiency), see GPU.gemm_knee_*
+    knee_width: float
     hbm_bytes: float
     hbm_bw: float
     gpus_per_host: int      # the scheduling node (`nodes` counts hosts)
@@ -181,6 +183,10 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         raise InputError(f"{source}: invalid instance",
                          [f"training.precision: {gpu.key} has no FP8 tensor cores; use bf16 or fp16"])
     reserve = spec.constraints.memory_reserve_GiB
+    if reserve is None:                 # the default depends on the GPU: fix it here, once
+        reserve = default_reserve_GiB(gpu.hbm_capacity_GiB)
+        spec = spec.model_copy(update={"constraints": spec.constraints.model_copy(
+            update={"memory_reserve_GiB": reserve})})
     if reserve >= gpu.hbm_capacity_GiB:
         raise InputError(f"{source}: invalid instance",
                          [f"constraints.memory_reserve_GiB: {reserve:g} GiB leaves no memory on "
@@ -194,12 +200,18 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         peak_fp8=gpu.peak_flops("fp8"),
         efficiency=c.efficiency or gpu.efficiency,
         efficiency_fp8=eff8,
+        knee_tokens=gpu.gemm_knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
+        knee_width=gpu.gemm_knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,
         hbm_bw=gpu.hbm_bandwidth_GBps * 1e9,
         gpus_per_host=host,
         nvlink_domain=domain,
-        bw_intra=(c.intra_node_bandwidth_GBps or gpu.intra_node_bandwidth_GBps) * 1e9,
-        bw_inter=(c.inter_node_bandwidth_GBps or gpu.inter_node_bandwidth_GBps) * 1e9,
+        # collectives move data at the bus bandwidth NCCL reaches, a measured share of the
+        # catalog's link rate; an instance override is taken as that achieved bandwidth itself
+        bw_intra=(c.intra_node_bandwidth_GBps
+                  or gpu.intra_node_bandwidth_GBps * gpu.intra_node_bus_efficiency) * 1e9,
+        bw_inter=(c.inter_node_bandwidth_GBps
+                  or gpu.inter_node_bandwidth_GBps * gpu.inter_node_bus_efficiency) * 1e9,
         lat_intra=gpu.intra_node_latency_us * 1e-6,
         lat_inter=gpu.inter_node_latency_us * 1e-6,
     )

@@ -159,6 +159,10 @@ class ClusterSpec(_Strict):
     inter_node_bandwidth_GBps: Bandwidth | None = None
     efficiency: Efficiency | None = None
     efficiency_fp8: Efficiency | None = None
+    gemm_knee_tokens: Annotated[float, Field(ge=0, le=1e6)] | None = Field(
+        default=None, description="override of the catalog's GEMM size knee in tokens")
+    gemm_knee_width: Annotated[float, Field(ge=0, le=1e6)] | None = Field(
+        default=None, description="override of the catalog's GEMM size knee in weight width")
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSpec:
@@ -172,6 +176,25 @@ class ClusterSpec(_Strict):
         if isinstance(self.nodes, tuple) and self.nodes[0] > self.nodes[1]:
             raise ValueError(f"nodes = [lo, hi] needs lo <= hi, got {list(self.nodes)}")
         return self
+
+
+#: The default per-GPU reserve, what a training process holds beyond the model's tensors:
+#: - 1 GiB for the CUDA context and the cuBLAS / cuDNN workspaces of the process (PyTorch docs,
+#:   "CUDA semantics", memory management: the context and library workspaces are not in
+#:   ``torch.cuda.memory_allocated()``; a bare PyTorch CUDA context on A100/H100 is 0.5-1 GiB);
+#: - 1 GiB for NCCL: each communicator (tensor, pipeline, data, context, expert and embedding
+#:   groups) allocates ``NCCL_BUFFSIZE`` (4 MiB by default, NCCL environment-variable docs) per
+#:   channel and protocol for each peer it connects to, plus NVLink SHARP buffers on Hopper;
+#: - 5% of the capacity for the caching allocator's fragmentation (reserved but not allocated
+#:   blocks; PyTorch "CUDA semantics": ``memory_reserved`` exceeds ``memory_allocated``, the
+#:   reason for ``expandable_segments``).
+RESERVE_FIXED_GiB, RESERVE_FRAGMENTATION = 2.0, 0.05
+
+
+def default_reserve_GiB(capacity_GiB: float) -> float:
+    """The default ``constraints.memory_reserve_GiB`` for a GPU of ``capacity_GiB``:
+    ``2 GiB + 5%`` of the capacity (6 GiB on an 80 GiB GPU); see :data:`RESERVE_FIXED_GiB`."""
+    return round(RESERVE_FIXED_GiB + RESERVE_FRAGMENTATION * capacity_GiB, 2)
 
 
 class ConstraintSpec(_Strict):
@@ -201,8 +224,9 @@ class ConstraintSpec(_Strict):
     cp_within_node: bool = False
     min_mfu: Annotated[float, Field(gt=0, lt=1)] | None = Field(
         default=None, description="only plans reaching this MFU (a cap on the step time)")
-    memory_reserve_GiB: Annotated[float, Field(ge=0)] = Field(
-        default=2.0, description="per-GPU memory kept free (CUDA context, NCCL, fragmentation)")
+    memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="per-GPU memory kept free (CUDA context, NCCL buffers, "
+        "allocator fragmentation); default: default_reserve_GiB(capacity)")
 
     @model_validator(mode="before")
     @classmethod

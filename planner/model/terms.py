@@ -22,11 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.model.algebra import eq1, gt1, is_one, ring_share, steps, vmax
+from planner.model.algebra import (capped_quotient, eq1, gt1, is_one, is_zero, quotient_excess,
+                                   ring_share, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, ring_step
 from planner.model.instance import Hardware, Instance
 from planner.model.plan import Degrees, Knobs
+from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
 
 TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
@@ -120,38 +122,82 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- compute per layer and micro-batch ------------------------------------------------
     attn_fwd_flops = sh.attention_flops(b) / (t * c)
     if flash:
-        attn = (passes + 0.5) * attn_fwd_flops / peak16
+        # selective recompute re-runs the core attention forward (Megatron-Core's default
+        # recompute module "core_attn"); with fused attention it saves no memory
+        attn = (passes + 0.5 + (1 if selective else 0)) * attn_fwd_flops / peak16
         score_bytes = 0.0
     else:
         score_elems = sh.a * b * s * s / (t * c)           # s/c query rows x s keys, a/t heads
-        roof = max(4 * h / peak16, 2 * 2 * sh.a / hw.hbm_bw)   # per (b s^2 / (t c)): flops vs bytes
+        roof = vmax(4 * h / peak16, 2 * 2 * sh.a / hw.hbm_bw)  # per (b s^2 / (t c)): flops vs bytes
         attn = (passes + (1 if selective else 0)) * (b * s * s / (t * c)) * roof
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
 
-    def layer_time(gemm_flops, mlp_bytes):
+    kt, kw = hw.knee_tokens, hw.knee_width
+
+    def gemm_s(shapes, rate):
+        """Forward seconds of GEMMs given as per-GPU ``(M, N, K, count)`` (M tokens, N x K the
+        weight shard): ``2 M N K / rate`` at the size curve
+        ``eff = e_max M/(M+kt) N/(N+kw) K/(K+kw)`` (two knees per GPU type, calibrated). The
+        backward GEMMs (dgrad ``M x K`` over N, wgrad ``N x K`` over M) touch the same weight
+        shard and tokens and are charged the forward's efficiency. Expanded, each GEMM is a
+        plain signomial: ``2MNK/rate * (1 + kt/M)(1 + kw/N)(1 + kw/K)``."""
+        total = 0.0
+        for M, N, K, count in shapes:
+            f = count * 2 * M * N * K / rate
+            if not is_zero(kt):
+                f = f * (1 + kt / M)
+            if not is_zero(kw):
+                f = f * (1 + kw / N) * (1 + kw / K)
+            total = total + f
+        return total
+
+    qkv_w = h + 2 * h * sh.k / sh.a
+    fc1_w = (2 if sh.gated else 1)
+    attn_gemms = [(tokens, qkv_w / t, h, 1), (tokens, h, h / t, 1)]
+    dense_gemms = attn_gemms + [(tokens, fc1_w * sh.f / t, h, 1), (tokens, h, sh.f / t, 1)]
+    if sh.n_moe:
+        # expert tensor parallelism 1: a GPU holds experts / ep whole experts and receives
+        # top_k copies of its tokens / t (sequence-sharded) tokens, tokens * top_k * ep / (t E)
+        # per local expert; the router and the shared experts see the tokens / t of the rank
+        m_e = tokens * sh.top_k * x.e / (t * sh.experts)
+        local = sh.experts / x.e
+        moe_gemms = attn_gemms + [
+            (tokens / t, sh.experts, h, 1),
+            (m_e, fc1_w * sh.f_e, h, local), (m_e, h, sh.f_e, local)]
+        if sh.shared:
+            moe_gemms += [(tokens / t, fc1_w * sh.f_e, h, sh.shared),
+                          (tokens / t, h, sh.f_e, sh.shared)]
+
+    def layer_time(gemms, mlp_bytes):
         """GEMMs + attention core + element-wise traffic of one layer and micro-batch."""
-        gemm_s = passes * gemm_flops / (t * c) / peak_gemm
+        gemm_s_ = passes * gemm_s(gemms, peak_gemm)
         fwd = tokens * (sh.eltwise_replicated_bytes / shard + mlp_bytes / t) + score_bytes
         elt_s = (passes * fwd + (score_bytes if selective else 0)) / hw.hbm_bw
-        return gemm_s, elt_s, gemm_s + attn + elt_s
+        return gemm_s_, elt_s, gemm_s_ + attn + elt_s
 
-    gemm, eltwise, dense_compute = layer_time(sh.gemm_flops(b), sh.eltwise_parallel_bytes)
-    logits = 3 * sh.logits_flops(b) / (t * c) / peak16
+    gemm, eltwise, dense_compute = layer_time(dense_gemms, sh.eltwise_parallel_bytes)
+    logits = 3 * gemm_s([(tokens, sh.V / t, h, 1)], peak16)
     dense_share = sh.n_dense / L
     moe_share = sh.n_moe / L
     if sh.n_moe:
-        moe_gemm, _, moe_compute = layer_time(sh.moe_gemm_flops(b), sh.moe_eltwise_parallel_bytes)
+        moe_gemm, _, moe_compute = layer_time(moe_gemms, sh.moe_eltwise_parallel_bytes)
     else:
         moe_gemm, moe_compute = 0.0, 0.0
-    gemm_avg = dense_share * gemm + moe_share * moe_gemm        # GEMM time of a stage's layer
 
     # ---- tensor-parallel communication per layer and micro-batch ---------------------------
+    # a dense layer: 2 collectives forward (attention, MLP), 2 backward, 2 more under full
+    # recompute; an MoE layer only the attention's half (its experts have expert tensor
+    # parallelism 1: tokens stay sequence-sharded and reach the experts by the all-to-all)
     act_bytes = 2 * tokens * h
     n_allreduce = 4 + (2 if full else 0)
-    tp_layer = n_allreduce * allreduce(act_bytes, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
-                                       hw.lat_intra, hw.lat_inter)
+    tp_one = allreduce(act_bytes, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
+                       hw.lat_intra, hw.lat_inter)
+    tp_layer = n_allreduce * tp_one
+    tp_moe = n_allreduce / 2 * tp_one
     if tr.tp_overlap > 0:
-        tp_layer = vmax((1 - tr.tp_overlap) * tp_layer, tp_layer - gemm_avg)
+        tp_layer = vmax((1 - tr.tp_overlap) * tp_layer, tp_layer - gemm)
+        if sh.n_moe:
+            tp_moe = vmax((1 - tr.tp_overlap) * tp_moe, tp_moe - moe_gemm)
 
     # ---- context-parallel ring exchange per layer and micro-batch --------------------------
     if is_one(x.c_in) and is_one(x.c_out):
@@ -161,7 +207,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         hops = steps(c) * passes          # forward: K/V; backward: K/V and their gradients
         cp_raw = hops * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
                                    hw.lat_intra, hw.lat_inter)
-        cp_layer = vmax(0.0, cp_raw - attn)
+        # hidden behind the attention core up to its length; the last backward hop (the
+        # K/V gradients returning to their owner) follows the last block and stays exposed
+        # (written as gt1(c) * intra-node hop + gt1(c_out) * (inter - intra): c_out > 1 implies
+        # c > 1, and each term carries one indicator, as the encoders handle best)
+        hop_in = kv_bytes / hw.bw_intra + hw.lat_intra
+        hop_out = kv_bytes / hw.bw_inter + hw.lat_inter
+        cp_layer = vmax(0.0, cp_raw - attn) + gt1(c) * hop_in + gt1(x.c_out) * (hop_out - hop_in)
 
     # ---- mixture of experts: MoE layers replace the MLP by routed + shared experts ----------
     # Expert tensor parallelism is 1 (Megatron-Core MoE parallel folding): the ep ranks of a
@@ -174,18 +226,28 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                                 hw.bw_inter, hw.lat_intra, hw.lat_inter)
     else:
         ep_layer = 0.0
-    layer_compute = dense_share * dense_compute + moe_share * moe_compute   # stage average
+    layer_compute = dense_share * dense_compute + moe_share * moe_compute   # model average
 
     stage_layers = L / p
+    # the slowest pipeline stage sets the pace of compute and bubble: the one holding the most
+    # MoE layers, min(L/p, n_moe) of them (an all-MoE stage as soon as p >= L / n_moe)
+    if not sh.n_moe:
+        stage_moe, stage_dense = 0.0, stage_layers
+    elif sh.n_moe == L:
+        stage_moe, stage_dense = stage_layers, 0.0
+    else:       # min(L/p, n_moe) and the rest, max(L/p - n_moe, 0): each one factor >= 0
+        stage_moe, stage_dense = capped_quotient(p, L, sh.n_moe), quotient_excess(p, L, sh.n_moe)
+    stage_compute = stage_dense * dense_compute + stage_moe * moe_compute   # one micro-batch
 
     time = {
-        "compute": m * (stage_layers * layer_compute + logits),
-        # (p - 1)/v stage times of L/p layers = L (1 - 1/p) / v layer times
-        "bubble": tr.bubble_ratio * ring_share(p) * L / v * (
-            layer_compute + tp_layer + cp_layer + moe_share * ep_layer),
-        "tp_comm": m * stage_layers * tp_layer,
+        "compute": m * (stage_compute + logits),
+        # (p - 1)/v stage times of the slowest stage
+        "bubble": tr.bubble_ratio * steps(p) / v * (
+            stage_compute + stage_dense * tp_layer + stage_moe * (tp_moe + ep_layer)
+            + stage_layers * cp_layer),
+        "tp_comm": m * (stage_dense * tp_layer + stage_moe * tp_moe),
         "cp_comm": m * stage_layers * cp_layer,
-        "ep_comm": m * stage_layers * moe_share * ep_layer,
+        "ep_comm": m * stage_moe * ep_layer,
     }
 
     # ---- pipeline point-to-point ------------------------------------------------------------
@@ -215,7 +277,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # it may hide behind one micro-batch's compute on the stage (the backward of the last
         # micro-batch for the gradient reduce-scatter, the forward of the first for the
         # parameter all-gather of the distributed optimizer)
-        window = stage_layers * layer_compute
+        window = stage_compute
         dp_raw = vmax((1 - tr.dp_overlap) * dp_raw, dp_raw - window)
     time["dp_comm"] = dp_raw
     dist = k.distributed_optimizer
@@ -285,13 +347,22 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 "logits": logit,
             }
     return Terms(time=time, memory=memory,
-                 layer={"compute": layer_compute, "gemm": gemm, "attention": attn,
+                 layer={"compute": layer_compute, "dense_compute": dense_compute,
+                        "moe_compute": moe_compute, "stage_moe_layers": stage_moe,
+                        "tp_comm_moe": tp_moe, "cp_comm": cp_layer,
+                        "gemm": gemm, "attention": attn,
                         "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer})
+
+
+def memory_reserve_GiB(inst: Instance) -> float:
+    """The per-GPU reserve: ``constraints.memory_reserve_GiB``, else the GPU's default."""
+    reserve = inst.spec.constraints.memory_reserve_GiB
+    return default_reserve_GiB(inst.hw.gpu.hbm_capacity_GiB) if reserve is None else reserve
 
 
 def memory_limit_bytes(inst: Instance) -> float:
     """Bytes a plan may use per GPU: the capacity less the reserve."""
-    return inst.hw.hbm_bytes - inst.spec.constraints.memory_reserve_GiB * GiB
+    return inst.hw.hbm_bytes - memory_reserve_GiB(inst) * GiB
 
 
 def internode_bytes(inst: Instance, x: Degrees, k: Knobs):
