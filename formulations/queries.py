@@ -226,18 +226,40 @@ class Comparison:
 
 
 #: constraint keys that restrict the space (the memory reserve is physics, not a what-if)
-WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "micro_batch", "max_tp", "max_pp", "max_dp",
-               "max_cp", "max_vp", "min_micro_batch", "max_micro_batch", "recompute",
+WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "ep", "micro_batch", "max_tp", "max_pp", "max_dp",
+               "max_cp", "max_ep", "max_vp", "min_micro_batch", "max_micro_batch", "recompute",
                "sequence_parallel", "distributed_optimizer", "tp_within_node", "pp_within_node",
                "cp_within_node", "min_mfu")
 
 
-def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
-    """The instance's constrained optimum next to the optimum without its what-if constraints,
-    and each constraint that binds on its own (lifting it alone speeds the optimum up)."""
-    c = inst.spec.constraints
+def _least_restrictive(key: str, given: Any, default: Any) -> Any:
+    """The value of a what-if key in the unconstrained baseline: a pin or a filter is lifted
+    (None / false), and a cap or a floor keeps whichever of the instance's value and the
+    default lets more plans in, so a cap the instance *raises* above its default (``max_cp =
+    2``, ``max_micro_batch = 64``) stays raised: the baseline's space holds the constrained one
+    and its optimum is never slower."""
+    if key.startswith("max_"):
+        return None if given is None or default is None else max(given, default)
+    if key == "min_micro_batch":
+        return min(given, default)
+    return default
+
+
+def unconstrained_spec(c: ConstraintSpec) -> ConstraintSpec:
+    """The instance's constraints with every what-if lifted (see :func:`_least_restrictive`);
+    the memory reserve is kept."""
     defaults = ConstraintSpec(memory_reserve_GiB=c.memory_reserve_GiB)
-    free = inst.with_spec(constraints=defaults)
+    return c.model_copy(update={k: _least_restrictive(k, getattr(c, k), getattr(defaults, k))
+                                for k in WHATIF_KEYS})
+
+
+def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
+    """The instance's constrained optimum next to the optimum without its what-if constraints
+    (the true unconstrained optimum: caps the instance raises stay raised), and each constraint
+    that binds on its own (lifting it alone speeds the optimum up)."""
+    c = inst.spec.constraints
+    lifted_all = unconstrained_spec(c)
+    free = inst.with_spec(constraints=lifted_all)
     base = solve(free, solver=solver, time_limit=time_limit)
     try:
         con = solve(inst, solver=solver, time_limit=time_limit)
@@ -245,18 +267,24 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
         con = None
     slow = (con.report.step_time_s / base.report.step_time_s - 1) if con and con.report else None
     binding = []
-    set_keys = [k for k in WHATIF_KEYS if getattr(c, k) != getattr(defaults, k)]
+    set_keys = [k for k in WHATIF_KEYS if getattr(c, k) != getattr(lifted_all, k)]
     for key in set_keys:
-        lifted = inst.with_spec(constraints=c.model_copy(update={key: getattr(defaults, key)}))
+        lifted = inst.with_spec(constraints=c.model_copy(update={key: getattr(lifted_all, key)}))
         try:
             alt = solve(lifted, solver=solver, time_limit=time_limit, explain=False)
         except InfeasibleError:
             continue
         if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
+            t_con = con.report.step_time_s if con else None
             binding.append({"constraint": key, "value": getattr(c, key),
+                            "lifted_to": getattr(lifted_all, key),
                             "step_time_without_s": alt.report.step_time_s,
-                            "speedup_if_lifted": (con.report.step_time_s /
-                                                  alt.report.step_time_s - 1) if con else None})
+                            # > 0: the optimum is that much faster without it
+                            "speedup_if_lifted": (t_con / alt.report.step_time_s - 1)
+                            if con else None,
+                            # < 0: the step time falls by that share without it
+                            "step_time_change_if_lifted": (alt.report.step_time_s / t_con - 1)
+                            if con else None})
     return Comparison(con, base, slow, binding)
 
 

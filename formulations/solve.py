@@ -15,7 +15,7 @@ from formulations.encoding import encode
 from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import BaseVar, SearchSpace, build_space
-from planner.errors import InfeasibleError, InputError, SolverError
+from planner.errors import InfeasibleError, InputError
 from planner.evaluator import evaluate
 from planner.instance import Instance
 from planner.plan import Plan
@@ -56,7 +56,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
     from formulations.pyomo_backend import SOLVER_NAMES
 
     if backend not in BACKENDS and backend not in SOLVER_NAMES:
-        raise InputError(f"--solver: unknown solver {backend!r}; expected one of "
+        raise InputError(f"--solver: unknown solver \"{backend}\"; expected one of "
                          f"{', '.join(BACKENDS + tuple(n for n in SOLVER_NAMES if n != 'highs'))}")
     if backend == "enumerate":
         from formulations import enumerate as en
@@ -78,7 +78,8 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         from formulations import cpsat
 
         if not cpsat.available():
-            raise SolverError("OR-Tools CP-SAT is not installed (pip install ortools)")
+            # a solver that is not installed is a bad --solver value (exit 2), not a failure
+            raise InputError("--solver: OR-Tools CP-SAT is not installed (pip install ortools)")
         # "cpsat" solves the one-hot model HiGHS solves, in integer units; "cpsat-element" is
         # the AddElement-per-form model of DESIGN.md, kept for comparison (much slower here)
         raw = (cpsat.solve_rows(enc, time_limit) if backend == "cpsat"
@@ -89,8 +90,8 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
 
         name = "highs" if backend in ("highs", "pyomo") else backend
         if not pyomo_backend.available(name):
-            raise SolverError(f"Pyomo cannot find the MILP solver {name!r}; install it or use "
-                              f"--solver cpsat / highs / enumerate")
+            raise InputError(f"--solver: Pyomo cannot find the MILP solver \"{name}\" (not "
+                             "installed); install it or use --solver cpsat, highs or enumerate")
         raw = pyomo_backend.solve(enc, name, time_limit)
         q = None
     return replace(raw, build_s=raw.build_s + enc_s), q

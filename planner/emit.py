@@ -132,7 +132,7 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     try:
         writer = _WRITERS[fmt]
     except (KeyError, TypeError):
-        raise InputError(f"unknown launch format {fmt!r}; expected one of: "
+        raise InputError(f"unknown launch format \"{fmt}\"; expected one of: "
                          + ", ".join(FORMATS)) from None
     problems = _launch_problems(inst, plan)
     if problems:

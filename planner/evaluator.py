@@ -27,6 +27,7 @@ from planner.catalog import GiB
 from planner.collectives import all_to_all, allreduce, ring_step
 from planner.instance import Hardware, Instance
 from planner.plan import Plan, structural_violations
+from planner.words import stage_words
 from planner.schema import PlanSpec
 from planner.workload import Shape
 
@@ -442,7 +443,7 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     violations = structural_violations(inst, plan, spec) + list(extra_violations or [])
     if memory["total"] > limit:
         violations.append(
-            f"memory: the {worst} pipeline stage needs {memory['total']:.1f} GiB per GPU, over the "
+            f"memory: the {stage_words(worst)} needs {memory['total']:.1f} GiB per GPU, over the "
             f"{limit:.1f} GiB limit ({memory['capacity']:.1f} GiB capacity - "
             f"{memory['reserve']:.1f} GiB reserve)")
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from planner.catalog import GPU, GiB, load_gpu
 from planner.errors import InputError
 from planner.schema import InstanceSpec, ModelSpec
+from planner.words import article, toml_value
 
 
 @cache
@@ -101,7 +102,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
         elif err["type"] == "missing":
             msg = "required key is missing"
         elif "input" in err and err["type"] != "value_error":
-            msg = f"{msg} (got {err['input']!r})"
+            msg = f"{msg} (got {toml_value(err['input'])})"
         out[key] = msg
     return [f"{k}: {m}" for k, m in out.items()]
 
@@ -126,10 +127,10 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
         name = model["preset"]
         if not isinstance(name, str):
             raise InputError(f"{source}: invalid instance",
-                             [f"model.preset: expected a preset name (a string), got {name!r}"])
+                             [f"model.preset: expected a preset name (a string), got {toml_value(name)}"])
         if name not in presets():
             raise InputError(f"{source}: invalid instance",
-                             [f"model.preset: unknown preset {name!r}; expected one of: "
+                             [f"model.preset: unknown preset {toml_value(name)}; expected one of: "
                               + ", ".join(sorted(presets()))])
         data["model"] = {**presets()[name], **model}
         data["model"].setdefault("name", name)
@@ -215,9 +216,10 @@ def check_readable(p: Path, what: str) -> None:
     if not p.exists():
         raise InputError(f"{p}: no such file")
     if p.is_dir():
-        raise InputError(f"{p}: is a directory, expected a {what}")
+        raise InputError(f"{p}: is a directory, expected {article(what)}")
     if not p.is_file():
-        raise InputError(f"{p}: not a regular file (a device, pipe or socket), expected a {what}")
+        raise InputError(f"{p}: not a regular file (a device, pipe or socket), expected "
+                         f"{article(what)}")
 
 
 def load_instance(path: str | Path) -> Instance:

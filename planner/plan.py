@@ -18,6 +18,7 @@ from typing import Any
 
 from planner.instance import Instance
 from planner.schema import PlanSpec
+from planner.words import plural
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
 
@@ -166,12 +167,13 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
             if ed_out < 1 or not float(ed_out).is_integer():
                 out.append(f"ep_intra={plan.ep_intra}: the expert data-parallel group "
                            f"({plan.expert_dp:g} ranks, {ed_in} of them inside a node) does not "
-                           f"tile the {plan.nodes} node(s); choose ep_intra so ep / ep_intra "
-                           "divides the node count")
+                           f"tile the {plural(plan.nodes, 'node')}; choose ep_intra so ep / "
+                           "ep_intra divides the node count")
         if plan.tp > 1 and not plan.sequence_parallel:
             out.append("MoE layers with tp > 1 need sequence parallelism (Megatron-Core)")
     c = inst.spec.constraints
     for dim in ("tp", "pp", "cp"):
         if getattr(c, f"{dim}_within_node") and plan.inter(dim) != 1:
-            out.append(f"constraints.{dim}_within_node but {dim}={getattr(plan, dim)} crosses nodes")
+            out.append(f"constraints.{dim}_within_node = true but {dim} = {getattr(plan, dim)} "
+                       "crosses nodes")
     return out
