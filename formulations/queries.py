@@ -67,9 +67,14 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
            node_options: list[int] | None = None) -> list[ParetoPoint]:
     """Proven optimum at each node count, with ``on_front`` marking the non-dominated ones.
 
-    Dominance is on (GPUs, step time, cost); days are proportional to step time for a fixed
-    batch, so they never change the front. With a global-batch range the objective is time per
-    sequence and the comparison uses days (the same ordering).
+    A size is on the front unless another size is at least as fast *and* at least as cheap,
+    and strictly better in one of the two. Fast is training days (with a token budget), else
+    time per sequence; cheap is dollars (with a price), else GPU-seconds per sequence, which
+    orders sizes as dollars would at any price. The GPU count is the size being chosen, not
+    a criterion of its own: its price is in the cost, so a larger size that trains both faster
+    and cheaper (a smaller one that needs far more memory-saving recompute, or a worse batch
+    split) dominates the smaller one. For a fixed batch, days, step time and time per sequence
+    order the sizes alike.
     """
     options = list(node_options or inst.node_options)
     if len(options) > MAX_PARETO_SIZES:
@@ -87,16 +92,19 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
         except InfeasibleError as exc:
             points.append(ParetoPoint(n, None, exc.args[0], list(exc.explanation)))
     feasible = [p for p in points if p.result is not None]
-
-    def k(p: ParetoPoint):
-        rep = p.result.report
-        time_key = rep.total_days if rep.total_days is not None else (
-            rep.step_time_s / rep.plan.global_batch)
-        return (rep.plan.gpus, time_key, rep.cost if rep.cost is not None else 0.0)
-
     for p in feasible:
-        p.on_front = not any(_dominates(k(q), k(p)) for q in feasible if q is not p)
+        p.on_front = not any(_dominates(front_key(q), front_key(p))
+                             for q in feasible if q is not p)
     return points
+
+
+def front_key(p: ParetoPoint) -> tuple[float, float]:
+    """(time, cost) of a size, both to minimise (see :func:`pareto`)."""
+    rep = p.result.report
+    per_seq = rep.step_time_s / rep.plan.global_batch
+    time_key = rep.total_days if rep.total_days is not None else per_seq
+    cost_key = rep.cost if rep.cost is not None else per_seq * rep.plan.gpus
+    return (time_key, cost_key)
 
 
 # ------------------------------------------------------------------------------------------

@@ -399,7 +399,8 @@ def pareto(
             doc.update(error=none_msg, exit_code=3)
         _emit_json(doc)
     else:
-        out.print(pareto_table(points))
+        out.print(pareto_table(points, batch_range=not isinstance(
+            inst.spec.training.global_batch, int)))
     if none_fits:
         err.print(f"error: {none_msg}", markup=False, highlight=False)
         raise typer.Exit(3)

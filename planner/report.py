@@ -216,20 +216,27 @@ def compare_table(cmp) -> Table:
     return t
 
 
-def pareto_table(points) -> Table:
-    t = Table(title="Proven optimum per cluster size (* = on the Pareto front)")
-    for col in ("", "nodes", "GPUs", "plan", "step s", "days", "cost $", "MFU", "status"):
+def pareto_table(points, batch_range: bool = False) -> Table:
+    """One row per size; ``*`` marks the sizes no other size beats on both training time and
+    cost. With a global-batch range each row shows the batch its optimum chose."""
+    t = Table(title="Proven optimum per cluster size (* = on the Pareto front: no other size "
+              "is both faster and cheaper)")
+    cols = ["", "nodes", "GPUs", "plan"] + (["batch"] if batch_range else []) + [
+        "step s", "days", "cost $", "MFU", "status"]
+    for col in cols:
         t.add_column(col, justify="right" if col not in ("plan", "status", "") else "left")
     for p in points:
         if p.result is None:
-            t.add_row("", str(p.nodes), "", Text(p.reason, style="dim"), "", "", "", "", "")
+            t.add_row("", str(p.nodes), "", Text(p.reason, style="dim"),
+                      *([""] * (len(cols) - 4)))
             continue
         rep = p.result.report
         t.add_row("*" if p.on_front else "", str(p.nodes), str(rep.plan.gpus), rep.plan.label(),
+                  *([f"{rep.plan.global_batch:,}"] if batch_range else []),
                   f"{rep.step_time_s:.4f}",
-                  f"{rep.total_days:.1f}" if rep.total_days is not None else "-",
-                  f"{rep.cost:,.0f}" if rep.cost is not None else "-", f"{100 * rep.mfu:.1f}%",
-                  p.result.status.value)
+                  _big(rep.total_days, ".1f") if rep.total_days is not None else "-",
+                  _big(rep.cost, ",.0f") if rep.cost is not None else "-",
+                  f"{100 * rep.mfu:.1f}%", p.result.status.value)
     return t
 
 
