@@ -4,8 +4,8 @@ Left panel: step time against GPUs on log-log axes, the front joined and labelle
 plan (``TP8 PP8 DP16 EP8 mb1``, every degree above 1, and ``B512``, the global batch, when the
 sizes chose different batches), dominated points faint; a right-hand axis gives training days when
 every point has the same days per second of step time (a fixed batch and token budget). Right
-panel: dollars against GPUs (a linear axis from $0) when every point has a cost, else training days when they do not
-follow from the step time (a batch range).
+panel: dollars against GPUs (a linear axis from $0) when every point has a cost, else
+training days when they do not follow from the step time (a batch range).
 
 matplotlib is an optional dependency (``pip install 'plan[plot]'``) and is imported only here.
 """

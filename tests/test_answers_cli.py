@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from formulations import queries
 from planner.cli import app
 from planner.emit import FORMATS, emit
-from planner.instance import load_instance, parse_instance
+from planner.instance import load_instance
 from planner.plan import plan_from_spec
 from planner.schema import ConstraintSpec
 
