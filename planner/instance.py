@@ -113,15 +113,34 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
-        from planner.hf_config import read_hf_config
+        from planner.hf_config import read_hf_config_with_context
 
         if not model["hf_config"].strip():
             raise InputError(f"{source}: invalid instance",
                              ["model.hf_config: an empty path; expected a config.json file"])
+        if "preset" in model:       # two sources for every shape key: say which, never guess
+            raise InputError(f"{source}: invalid instance", [
+                "model.preset and model.hf_config: both give the model's shape; keep one (the "
+                "keys you set explicitly in [model] override either)"])
         ref = Path(model["hf_config"])
         if not ref.is_absolute() and base_dir is not None:
             ref = base_dir / ref
-        data["model"] = model = {**read_hf_config(ref), **model}
+        keys, max_context = read_hf_config_with_context(ref)
+        if "seq_len" not in model:
+            known = (f" (its max_position_embeddings = {max_context:,} is the longest context "
+                     "the model supports, not the length it trains at)" if max_context else "")
+            raise InputError(f"{source}: invalid instance", [
+                f"model.seq_len: required with model.hf_config: {ref.name} gives no training "
+                f"sequence length{known}; set seq_len to the tokens per sequence you train "
+                "with"])
+        if (max_context and isinstance(model["seq_len"], int)
+                and model["seq_len"] > max_context):
+            import warnings
+
+            warnings.warn(f"{source}: model.seq_len = {model['seq_len']:,} exceeds the "
+                          f"max_position_embeddings = {max_context:,} of {ref.name}",
+                          UserWarning, stacklevel=2)
+        data["model"] = model = {**keys, **model}
         model.setdefault("name", ref.stem.replace(".config", ""))
     if isinstance(model, dict) and "preset" in model:
         name = model["preset"]

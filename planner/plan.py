@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.instance import Instance
-from planner.schema import PlanSpec
+from planner.schema import KNOB_DEFAULTS, PlanSpec
 from planner.words import plural
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
@@ -112,9 +112,18 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     return Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=fields["vp"], micro_batch=fields["micro_batch"],
                 ep=ep, ep_intra=ep_intra,
                 global_batch=gb, gpus=gpus, nodes=inst.nodes, recompute=fields["recompute"],
-                sequence_parallel=fields["sequence_parallel"],
-                distributed_optimizer=fields["distributed_optimizer"],
+                sequence_parallel=_knob(inst, fields, "sequence_parallel"),
+                distributed_optimizer=_knob(inst, fields, "distributed_optimizer"),
                 **{f"{d}_intra": intra[d] for d in ORDER})
+
+
+def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
+    """A memory knob: the plan's (or a flag's) value, else the ``[constraints]`` pin, else the
+    default ``plan solve`` uses too (:data:`planner.schema.KNOB_DEFAULTS`)."""
+    if fields.get(name) is not None:
+        return fields[name]
+    pin = getattr(inst.spec.constraints, name)
+    return KNOB_DEFAULTS[name] if pin is None else pin
 
 
 def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = None) -> list[str]:
