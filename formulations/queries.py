@@ -240,16 +240,20 @@ WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "ep", "micro_batch", "max_tp", "max
                "cp_within_node", "min_mfu")
 
 
-def _least_restrictive(key: str, given: Any, default: Any) -> Any:
+def _least_restrictive(key: str, given: Any, default: Any, explicit: bool) -> Any:
     """The value of a what-if key in the unconstrained baseline: a pin or a filter is lifted
-    (None / false), and a cap or a floor keeps whichever of the instance's value and the
-    default lets more plans in, so a cap the instance *raises* above its default (``max_cp =
-    2``, ``max_micro_batch = 64``) stays raised: the baseline's space holds the constrained one
-    and its optimum is never slower."""
+    (None), and a cap or a floor keeps whichever of the instance's value and the default lets
+    more plans in, so a cap the instance *raises* above its default (``max_cp = 2``,
+    ``max_micro_batch = 64``) stays raised: the baseline's space holds the constrained one and
+    its optimum is never slower. A placement rule (``*_within_node``) the instance sets is
+    lifted (false); one it leaves at its default keeps it (``tp_within_node`` defaults to
+    true: tensor parallelism inside a node, as every recipe runs it)."""
     if key.startswith("max_"):
         return None if given is None or default is None else max(given, default)
     if key == "min_micro_batch":
         return min(given, default)
+    if key.endswith("_within_node"):
+        return False if explicit else default
     return default
 
 
@@ -257,8 +261,9 @@ def unconstrained_spec(c: ConstraintSpec) -> ConstraintSpec:
     """The instance's constraints with every what-if lifted (see :func:`_least_restrictive`);
     the memory reserve is kept."""
     defaults = ConstraintSpec(memory_reserve_GiB=c.memory_reserve_GiB)
-    return c.model_copy(update={k: _least_restrictive(k, getattr(c, k), getattr(defaults, k))
-                                for k in WHATIF_KEYS})
+    return c.model_copy(update={
+        k: _least_restrictive(k, getattr(c, k), getattr(defaults, k), k in c.model_fields_set)
+        for k in WHATIF_KEYS})
 
 
 def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:

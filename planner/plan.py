@@ -181,8 +181,9 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
         if plan.tp > 1 and not plan.sequence_parallel:
             out.append("MoE layers with tp > 1 need sequence parallelism (Megatron-Core)")
     c = inst.spec.constraints
-    for dim in ("tp", "pp", "cp"):
-        if getattr(c, f"{dim}_within_node") and plan.inter(dim) != 1:
+    for dim in ("tp", "pp", "cp"):      # only rules the instance sets: a default (tp inside a
+        key = f"{dim}_within_node"       # node) steers the search, it does not judge a plan
+        if key in c.model_fields_set and getattr(c, key) and plan.inter(dim) != 1:
             out.append(f"constraints.{dim}_within_node = true but {dim} = {getattr(plan, dim)} "
                        "crosses nodes")
     return out

@@ -193,7 +193,9 @@ class ConstraintSpec(_Strict):
         default=None, description="allowed recompute mode(s); default all")
     sequence_parallel: bool | None = Field(default=None, description="pin on/off; default free")
     distributed_optimizer: bool | None = Field(default=None, description="pin on/off; default free")
-    tp_within_node: bool = False
+    tp_within_node: bool = Field(
+        default=True, description="keep tensor parallelism inside a node (NVLink); false lets "
+        "it cross nodes")
     pp_within_node: bool = False
     cp_within_node: bool = False
     min_mfu: Annotated[float, Field(gt=0, lt=1)] | None = Field(

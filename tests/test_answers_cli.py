@@ -199,6 +199,7 @@ def test_unconstrained_keeps_caps_the_instance_raises():
     assert u.memory_reserve_GiB == 3.0
     lowered = queries.unconstrained_spec(ConstraintSpec(max_micro_batch=8, max_ep=2))
     assert (lowered.max_micro_batch, lowered.max_ep) == (32, None)
+    assert lowered.tp_within_node is True      # a default placement rule stays
 
 
 def test_compare_on_llama3_70b_is_never_faster_than_the_baseline(runner):

@@ -105,3 +105,33 @@ def test_published_runs_state_their_knobs(monkeypatch):
         assert (a.predicted_s, a.report.memory_gib["total"]) == (
             b.predicted_s, b.report.memory_gib["total"]), a.id
     assert v.summary(before) == v.summary(after)
+
+
+# ---- tp_within_node defaults to true ---------------------------------------------------------
+
+def test_tensor_parallelism_stays_inside_a_node_by_default():
+    """Two 8-GPU nodes, a model whose heads allow TP16: the default keeps TP within the node;
+    tp_within_node = false lets it cross."""
+    doc = {"model": {"layers": 4, "hidden": 2048, "heads": 16, "vocab": 32000,
+                     "seq_len": 1024},
+           "training": {"global_batch": 1},
+           "cluster": {"gpu": "a100-80gb", "nodes": 2}}
+    inst = parse_instance(doc)
+    assert inst.spec.constraints.tp_within_node is True
+    plan = solve(inst, solver="enumerate").report.plan
+    assert plan.tp_intra == plan.tp
+    free = parse_instance({**doc, "constraints": {"tp_within_node": False, "max_pp": 1}})
+    crossed = solve(free, solver="enumerate").report.plan
+    assert crossed.tp == 16 and crossed.tp_intra == 8        # global batch 1: only TP is left
+
+
+def test_evaluate_judges_a_plan_only_by_rules_the_instance_sets():
+    doc = {"model": {"layers": 4, "hidden": 2048, "heads": 16, "vocab": 32000,
+                     "seq_len": 1024},
+           "training": {"global_batch": 16},
+           "cluster": {"gpu": "a100-80gb", "nodes": 2}, "plan": {"tp": 16}}
+    inst = parse_instance(doc)
+    assert evaluate(inst, plan_from_spec(inst, inst.spec.plan)).violations == []
+    strict = parse_instance({**doc, "constraints": {"tp_within_node": True}})
+    rep = evaluate(strict, plan_from_spec(strict, strict.spec.plan))
+    assert any("constraints.tp_within_node = true" in v for v in rep.violations)
