@@ -216,6 +216,6 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     if abs(value - raw.objective) > tol or report.violations:
         status = Status.ERROR
         note = (f"the evaluator gives {value!r} for the solver's plan, the solver "
-                f"{raw.objective!r}; violations: {report.violations}")
+                f"{raw.objective!r}; violations: {'; '.join(report.violations) or 'none'}")
     return SolveResult(status, report, raw.objective, raw.bound, wall, raw.solve_s, raw.build_s,
                        raw.backend, kind, note, quantum, choice=raw.choice, knobs=raw.knobs, **size)

@@ -111,7 +111,7 @@ class _Reader:
                 self.problems.append(f"{key}: required key is missing")
             return None if default is _REQUIRED else default
         if not check(value):
-            self.problems.append(f"{key}: expected {expected} (got {value!r})")
+            self.problems.append(f"{key}: expected {expected} (got {json.dumps(value)})")
             return None
         return value
 
@@ -162,7 +162,7 @@ def _family(cfg: dict[str, Any], p: Path) -> str:
     for arch in archs:
         if isinstance(arch, str) and arch.split("For")[0] in _ARCH_PREFIX:
             return _ARCH_PREFIX[arch.split("For")[0]]
-    found = "no model_type" if model_type is None else f"model_type {model_type!r}"
+    found = "no model_type" if model_type is None else f"model_type {json.dumps(model_type)}"
     if archs:
         found += f" (architectures {', '.join(map(str, archs))})"
     raise InputError(f"{p}: unsupported architecture: {found}; supported model_type values: "
