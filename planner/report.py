@@ -38,8 +38,9 @@ def _fmt_s(x: float) -> str:
 
 
 def _big(x: float, fmt: str) -> str:
-    """``fmt`` up to a million, engineering notation beyond (1e30 tokens is 37.6e18 days)."""
-    return format(x, fmt) if abs(x) < 1e6 else number(x)
+    """``fmt`` below a trillion (``$1,021,133``), engineering notation beyond, where digit
+    groups stop being readable (1e30 tokens is 37.6e18 days)."""
+    return format(x, fmt) if abs(x) < 1e12 else number(x)
 
 
 def _count(x: float) -> str:
