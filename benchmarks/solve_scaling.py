@@ -21,7 +21,9 @@ than enumeration from 4,096 GPUs up"):
   uses 128 layers by default (``--b-layers 126`` measures the real preset, infeasible everywhere).
 
 No ``[constraints]`` pins: the schema defaults (``max_cp = 1``, micro-batch 1..32, every recompute
-mode, SP and distributed optimizer free) except ``max_cp = 2`` for model B. Global batch: a fixed
+mode, SP and distributed optimizer free) except ``max_cp = 2`` for model B and
+``tp_within_node = false`` (tensor parallelism may cross nodes, the space the README's figures
+were measured on). Global batch: a fixed
 ``max(2048, GPUs // 16)`` sequences (2048 up to 32,768 GPUs, 8192 at 131,072), which admits plans
 at every size where the model fits in memory at all (175B needs >= 64 GPUs, 405B >= 128).
 
@@ -78,8 +80,10 @@ def instance_toml(model: dict, gpus: int, batch) -> str:
     gb = f"[{batch[0]}, {batch[1]}]" if isinstance(batch, tuple) else str(batch)
     lines += ["", "[training]", f"global_batch = {gb}", "", "[cluster]",
               f'gpu = "{model["gpu"]}"', f"gpus = {gpus}", f"gpus_per_node = {GPUS_PER_NODE}"]
+    # TP free to cross nodes, as measured before tp_within_node defaulted to true: the same space
+    lines += ["", "[constraints]", "tp_within_node = false"]
     if model["max_cp"] is not None:
-        lines += ["", "[constraints]", f"max_cp = {model['max_cp']}"]
+        lines.append(f"max_cp = {model['max_cp']}")
     return "\n".join(lines) + "\n"
 
 
@@ -493,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
              "objective = time per sequence" if args.batch_range else
              "  (max(2048, GPUs // 16), fixed: objective = step time)"))
     print("constraints: schema defaults (no pins; max_cp = 1, micro-batch 1..32, recompute/SP/"
-          "distributed optimizer free), model B max_cp = 2")
+          "distributed optimizer free; tp_within_node = false), model B max_cp = 2")
     sys.stdout.flush()
 
     all_rows: dict[str, list[dict]] = {}

@@ -17,6 +17,7 @@ from formulations.space import SearchSpace, build_space, divisors
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
 from planner.model.terms import memory_limit_bytes, step_terms
+from planner.model.words import plural, toml_value
 
 
 def _structural(space: SearchSpace) -> InfeasibleError:
@@ -59,8 +60,10 @@ def _structural(space: SearchSpace) -> InfeasibleError:
         else:
             lines.append("the placement rules leave no plan: each node must hold a box of the "
                          f"process grid (tp_intra*cp_intra*dp_intra*pp_intra = "
-                         f"{inst.node_size}); within-node constraints: tp {cons.tp_within_node}, "
-                         f"pp {cons.pp_within_node}, cp {cons.cp_within_node}")
+                         f"{inst.node_size}); constraints: tp_within_node = "
+                         f"{toml_value(cons.tp_within_node)}, pp_within_node = "
+                         f"{toml_value(cons.pp_within_node)}, cp_within_node = "
+                         f"{toml_value(cons.cp_within_node)}")
             if m.layers % 2 or cons.tp_within_node or cons.pp_within_node:
                 lines.append("nearest change: drop a *_within_node constraint or choose a GPU "
                              "count that is a multiple of the node size")
@@ -161,7 +164,8 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
              "cp": None, "tp_within_node": False, "pp_within_node": False}
     for key, free in relax.items():
         if getattr(c, key) != free and getattr(c, key) is not None:
-            trials.append((f"lift constraints.{key} = {getattr(c, key)!r}", {key: free}))
+            trials.append((f"lift constraints.{key} = {toml_value(getattr(c, key))}",
+                           {key: free}))
     if (c.memory_reserve_GiB or 0) > 0:
         trials.append((f"lower constraints.memory_reserve_GiB from {c.memory_reserve_GiB}",
                        {"memory_reserve_GiB": 0.0}))
@@ -187,7 +191,8 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
                 continue
             if found and found[0] <= memory_limit_bytes(bigger):
                 point = found[1]
-                out.append(f"nearest change: {m} nodes ({bigger.gpus} GPUs, {m / n:.2f}x) admit "
+                out.append(f"nearest change: {plural(m, 'node')} ({bigger.gpus} GPUs, "
+                           f"{m / n:.2f}x) admit "
                            f"a plan that fits (tp={point['T']}, pp={point['P']}: "
                            f"{found[0] / GiB:.1f} GiB per GPU)")
                 break

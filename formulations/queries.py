@@ -67,9 +67,14 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
            node_options: list[int] | None = None) -> list[ParetoPoint]:
     """Proven optimum at each node count, with ``on_front`` marking the non-dominated ones.
 
-    Dominance is on (GPUs, step time, cost); days are proportional to step time for a fixed
-    batch, so they never change the front. With a global-batch range the objective is time per
-    sequence and the comparison uses days (the same ordering).
+    A size is on the front unless another size is at least as fast *and* at least as cheap,
+    and strictly better in one of the two. Fast is training days (with a token budget), else
+    time per sequence; cheap is dollars (with a price), else GPU-seconds per sequence, which
+    orders sizes as dollars would at any price. The GPU count is the size being chosen, not
+    a criterion of its own: its price is in the cost, so a larger size that trains both faster
+    and cheaper (a smaller one that needs far more memory-saving recompute, or a worse batch
+    split) dominates the smaller one. For a fixed batch, days, step time and time per sequence
+    order the sizes alike.
     """
     options = list(node_options or inst.node_options)
     if len(options) > MAX_PARETO_SIZES:
@@ -87,16 +92,19 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
         except InfeasibleError as exc:
             points.append(ParetoPoint(n, None, exc.args[0], list(exc.explanation)))
     feasible = [p for p in points if p.result is not None]
-
-    def k(p: ParetoPoint):
-        rep = p.result.report
-        time_key = rep.total_days if rep.total_days is not None else (
-            rep.step_time_s / rep.plan.global_batch)
-        return (rep.plan.gpus, time_key, rep.cost if rep.cost is not None else 0.0)
-
     for p in feasible:
-        p.on_front = not any(_dominates(k(q), k(p)) for q in feasible if q is not p)
+        p.on_front = not any(_dominates(front_key(q), front_key(p))
+                             for q in feasible if q is not p)
     return points
+
+
+def front_key(p: ParetoPoint) -> tuple[float, float]:
+    """(time, cost) of a size, both to minimise (see :func:`pareto`)."""
+    rep = p.result.report
+    per_seq = rep.step_time_s / rep.plan.global_batch
+    time_key = rep.total_days if rep.total_days is not None else per_seq
+    cost_key = rep.cost if rep.cost is not None else per_seq * rep.plan.gpus
+    return (time_key, cost_key)
 
 
 # ------------------------------------------------------------------------------------------
@@ -226,18 +234,45 @@ class Comparison:
 
 
 #: constraint keys that restrict the space (the memory reserve is physics, not a what-if)
-WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "micro_batch", "max_tp", "max_pp", "max_dp",
-               "max_cp", "max_vp", "min_micro_batch", "max_micro_batch", "recompute",
+WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "ep", "micro_batch", "max_tp", "max_pp", "max_dp",
+               "max_cp", "max_ep", "max_vp", "min_micro_batch", "max_micro_batch", "recompute",
                "sequence_parallel", "distributed_optimizer", "tp_within_node", "pp_within_node",
                "cp_within_node", "min_mfu")
 
 
-def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
-    """The instance's constrained optimum next to the optimum without its what-if constraints,
-    and each constraint that binds on its own (lifting it alone speeds the optimum up)."""
-    c = inst.spec.constraints
+def _least_restrictive(key: str, given: Any, default: Any, explicit: bool) -> Any:
+    """The value of a what-if key in the unconstrained baseline: a pin or a filter is lifted
+    (None), and a cap or a floor keeps whichever of the instance's value and the default lets
+    more plans in, so a cap the instance *raises* above its default (``max_cp = 2``,
+    ``max_micro_batch = 64``) stays raised: the baseline's space holds the constrained one and
+    its optimum is never slower. A placement rule (``*_within_node``) the instance sets is
+    lifted (false); one it leaves at its default keeps it (``tp_within_node`` defaults to
+    true: tensor parallelism inside a node, as every recipe runs it)."""
+    if key.startswith("max_"):
+        return None if given is None or default is None else max(given, default)
+    if key == "min_micro_batch":
+        return min(given, default)
+    if key.endswith("_within_node"):
+        return False if explicit else default
+    return default
+
+
+def unconstrained_spec(c: ConstraintSpec) -> ConstraintSpec:
+    """The instance's constraints with every what-if lifted (see :func:`_least_restrictive`);
+    the memory reserve is kept."""
     defaults = ConstraintSpec(memory_reserve_GiB=c.memory_reserve_GiB)
-    free = inst.with_spec(constraints=defaults)
+    return c.model_copy(update={
+        k: _least_restrictive(k, getattr(c, k), getattr(defaults, k), k in c.model_fields_set)
+        for k in WHATIF_KEYS})
+
+
+def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
+    """The instance's constrained optimum next to the optimum without its what-if constraints
+    (the true unconstrained optimum: caps the instance raises stay raised), and each constraint
+    that binds on its own (lifting it alone speeds the optimum up)."""
+    c = inst.spec.constraints
+    lifted_all = unconstrained_spec(c)
+    free = inst.with_spec(constraints=lifted_all)
     base = solve(free, solver=solver, time_limit=time_limit)
     try:
         con = solve(inst, solver=solver, time_limit=time_limit)
@@ -245,18 +280,24 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
         con = None
     slow = (con.report.step_time_s / base.report.step_time_s - 1) if con and con.report else None
     binding = []
-    set_keys = [k for k in WHATIF_KEYS if getattr(c, k) != getattr(defaults, k)]
+    set_keys = [k for k in WHATIF_KEYS if getattr(c, k) != getattr(lifted_all, k)]
     for key in set_keys:
-        lifted = inst.with_spec(constraints=c.model_copy(update={key: getattr(defaults, key)}))
+        lifted = inst.with_spec(constraints=c.model_copy(update={key: getattr(lifted_all, key)}))
         try:
             alt = solve(lifted, solver=solver, time_limit=time_limit, explain=False)
         except InfeasibleError:
             continue
         if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
+            t_con = con.report.step_time_s if con else None
             binding.append({"constraint": key, "value": getattr(c, key),
+                            "lifted_to": getattr(lifted_all, key),
                             "step_time_without_s": alt.report.step_time_s,
-                            "speedup_if_lifted": (con.report.step_time_s /
-                                                  alt.report.step_time_s - 1) if con else None})
+                            # > 0: the optimum is that much faster without it
+                            "speedup_if_lifted": (t_con / alt.report.step_time_s - 1)
+                            if con else None,
+                            # < 0: the step time falls by that share without it
+                            "step_time_change_if_lifted": (alt.report.step_time_s / t_con - 1)
+                            if con else None})
     return Comparison(con, base, slow, binding)
 
 

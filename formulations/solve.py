@@ -16,7 +16,7 @@ from formulations.encoding import Cuts, encode
 from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import BaseVar, SearchSpace, build_space
-from planner.model.errors import InfeasibleError, InputError, SolverError
+from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
 from planner.model.plan import Plan
@@ -47,7 +47,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
 
     cuts = Cuts(max_objective, tuple(exclude or ()))
     if backend not in BACKENDS and backend not in SOLVER_NAMES:
-        raise InputError(f"--solver: unknown solver {backend!r}; expected one of "
+        raise InputError(f"--solver: unknown solver \"{backend}\"; expected one of "
                          f"{', '.join(BACKENDS + tuple(n for n in SOLVER_NAMES if n != 'highs'))}")
     if backend == "enumerate":
         from formulations import enumerate as en
@@ -66,15 +66,16 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         from formulations import cpsat
 
         if not cpsat.available():
-            raise SolverError("OR-Tools CP-SAT is not installed (pip install ortools)")
+            # a solver that is not installed is a bad --solver value (exit 2), not a failure
+            raise InputError("--solver: OR-Tools CP-SAT is not installed (pip install ortools)")
         raw, q = cpsat.solve(enc, cuts, time_limit), cpsat.quantum(enc)
     else:
         from formulations import pyomo_backend
 
         name = "highs" if backend in ("highs", "pyomo") else backend
         if not pyomo_backend.available(name):
-            raise SolverError(f"Pyomo cannot find the MILP solver {name!r}; install it or use "
-                              f"--solver cpsat / highs / enumerate")
+            raise InputError(f"--solver: Pyomo cannot find the MILP solver \"{name}\" (not "
+                             "installed); install it or use --solver cpsat, highs or enumerate")
         raw, q = pyomo_backend.solve(enc, cuts, time_limit, name), None
     return replace(raw, build_s=raw.build_s + enc_s), q
 
@@ -206,6 +207,6 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     if abs(value - raw.objective) > tol or report.violations:
         status = Status.ERROR
         note = (f"the evaluator gives {value!r} for the solver's plan, the solver "
-                f"{raw.objective!r}; violations: {report.violations}")
+                f"{raw.objective!r}; violations: {'; '.join(report.violations) or 'none'}")
     return SolveResult(status, report, raw.objective, raw.bound, wall, raw.solve_s, raw.build_s,
                        raw.backend, kind, note, quantum, choice=raw.choice, knobs=raw.knobs, **size)

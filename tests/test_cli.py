@@ -188,8 +188,9 @@ def test_bad_input_exits_2_without_traceback(runner, tmp_path, case, as_json):
     assert needle in text
     # no exception escaped the command (SystemExit from typer.Exit / click usage errors only)
     assert result.exception is None or isinstance(result.exception, SystemExit)
-    if as_json:
-        assert stdout_of(result).strip() == "" or not stdout_of(result).lstrip().startswith("{")
+    if as_json:     # the error is also a JSON object on stdout (README: every command)
+        doc = json.loads(stdout_of(result))
+        assert doc["exit_code"] == 2 and needle in doc["error"] + "".join(doc.get("details", []))
 
 
 def test_validate_json_reports_all_runs(runner):

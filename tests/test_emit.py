@@ -53,7 +53,8 @@ def case(request) -> tuple[Instance, Plan]:
 
 def parse_megatron(text: str) -> dict[str, str | bool]:
     """Flags with their values (a flag followed by another flag is a switch: True)."""
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [ln for ln in text.splitlines()
+             if ln.strip() and not ln.startswith(("#", "export "))]
     assert all(ln.endswith(" \\") for ln in lines[:-1]), "every argument line but the last continues"
     assert not lines[-1].endswith("\\")
     tokens = shlex.split(" ".join(ln.rstrip("\\") for ln in lines))    # as the shell reads them
@@ -120,8 +121,14 @@ def test_megatron(case):
         assert "--num-layers-per-virtual-pipeline-stage" not in a
     assert a["--micro-batch-size"] == str(plan.micro_batch)
     assert a["--global-batch-size"] == str(plan.global_batch)
-    assert a.get("--sequence-parallel", False) is plan.sequence_parallel
+    # never with TP1: Megatron-Core raises "Cannot use sequence parallelism without tensor
+    # parallelism"
+    assert a.get("--sequence-parallel", False) is (plan.sequence_parallel and plan.tp > 1)
     assert a.get("--use-distributed-optimizer", False) is plan.distributed_optimizer
+    text = emit(inst, plan, "megatron")
+    env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text.splitlines()
+    assert env is (plan.tp > 1 or plan.cp > 1)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in comment_text(text)) is env
     recompute = {"none": {}, "selective": {"--recompute-activations": True},
                  "full": {"--recompute-granularity": "full", "--recompute-method": "uniform",
                           "--recompute-num-layers": "1"}}
@@ -166,7 +173,9 @@ def test_nemo(case):
     assert y[s + "pipeline_model_parallel_size"] == plan.pp
     assert y[s + "virtual_pipeline_model_parallel_size"] == (plan.vp if plan.vp > 1 else None)
     assert y[s + "context_parallel_size"] == plan.cp
-    assert y[s + "sequence_parallel"] is plan.sequence_parallel
+    assert y[s + "sequence_parallel"] is (plan.sequence_parallel and plan.tp > 1)
+    want_dtype = ("torch.float16" if prec == "fp16" else "torch.bfloat16") if plan.pp > 1 else None
+    assert y.get(s + "pipeline_dtype") == want_dtype
     assert y["data.micro_batch_size"] == plan.micro_batch
     assert y["data.global_batch_size"] == plan.global_batch
     assert y["data.seq_length"] == y["model.config.seq_length"] == m.seq_len
@@ -237,12 +246,17 @@ def test_deepspeed(case):
     assert d["bf16"]["enabled"] is (prec != "fp16")
     assert d["fp16"]["enabled"] is (prec == "fp16")
     assert d["zero_optimization"]["stage"] == (1 if plan.distributed_optimizer else 0)
-    assert d["activation_checkpointing"]["partition_activations"] is (plan.recompute != "none")
+    # partition_activations shards checkpoints, it does not recompute: always off; the model
+    # code enables recompute, and the export says how
+    assert d["activation_checkpointing"]["partition_activations"] is False
+    how = d["plan_parallelism"]["recompute_how"]
+    assert how.startswith(plan.recompute)
+    assert ("deepspeed.checkpointing.checkpoint" in how) is (plan.recompute != "none")
     pp = d["plan_parallelism"]
     assert (pp["tensor"], pp["pipeline"], pp["data"], pp["context"], pp["virtual_pipeline"]) == (
         plan.tp, plan.pp, plan.dp, plan.cp, plan.vp)
     assert pp["layers_per_virtual_stage"] * plan.pp * plan.vp == inst.model.layers
-    assert pp["sequence_parallel"] is plan.sequence_parallel
+    assert pp["sequence_parallel"] is (plan.sequence_parallel and plan.tp > 1)
     assert pp["recompute"] == plan.recompute
     assert pp["precision"] == prec
     assert (pp["nodes"], pp["gpus_per_node"], pp["gpus"]) == (plan.nodes, inst.node_size, plan.gpus)
@@ -308,6 +322,8 @@ def test_moe_megatron_flags():
     assert a["--moe-shared-expert-intermediate-size"] == "4096"
     assert a["--expert-model-parallel-size"] == str(plan.ep)
     assert a["--expert-tensor-parallel-size"] == "1"
+    assert a["--moe-token-dispatcher-type"] == "alltoall"     # the model costs all-to-all
+    assert a["--moe-grouped-gemm"] is True
     freq = eval(a["--moe-layer-freq"], {"__builtins__": {}})     # Megatron evaluates it too
     assert freq == [int(i >= 3 and (i - 3) % 2 == 0) for i in range(inst.model.layers)]
     assert sum(freq) == inst.model.moe_layers
@@ -320,6 +336,8 @@ def test_moe_other_formats():
     assert y["trainer.strategy.expert_tensor_parallel_size"] == 1
     assert y["model.config.num_moe_experts"] == 16 and y["model.config.moe_router_topk"] == 2
     assert y["model.config.moe_shared_expert_intermediate_size"] == 4096
+    assert y["model.config.moe_token_dispatcher_type"] == "alltoall"
+    assert y["model.config.moe_grouped_gemm"] is True
     assert json.loads(str(y["model.config.moe_layer_freq"])).count(1) == inst.model.moe_layers
     t = tomllib.loads(emit(inst, plan, "torchtitan"))
     assert t["parallelism"]["expert_parallel_degree"] == plan.ep

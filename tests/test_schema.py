@@ -108,7 +108,7 @@ def test_unknown_gpu_lists_known_ones():
     d = base()
     d["cluster"]["gpu"] = "a100"
     msg = error_of(d)
-    assert "cluster.gpu" in msg and "'a100'" in msg
+    assert "cluster.gpu" in msg and '"a100"' in msg
     known = sorted(p.stem for p in (ROOT / "hardware_catalog").glob("*.toml"))
     assert known
     for name in known:
@@ -126,7 +126,7 @@ def test_unknown_preset_lists_known_ones():
     d = base()
     d["model"] = {"preset": "gpt-4"}
     msg = error_of(d)
-    assert "model.preset" in msg and "'gpt-4'" in msg
+    assert "model.preset" in msg and '"gpt-4"' in msg
     for name in presets():
         assert name in msg
 
@@ -162,14 +162,14 @@ def test_bad_recompute_mode():
     d = base()
     d["plan"] = {"recompute": "sometimes"}
     msg = error_of(d)
-    assert "plan.recompute" in msg and "'sometimes'" in msg
+    assert "plan.recompute" in msg and '"sometimes"' in msg
 
 
 def test_bad_constraint_recompute_names_the_key_once():
     d = base()
     d["constraints"] = {"recompute": "sometimes"}
     msg = error_of(d)
-    assert "constraints.recompute: " in msg and "'sometimes'" in msg
+    assert "constraints.recompute: " in msg and '"sometimes"' in msg
     assert "list[" not in msg
     assert len(msg.splitlines()) == 2
 

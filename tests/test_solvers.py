@@ -49,8 +49,7 @@ def instances(draw):
         "memory_reserve_GiB": draw(st.sampled_from([0.0, 2.0, 60.0, 76.0, 78.5])),
         "max_cp": draw(st.sampled_from([1, 1, 2, 4])),
     }
-    if draw(st.booleans()):
-        constraints["tp_within_node"] = True
+    constraints["tp_within_node"] = draw(st.booleans())     # both ways (the default is true)
     if draw(st.booleans()):
         constraints["pp_within_node"] = True
     if draw(st.integers(0, 3)) == 0:

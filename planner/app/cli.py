@@ -16,11 +16,34 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from planner.model.errors import PlanError
 
+try:                                    # typer >= 0.20 vendors click
+    from typer._click.exceptions import UsageError
+except ImportError:                     # pragma: no cover - older typer on click
+    from click.exceptions import UsageError
+
+
+class _Group(TyperGroup):
+    """The command group: a usage error (an unknown flag, ``--tp 0``) under ``--json`` is also a
+    JSON object on stdout, as every other error is."""
+
+    def invoke(self, ctx):
+        args = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            if "--json" not in args:
+                raise
+            exc.show()
+            _emit_json({"error": exc.format_message(), "exit_code": exc.exit_code})
+            raise typer.Exit(exc.exit_code) from None
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
+                  rich_markup_mode=None, cls=_Group,
                   help="Provably optimal parallel plans for transformer training (AMPeD model).")
 out = Console(width=None if sys.stdout.isatty() else 120)   # readable tables in pipes and logs
 err = Console(stderr=True)
@@ -32,7 +55,11 @@ TimeOpt = Annotated[float | None, typer.Option(
     min=0.001, help="seconds per solve; at the limit the best plan found is returned, not proven")]
 NodesOpt = Annotated[int | None, typer.Option(min=1, help="override the node count")]
 EmitOpt = Annotated[str | None, typer.Option(
-    help="print a launch configuration: megatron | nemo | torchtitan | deepspeed")]
+    help="write a launch configuration (megatron | nemo | torchtitan | deepspeed) alone on "
+         "stdout, byte-exact; the report goes to stderr")]
+EmitToOpt = Annotated[Path | None, typer.Option(
+    help="with --emit: write the launch configuration to this file instead (the report stays on "
+         "stdout)")]
 FileArg = Annotated[Path, typer.Argument(help="instance TOML file", show_default=False)]
 
 
@@ -48,9 +75,54 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
-def _fail(exc: PlanError) -> None:
+def _fail(exc: PlanError, as_json: bool = False) -> None:
+    """Print the error on stderr (and, under ``--json``, as a JSON object on stdout) and exit
+    with its code."""
     err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False, soft_wrap=True)
+    if as_json:
+        _emit_json(_error_doc(exc))
     raise typer.Exit(exc.exit_code)
+
+
+def _error_doc(exc: PlanError) -> dict[str, Any]:
+    doc: dict[str, Any] = {"error": exc.args[0] if exc.args else str(exc),
+                           "exit_code": exc.exit_code}
+    details = getattr(exc, "problems", None) or getattr(exc, "explanation", None)
+    if details:
+        doc["details"] = list(details)
+    return doc
+
+
+def _check_emit(emit: str | None, emit_to: Path | None) -> None:
+    """``--emit-to`` needs ``--emit``; an unknown format fails before any solve."""
+    from planner.app.emit import FORMATS
+    from planner.model.errors import InputError
+
+    if emit_to is not None and emit is None:
+        raise InputError("--emit-to needs --emit FMT (megatron | nemo | torchtitan | deepspeed)")
+    if emit is not None and emit not in FORMATS:
+        raise InputError(f"--emit: unknown launch format \"{emit}\"; expected one of: "
+                         + ", ".join(FORMATS))
+    if emit_to is not None:
+        if emit_to.is_dir():
+            raise InputError(f"--emit-to: {emit_to} is a directory, expected a file path")
+        if not emit_to.parent.exists():
+            raise InputError(f"--emit-to: the directory {emit_to.parent} does not exist")
+
+
+def _write_launch(launch: str, emit_to: Path | None) -> None:
+    """The launch configuration, byte for byte, to ``emit_to`` or to stdout (never through the
+    rich console: no wrapping, no markup)."""
+    if emit_to is None:
+        sys.stdout.write(launch)
+        sys.stdout.flush()
+        return
+    from planner.model.errors import InputError
+
+    try:
+        emit_to.write_text(launch)
+    except OSError as exc:
+        raise InputError(f"--emit-to: cannot write {emit_to}: {exc.strerror or exc}") from None
 
 
 def _load(path: Path, nodes: int | None = None):
@@ -86,6 +158,7 @@ def evaluate(
     ] = False,
     solver: SolverOpt = "cpsat",
     emit: EmitOpt = None,
+    emit_to: EmitToOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost.
@@ -93,16 +166,17 @@ def evaluate(
     from planner.model.evaluate import evaluate as run_evaluate
     from planner.model.plan import plan_from_spec
     from planner.app.report import print_step
-    from planner.model.schema import RECOMPUTE_MODES, PlanSpec
+    from planner.model.schema import RECOMPUTE_MODES
 
     try:
+        _check_emit(emit, emit_to)
         if recompute is not None and recompute not in RECOMPUTE_MODES:
             from planner.model.errors import InputError
 
             raise InputError(f"--recompute: expected one of {', '.join(RECOMPUTE_MODES)}, "
-                             f"got {recompute!r}")
+                             f"got \"{recompute}\"")
         inst = _load(file, nodes)
-        spec = inst.spec.plan or PlanSpec()
+        spec = _plan_section(inst, given=(tp, pp, dp, cp))
         plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, vp=vp,
                               micro_batch=micro_batch, global_batch=global_batch,
                               recompute=recompute, sequence_parallel=sequence_parallel,
@@ -114,8 +188,10 @@ def evaluate(
 
             best = run_solve(inst, solver=solver)
         launch = _emit_text(inst, plan, emit) if emit else None
+        if launch is not None and (emit_to is not None or not as_json):
+            _write_launch(launch, emit_to)
     except PlanError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
     gap = (rep.step_time_s / best.report.step_time_s - 1) if best and best.report else None
     if as_json:
         doc = rep.to_dict()
@@ -124,21 +200,41 @@ def evaluate(
             doc["slower_than_optimum_by"] = gap
         if launch:
             doc["launch"] = {"format": emit, "text": launch}
+        if rep.violations:
+            doc.update(error="the plan breaks a structural rule or does not fit (see violations)",
+                       exit_code=3)
         _emit_json(doc)
     else:
-        print_step(rep, inst, out)
+        console = err if (launch is not None and emit_to is None) else out
+        print_step(rep, inst, console)
         if best and not best.report:
             err.print(f"note: the optimum could not be computed ({best.status.value}"
                       + (f": {best.note}" if best.note else "") + ")", markup=False, highlight=False)
         if best and best.report:
-            out.print(f"The optimum under the same constraints is {best.report.plan.label()} at "
-                      f"{best.report.step_time_s:.4g} s per step ({best.status.value}); this "
-                      f"plan is {100 * gap:+.2f}% slower.", markup=False, highlight=False)
-        if launch:
-            out.print(f"# launch configuration ({emit})", markup=False, highlight=False)
-            out.print(launch, markup=False, highlight=False)
+            console.print(f"The optimum under the same constraints is {best.report.plan.label()} "
+                          f"at {best.report.step_time_s:.4g} s per step ({best.status.value}); "
+                          f"this plan is {100 * gap:+.2f}% slower.", markup=False, highlight=False)
+        if emit_to is not None:
+            console.print(f"launch configuration ({emit}) written to {emit_to}", markup=False,
+                          highlight=False)
     if rep.violations:            # the report says which rules or limits the plan breaks
         raise typer.Exit(3)
+
+
+def _plan_section(inst, given: tuple):
+    """The instance's ``[plan]``; without one, ``evaluate`` needs the degrees as flags (a plan
+    made of defaults, TP1 PP1 and DP over every GPU, is not a question anyone asked)."""
+    from planner.model.errors import InputError
+    from planner.model.schema import PlanSpec
+
+    if inst.spec.plan is not None:
+        return inst.spec.plan
+    if all(g is None for g in given):
+        raise InputError(f"{inst.source}: evaluate needs the plan to evaluate: add a [plan] "
+                         "section (tp, pp, micro_batch, ...; see the README instance reference) "
+                         "or give the degrees as flags (--tp, --pp, --dp, --cp), or use plan "
+                         "solve for the best plan")
+    return PlanSpec()
 
 
 @app.command()
@@ -164,7 +260,7 @@ def validate(
         oos = v.out_of_sample(data, cal)
         ranks = v.ranking(data) if rank else {}
     except PlanError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
     summ = v.summary(results)
     errs = [abs(oos[r.id]) for r in results]
     summ["mean_abs_error_out_of_sample"] = sum(errs) / len(errs)
@@ -229,6 +325,7 @@ def solve(
     ] = False,
     top: Annotated[int, typer.Option(min=1, help="list the K best distinct plans")] = 1,
     emit: EmitOpt = None,
+    emit_to: EmitToOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The fastest plan under the model, with its optimality certificate."""
@@ -238,6 +335,7 @@ def solve(
     from planner.app.report import compare_table, print_step, solver_panel, top_table
 
     try:
+        _check_emit(emit, emit_to)
         inst = _load(file, nodes)
         _single_size(inst, nodes)
         if top > 1:
@@ -248,8 +346,11 @@ def solve(
             res = run_solve(inst, solver=solver, time_limit=time_limit)
         cmp = queries.compare(inst, solver=solver, time_limit=time_limit) if compare else None
         launch = _emit_text(inst, res.report.plan, emit) if (emit and res.report) else None
+        if launch is not None and (emit_to is not None or not as_json):
+            _write_launch(launch, emit_to)
     except PlanError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
+    failed = res.report is None or res.status == Status.ERROR
     if as_json:
         doc = res.to_dict()
         if ranked:
@@ -258,21 +359,28 @@ def solve(
             doc["compare"] = cmp.to_dict()
         if launch:
             doc["launch"] = {"format": emit, "text": launch}
+        if failed:
+            doc.update(error=f"the solver returned no usable plan ({res.status.value}"
+                       + (f": {res.note}" if res.note else "") + ")", exit_code=4)
         _emit_json(doc)
     else:
+        console = err if (launch is not None and emit_to is None) else out
         extra = [solver_panel(res)]
         if ranked:
             extra.append(top_table(ranked))
         if cmp:
             extra.append(compare_table(cmp))
         if res.report is None:
-            out.print(*extra)
+            console.print(*extra)
         else:
-            print_step(res.report, inst, out, extra=extra)
-        if launch:
-            out.print(f"# launch configuration ({emit})", markup=False, highlight=False)
-            out.print(launch, markup=False, highlight=False)
-    if res.report is None or res.status == Status.ERROR:
+            print_step(res.report, inst, console, extra=extra)
+        if emit and res.report is None:
+            err.print("no launch configuration: the solver returned no plan", markup=False,
+                      highlight=False)
+        if emit_to is not None and launch is not None:
+            console.print(f"launch configuration ({emit}) written to {emit_to}", markup=False,
+                          highlight=False)
+    if failed:
         raise typer.Exit(4)
 
 
@@ -313,14 +421,19 @@ def pareto(
             plot_front([d for d in docs if d.get("plan")], plot,
                        f"{inst.model.name or 'model'} on {inst.hw.gpu.name}")
     except PlanError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
+    none_fits = not any(p.result is not None for p in points)
+    none_msg = "no size in the range admits a plan (each size's reason is in its row)"
     if as_json:
-        _emit_json({"points": [d for d in docs if d.get("on_front")], "all": docs})
+        doc = {"points": [d for d in docs if d.get("on_front")], "all": docs}
+        if none_fits:
+            doc.update(error=none_msg, exit_code=3)
+        _emit_json(doc)
     else:
-        out.print(pareto_table(points))
-    if not any(p.result is not None for p in points):
-        err.print("error: no size in the range admits a plan (each size's reason is in its row)",
-                  markup=False, highlight=False)
+        out.print(pareto_table(points, batch_range=not isinstance(
+            inst.spec.training.global_batch, int)))
+    if none_fits:
+        err.print(f"error: {none_msg}", markup=False, highlight=False)
         raise typer.Exit(3)
     if plot and not as_json:
         out.print(f"plot written to {plot}", markup=False, highlight=False)
@@ -347,15 +460,21 @@ def capacity(
         ans = queries.capacity(inst, deadline_days, solver=solver, time_limit=time_limit,
                                budget_usd=budget_usd)
     except PlanError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
+    missed = ans.result is None or (ans.cheapest and not ans.cheapest["within_budget"])
     if as_json:
-        _emit_json(ans.to_dict())
+        doc = ans.to_dict()
+        if missed:
+            doc.update(error=f"no size in the range meets {ans.deadline_days:g} days"
+                       if ans.result is None else "the cheapest plan meeting the deadline is over "
+                       "the budget", exit_code=3)
+        _emit_json(doc)
     elif ans.result is not None:
         print_step(ans.result.report, inst.with_nodes(ans.nodes), out,
                    extra=[capacity_panel(ans)])
     else:
         out.print(capacity_panel(ans))
-    if ans.result is None or (ans.cheapest and not ans.cheapest["within_budget"]):
+    if missed:
         raise typer.Exit(3)
 
 
@@ -381,6 +500,8 @@ def main() -> None:
         app()
     except PlanError as exc:  # a last guard: no tracebacks for domain errors
         err.print(Text(f"error: {exc}"), highlight=False, soft_wrap=True)
+        if "--json" in sys.argv[1:]:
+            _emit_json(_error_doc(exc))
         sys.exit(exc.exit_code)
     except OSError as exc:    # e.g. stdout on a full disk or a closed pipe
         sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")

@@ -22,6 +22,16 @@ Versions followed
   sequence parallelism got a switch (``parallelism.enable_sequence_parallel``).
 * **DeepSpeed** JSON config (0.19 key names).
 
+Every argument and key name below was checked against the frameworks' sources:
+Megatron-LM ``megatron/training/arguments.py`` (its ``_add_*_args`` groups and the flags it
+builds from ``TransformerConfig`` fields), Megatron-Core ``megatron/core/model_parallel_config.py``
+and ``megatron/core/transformer/transformer_config.py`` (``ModelParallelConfig`` raises "Cannot use
+sequence parallelism without tensor parallelism"), NeMo 2 ``nemo/lightning/pytorch/strategies/
+megatron_strategy.py`` (``MegatronStrategy.__init__``), torchtitan 0.2
+``torchtitan/config/job_config.py`` and DeepSpeed ``deepspeed/runtime/config.py`` /
+``deepspeed/runtime/activation_checkpointing/config.py``. ``tools/check_exports.py`` feeds every
+shipped instance's exports to those frameworks' own parsers where they install.
+
 Mapping (L layers; m = micro-batches per step = global_batch / (dp * micro_batch))
 ------------------------------------------------------------------------------------
 Each knob: Megatron-LM | NeMo 2 | torchtitan 0.2 | DeepSpeed.
@@ -58,11 +68,15 @@ recompute
     selective: ``--recompute-activations``; full: ``--recompute-granularity full
     --recompute-method uniform --recompute-num-layers 1`` | ``model.config.recompute_granularity``
     (+ ``recompute_method``, ``recompute_num_layers``) | ``activation_checkpoint.mode`` (selective
-    with ``selective_ac_option = "op"``) | ``activation_checkpointing.partition_activations`` and
-    ``plan_parallelism.recompute`` (*)
+    with ``selective_ac_option = "op"``) | ``plan_parallelism.recompute`` (*): DeepSpeed
+    recomputes what the model code wraps in ``deepspeed.checkpointing.checkpoint``
+    (``plan_parallelism.recompute_how`` says what); the JSON's ``activation_checkpointing`` section only
+    tunes those checkpoints (``partition_activations`` shards the saved inputs over the tensor-
+    parallel ranks, it does not turn recompute on), so it is emitted with every option off
 sequence_parallel
     ``--sequence-parallel`` | ``trainer.strategy.sequence_parallel`` | none: always on under
-    tensor parallelism in 0.2 | ``plan_parallelism.sequence_parallel`` (*)
+    tensor parallelism in 0.2 | ``plan_parallelism.sequence_parallel`` (*); only with tp > 1
+    (Megatron-Core refuses sequence parallelism without tensor parallelism), false at tp = 1
 distributed_optimizer
     ``--use-distributed-optimizer`` | ``optim.config.use_distributed_optimizer`` | none: FSDP2
     always shards optimizer state | ``zero_optimization.stage`` 1 (on) / 0 (off)
@@ -71,14 +85,24 @@ precision
     (bf16-mixed / 16-mixed) and ``trainer.plugins.fp8`` (hybrid) |
     ``training.mixed_precision_param = "bfloat16"``, fp8 via ``model.converters =
     ["quantize.linear.float8"]`` | ``bf16.enabled`` / ``fp16.enabled`` (fp8: none)
+pp > 1 (NeMo)
+    ``trainer.strategy.pipeline_dtype`` = the training dtype (``torch.bfloat16`` /
+    ``torch.float16``): the dtype of the activations sent between stages
+tp > 1 or cp > 1 (Megatron-LM)
+    ``export CUDA_DEVICE_MAX_CONNECTIONS=1``: ``validate_args`` asserts it on GPUs before
+    Blackwell (one CUDA connection orders the communication kernels before the compute they
+    overlap)
 nodes x GPUs per node
     comment (torchrun line) | ``trainer.num_nodes``, ``trainer.devices`` | comment |
     ``plan_parallelism.nodes``, ``gpus_per_node``
 ep (MoE models only)
     ``--expert-model-parallel-size`` with ``--expert-tensor-parallel-size 1`` and the expert
     shape (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
-    ``--moe-shared-expert-intermediate-size``, ``--moe-layer-freq``) |
-    ``trainer.strategy.expert_model_parallel_size`` and ``model.config.num_moe_experts`` ... |
+    ``--moe-shared-expert-intermediate-size``, ``--moe-layer-freq``), plus
+    ``--moe-token-dispatcher-type alltoall`` (the model costs all-to-all dispatch; Megatron-Core's
+    default is allgather) and ``--moe-grouped-gemm`` |
+    ``trainer.strategy.expert_model_parallel_size`` and ``model.config.num_moe_experts`` ...,
+    ``moe_token_dispatcher_type = alltoall``, ``moe_grouped_gemm = true`` |
     ``parallelism.expert_parallel_degree`` | ``plan_parallelism.expert`` (*)
 placement (*_intra)
     default rank order tp-cp-dp-pp, or ``--use-tp-pp-dp-mapping`` when that order gives the plan's
@@ -132,7 +156,7 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     try:
         writer = _WRITERS[fmt]
     except (KeyError, TypeError):
-        raise InputError(f"unknown launch format {fmt!r}; expected one of: "
+        raise InputError(f"unknown launch format \"{fmt}\"; expected one of: "
                          + ", ".join(FORMATS)) from None
     problems = _launch_problems(inst, plan)
     if problems:
@@ -206,6 +230,13 @@ def _freq_expr(layers: int, dense: int, interval: int) -> str:
     return "(" + "+".join(terms) + ")"
 
 
+def _sp(plan: Plan) -> bool:
+    """Sequence parallelism as a framework can run it: only under tensor parallelism
+    (Megatron-Core ``ModelParallelConfig.__post_init__`` raises "Cannot use sequence parallelism
+    without tensor parallelism"; at tp = 1 there is nothing to shard, so the plan is the same)."""
+    return plan.sequence_parallel and plan.tp > 1
+
+
 def _layers_per_stage(inst: Instance, plan: Plan) -> int:
     return inst.model.layers // (plan.pp * plan.vp)
 
@@ -262,6 +293,14 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if precision == "fp8":
         comments.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine)")
     comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")
+    env: list[str] = []
+    if plan.tp > 1 or plan.cp > 1:
+        # megatron/training/arguments.py validate_args: with tensor or context parallelism on a
+        # GPU before Blackwell, it asserts CUDA_DEVICE_MAX_CONNECTIONS == "1"
+        comments.append("tensor or context parallelism: Megatron's validate_args requires "
+                        "CUDA_DEVICE_MAX_CONNECTIONS=1 (before Blackwell GPUs), set by the export "
+                        "line; the lines after it are the arguments of pretrain_gpt.py")
+        env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
 
     args: list[str] = [
         f"--tensor-model-parallel-size {plan.tp}",
@@ -271,7 +310,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if plan.vp > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {_layers_per_stage(inst, plan)}")
     args += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
-    if plan.sequence_parallel:
+    if _sp(plan):                                  # Megatron-Core: SP needs TP
         args.append("--sequence-parallel")
     if plan.distributed_optimizer:
         args.append("--use-distributed-optimizer")
@@ -310,13 +349,17 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         # the plan's expert grid is ep x expert-dp (expert tensor parallelism 1); Megatron's
         # default expert tensor parallel size is the dense tp
         args += [f"--expert-model-parallel-size {_ep(plan)}", "--expert-tensor-parallel-size 1"]
+        # TransformerConfig.moe_token_dispatcher_type (allgather | alltoall | flex, default
+        # allgather) and moe_grouped_gemm, flags of megatron/training/arguments.py: the model
+        # prices the all-to-all dispatch and combine, and one grouped GEMM for the local experts
+        args += ["--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
     if precision == "fp16":
         args.append("--fp16")
     else:
         args.append("--bf16")
         if precision == "fp8":
             args.append("--fp8-format hybrid")
-    lines = _comments(comments)
+    lines = _comments(comments) + env
     lines += [a + " \\" for a in args[:-1]] + [args[-1]]
     return "\n".join(lines) + "\n"
 
@@ -354,6 +397,9 @@ def _nemo_moe(inst: Instance) -> dict[str, object]:
     if moe["shared_ffn"]:
         out["moe_shared_expert_intermediate_size"] = moe["shared_ffn"]
     out["moe_layer_freq"] = 1 if moe["freq"] == 1 else moe["pattern"]
+    # Megatron-Core TransformerConfig fields (megatron/core/transformer/transformer_config.py)
+    out["moe_token_dispatcher_type"] = "alltoall"
+    out["moe_grouped_gemm"] = True
     return out
 
 
@@ -370,6 +416,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
     if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
         comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
                         "Megatron-Core's default (tp innermost, then cp, dp, pp)")
+    if plan.pp > 1:
+        comments.append("pipeline_dtype is a torch.dtype: in a Python recipe write "
+                        "recipe.trainer.strategy.pipeline_dtype = torch.bfloat16 (torch.float16 "
+                        "for fp16)")
     if m.gated_mlp or m.position_embedding == "rope" or not m.tied_embeddings:
         comments.append("pick a recipe whose model config matches: "
                         + ", ".join(s for s, on in (("gated (SwiGLU) MLP", m.gated_mlp),
@@ -387,7 +437,11 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "context_parallel_size": plan.cp,
                 **({"expert_model_parallel_size": _ep(plan), "expert_tensor_parallel_size": 1}
                    if _moe(inst) else {}),
-                "sequence_parallel": plan.sequence_parallel,
+                "sequence_parallel": _sp(plan),
+                # MegatronStrategy(pipeline_dtype: torch.dtype): the dtype of the activations
+                # passed between pipeline stages
+                **({"pipeline_dtype": "torch.float16" if precision == "fp16" else "torch.bfloat16"}
+                   if plan.pp > 1 else {}),
             },
             "plugins": {
                 "precision": "16-mixed" if precision == "fp16" else "bf16-mixed",
@@ -524,9 +578,21 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------- DeepSpeed
 
+def _ds_recompute(mode: str) -> str:
+    """How the model code turns the plan's recompute on under DeepSpeed (the JSON cannot)."""
+    if mode == "none":
+        return "none: no activation checkpointing in the model code"
+    if mode == "full":
+        return ("full: the model code wraps every transformer layer's forward in "
+                "deepspeed.checkpointing.checkpoint (Megatron-based model code: the full-"
+                "recompute flags of the megatron export)")
+    return ("selective: the model code checkpoints only the attention core (softmax and "
+            "dropout of QK^T) with deepspeed.checkpointing.checkpoint (Megatron-based model "
+            "code: the selective-recompute flag of the megatron export)")
+
+
 def _deepspeed(inst: Instance, plan: Plan) -> str:
     precision = inst.spec.training.precision
-    recompute = plan.recompute != "none"
     doc = {
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
@@ -534,8 +600,11 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
         "bf16": {"enabled": precision in ("bf16", "fp8")},
         "fp16": {"enabled": precision == "fp16"},
         "zero_optimization": {"stage": 1 if plan.distributed_optimizer else 0},
+        # deepspeed/runtime/activation_checkpointing/config.py: these options shape the
+        # checkpoints the model code makes; partition_activations shards the saved inputs over
+        # the tensor-parallel group (a memory saving the plan does not count), so all stay off
         "activation_checkpointing": {
-            "partition_activations": recompute,
+            "partition_activations": False,
             "contiguous_memory_optimization": False,
             "cpu_checkpointing": False,
         },
@@ -543,8 +612,9 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             "_comment": ("not a DeepSpeed key (DeepSpeed ignores it): DeepSpeed's JSON has no "
                          "standard tensor/pipeline/context-parallel keys; pass these to the "
                          "model code (e.g. Megatron-DeepSpeed --tensor-model-parallel-size, "
-                         "PipelineModule(num_stages=pipeline)). recompute says which layers the "
-                         "model code checkpoints; fp8 needs Transformer Engine in the model."),
+                         "PipelineModule(num_stages=pipeline)). fp8 needs Transformer Engine in "
+                         "the model."),
+            "recompute_how": _ds_recompute(plan.recompute),
             "plan": plan.label(),
             "tensor": plan.tp,
             "pipeline": plan.pp,
@@ -553,7 +623,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             **({"expert": _ep(plan), "expert_tensor": 1} if _moe(inst) else {}),
             "virtual_pipeline": plan.vp,
             "layers_per_virtual_stage": _layers_per_stage(inst, plan),
-            "sequence_parallel": plan.sequence_parallel,
+            "sequence_parallel": _sp(plan),
             "recompute": plan.recompute,
             "precision": precision,
             "nodes": plan.nodes,

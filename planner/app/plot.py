@@ -1,10 +1,11 @@
 """A picture of a GPUs / step time / cost front (``plan pareto --plot front.png``).
 
 Left panel: step time against GPUs on log-log axes, the front joined and labelled with each
-plan (``TP8 PP8 DP16 mb1``), dominated points faint; a right-hand axis gives training days when
+plan (``TP8 PP8 DP16 EP8 mb1``, every degree above 1, and ``B512``, the global batch, when the
+sizes chose different batches), dominated points faint; a right-hand axis gives training days when
 every point has the same days per second of step time (a fixed batch and token budget). Right
-panel: dollars against GPUs when every point has a cost, else training days when they do not
-follow from the step time (a batch range).
+panel: dollars against GPUs (a linear axis from $0) when every point has a cost, else
+training days when they do not follow from the step time (a batch range).
 
 matplotlib is an optional dependency (``pip install 'plan[plot]'``) and is imported only here.
 """
@@ -22,18 +23,22 @@ OTHER = "#9a9a9a"
 STYLE = {"font.size": 10, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 9}
 
 
-def plan_label(plan: dict[str, Any]) -> str:
-    """:meth:`planner.model.plan.Plan.label` from a plan dict (``Plan.to_dict()``)."""
+def plan_label(plan: dict[str, Any], batch: bool = False) -> str:
+    """:meth:`planner.model.plan.Plan.label` from a plan dict (``Plan.to_dict()``): every degree
+    above 1 (CP, VP, EP too) and the micro-batch; with ``batch`` also the global batch (for a
+    front whose sizes chose different batches)."""
     s = f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}"
-    if plan.get("cp", 1) > 1:
-        s += f" CP{plan['cp']}"
-    if plan.get("vp", 1) > 1:
-        s += f" VP{plan['vp']}"
-    return s + f" mb{plan['micro_batch']}"
+    for dim in ("cp", "vp", "ep"):
+        if plan.get(dim, 1) > 1:
+            s += f" {dim.upper()}{plan[dim]}"
+    s += f" mb{plan['micro_batch']}"
+    return s + (f" B{plan['global_batch']}" if batch and "global_batch" in plan else "")
 
 
 def _dollars(v: float, locs: list[float] | tuple = ()) -> str:
     """``$1.02M``: the unit from the largest tick, decimals enough to tell the ticks apart."""
+    if v == 0:
+        return "$0"
     top = max([abs(x) for x in locs] + [abs(v)])
     scale, suffix = next(((f, u) for f, u in ((1e9, "B"), (1e6, "M"), (1e3, "k")) if top >= f),
                          (1.0, ""))
@@ -140,8 +145,11 @@ def plot_front(points: list[dict], path: str | Path, title: str) -> None:
             ax2 = axes[0][1]
             _panel(ax2, front, rest, second, log_y=second == "total_days")
             if second == "cost":
+                # a linear dollar axis from $0: a reader compares bar-like heights, and a
+                # range cut to the data would turn a 6% difference into a cliff
+                ax2.set_ylim(bottom=0, top=max(p["cost"] for p in pts) * 1.15)
                 ax2.yaxis.set_major_formatter(_DollarFormatter())
-                ax2.set_ylabel("training cost (USD)")
+                ax2.set_ylabel("training cost (USD, axis from $0)")
                 ax2.set_title("cost vs GPUs")
             else:
                 ax2.set_ylabel("training time (days)")
@@ -150,9 +158,10 @@ def plot_front(points: list[dict], path: str | Path, title: str) -> None:
         fig.tight_layout()
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
-        _annotate(ax, front, "step_time_s", renderer)
+        batch = len({p["plan"].get("global_batch") for p in pts}) > 1
+        _annotate(ax, front, "step_time_s", renderer, batch)
         if second:
-            _annotate(axes[0][1], front, second, renderer)
+            _annotate(axes[0][1], front, second, renderer, batch)
         try:
             fig.savefig(path, dpi=150)
         except OSError as exc:
@@ -190,7 +199,7 @@ def _panel(ax: Any, front: list[dict], rest: list[dict], ykey: str, log_y: bool)
     ax.legend(loc="best", frameon=True)
 
 
-def _annotate(ax: Any, front: list[dict], ykey: str, renderer: Any) -> None:
+def _annotate(ax: Any, front: list[dict], ykey: str, renderer: Any, batch: bool = False) -> None:
     """Label front points on the side away from the line: right of the point, above a falling
     line and below a rising one (the last point on its left), else on the other vertical side.
     The ends are labelled first; a label that would overlap another or leave the panel is left
@@ -213,7 +222,7 @@ def _annotate(ax: Any, front: list[dict], ykey: str, renderer: Any) -> None:
         up = rising if left else not rising
         for u in (up, not up):
             ann = ax.annotate(
-                plan_label(p["plan"]), (p["plan"]["gpus"], p[ykey]),
+                plan_label(p["plan"], batch), (p["plan"]["gpus"], p[ykey]),
                 xytext=(-7 if left else 7, 8 if u else -8), textcoords="offset points",
                 ha="right" if left else "left", va="bottom" if u else "top",
                 fontsize=8, color="#222222", zorder=4,

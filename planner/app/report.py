@@ -16,6 +16,7 @@ from rich.text import Text
 from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.terms import MEMORY_TERMS, TIME_TERMS
 from planner.model.instance import Instance
+from planner.model.words import number, plural, stage_words, toml_value
 
 TERM_LABELS = {
     "compute": "compute (fwd + bwd + recompute)",
@@ -37,6 +38,12 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e6:.1f} us"
 
 
+def _big(x: float, fmt: str) -> str:
+    """``fmt`` below a trillion (``$1,021,133``), engineering notation beyond, where digit
+    groups stop being readable (1e30 tokens is 37.6e18 days)."""
+    return format(x, fmt) if abs(x) < 1e12 else number(x)
+
+
 def _count(x: float) -> str:
     """An integer as is; a fraction (a plan that breaks a divisibility rule) to 4 digits."""
     return f"{x:,}" if isinstance(x, int) else f"{x:.4g}"
@@ -50,7 +57,7 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t.add_row("model", f"{escape(inst.model.name or 'custom')}: {inst.model.layers} layers, hidden "
               f"{inst.model.hidden}, {inst.model.heads} heads ({inst.model.kv} kv), seq "
               f"{inst.model.seq_len}")
-    hosts = f"{p.nodes} node{'s' if p.nodes != 1 else ''} of {inst.hw.gpus_per_host}"
+    hosts = f"{plural(p.nodes, 'node')} of {inst.hw.gpus_per_host}"
     if inst.node_size != inst.hw.gpus_per_host:
         hosts += f", NVLink segments of {inst.node_size}"
     t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({hosts}), "
@@ -84,7 +91,7 @@ def time_table(rep: StepReport) -> Table:
 
 def memory_table(rep: StepReport) -> Table:
     mem = rep.memory_gib
-    t = Table(title=f"Memory per GPU, {rep.most_loaded_stage} pipeline stage (GiB = 2^30 B)")
+    t = Table(title=f"Memory per GPU, {stage_words(rep.most_loaded_stage)} (GiB = 2^30 B)")
     t.add_column("component")
     t.add_column("GiB", justify="right")
     t.add_column("of limit", justify="right")
@@ -106,15 +113,17 @@ def summary_table(rep: StepReport, inst: Instance) -> Table:
     t.add_row("", Text(MFU_FORMULA, style="dim"))
     tokens = inst.spec.training.tokens
     if rep.total_days is not None:
-        steps = f"{rep.steps:,.0f} steps" if rep.steps >= 1 else f"{rep.steps:.3g} of one step"
-        days = f"{rep.total_days:.1f} days" if rep.total_days >= 0.1 else (
+        steps = (f"{_big(rep.steps, ',.0f')} steps" if rep.steps >= 1
+                 else f"{rep.steps:.3g} of one step")
+        days = f"{_big(rep.total_days, '.1f')} days" if rep.total_days >= 0.1 else (
             f"{rep.total_days * 24:.2g} hours")
         t.add_row("training time", f"{days} for {tokens:.3g} tokens ({steps} of "
                   f"{rep.tokens_per_step:,} tokens)")
     else:
         t.add_row("training time", "set training.tokens for days and cost")
     if rep.cost is not None:
-        t.add_row("cost", f"${rep.cost:,.0f} at ${inst.spec.cluster.price_per_gpu_hour}/GPU-hour")
+        t.add_row("cost", f"${_big(rep.cost, ',.0f')} at "
+                  f"${inst.spec.cluster.price_per_gpu_hour}/GPU-hour")
     return t
 
 
@@ -191,42 +200,51 @@ def top_table(results) -> Table:
 
 def compare_table(cmp) -> Table:
     """Constrained vs unconstrained optimum, and what binds."""
-    t = Table(title="What-if: with and without the [constraints]")
+    t = Table(title=escape("What-if: with and without the [constraints]"))
     t.add_column("")
     t.add_column("plan")
     t.add_column("step s", justify="right")
+    t.add_column("vs unconstrained", justify="right")
     u = cmp.unconstrained.report
-    t.add_row("unconstrained", u.plan.label(), f"{u.step_time_s:.4f}")
+    t.add_row("unconstrained", u.plan.label(), f"{u.step_time_s:.4f}", "")
     if cmp.constrained and cmp.constrained.report:
         c = cmp.constrained.report
-        t.add_row("constrained", c.plan.label(), f"{c.step_time_s:.4f}")
-        t.add_row("slowdown", "", f"{100 * cmp.slowdown:+.2f}%")
+        t.add_row("constrained", c.plan.label(), f"{c.step_time_s:.4f}",
+                  f"{100 * cmp.slowdown:+.2f}% slower" if cmp.slowdown >= 5e-5 else "as fast")
     else:
-        t.add_row("constrained", "no plan", "")
+        t.add_row("constrained", "no plan", "", "")
     for b in cmp.binding:
-        gain = b["speedup_if_lifted"]
-        t.add_row(f"binds: {b['constraint']} = {b['value']!r}",
-                  "lifting it alone gives", f"{b['step_time_without_s']:.4f}"
-                  + (f" ({100 * gain:+.2f}%)" if gain is not None else ""))
+        change = b.get("step_time_change_if_lifted")
+        t.add_row(f"binds: {b['constraint']} = {toml_value(b['value'])}",
+                  f"lifted alone ({b['constraint']} = {toml_value(b['lifted_to'])})",
+                  f"{b['step_time_without_s']:.4f}",
+                  f"step time {100 * change:+.2f}%" if change is not None else "")
     if not cmp.binding:
-        t.add_row("binds", "no single constraint binds", "")
+        t.add_row("binds", "no single constraint binds", "", "")
     return t
 
 
-def pareto_table(points) -> Table:
-    t = Table(title="Proven optimum per cluster size (* = on the Pareto front)")
-    for col in ("", "nodes", "GPUs", "plan", "step s", "days", "cost $", "MFU", "status"):
+def pareto_table(points, batch_range: bool = False) -> Table:
+    """One row per size; ``*`` marks the sizes no other size beats on both training time and
+    cost. With a global-batch range each row shows the batch its optimum chose."""
+    t = Table(title="Proven optimum per cluster size (* = on the Pareto front: no other size "
+              "is both faster and cheaper)")
+    cols = ["", "nodes", "GPUs", "plan"] + (["batch"] if batch_range else []) + [
+        "step s", "days", "cost $", "MFU", "status"]
+    for col in cols:
         t.add_column(col, justify="right" if col not in ("plan", "status", "") else "left")
     for p in points:
         if p.result is None:
-            t.add_row("", str(p.nodes), "", Text(p.reason, style="dim"), "", "", "", "", "")
+            t.add_row("", str(p.nodes), "", Text(p.reason, style="dim"),
+                      *([""] * (len(cols) - 4)))
             continue
         rep = p.result.report
         t.add_row("*" if p.on_front else "", str(p.nodes), str(rep.plan.gpus), rep.plan.label(),
+                  *([f"{rep.plan.global_batch:,}"] if batch_range else []),
                   f"{rep.step_time_s:.4f}",
-                  f"{rep.total_days:.1f}" if rep.total_days is not None else "-",
-                  f"{rep.cost:,.0f}" if rep.cost is not None else "-", f"{100 * rep.mfu:.1f}%",
-                  p.result.status.value)
+                  _big(rep.total_days, ".1f") if rep.total_days is not None else "-",
+                  _big(rep.cost, ",.0f") if rep.cost is not None else "-",
+                  f"{100 * rep.mfu:.1f}%", p.result.status.value)
     return t
 
 
@@ -238,7 +256,8 @@ def capacity_panel(ans) -> Panel:
             ns = ans.next_smaller
             best = ns.get("days", ns.get("days_lower_bound"))
             if best is not None:
-                lines.append(f"The largest size, {ns['nodes']} nodes, needs at least {best:.1f} "
+                lines.append(f"The largest size, {plural(ns['nodes'], 'node')}, needs at least "
+                             f"{_big(best, '.1f')} "
                              f"days ({ns['proof']}).")
     else:
         lines.append(f"Fewest nodes meeting {ans.deadline_days:g} days: {ans.nodes} "
@@ -255,7 +274,7 @@ def capacity_panel(ans) -> Panel:
             lines.append(f"One node fewer ({ns['nodes']}): no plan fits.")
     if ans.cheapest:
         ch = ans.cheapest
-        lines.append(f"Cheapest plan meeting the deadline: {ch['nodes']} nodes, "
+        lines.append(f"Cheapest plan meeting the deadline: {plural(ch['nodes'], 'node')}, "
                      f"${ch['cost']:,.0f} ({'within' if ch['within_budget'] else 'over'} the "
                      f"${ch['budget_usd']:,.0f} budget).")
     lines.append(f"{len(ans.checked)} sizes solved, {ans.wall_s:.2f} s.")

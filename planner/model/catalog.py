@@ -89,7 +89,7 @@ def load_gpu(key: str) -> GPU:
     """Load one catalog entry by file name; an unknown name lists the known ones."""
     names = known_gpus()
     if key not in names:
-        raise InputError(f"cluster.gpu: unknown GPU {key!r}; expected one of: {', '.join(names)}")
+        raise InputError(f"cluster.gpu: unknown GPU \"{key}\"; expected one of: {', '.join(names)}")
     text = resources.files("hardware_catalog").joinpath(f"{key}.toml").read_text()
     try:
         data = tomllib.loads(text)

@@ -17,6 +17,7 @@ from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
 from planner.model.terms import (MEMORY_TERMS, TIME_TERMS, memory_limit_bytes,
                                  memory_reserve_GiB, step_terms)
+from planner.model.words import stage_words
 from planner.model.workload import Shape
 
 
@@ -95,7 +96,7 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     violations = structural_violations(inst, plan, spec) + list(extra_violations or [])
     if memory["total"] > limit:
         violations.append(
-            f"memory: the {worst} pipeline stage needs {memory['total']:.1f} GiB per GPU, over the "
+            f"memory: the {stage_words(worst)} needs {memory['total']:.1f} GiB per GPU, over the "
             f"{limit:.1f} GiB limit ({memory['capacity']:.1f} GiB capacity - "
             f"{memory['reserve']:.1f} GiB reserve)")
 

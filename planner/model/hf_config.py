@@ -17,13 +17,15 @@ Key mapping, all families (required unless a default is given)::
     num_key_value_heads                -> kv_heads            (default: heads; DeepSeek: = heads)
     intermediate_size                  -> ffn_hidden          (width of the dense MLP layers)
     vocab_size                         -> vocab
-    max_position_embeddings            -> seq_len             (the instance may override it)
+    max_position_embeddings            -> (not seq_len: checked against it, see below)
     tie_word_embeddings                -> tied_embeddings     (default false)
     attention_dropout, hidden_dropout  -> dropout = either > 0 (default false)
     (constant)                         -> position_embedding = "rope", gated_mlp = true (SwiGLU)
 
-``seq_len`` is the model's *maximum* context, usually far longer than the training sequence
-(163840 for DeepSeek-V3): set ``seq_len`` in the instance to the length you train at.
+``max_position_embeddings`` is the model's *maximum* context, usually far longer than the
+training sequence (131072 for Qwen2-7B, 163840 for DeepSeek-V3), so it never becomes
+``seq_len``: the instance must set ``[model] seq_len`` to the length it trains at (the loader
+says so, naming ``model.seq_len``, when it is missing, and warns when it exceeds the maximum).
 
 Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts``,
 ``first_dense_layers``, ``moe_layer_interval`` are returned for the MoE families only)::
@@ -109,7 +111,7 @@ class _Reader:
                 self.problems.append(f"{key}: required key is missing")
             return None if default is _REQUIRED else default
         if not check(value):
-            self.problems.append(f"{key}: expected {expected} (got {value!r})")
+            self.problems.append(f"{key}: expected {expected} (got {json.dumps(value)})")
             return None
         return value
 
@@ -160,7 +162,7 @@ def _family(cfg: dict[str, Any], p: Path) -> str:
     for arch in archs:
         if isinstance(arch, str) and arch.split("For")[0] in _ARCH_PREFIX:
             return _ARCH_PREFIX[arch.split("For")[0]]
-    found = "no model_type" if model_type is None else f"model_type {model_type!r}"
+    found = "no model_type" if model_type is None else f"model_type {json.dumps(model_type)}"
     if archs:
         found += f" (architectures {', '.join(map(str, archs))})"
     raise InputError(f"{p}: unsupported architecture: {found}; supported model_type values: "
@@ -169,8 +171,13 @@ def _family(cfg: dict[str, Any], p: Path) -> str:
 
 def read_hf_config(path: Path) -> dict[str, Any]:
     """ModelSpec keys from the Hugging Face ``config.json`` at ``path`` (mapping in the module
-    docstring). ``seq_len`` is ``max_position_embeddings``; the instance may override it, and any
-    other key, with an explicit value."""
+    docstring), never ``seq_len``; the instance may override any key with an explicit value."""
+    return read_hf_config_with_context(path)[0]
+
+
+def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]:
+    """:func:`read_hf_config` and the config's ``max_position_embeddings`` (None when absent),
+    the longest sequence the model supports, for the loader's messages."""
     p = Path(path)
     cfg = _load(p)
     family = _family(cfg, p)
@@ -185,12 +192,12 @@ def read_hf_config(path: Path) -> dict[str, Any]:
         "ffn_hidden": r.count("intermediate_size"),
         "gated_mlp": True,
         "vocab": r.count("vocab_size"),
-        "seq_len": r.count("max_position_embeddings"),
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "position_embedding": "rope",
         "dropout": bool((r.number("attention_dropout") or 0) > 0
                         or (r.number("hidden_dropout") or 0) > 0),
     }
+    max_context = r.count("max_position_embeddings", None)
     moe: dict[str, Any] | None = None
     notes: list[str] = []
 
@@ -237,4 +244,4 @@ def read_hf_config(path: Path) -> dict[str, Any]:
                      "wide per head, so its projections are mis-sized")
     for note in notes:
         warnings.warn(f"{p}: {note}", UserWarning, stacklevel=2)
-    return out
+    return out, max_context

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from planner.model.catalog import GPU, GiB, load_gpu
 from planner.model.errors import InputError
 from planner.model.schema import InstanceSpec, ModelSpec, default_reserve_GiB
+from planner.model.words import article, toml_value
 
 
 @cache
@@ -129,7 +130,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
         elif err["type"] == "missing":
             msg = "required key is missing"
         elif "input" in err and err["type"] != "value_error":
-            msg = f"{msg} (got {err['input']!r})"
+            msg = f"{msg} (got {toml_value(err['input'])})"
         out[key] = msg
     return [f"{k}: {m}" for k, m in out.items()]
 
@@ -140,24 +141,43 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
-        from planner.model.hf_config import read_hf_config
+        from planner.model.hf_config import read_hf_config_with_context
 
         if not model["hf_config"].strip():
             raise InputError(f"{source}: invalid instance",
                              ["model.hf_config: an empty path; expected a config.json file"])
+        if "preset" in model:       # two sources for every shape key: say which, never guess
+            raise InputError(f"{source}: invalid instance", [
+                "model.preset and model.hf_config: both give the model's shape; keep one (the "
+                "keys you set explicitly in [model] override either)"])
         ref = Path(model["hf_config"])
         if not ref.is_absolute() and base_dir is not None:
             ref = base_dir / ref
-        data["model"] = model = {**read_hf_config(ref), **model}
+        keys, max_context = read_hf_config_with_context(ref)
+        if "seq_len" not in model:
+            known = (f" (its max_position_embeddings = {max_context:,} is the longest context "
+                     "the model supports, not the length it trains at)" if max_context else "")
+            raise InputError(f"{source}: invalid instance", [
+                f"model.seq_len: required with model.hf_config: {ref.name} gives no training "
+                f"sequence length{known}; set seq_len to the tokens per sequence you train "
+                "with"])
+        if (max_context and isinstance(model["seq_len"], int)
+                and model["seq_len"] > max_context):
+            import warnings
+
+            warnings.warn(f"{source}: model.seq_len = {model['seq_len']:,} exceeds the "
+                          f"max_position_embeddings = {max_context:,} of {ref.name}",
+                          UserWarning, stacklevel=2)
+        data["model"] = model = {**keys, **model}
         model.setdefault("name", ref.stem.replace(".config", ""))
     if isinstance(model, dict) and "preset" in model:
         name = model["preset"]
         if not isinstance(name, str):
             raise InputError(f"{source}: invalid instance",
-                             [f"model.preset: expected a preset name (a string), got {name!r}"])
+                             [f"model.preset: expected a preset name (a string), got {toml_value(name)}"])
         if name not in presets():
             raise InputError(f"{source}: invalid instance",
-                             [f"model.preset: unknown preset {name!r}; expected one of: "
+                             [f"model.preset: unknown preset {toml_value(name)}; expected one of: "
                               + ", ".join(sorted(presets()))])
         data["model"] = {**presets()[name], **model}
         data["model"].setdefault("name", name)
@@ -255,9 +275,10 @@ def check_readable(p: Path, what: str) -> None:
     if not p.exists():
         raise InputError(f"{p}: no such file")
     if p.is_dir():
-        raise InputError(f"{p}: is a directory, expected a {what}")
+        raise InputError(f"{p}: is a directory, expected {article(what)}")
     if not p.is_file():
-        raise InputError(f"{p}: not a regular file (a device, pipe or socket), expected a {what}")
+        raise InputError(f"{p}: not a regular file (a device, pipe or socket), expected "
+                         f"{article(what)}")
 
 
 def load_instance(path: str | Path) -> Instance:

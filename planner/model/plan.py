@@ -30,7 +30,7 @@ from typing import Any
 
 from planner.model.instance import Instance
 from planner.model.rules import violations
-from planner.model.schema import PlanSpec
+from planner.model.schema import KNOB_DEFAULTS, PlanSpec
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
 
@@ -287,9 +287,18 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     ep_intra = f.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))
     return Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=f["vp"], micro_batch=f["micro_batch"],
                 ep=ep, ep_intra=ep_intra, global_batch=gb, gpus=gpus, nodes=inst.nodes,
-                recompute=f["recompute"], sequence_parallel=f["sequence_parallel"],
-                distributed_optimizer=f["distributed_optimizer"], nvlink_domain=inst.node_size,
-                **{f"{d}_intra": intra[d] for d in ORDER})
+                recompute=f["recompute"], sequence_parallel=_knob(inst, f, "sequence_parallel"),
+                distributed_optimizer=_knob(inst, f, "distributed_optimizer"),
+                nvlink_domain=inst.node_size, **{f"{d}_intra": intra[d] for d in ORDER})
+
+
+def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
+    """A memory knob: the plan's (or a flag's) value, else the ``[constraints]`` pin, else the
+    default ``plan solve`` uses too (:data:`planner.model.schema.KNOB_DEFAULTS`)."""
+    if fields.get(name) is not None:
+        return fields[name]
+    pin = getattr(inst.spec.constraints, name)
+    return KNOB_DEFAULTS[name] if pin is None else pin
 
 
 def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = None) -> list[str]:

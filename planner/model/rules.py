@@ -71,6 +71,7 @@ class Rule:
     requires: tuple[str, ...] = ()              # checked only when these rules hold
     knob: str | None = None                     # needs_knob: the knob the rule needs
     what_if: bool = False                       # a [constraints] what-if, not a framework rule
+    judges: Callable[[Instance], bool] | None = None   # when it judges a fixed plan (default: always)
 
     def holds(self, grid, sizes: Sizes, knobs=None) -> bool:
         """Whether a plan's numbers keep the rule."""
@@ -102,12 +103,15 @@ def _g(x) -> str:
 
 
 def _within(dim: str) -> Rule:
+    key = f"{dim}_within_node"
     return Rule(
-        f"{dim}_within_node", "one", lambda v, k, dim=dim: (v.inter(dim),),
-        f"{dim} within a node",
-        lambda v, k, dim=dim: f"constraints.{dim}_within_node but {dim}={getattr(v, dim)} "
+        key, "one", lambda v, k, dim=dim: (v.inter(dim),), f"{dim} within a node",
+        lambda v, k, dim=dim: f"constraints.{key} = true but {dim} = {getattr(v, dim)} "
                               "crosses nodes",
-        applies=lambda inst, dim=dim: getattr(inst.spec.constraints, f"{dim}_within_node"),
+        applies=lambda inst, key=key: getattr(inst.spec.constraints, key),
+        # a default (tp inside a node) steers the search; only a rule the instance sets judges
+        # a fixed plan
+        judges=lambda inst, key=key: key in inst.spec.constraints.model_fields_set,
         what_if=True)
 
 
@@ -207,7 +211,7 @@ def violations(inst: Instance, grid, knobs, what_ifs: bool = True) -> list[str]:
     held: set[str] = set()
     out = []
     for rule in rules_for(inst):
-        if rule.what_if and not what_ifs:
+        if rule.what_if and not what_ifs or rule.judges and not rule.judges(inst):
             continue
         if any(r not in held for r in rule.requires if r in BY_NAME and BY_NAME[r].applies(inst)):
             continue

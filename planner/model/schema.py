@@ -34,6 +34,12 @@ MAX_BATCH, MAX_NODES, MAX_GPUS, MAX_EXPERTS = 1 << 30, 1 << 20, 1 << 24, 1 << 16
 # knob -> its cap, for pins that must lie within their caps
 PIN_CAPS = {"tp": "max_tp", "pp": "max_pp", "dp": "max_dp", "cp": "max_cp", "ep": "max_ep",
             "vp": "max_vp", "micro_batch": "max_micro_batch"}
+#: The one default of the two memory knobs, for ``plan evaluate`` (a ``[plan]`` that does not
+#: set them) and ``plan solve`` (a ``[constraints]`` that does not pin them) alike: on. In this
+#: model neither ever costs time or adds memory (tests/test_dominance.py), and both are what
+#: Megatron-Core recipes run; sequence parallelism only acts under tensor parallelism (the
+#: exports omit it at tp = 1). A ``[plan]`` value wins, then a ``[constraints]`` pin.
+KNOB_DEFAULTS = {"sequence_parallel": True, "distributed_optimizer": True}
 MOE_KEYS = ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
             "moe_layer_interval")
 
@@ -219,7 +225,9 @@ class ConstraintSpec(_Strict):
         default=None, description="allowed recompute mode(s); default all")
     sequence_parallel: bool | None = Field(default=None, description="pin on/off; default free")
     distributed_optimizer: bool | None = Field(default=None, description="pin on/off; default free")
-    tp_within_node: bool = False
+    tp_within_node: bool = Field(
+        default=True, description="keep tensor parallelism inside a node (NVLink); false lets "
+        "it cross nodes")
     pp_within_node: bool = False
     cp_within_node: bool = False
     min_mfu: Annotated[float, Field(gt=0, lt=1)] | None = Field(
@@ -278,8 +286,10 @@ class PlanSpec(_Strict):
     micro_batches: upto(MAX_BATCH) | None = Field(default=None, description="checked if given")
     global_batch: upto(MAX_BATCH) | None = Field(default=None, description="default from [training]")
     recompute: Recompute = "none"
-    sequence_parallel: bool = False
-    distributed_optimizer: bool = False
+    sequence_parallel: bool | None = Field(
+        default=None, description="default: the [constraints] pin, else on (KNOB_DEFAULTS)")
+    distributed_optimizer: bool | None = Field(
+        default=None, description="default: the [constraints] pin, else on (KNOB_DEFAULTS)")
     ep: upto(MAX_GPUS) = Field(default=1, description="expert-parallel degree (MoE models)")
     ep_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of ep inside a node")
     tp_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of tp inside a node")

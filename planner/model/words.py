@@ -1,0 +1,73 @@
+"""Values and counts in the user's words: TOML values (not Python reprs), plurals, and large
+numbers in engineering notation. Every message a user reads formats its values through here.
+
+>>> toml_value(None), toml_value(True), toml_value((1,)), toml_value("full")
+('unset', 'true', '[1]', '"full"')
+>>> plural(1, "node"), plural(16, "node")
+('1 node', '16 nodes')
+>>> number(3.76e19), number(1234.5)
+('37.6e18', '1,234.5')
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def toml_value(v: object) -> str:
+    """A value as it is written in an instance file: ``true``, ``"full"``, ``[1, 2]``; a key
+    left unset (None, which TOML cannot write) reads ``unset``."""
+    if v is None:
+        return "unset"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return f"{v:.1f}"
+    return str(v)
+
+
+def on_off(v: bool) -> str:
+    return "on" if v else "off"
+
+
+def plural(n: int | float, word: str, words: str | None = None) -> str:
+    """``1 node``, ``2 nodes`` (``words`` for an irregular plural)."""
+    shown = f"{n:,}" if isinstance(n, int) else f"{n:g}"
+    return f"{shown} {word if n == 1 else (words or word + 's')}"
+
+
+def article(word: str) -> str:
+    """``a plan``, ``an instance``."""
+    return ("an " if word[:1].lower() in "aeiou" else "a ") + word
+
+
+def number(x: float, digits: int = 3) -> str:
+    """A number a reader can take in: thousands separators up to a million, engineering
+    notation (exponent a multiple of 3, ``digits`` significant digits) beyond, and for
+    non-finite values ``inf`` / ``nan``."""
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) < 1e6:
+        return f"{x:,.{max(0, digits - 2)}f}".rstrip("0").rstrip(".") if x != int(x) \
+            else f"{int(x):,}"
+    exp = int(math.floor(math.log10(abs(x)) / 3) * 3)
+    mant = x / 10 ** exp
+    if round(abs(mant), digits - len(str(int(abs(mant))))) >= 1000:   # 999.96e18 -> 1.00e21
+        exp += 3
+        mant /= 1000
+    decimals = max(0, digits - len(str(int(abs(mant)))))
+    return f"{mant:.{decimals}f}e{exp}"
+
+
+def stage_words(name: str) -> str:
+    """A pipeline stage key of the memory breakdown (``first``, ``last_moe``) as words: the
+    stage and, for an MoE model, which layer kind its layers were counted as."""
+    stage, _, kind = name.partition("_")
+    out = f"{stage} pipeline stage"
+    if kind:
+        out += f" (its layers counted as {'MoE' if kind == 'moe' else kind} layers)"
+    return out

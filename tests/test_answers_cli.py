@@ -1,0 +1,322 @@
+"""Answers a user can use as printed (issue 13): ``--emit`` output alone and parseable,
+``--emit-to``, JSON errors from every command, exit codes, ``--compare`` against the true
+unconstrained optimum, the Pareto front over (time, cost), messages in the user's words.
+
+Exports are read from the raw stdout bytes (a subprocess for one case, CliRunner's captured
+stdout for the rest) and parsed with the format's own parser.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from formulations import queries
+from planner.app.cli import app
+from planner.app.emit import FORMATS, emit
+from planner.model.instance import load_instance
+from planner.model.plan import plan_from_spec
+from planner.model.schema import ConstraintSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT13 = ROOT / "instances" / "gpt-1.3b-1node.toml"
+GPT3 = ROOT / "instances" / "gpt3-175b-a100.toml"
+LLAMA70 = ROOT / "instances" / "llama3-70b-h100.toml"
+MIXTRAL = ROOT / "instances" / "mixtral-8x7b-h100.toml"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return CliRunner()
+
+
+def _streams(result) -> tuple[str, str]:
+    return result.stdout, result.stderr
+
+
+def megatron_args(text: str) -> list[str]:
+    """The argument list of a Megatron export: comment and ``export`` lines dropped, the
+    continued lines joined, split as a shell would."""
+    body = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", "export "))]
+    return shlex.split(" ".join(body).replace("\\ ", " "), comments=True)
+
+
+def parse(fmt: str, text: str):
+    """Parse an export with the format's parser; raises when it is not well formed."""
+    if fmt == "deepspeed":
+        return json.loads(text)
+    if fmt == "torchtitan":
+        return tomllib.loads(text)
+    if fmt == "megatron":
+        args = megatron_args(text)
+        assert args and all(a.startswith("--") for a in args[::1] if a.startswith("-")), args
+        return args
+    try:
+        import yaml
+    except ImportError:          # structure check: indented `key: value` / `key:` lines
+        import re
+
+        for ln in text.splitlines():
+            assert ln.startswith("#") or re.fullmatch(r"( {2})*[a-z_0-9]+:( .+)?", ln), ln
+        return text
+    return yaml.safe_load(text)
+
+
+# ---- 1. --emit writes the configuration alone ----------------------------------------------
+
+def test_emit_deepspeed_stdout_is_exactly_the_json_subprocess():
+    """The issue's command: ``plan solve ... --emit deepspeed > ds.json`` is valid JSON."""
+    proc = subprocess.run([sys.executable, "-m", "planner.app.cli", "solve", str(GPT3), "--emit",
+                           "deepspeed"], capture_output=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    doc = json.loads(proc.stdout.decode())          # the raw bytes, not a rendered table
+    assert doc["train_batch_size"] == 1536
+    inst = load_instance(GPT3)
+    assert "Step time" in proc.stderr.decode()      # the report went to stderr
+    assert proc.stdout.decode().endswith("}\n")
+    assert doc["plan_parallelism"]["tensor"] * doc["plan_parallelism"]["pipeline"] * \
+        doc["plan_parallelism"]["data"] == inst.gpus
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("path", [GPT13, GPT3, MIXTRAL], ids=lambda p: p.stem)
+def test_emit_solve_stdout_parses_and_equals_the_library_text(runner, fmt, path):
+    # the enumerator: one plan per question until ties are broken in every backend
+    result = runner.invoke(app, ["solve", str(path), "--emit", fmt, "--solver", "enumerate"])
+    assert result.exit_code == 0, result.output
+    stdout, stderr = _streams(result)
+    parse(fmt, stdout)
+    assert "Solver certificate" in stderr and "Solver certificate" not in stdout
+    js = json.loads(runner.invoke(app, ["solve", str(path), "--emit", fmt, "--json",
+                                        "--solver", "enumerate"]).stdout)
+    assert js["launch"]["text"] == stdout            # byte for byte the same text
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_emit_evaluate_stdout_is_the_launch_of_the_plan(runner, fmt):
+    result = runner.invoke(app, ["evaluate", str(GPT3), "--emit", fmt])
+    assert result.exit_code == 0, result.output
+    inst = load_instance(GPT3)
+    assert result.stdout == emit(inst, plan_from_spec(inst, inst.spec.plan), fmt)
+    assert "Step time" in result.stderr
+
+
+def test_emit_to_writes_the_file_and_keeps_the_report_on_stdout(runner, tmp_path):
+    target = tmp_path / "ds.json"
+    result = runner.invoke(app, ["solve", str(GPT13), "--emit", "deepspeed", "--emit-to",
+                                 str(target), "--solver", "enumerate"])
+    assert result.exit_code == 0, result.output
+    alone = runner.invoke(app, ["solve", str(GPT13), "--emit", "deepspeed", "--solver",
+                                "enumerate"]).stdout
+    assert target.read_text() == alone
+    json.loads(target.read_bytes())
+    assert "Step time" in result.stdout and str(target) in result.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--emit-to", "x.json"], "--emit-to needs --emit"),
+    (["--emit", "yaml"], "unknown launch format"),
+    (["--emit", "nemo", "--emit-to", "/nonexistent-dir/x.yaml"], "does not exist"),
+])
+def test_emit_flag_errors_exit_2(runner, args, needle):
+    result = runner.invoke(app, ["solve", str(GPT13), *args])
+    assert result.exit_code == 2
+    assert needle in result.stderr
+
+
+# ---- 8. --json errors, exit codes ----------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["evaluate", "nope.toml"], ["solve", "nope.toml"], ["pareto", "nope.toml"],
+    ["capacity", "nope.toml", "--deadline-days", "3"], ["validate", "nope.toml"],
+    ["evaluate", str(GPT13), "--tp", "0"],                      # a usage error (click)
+    ["solve", str(GPT13), "--no-such-flag"],
+])
+def test_every_command_gives_a_json_error_object(runner, args):
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["exit_code"] == 2 and isinstance(doc["error"], str) and doc["error"]
+    assert result.stderr.strip()                       # and the text on stderr
+
+
+def test_json_error_from_the_installed_entry_point():
+    proc = subprocess.run([sys.executable, "-c", "from planner.app.cli import main; main()",
+                           "solve", "nope.toml", "--json"], capture_output=True, timeout=60)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout) == {"error": "nope.toml: no such file", "exit_code": 2}
+    assert b"no such file" in proc.stderr
+
+
+def test_infeasible_with_json_carries_error_and_exit_code(runner, tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(GPT3.read_text().replace("nodes = 128", "nodes = [1, 2]"))
+    result = runner.invoke(app, ["pareto", str(path), "--json"])
+    assert result.exit_code == 3
+    doc = json.loads(result.stdout)
+    assert doc["exit_code"] == 3 and "no size" in doc["error"] and len(doc["all"]) == 2
+
+
+def test_a_solver_that_is_not_installed_is_a_bad_flag(runner):
+    from formulations.pyomo_backend import available
+
+    if available("gurobi"):
+        pytest.skip("gurobi is installed here")
+    result = runner.invoke(app, ["solve", str(GPT13), "--solver", "gurobi", "--json"])
+    assert result.exit_code == 2
+    assert "gurobi" in json.loads(result.stdout)["error"]
+    assert "not installed" in result.stderr
+
+
+# ---- 6. evaluate without [plan] -------------------------------------------------------------
+
+def test_evaluate_without_plan_is_an_error_that_says_so(runner, tmp_path):
+    path = tmp_path / "noplan.toml"
+    path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 64\n'
+                    '[cluster]\ngpu = "h100-sxm"\nnodes = 1\n')
+    result = runner.invoke(app, ["evaluate", str(path)])
+    assert result.exit_code == 2
+    assert "[plan]" in result.stderr and "Traceback" not in result.output + result.stderr
+    flags = runner.invoke(app, ["evaluate", str(path), "--tp", "2", "--json"])
+    assert flags.exit_code == 0 and json.loads(flags.stdout)["plan"]["tp"] == 2
+
+
+# ---- 3. --compare ----------------------------------------------------------------------------
+
+def test_unconstrained_keeps_caps_the_instance_raises():
+    c = ConstraintSpec(max_cp=2, max_micro_batch=64, min_micro_batch=4, tp=8, max_tp=8,
+                       tp_within_node=True, recompute="full", memory_reserve_GiB=3.0)
+    u = queries.unconstrained_spec(c)
+    assert (u.max_cp, u.max_micro_batch, u.min_micro_batch) == (2, 64, 1)
+    assert (u.tp, u.max_tp, u.tp_within_node, u.recompute) == (None, None, False, None)
+    assert u.memory_reserve_GiB == 3.0
+    lowered = queries.unconstrained_spec(ConstraintSpec(max_micro_batch=8, max_ep=2))
+    assert (lowered.max_micro_batch, lowered.max_ep) == (32, None)
+    assert lowered.tp_within_node is True      # a default placement rule stays
+
+
+def test_compare_on_llama3_70b_is_never_faster_than_the_baseline(runner):
+    """The issue's instance raises max_cp to 2: today's baseline dropped it and the constrained
+    plan came out 1.95% *faster* than the 'unconstrained' one."""
+    inst = load_instance(LLAMA70)
+    cmp = queries.compare(inst, solver="enumerate")
+    assert cmp.slowdown >= -1e-9
+    assert cmp.unconstrained.report.step_time_s <= cmp.constrained.report.step_time_s * (1 + 1e-9)
+    result = runner.invoke(app, ["solve", str(LLAMA70), "--compare", "--solver", "enumerate"])
+    assert result.exit_code == 0
+    assert "[constraints]" in result.stdout
+    assert "slowdown -" not in result.stdout
+
+
+def test_compare_signs_read_right(runner, tmp_path):
+    path = tmp_path / "l70.toml"
+    path.write_text(LLAMA70.read_text().replace("max_tp = 8", "max_tp = 2"))
+    cmp = queries.compare(load_instance(path), solver="enumerate")
+    assert cmp.slowdown > 0 and cmp.binding
+    text = runner.invoke(app, ["solve", str(path), "--compare", "--solver", "enumerate"]).stdout
+    assert f"+{100 * cmp.slowdown:.2f}% slower" in text
+    for b in cmp.binding:
+        assert b["step_time_change_if_lifted"] < 0 < b["speedup_if_lifted"]
+        assert b["step_time_without_s"] < cmp.constrained.report.step_time_s
+
+
+# ---- 4. pareto -------------------------------------------------------------------------------
+
+def test_pareto_does_not_star_a_size_another_beats_on_days_and_cost(runner, tmp_path):
+    """H100 GPT-3: 8 nodes (108 days) costs more than 16 nodes (52.8 days)."""
+    path = tmp_path / "g3h.toml"
+    path.write_text(GPT3.read_text().replace('gpu = "a100-80gb"', 'gpu = "h100-sxm"')
+                    .replace("nodes = 128", "node_counts = [8, 16, 32]"))
+    d = json.loads(runner.invoke(app, ["pareto", str(path), "--json", "--solver",
+                                       "enumerate"]).stdout)
+    pts = {p["nodes"]: p for p in d["all"]}
+    assert pts[16]["total_days"] < pts[8]["total_days"] and pts[16]["cost"] < pts[8]["cost"]
+    assert not pts[8]["on_front"] and pts[16]["on_front"]
+    for p in d["all"]:       # starred iff no other size is at least as good on both
+        dominated = any(q["total_days"] <= p["total_days"] and q["cost"] <= p["cost"]
+                        and (q["total_days"], q["cost"]) != (p["total_days"], p["cost"])
+                        for q in d["all"] if q is not p)
+        assert p["on_front"] == (not dominated)
+
+
+def test_pareto_shows_the_chosen_batch_of_a_range(runner, tmp_path):
+    path = tmp_path / "range.toml"
+    path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = [64, 512]\n'
+                    'tokens = 2e10\n[cluster]\ngpu = "h100-sxm"\nnode_counts = [1, 2]\n')
+    result = runner.invoke(app, ["pareto", str(path), "--solver", "enumerate"])
+    assert result.exit_code == 0
+    assert "batch" in result.stdout
+    d = json.loads(runner.invoke(app, ["pareto", str(path), "--json", "--solver",
+                                       "enumerate"]).stdout)
+    for p in d["all"]:
+        assert f"{p['plan']['global_batch']:,}" in result.stdout
+
+
+def test_plot_labels_carry_every_degree():
+    from planner.app.plot import plan_label
+
+    plan = {"tp": 2, "pp": 4, "dp": 8, "cp": 2, "vp": 3, "ep": 8, "micro_batch": 1,
+            "global_batch": 512}
+    assert plan_label(plan) == "TP2 PP4 DP8 CP2 VP3 EP8 mb1"
+    assert plan_label(plan, batch=True).endswith(" B512")
+
+
+def test_plot_cost_axis_starts_at_zero(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from planner.app import plot
+
+    pts = [{"plan": {"tp": 1, "pp": 1, "dp": g, "micro_batch": 1, "gpus": g,
+                     "global_batch": 64}, "step_time_s": 10.0 / g, "total_days": 100.0 / g,
+            "cost": 1000.0 + g, "on_front": True} for g in (8, 16, 32)]
+    seen = {}
+    real_close = plt.close
+
+    def keep(fig):
+        seen["ylim"] = fig.axes[1].get_ylim()
+        real_close(fig)
+
+    plt.close = keep
+    try:
+        plot.plot_front(pts, tmp_path / "f.png", "t")
+    finally:
+        plt.close = real_close
+    assert seen["ylim"][0] == 0 and seen["ylim"][1] > 1032
+
+
+# ---- 8. messages ------------------------------------------------------------------------------
+
+def test_messages_use_toml_values_and_plurals(runner, tmp_path):
+    bad = tmp_path / "b.toml"
+    bad.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = [1]\n'
+                   '[cluster]\ngpu = "h100-sxm"\nnodes = 1\n')
+    text = runner.invoke(app, ["solve", str(bad)]).stderr
+    assert "(got [1])" in text and "(1,)" not in text
+    one = runner.invoke(app, ["evaluate", str(GPT13)]).stdout
+    assert "1 node of 8" in one and "node(s)" not in one
+    d = runner.invoke(app, ["evaluate", str(tmp_path)]).stderr
+    assert "expected an instance file" in d
+
+
+def test_large_numbers_in_engineering_notation(runner, tmp_path):
+    path = tmp_path / "huge.toml"
+    path.write_text(GPT13.read_text().replace("tokens = ", "tokens = 1e30 #"))
+    out = runner.invoke(app, ["evaluate", str(path)]).stdout
+    line = next(ln for ln in out.splitlines() if "training time" in ln)
+    assert "e18 days" in line and "000000000" not in line
+    assert "e21" in next(ln for ln in out.splitlines() if "cost" in ln)
+
+
+def test_stage_names_in_words():
+    from planner.model.words import stage_words
+
+    assert stage_words("first_moe") == "first pipeline stage (its layers counted as MoE layers)"
+    assert stage_words("last") == "last pipeline stage"

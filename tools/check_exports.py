@@ -1,0 +1,308 @@
+"""Feed every shipped instance's launch exports to the frameworks' own parsers and validators.
+
+Not part of the default test run: it needs the frameworks installed, which the planner does
+not depend on. For each ``instances/*.toml`` it takes two plans, the instance's ``[plan]`` and
+the proven optimum (``--solver``, default ``enumerate``), writes the four exports with
+``planner.app.emit.emit`` and checks them with:
+
+==========================  =====================================================================
+export                      checked by
+==========================  =====================================================================
+megatron                    Megatron-LM ``megatron/training/arguments.py``: ``parse_args`` then
+                            ``validate_args`` (a Megatron-LM checkout: ``--megatron-lm PATH``;
+                            Megatron-LM is not on PyPI). The environment comes only from the
+                            export's ``export`` lines, so a missing ``CUDA_DEVICE_MAX_CONNECTIONS
+                            =1`` fails as it would on the cluster.
+nemo                        NeMo 2 ``nemo.lightning.MegatronStrategy(**trainer.strategy)`` and
+                            Megatron-Core ``TransformerConfig(**model.config, **strategy)`` (the
+                            strategy copies its parallel sizes into the model config)
+torchtitan                  torchtitan 0.2 ``ConfigManager().parse_args(["--job.config_file",
+                            FILE])`` (rejects unknown sections and keys)
+deepspeed                   DeepSpeed ``DeepSpeedConfig(dict, mpu)`` with the plan's
+                            data-parallel size (checks the batch arithmetic and every key type)
+==========================  =====================================================================
+
+Install (CPU only; about 1.5 GB in a separate virtualenv, 5 to 10 minutes)::
+
+    python3 -m venv /tmp/exports-venv && . /tmp/exports-venv/bin/activate
+    pip install torch                      # a CPU wheel is enough
+    pip install megatron-core deepspeed "torchtitan==0.2.2" triton
+    pip install "nemo_toolkit==2.7.3" --no-deps lightning fiddle omegaconf hydra-core wget \
+        nv-one-logger-core nv-one-logger-training-telemetry \
+        nv-one-logger-pytorch-lightning-integration
+    pip install -e .                       # the planner, from this repository
+    git clone https://github.com/NVIDIA/Megatron-LM /tmp/Megatron-LM
+    python tools/check_exports.py --megatron-lm /tmp/Megatron-LM
+
+(NeMo 3 removed ``nemo.lightning``'s strategies, hence 2.7.3; torchtitan 0.3 dropped the TOML
+job files, hence 0.2.2.) A framework that does not import is reported as SKIP with the reason;
+every other check prints ``ok`` or ``FAIL`` with the framework's own message. Exit status 1 when
+any check fails.
+
+Workarounds the script applies, each only to run a framework on a CPU machine:
+
+* torchtitan's package ``__init__`` imports its MoE Triton kernels: ``torchtitan.config`` is
+  imported without running it.
+* Megatron-LM's main branch uses ``typing.override`` (Python 3.12): on 3.11 it is aliased to
+  ``typing_extensions.override``.
+* ``DeepSpeedConfig`` asks the rank of an initialised process group; it is answered 0, and the
+  data-parallel size comes from a stand-in ``mpu`` (the plan's dp).
+* ``validate_args`` asks the GPU's compute capability (``get_device_arch_version``, and
+  ``torch.cuda.get_device_capability`` for ``--moe-grouped-gemm``); the script answers with the
+  instance's GPU generation (A100 8, H100/H800/H200 9, B200/GB200 10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shlex
+import sys
+import tempfile
+import traceback
+import types
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.app.emit import emit  # noqa: E402
+from planner.model.errors import PlanError  # noqa: E402
+from planner.model.instance import Instance, load_instance  # noqa: E402
+from planner.model.plan import Plan, plan_from_spec  # noqa: E402
+
+ARCH = {"a100": 8, "h100": 9, "h800": 9, "h200": 9, "b200": 10, "gb200": 10, "mi300": 9}
+
+
+class Skip(Exception):
+    """The framework is not installed or cannot run here."""
+
+
+# ---------------------------------------------------------------------------------- parsing
+
+def megatron_parts(text: str) -> tuple[dict[str, str], list[str]]:
+    """The environment set by ``export`` lines and the argument list of a Megatron export."""
+    env, body = {}, []
+    for ln in text.splitlines():
+        if ln.startswith("export "):
+            key, _, value = ln.removeprefix("export ").partition("=")
+            env[key] = value
+        elif ln and not ln.startswith("#"):
+            body.append(ln.rstrip("\\").rstrip())
+    return env, shlex.split(" ".join(body))
+
+
+def nemo_tree(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _dtype(name: str | None):
+    import torch
+
+    return None if name is None else getattr(torch, name.removeprefix("torch."))
+
+
+# ----------------------------------------------------------------------------------- checks
+
+def check_megatron(text: str, inst: Instance, plan: Plan, mlm: Path | None) -> str:
+    if mlm is None:
+        raise Skip("no Megatron-LM checkout (--megatron-lm PATH): Megatron-LM is not on PyPI")
+    import typing
+
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
+    if str(mlm) not in sys.path:
+        sys.path.insert(0, str(mlm))
+    try:
+        import megatron.training.arguments as margs
+    except Exception as exc:        # noqa: BLE001 - report whatever stops the import
+        raise Skip(f"megatron.training does not import: {exc}") from None
+    env, argv = megatron_parts(text)
+    arch = next((v for k, v in ARCH.items() if k in inst.hw.gpu.key), 9)
+    margs.get_device_arch_version = lambda: arch
+    margs.torch.cuda.get_device_capability = lambda *a, **k: (arch, 0)   # --moe-grouped-gemm
+    # the run's other required arguments (data, tokenizer, schedule), none of which the plan sets
+    extra = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(inst.model.vocab),
+             "--mock-data", "--train-iters", "10", "--lr", "1e-4"]
+    saved_env = {k: os.environ.get(k) for k in ("CUDA_DEVICE_MAX_CONNECTIONS", "WORLD_SIZE",
+                                                 "RANK", "LOCAL_RANK")}
+    saved_argv = sys.argv
+    try:
+        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        os.environ.update(env)
+        os.environ.update(WORLD_SIZE=str(plan.gpus), RANK="0", LOCAL_RANK="0")
+        sys.argv = ["pretrain_gpt.py", *argv, *extra]
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = margs.parse_args()
+            margs.validate_args(args, {})
+    finally:
+        sys.argv = saved_argv
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    got = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+           args.context_parallel_size, args.data_parallel_size)
+    want = (plan.tp, plan.pp, plan.cp, plan.dp)
+    if got != want:
+        raise AssertionError(f"Megatron derived tp, pp, cp, dp = {got}, the plan has {want}")
+    if args.virtual_pipeline_model_parallel_size not in (None, plan.vp) or (
+            plan.vp > 1 and args.virtual_pipeline_model_parallel_size != plan.vp):
+        raise AssertionError(f"virtual pipeline {args.virtual_pipeline_model_parallel_size}, "
+                             f"the plan has {plan.vp}")
+    return f"parse_args + validate_args (dp {args.data_parallel_size}, vp " \
+           f"{args.virtual_pipeline_model_parallel_size})"
+
+
+def check_nemo_strategy(text: str, inst: Instance, plan: Plan) -> str:
+    try:
+        from nemo.lightning.pytorch.strategies import MegatronStrategy
+    except Exception as exc:        # noqa: BLE001
+        raise Skip(f"nemo.lightning does not import: {exc}") from None
+    strat = dict(nemo_tree(text)["trainer"]["strategy"])
+    if "pipeline_dtype" in strat:
+        strat["pipeline_dtype"] = _dtype(strat["pipeline_dtype"])
+    MegatronStrategy(**strat)
+    return "MegatronStrategy(**trainer.strategy)"
+
+
+def check_mcore_config(text: str, inst: Instance, plan: Plan) -> str:
+    try:
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except Exception as exc:        # noqa: BLE001
+        raise Skip(f"megatron.core does not import: {exc}") from None
+    tree = nemo_tree(text)
+    cfg = dict(tree["model"]["config"])
+    cfg.pop("seq_length")        # a NeMo GPTConfig field, not one of TransformerConfig
+    strat = dict(tree["trainer"]["strategy"])
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                "sequence_parallel", "expert_model_parallel_size", "expert_tensor_parallel_size",
+                "pipeline_dtype"):
+        if key in strat:
+            cfg[key] = strat[key]
+    if "pipeline_dtype" in cfg:
+        cfg["pipeline_dtype"] = _dtype(cfg["pipeline_dtype"])
+    fp16 = tree["optim"]["config"]["fp16"]
+    cfg.update(bf16=not fp16, fp16=fp16)
+    TransformerConfig(**cfg)
+    return "TransformerConfig(**model.config + strategy sizes)"
+
+
+def check_torchtitan(text: str, inst: Instance, plan: Plan) -> str:
+    try:
+        if "torchtitan" not in sys.modules:     # skip the package __init__ (Triton kernels)
+            spec = importlib.util.find_spec("torchtitan")
+            if spec is None:
+                raise ImportError("torchtitan is not installed")
+            pkg = types.ModuleType("torchtitan")
+            pkg.__path__ = list(spec.submodule_search_locations)
+            sys.modules["torchtitan"] = pkg
+        from torchtitan.config import ConfigManager
+    except Exception as exc:        # noqa: BLE001
+        raise Skip(f"torchtitan.config does not import: {exc}") from None
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(text)
+    try:
+        cfg = ConfigManager().parse_args(["--job.config_file", f.name])
+    finally:
+        os.unlink(f.name)
+    p = cfg.parallelism
+    got = (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree,
+           p.data_parallel_shard_degree * p.data_parallel_replicate_degree)
+    if got != (plan.tp, plan.pp, plan.cp, plan.dp):
+        raise AssertionError(f"torchtitan read tp, pp, cp, dp = {got}")
+    return "ConfigManager.parse_args(--job.config_file)"
+
+
+def check_deepspeed(text: str, inst: Instance, plan: Plan) -> str:
+    try:
+        import deepspeed.runtime.config as dsc
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except Exception as exc:        # noqa: BLE001
+        raise Skip(f"deepspeed does not import: {exc}") from None
+    # without an initialised process group DeepSpeedConfig falls back to a world of 1 GPU; rank
+    # 0 of a group whose data-parallel size the mpu gives is what a launched rank sees
+    dsc.dist.get_rank = lambda *a, **k: 0
+
+    class MPU:       # what DeepSpeedConfig asks of a model-parallel unit
+        def get_data_parallel_world_size(self):
+            return plan.dp
+
+        def get_sequence_parallel_world_size(self):
+            return 1
+
+    cfg = DeepSpeedConfig(json.loads(text), mpu=MPU())
+    if (cfg.train_batch_size, cfg.gradient_accumulation_steps) != (
+            plan.global_batch, plan.micro_batches):
+        raise AssertionError("DeepSpeed's batch arithmetic differs from the plan's")
+    return f"DeepSpeedConfig (world {cfg.world_size}, zero stage {cfg.zero_optimization_stage})"
+
+
+# ------------------------------------------------------------------------------------- main
+
+def plans_of(inst: Instance, solver: str) -> list[tuple[str, Plan]]:
+    from formulations.solve import solve
+
+    out = []
+    if inst.spec.plan is not None:
+        out.append(("[plan]", plan_from_spec(inst, inst.spec.plan)))
+    res = solve(inst, solver=solver)
+    if res.report is not None:
+        out.append((f"optimum ({solver})", res.report.plan))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout (for parse_args)")
+    ap.add_argument("--solver", default="enumerate", help="solver for the optimum plans")
+    ap.add_argument("instances", nargs="*", type=Path,
+                    default=sorted((ROOT / "instances").glob("*.toml")))
+    ns = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    checks = [
+        ("megatron", "Megatron-LM", lambda t, i, p: check_megatron(t, i, p, ns.megatron_lm)),
+        ("nemo", "NeMo MegatronStrategy", check_nemo_strategy),
+        ("nemo", "Megatron-Core TransformerConfig", check_mcore_config),
+        ("torchtitan", "torchtitan ConfigManager", check_torchtitan),
+        ("deepspeed", "DeepSpeed DeepSpeedConfig", check_deepspeed),
+    ]
+    counts = {"ok": 0, "FAIL": 0, "SKIP": 0}
+    for path in ns.instances:
+        inst = load_instance(path)
+        for source, plan in plans_of(inst, ns.solver):
+            for fmt, name, check in checks:
+                label = f"{path.name} {source} {plan.label()} {fmt} -> {name}"
+                try:
+                    text = emit(inst, plan, fmt)
+                    detail = check(text, inst, plan)
+                    status = "ok"
+                except Skip as exc:
+                    status, detail = "SKIP", str(exc)
+                except PlanError as exc:
+                    status, detail = "SKIP", f"not launchable: {exc}"
+                except (Exception, SystemExit) as exc:   # noqa: BLE001 - the framework's verdict
+                    status = "FAIL"
+                    detail = f"{type(exc).__name__}: {exc}".strip()
+                    if os.environ.get("CHECK_EXPORTS_TRACE"):
+                        traceback.print_exc()
+                counts[status] += 1
+                print(f"{status:4} {label}: {detail.splitlines()[0] if detail else ''}",
+                      flush=True)
+    print(f"{counts['ok']} ok, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
