@@ -281,8 +281,8 @@ def test_unknown_format_names_the_known_ones():
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    ({"global_batch": 1000}, "micro-batches"),
-    ({"vp": 5}, "does not divide layers"),
+    ({"global_batch": 1000}, "must divide global_batch=1000"),     # the rule table's words
+    ({"vp": 5}, "pp*vp = 40 must divide layers=96"),
 ])
 def test_unlaunchable_plan_is_an_input_error(overrides, needle):
     inst = _inst("gpt3-175b-a100.toml")

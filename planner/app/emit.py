@@ -125,13 +125,13 @@ model shape comes from ``[model] name/flavor``, not from the job config.
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
 from planner.model.instance import Instance
-from planner.model.plan import Plan
+from planner.model.plan import Plan, default_placement
+from planner.model.rules import violations
 
 FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
 
@@ -165,13 +165,9 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
 
 
 def _launch_problems(inst: Instance, plan: Plan) -> list[str]:
-    out = []
-    if not float(plan.micro_batches).is_integer():
-        out.append(f"global_batch={plan.global_batch} is not a whole number of micro-batches of "
-                   f"dp*micro_batch = {plan.dp}*{plan.micro_batch}")
-    if inst.model.layers % (plan.pp * plan.vp):
-        out.append(f"pp*vp = {plan.pp * plan.vp} does not divide layers={inst.model.layers}")
-    return out
+    """The structural rules the plan breaks (:mod:`planner.model.rules`), without the
+    ``[constraints]`` what-ifs: a framework could not launch it."""
+    return violations(inst, plan.grid, plan.knobs, what_ifs=False)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -186,14 +182,7 @@ def _intra(plan: Plan) -> dict[str, int]:
 
 def _placed(plan: Plan, node_size: int, order: tuple[str, ...]) -> dict[str, int]:
     """Intra-node factors a launcher filling nodes in ``order`` (innermost first) produces."""
-    rem, full, out = node_size, True, {}
-    for dim in order:
-        deg = getattr(plan, dim)
-        f = math.gcd(deg, rem) if full else 1
-        rem //= f
-        full = full and f == deg
-        out[dim] = f
-    return out
+    return default_placement({d: getattr(plan, d) for d in order}, node_size, order)
 
 
 def _fmt_intra(f: dict[str, int]) -> str:
