@@ -1,0 +1,72 @@
+"""One answer per question (issue 13): every backend returns the same plan for the same input,
+run after run, on the shipped instances; ties are broken by the documented order
+(formulations/ties.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from formulations.solve import solve
+from planner.model.instance import load_instance, parse_instance
+from planner.model.terms import internode_bytes
+
+INSTANCES = Path(__file__).resolve().parent.parent / "instances"
+FIXED = sorted(p.name for p in INSTANCES.glob("*.toml")
+               if len(load_instance(p).node_options) == 1)
+#: HiGHS takes tens of seconds on the MoE instances with the fidelity terms: checked by hand
+#: (README), left out of the default run
+SLOW_FOR_HIGHS = {"deepseek-v3-h800.toml"}
+
+
+@pytest.mark.parametrize("name", FIXED)
+def test_backends_return_the_same_plan_on_every_shipped_instance(name):
+    inst = load_instance(INSTANCES / name)
+    ref = solve(inst, solver="enumerate").report.plan
+    backends = ["cpsat"] + ([] if name in SLOW_FOR_HIGHS else ["highs"])
+    for backend in backends:
+        assert solve(inst, solver=backend).report.plan == ref, backend
+
+
+def test_cpsat_returns_the_same_plan_run_after_run():
+    """Five runs of the 1.3B instance gave micro-batches 16, 16, 16, 8, 1 before ties were
+    broken (CP-SAT's portfolio finds any of the tied plans first)."""
+    inst = load_instance(INSTANCES / "gpt-1.3b-1node.toml")
+    plans = {solve(inst, solver="cpsat").report.plan for _ in range(3)}
+    assert len(plans) == 1
+
+
+def _tied_instance():
+    """One GPU, a batch of 8 and the flat GEMM model (no size curve): with no pipeline and no
+    collective, the step time does not depend on how the batch is split into micro-batches, so
+    memory decides the tie."""
+    return parse_instance({
+        "model": {"layers": 2, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 256},
+        "training": {"global_batch": 8},
+        "cluster": {"gpu": "a100-80gb", "gpus": 1, "gemm_knee_tokens": 0, "gemm_knee_width": 0},
+        "constraints": {"recompute": "none"}})
+
+
+@pytest.mark.parametrize("backend", ["enumerate", "cpsat", "highs"])
+def test_among_equal_times_the_most_headroom_wins(backend):
+    """With a flat GEMM model a micro-batch of 1 or 8 costs the same time on one GPU; the
+    smaller one keeps fewer activations, so it is the answer in every backend."""
+    inst = _tied_instance()
+    res = solve(inst, solver=backend)
+    assert res.report.plan.micro_batch == 1
+    big = solve(inst.with_spec(constraints=inst.spec.constraints.model_copy(
+        update={"micro_batch": 8})), solver=backend)
+    assert big.report.step_time_s == pytest.approx(res.report.step_time_s, rel=1e-4)
+    assert big.report.memory_gib["total"] > res.report.memory_gib["total"]
+
+
+def test_internode_bytes_count_only_what_crosses_the_nic():
+    """Inside one node nothing crosses the NIC; across two, the data-parallel gradients do."""
+    one = load_instance(INSTANCES / "gpt-1.3b-1node.toml")
+    res = solve(one, solver="enumerate")
+    plan = res.report.plan
+    assert internode_bytes(one, plan.grid.degrees(), plan.knobs) == 0
+    two = one.with_nodes(2)
+    res2 = solve(two, solver="enumerate").report.plan
+    assert internode_bytes(two, res2.grid.degrees(), res2.knobs) > 0
