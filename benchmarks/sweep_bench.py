@@ -16,6 +16,7 @@ running on the cores takes away.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray measurement")
     args = ap.parse_args()
 
+    load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.toml"
         path.write_text(SWEEP.format(solver=args.solver))
@@ -102,6 +104,8 @@ def main() -> None:
                   f"points (target < 50 ms)")
         same = all(t == tables["1 worker"] for t in tables.values())
         print(f"  identical tables across {', '.join(tables)}: {same}")
+        print(f"  load average (1 min) {load0:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+              f"{os.cpu_count()} cores: parallel ratios mean little when it exceeds the cores")
 
 
 if __name__ == "__main__":

@@ -802,6 +802,9 @@ class Sink:
         self.path, self.axis_keys, self.every_s = path, axis_keys, every_s
         self.rows: list[dict] = list(existing)
         self.columns = column_order(self.rows, axis_keys) if self.rows else []
+        if path is not None and path.suffix.lower() == ".csv" and self.rows:
+            with path.open(newline="") as f:      # append in the existing file's column order
+                self.columns = next(csv.reader(f))
         self.last = time.monotonic()
         self.dirty = False
 
@@ -920,7 +923,9 @@ def run_sweep(sw: Sweep, engine: str = "local", workers: int | None = None,
 
     interrupted = False
     try:
-        if engine == "ray":
+        if not tasks:
+            pass                                  # everything is in the output already
+        elif engine == "ray":
             run_ray(tasks, workers, address, on_rows)
         else:
             run_local(tasks, workers or default_workers(), on_rows)

@@ -222,6 +222,22 @@ def test_resume_skips_points_already_in_the_output(tmp_path):
     assert (third.ran, third.resumed) == (0, 6)
 
 
+def test_a_parquet_output_resumes_too(tmp_path):
+    pytest.importorskip("pyarrow")
+    s = sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = [32, 64]\n'))
+    out = tmp_path / "r.parquet"
+
+    def stop_after_one(done, total):
+        if done == 1:
+            raise KeyboardInterrupt
+
+    assert sw.run_sweep(s, workers=1, out=out, progress=stop_after_one).interrupted
+    assert len(sw.read_rows(out)) == 1
+    run = sw.run_sweep(s, workers=1, out=out)
+    assert (run.ran, run.resumed) == (1, 1)
+    assert [r["training.global_batch"] for r in sw.read_rows(out)] == [32, 64]
+
+
 def test_a_changed_sweep_is_not_mixed_into_an_old_output(tmp_path):
     out = tmp_path / "r.csv"
     sw.run_sweep(sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = [32]\n')),
