@@ -132,7 +132,7 @@ class Sweep:
 
 def point_hash(p: Point, options: dict[str, Any]) -> str:
     blob = json.dumps({"doc": p.doc, **options}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return "h" + hashlib.sha256(blob.encode()).hexdigest()[:16]   # never read back as a number
 
 
 def _flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -377,6 +377,7 @@ def expand(sw: Sweep) -> list[Point]:
             axes[a.key] = v
             for key, value in (sw.cases[v].items() if a.key == CASE else [(a.key, v)]):
                 _set(doc, key, value)
+        _resolve_hf(doc, Path(sw.source).parent)       # an axis's path is the sweep file's
         points.append(Point(i, axes, doc))
     return points
 
@@ -572,7 +573,9 @@ def _context():
 
 def run_local(tasks: list[dict], workers: int, on_rows: Callable[[list[dict]], None]) -> None:
     """Run tasks in this process (one worker) or a process pool, calling ``on_rows`` in this
-    process as each point finishes. Ctrl-C terminates the pool and re-raises."""
+    process as each point finishes. Ctrl-C terminates the pool and re-raises. As with any
+    non-fork multiprocessing, a script calling this needs the ``if __name__ == "__main__":``
+    guard (the ``plan`` command has it)."""
     if workers <= 1 or len(tasks) <= 1:
         for t in tasks:
             on_rows(run_point(t))
@@ -711,6 +714,10 @@ def _csv_cell(v: Any) -> str:
     return str(v)
 
 
+#: columns that are text whatever they look like (a hash of digits, a reason such as "1e9")
+_TEXT_COLUMNS = {"point_key", "point_hash", "reason", "plan_label", "solver.note"}
+
+
 def _parse_cell(s: str) -> Any:
     if s == "":
         return None
@@ -740,8 +747,8 @@ def read_rows(path: str | Path) -> list[dict]:
             header = next(rd, None)
             if not header:
                 return []
-            return [{c: _parse_cell(v) for c, v in zip(header, line) if v != ""}
-                    for line in rd if line]
+            return [{c: (v if c in _TEXT_COLUMNS else _parse_cell(v))
+                     for c, v in zip(header, line) if v != ""} for line in rd if line]
     except PlanError:
         raise
     except Exception as exc:

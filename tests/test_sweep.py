@@ -105,6 +105,18 @@ def test_a_size_axis_replaces_the_other_size_keys(tmp_path):
     assert "gpus" not in s.points[0].doc["cluster"] and s.points[1].doc["cluster"]["nodes"] == 2
 
 
+def test_hf_config_paths_are_the_sweep_files_and_inlined(tmp_path):
+    import shutil
+
+    shutil.copy(ROOT / "tests" / "data" / "hf" / "llama3-8b.config.json", tmp_path / "l.json")
+    p = tmp_path / "s.toml"
+    p.write_text(SMALL.replace('preset = "gpt-1.3b"', 'seq_len = 2048')
+                 + '[sweep]\n"model.hf_config" = ["l.json"]\n')
+    (pt,) = sw.load_sweep(p).points
+    assert "hf_config" not in pt.doc["model"]           # a worker elsewhere needs no file
+    assert pt.doc["model"]["layers"] == 32 and pt.doc["model"]["seq_len"] == 2048
+
+
 # ----------------------------------------------------------------------------- bad axes
 
 
@@ -220,6 +232,14 @@ def test_resume_skips_points_already_in_the_output(tmp_path):
         [dict(r) for r in sw.read_rows(out)])
     third = sw.run_sweep(s, workers=1, out=out)
     assert (third.ran, third.resumed) == (0, 6)
+
+
+def test_hashes_and_texts_that_look_like_numbers_stay_text(tmp_path):
+    rows = [{"point": 0, "point_key": "{}", "point_hash": "h1234e5678901234", "reason": "12",
+             "plan_label": "7"}]
+    path = tmp_path / "r.csv"
+    sw.write_rows(path, rows, list(rows[0]))
+    assert sw.read_rows(path) == rows
 
 
 def test_a_parquet_output_resumes_too(tmp_path):
