@@ -53,7 +53,7 @@ SWEEP_KEYS = ("mode", "query", "deadline_days", "budget_usd", "solver", "time_li
 PLOT_KEYS = ("kind", "x", "lines", "y", "title")
 PLOT_KINDS = ("auto", "lines", "heatmap")
 PLOT_Y = ("step_time_s", "speedup", "total_days", "cost", "mfu", "memory_gib.total",
-          "time_per_sequence_s")
+          "time_per_sequence_s", "capacity.nodes")
 SECTIONS = ("model", "training", "cluster", "constraints")
 SIZE_KEYS = ("nodes", "node_counts", "gpus")     # [cluster] takes exactly one of these
 MAX_POINTS = 100_000
