@@ -478,6 +478,70 @@ def capacity(
         raise typer.Exit(3)
 
 
+@app.command()
+def sweep(
+    file: Annotated[Path, typer.Argument(help="sweep TOML file", show_default=False)],
+    engine: Annotated[str, typer.Option(help="local (a process pool) | ray")] = "local",
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="parallel points (default: the cores; Ray local: its CPUs)")] = None,
+    address: Annotated[str | None, typer.Option(
+        help="Ray cluster to join: auto | HOST:PORT (default: start Ray locally)")] = None,
+    out_file: Annotated[Path | None, typer.Option(
+        "--out", help="results file, .csv or .parquet: rows appended as points finish; "
+        "re-running skips the points it holds")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a figure of the results (PNG)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the planning query of SWEEP.toml at every point of its grid ([sweep]: dotted
+    instance keys -> lists). Bad axes are reported before anything runs (exit 2); an
+    infeasible or failing point is a row with its reason; Ctrl-C keeps every finished point
+    (exit 130) and the same command resumes. Exit 4 when some point's solver failed."""
+    from planner.app import sweep as sw
+
+    try:
+        if plot:
+            from planner.app.plot import check_plot_path
+
+            check_plot_path(plot)
+        if out_file:
+            sw.check_out_path(out_file)
+        spec = sw.load_sweep(file)
+        with sw.RichProgress(err, f"{file.name}") as bar:
+            run = sw.run_sweep(spec, engine=engine, workers=workers, address=address,
+                               out=out_file, progress=bar)
+        if plot and run.rows:
+            from planner.app.sweep_plot import plot_sweep
+
+            plot_sweep(run.rows, spec, plot)
+    except PlanError as exc:
+        _fail(exc)
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(run.counts().items()))
+    if as_json:
+        _emit_json(dict(run.to_dict(), out=str(out_file) if out_file else None,
+                        plot=str(plot) if plot and run.rows else None))
+    else:
+        out.print(sw.rows_table(run))
+        if len(run.rows) > 60:
+            out.print(f"(first 60 of {len(run.rows)} rows"
+                      + (f"; all in {out_file})" if out_file else ")"), markup=False)
+    sys.stdout.flush()            # the table before the summary line on stderr
+    err.print(f"{len(spec.points)} points ({run.ran} run now, {run.resumed} already in the "
+              f"output): {counts}; {run.wall_s:.1f} s"
+              + (f"; results in {out_file}" if out_file else "")
+              + (f"; figure in {plot}" if plot and run.rows else ""), markup=False,
+              highlight=False)
+    if run.foreign:
+        err.print(f"note: {run.foreign} row(s) of {out_file} are not points of this sweep; kept",
+                  markup=False, highlight=False)
+    if run.interrupted:
+        err.print(f"interrupted: {run.ran + run.resumed} of {len(spec.points)} points done"
+                  + (f", saved in {out_file}; run the same command to resume" if out_file else ""),
+                  markup=False, highlight=False)
+        raise typer.Exit(130)
+    if run.counts().get("error"):
+        raise typer.Exit(4)
+
+
 def _single_size(inst, nodes: int | None) -> None:
     from planner.model.errors import InputError
 

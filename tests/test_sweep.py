@@ -1,0 +1,448 @@
+"""``plan sweep``: grid expansion, validation before running, failure rows, resume, output files,
+engines giving identical tables, figures (issue 14)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.app import sweep as sw
+from planner.app.cli import app
+from planner.model.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / "instances" / "sweeps").glob("*.toml"))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+SMALL = """
+[model]
+preset = "gpt-1.3b"
+[training]
+global_batch = 64
+tokens = 1e9
+[cluster]
+gpu = "a100-80gb"
+nodes = 1
+price_per_gpu_hour = 2.0
+"""
+
+
+def write(tmp_path: Path, body: str, name: str = "s.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(SMALL + body)
+    return p
+
+
+def stdout_of(result) -> str:
+    try:
+        return result.stdout
+    except ValueError:
+        return result.output
+
+
+# ----------------------------------------------------------------------------- expansion
+
+
+def test_grid_is_the_product_last_axis_fastest(tmp_path):
+    p = write(tmp_path, """
+[sweep]
+"training.global_batch" = [32, 64, 128]
+"cluster.nodes" = [1, 2]
+""")
+    s = sw.load_sweep(p)
+    assert [pt.axes for pt in s.points] == [
+        {"training.global_batch": b, "cluster.nodes": n} for b in (32, 64, 128) for n in (1, 2)]
+    assert [pt.doc["training"]["global_batch"] for pt in s.points] == [32, 32, 64, 64, 128, 128]
+    assert [pt.doc["cluster"]["nodes"] for pt in s.points] == [1, 2] * 3
+    assert all(pt.doc["model"]["preset"] == "gpt-1.3b" for pt in s.points)   # the base stays
+    assert len({pt.key for pt in s.points}) == 6
+
+
+def test_zip_pairs_the_axes_and_needs_equal_lengths(tmp_path):
+    p = write(tmp_path, """
+[sweep]
+mode = "zip"
+cluster.nodes = [1, 2, 4]
+training.global_batch = [64, 128, 256]
+""")                                                    # unquoted dotted keys work too
+    s = sw.load_sweep(p)
+    assert [(pt.doc["cluster"]["nodes"], pt.doc["training"]["global_batch"])
+            for pt in s.points] == [(1, 64), (2, 128), (4, 256)]
+    bad = write(tmp_path, """
+[sweep]
+mode = "zip"
+"cluster.nodes" = [1, 2, 4]
+"training.global_batch" = [64, 128]
+""", "bad.toml")
+    with pytest.raises(InputError) as e:
+        sw.load_sweep(bad)
+    assert "cluster.nodes 3" in str(e.value) and "training.global_batch 2" in str(e.value)
+
+
+def test_cases_are_an_axis_of_named_overrides(tmp_path):
+    p = write(tmp_path, """
+[sweep]
+"training.global_batch" = [64, 128]
+[sweep.cases]
+optimum = {}
+TP8 = { "constraints.tp" = 8, "constraints.pp" = 1 }
+""")
+    s = sw.load_sweep(p)
+    assert [pt.axes["case"] for pt in s.points] == ["optimum", "TP8"] * 2
+    assert "constraints" not in s.points[0].doc
+    assert s.points[1].doc["constraints"] == {"tp": 8, "pp": 1}
+
+
+def test_a_size_axis_replaces_the_other_size_keys(tmp_path):
+    (tmp_path / "base.toml").write_text(SMALL.replace("nodes = 1", "gpus = 8"))
+    p = tmp_path / "s.toml"
+    p.write_text('base = "base.toml"\n[sweep]\n"cluster.nodes" = [1, 2]\n')
+    s = sw.load_sweep(p)
+    assert "gpus" not in s.points[0].doc["cluster"] and s.points[1].doc["cluster"]["nodes"] == 2
+
+
+def test_hf_config_paths_are_the_sweep_files_and_inlined(tmp_path):
+    import shutil
+
+    shutil.copy(ROOT / "tests" / "data" / "hf" / "llama3-8b.config.json", tmp_path / "l.json")
+    p = tmp_path / "s.toml"
+    p.write_text(SMALL.replace('preset = "gpt-1.3b"', 'seq_len = 2048')
+                 + '[sweep]\n"model.hf_config" = ["l.json"]\n')
+    (pt,) = sw.load_sweep(p).points
+    assert "hf_config" not in pt.doc["model"]           # a worker elsewhere needs no file
+    assert pt.doc["model"]["layers"] == 32 and pt.doc["model"]["seq_len"] == 2048
+
+
+# ----------------------------------------------------------------------------- bad axes
+
+
+@pytest.mark.parametrize("axis, expected", [
+    ('"cluster.gpuz" = ["a100-80gb"]', "unknown key of [cluster]"),
+    ('"clusters.gpu" = ["a100-80gb"]', "unknown section 'clusters'"),
+    ('"cluster.gpu" = ["a100-80gb", "h900"]', "cluster.gpu = \"h900\""),
+    ('"constraints.max_tp" = [8, 0]', "constraints.max_tp"),
+    ('"training.global_batch" = [64, "big"]', "training.global_batch"),
+    ('"model.preset" = ["gpt-1.3b", "gpt-9"]', "unknown preset \"gpt-9\""),
+    ('"plan.tp" = [1, 2]', "pin a knob with 'constraints.tp'"),
+    ('"cluster.nodes" = 4', "expected a non-empty list"),
+    ('"cluster.nodes" = [[1, 4]]', "needs one size"),
+    ('nodes = [1, 2]', "unknown key"),
+])
+def test_bad_axes_are_reported_before_anything_runs(tmp_path, axis, expected):
+    p = write(tmp_path, f"[sweep]\n{axis}\n")
+    out = tmp_path / "r.csv"
+    res = CliRunner().invoke(app, ["sweep", str(p), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert expected in res.output
+    assert "Traceback" not in res.output
+    assert not out.exists()                             # nothing ran
+
+
+def test_every_problem_is_listed_once_with_its_point(tmp_path):
+    p = write(tmp_path, """
+[sweep]
+"cluster.gpu" = ["a100-80gb", "h900"]
+"training.global_batch" = [64, 128, 256]
+""")
+    with pytest.raises(InputError) as e:
+        sw.load_sweep(p)
+    text = str(e.value)
+    assert "1 problem in its points" in text and text.count("\n  - ") == 1 and "2 more points" in text
+
+
+def test_query_options_are_checked(tmp_path):
+    with pytest.raises(InputError, match="deadline_days: required"):
+        sw.load_sweep(write(tmp_path, '[sweep]\nquery = "capacity"\n"cluster.nodes" = [[1, 4]]\n'))
+    with pytest.raises(InputError, match="sweep.solver"):
+        sw.load_sweep(write(tmp_path, '[sweep]\nsolver = "magic"\n"cluster.nodes" = [1]\n'))
+    with pytest.raises(InputError, match="plot.x"):
+        sw.load_sweep(write(tmp_path, '[sweep]\n"cluster.nodes" = [1]\n[plot]\nx = "nodes"\n'))
+
+
+# ----------------------------------------------------------------------------- failure rows
+
+
+def test_an_infeasible_point_is_a_row_with_its_reason(tmp_path):
+    p = write(tmp_path, """
+[sweep]
+"model.preset" = ["gpt-1.3b", "gpt3-175b"]
+""")
+    run = sw.run_sweep(sw.load_sweep(p), workers=1)
+    ok, bad = run.rows
+    assert ok["solver.status"] == "optimal" and ok["plan_label"] and ok["step_time_s"] > 0
+    assert bad["solver.status"] == "infeasible" and bad["model.preset"] == "gpt3-175b"
+    assert "memory" in bad["reason"] or "fit" in bad["reason"]
+    assert bad.get("step_time_s") is None
+
+
+def test_a_failing_point_is_an_error_row_not_the_end_of_the_sweep():
+    task = {"index": 3, "axes": {"cluster.gpu": "x"}, "key": "k", "hash": "h",
+            "doc": {"model": {"preset": "gpt-1.3b"}}, "source": "t", "query": "solve",
+            "solver": "cpsat", "time_limit": None, "deadline_days": None, "budget_usd": None}
+    (row,) = sw.run_point(task)
+    assert row["solver.status"] == "error" and "training" in row["reason"]
+    assert row["point"] == 3 and row["cluster.gpu"] == "x" and row["point_key"] == "k"
+
+
+# ----------------------------------------------------------------------------- resume, Ctrl-C
+
+GRID = """
+[sweep]
+solver = "highs"        # CP-SAT's portfolio may pick another of two tied optima run to run
+"training.global_batch" = [32, 64, 128]
+{extra}
+[sweep.cases]
+optimum = {}
+DP8 = { "constraints.tp" = 1, "constraints.pp" = 1 }
+"""
+PRESETS = '"model.preset" = ["gpt-1.3b", "gpt3-175b"]'
+
+
+def grid(extra: str = "") -> str:
+    """Three batches x two cases (x ``extra`` axes): 6 points of about 0.1 s each."""
+    return GRID.replace("{extra}", extra)
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_resume_skips_points_already_in_the_output(tmp_path):
+    s = sw.load_sweep(write(tmp_path, grid()))
+    out = tmp_path / "r.csv"
+    first = sw.run_sweep(s, workers=1, out=out)
+    assert (first.ran, first.resumed) == (6, 0)
+    rows = _csv_rows(out)
+    assert [int(r["point"]) for r in rows] == list(range(6))
+    # drop two points from the file, as if the run had stopped there
+    kept = [r for r in rows if r["point"] not in ("2", "5")]
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(kept)
+    again = sw.run_sweep(s, workers=1, out=out)
+    assert (again.ran, again.resumed) == (2, 4)
+    assert [int(r["point"]) for r in _csv_rows(out)] == list(range(6))
+    assert sw.comparable(again.rows) == sw.comparable(
+        [dict(r) for r in sw.read_rows(out)])
+    third = sw.run_sweep(s, workers=1, out=out)
+    assert (third.ran, third.resumed) == (0, 6)
+
+
+def test_hashes_and_texts_that_look_like_numbers_stay_text(tmp_path):
+    rows = [{"point": 0, "point_key": "{}", "point_hash": "h1234e5678901234", "reason": "12",
+             "plan_label": "7"}]
+    path = tmp_path / "r.csv"
+    sw.write_rows(path, rows, list(rows[0]))
+    assert sw.read_rows(path) == rows
+
+
+def test_a_parquet_output_resumes_too(tmp_path):
+    pytest.importorskip("pyarrow")
+    s = sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = [32, 64]\n'))
+    out = tmp_path / "r.parquet"
+
+    def stop_after_one(done, total):
+        if done == 1:
+            raise KeyboardInterrupt
+
+    assert sw.run_sweep(s, workers=1, out=out, progress=stop_after_one).interrupted
+    assert len(sw.read_rows(out)) == 1
+    run = sw.run_sweep(s, workers=1, out=out)
+    assert (run.ran, run.resumed) == (1, 1)
+    assert [r["training.global_batch"] for r in sw.read_rows(out)] == [32, 64]
+
+
+def test_a_changed_sweep_is_not_mixed_into_an_old_output(tmp_path):
+    out = tmp_path / "r.csv"
+    sw.run_sweep(sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = [32]\n')),
+                 workers=1, out=out)
+    changed = write(tmp_path, '[sweep]\n"training.global_batch" = [32]\n',
+                    "s2.toml")
+    changed.write_text(changed.read_text().replace("tokens = 1e9", "tokens = 2e9"))
+    with pytest.raises(InputError, match="different sweep"):
+        sw.run_sweep(sw.load_sweep(changed), workers=1, out=out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_leaves_a_valid_file_and_the_same_command_resumes(tmp_path, workers):
+    s = sw.load_sweep(write(tmp_path, grid()))
+    out = tmp_path / "r.csv"
+    seen = []
+
+    def interrupt_after_two(done, total):
+        seen.append(done)
+        if done == 2:
+            raise KeyboardInterrupt
+
+    run = sw.run_sweep(s, workers=workers, out=out, progress=interrupt_after_two)
+    assert run.interrupted and run.ran == 2
+    rows = _csv_rows(out)
+    assert len(rows) == 2 and all(r["solver.status"] == "optimal" for r in rows)
+    rest = sw.run_sweep(s, workers=workers, out=out)
+    assert (rest.ran, rest.resumed) == (4, 2) and not rest.interrupted
+    assert sorted(int(r["point"]) for r in _csv_rows(out)) == list(range(6))
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+@pytest.fixture(scope="module")
+def grid_rows(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grid")
+    s = sw.load_sweep(write(tmp, grid(PRESETS)))
+    return s, sw.run_sweep(s, workers=1).rows
+
+
+def test_rows_carry_axes_plan_times_memory_and_status(grid_rows):
+    s, rows = grid_rows
+    assert len(rows) == len(s.points) == 12
+    cols = set().union(*rows)
+    for c in ("training.global_batch", "case", "model.preset", "plan.tp", "plan.pp", "plan.dp",
+              "plan.micro_batch", "plan.recompute", "step_time_s", "breakdown_s.compute",
+              "breakdown_s.dp_comm", "memory_gib.total", "mfu", "total_days", "cost",
+              "solver.status", "solver.wall_s", "reason"):
+        assert c in cols, c
+    solved = [r for r in rows if r["solver.status"] == "optimal"]
+    for r in solved:                     # the breakdown adds up to the step time
+        total = sum(v for k, v in r.items() if k.startswith("breakdown_s."))
+        assert total == pytest.approx(r["step_time_s"], rel=1e-9)
+        assert r["plan.tp"] * r["plan.pp"] * r["plan.dp"] * r["plan.cp"] == r["plan.gpus"]
+    assert all(r["plan.tp"] == 1 and r["plan.pp"] == 1 for r in solved if r["case"] == "DP8")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_csv_and_parquet_round_trip(tmp_path, grid_rows, suffix):
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
+    s, rows = grid_rows
+    path = tmp_path / f"r{suffix}"
+    cols = sw.column_order(rows, s.axis_keys)
+    sw.write_rows(path, rows, cols)
+    back = sw.read_rows(path)
+    assert len(back) == len(rows)
+    for a, b in zip(rows, back):
+        assert {k: v for k, v in b.items() if v not in (None, "")} == {
+            k: v for k, v in a.items() if v not in (None, "")}
+    assert cols[:3] == s.axis_keys == ["training.global_batch", "model.preset", "case"]
+
+
+def test_out_paths_are_checked(tmp_path):
+    with pytest.raises(InputError, match=".csv or .parquet"):
+        sw.check_out_path(tmp_path / "r.xlsx")
+    with pytest.raises(InputError, match="does not exist"):
+        sw.check_out_path(tmp_path / "no" / "r.csv")
+
+
+# ----------------------------------------------------------------------------- engines
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def test_local_pool_and_ray_give_identical_tables(tmp_path, ray_session):
+    s = sw.load_sweep(write(tmp_path, grid(PRESETS)))
+    one = sw.run_sweep(s, workers=1).rows
+    pool = sw.run_sweep(s, workers=2, out=tmp_path / "pool.csv").rows
+    ray_rows = sw.run_sweep(s, engine="ray", out=tmp_path / "ray.csv").rows
+    assert len(pool) == len(s.points) == 12
+    assert sw.comparable(pool) == sw.comparable(ray_rows) == sw.comparable(one)
+    assert any(r["solver.status"] == "infeasible" for r in ray_rows)
+    files = [sw.comparable(sw.read_rows(tmp_path / f)) for f in ("pool.csv", "ray.csv")]
+    assert files[0] == files[1]
+
+
+def test_engine_flags_are_checked(tmp_path):
+    s = sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = [32]\n'))
+    with pytest.raises(InputError, match="--engine"):
+        sw.run_sweep(s, engine="dask")
+    with pytest.raises(InputError, match="--address"):
+        sw.run_sweep(s, address="auto")
+
+
+# ----------------------------------------------------------------------------- figures and CLI
+
+
+def _png(path: Path) -> bool:
+    return path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5_000
+
+
+def test_plots_lines_heatmap_and_pareto(tmp_path, grid_rows):
+    pytest.importorskip("matplotlib")
+    from planner.app.sweep_plot import layout, plot_sweep
+
+    s, rows = grid_rows
+    plot_sweep(rows, s, tmp_path / "lines.png")
+    assert _png(tmp_path / "lines.png")
+    assert layout(s)["kind"] == "lines" and layout(s)["x"] == "training.global_batch"
+
+    heat = sw.load_sweep(write(tmp_path, """
+[sweep]
+"cluster.nodes" = [1, 2]
+"training.global_batch" = [32, 64]
+[plot]
+kind = "heatmap"
+y = "speedup"
+""", "h.toml"))
+    plot_sweep(sw.run_sweep(heat, workers=1).rows, heat, tmp_path / "heat.png")
+    assert _png(tmp_path / "heat.png")
+
+    front = sw.load_sweep(write(tmp_path, """
+[sweep]
+query = "pareto"
+"cluster.nodes" = [[1, 2]]
+"training.global_batch" = [64, 128]
+""", "p.toml"))
+    rows = sw.run_sweep(front, workers=1).rows
+    assert len(rows) == 4 and {r["pareto.nodes"] for r in rows} == {1, 2}
+    plot_sweep(rows, front, tmp_path / "front.png")
+    assert _png(tmp_path / "front.png")
+
+
+def test_capacity_points(tmp_path):
+    s = sw.load_sweep(write(tmp_path, """
+[sweep]
+query = "capacity"
+deadline_days = 3
+"cluster.nodes" = [[1, 8]]
+"training.tokens" = [1e9, 1e10, 1e13]
+"""))
+    rows = sw.run_sweep(s, workers=1).rows
+    nodes = [r.get("capacity.nodes") for r in rows]
+    assert nodes[0] is not None and nodes[1] is not None and nodes[0] <= nodes[1]
+    assert rows[0]["total_days"] <= 3 and rows[1]["total_days"] <= 3
+    assert rows[2]["solver.status"] == "infeasible" and "3 days" in rows[2]["reason"]
+
+
+def test_cli_json_out_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    p = write(tmp_path, '[sweep]\n"training.global_batch" = [32, 64]\n')
+    out, fig = tmp_path / "r.csv", tmp_path / "f.png"
+    res = CliRunner().invoke(app, ["sweep", str(p), "--out", str(out), "--plot", str(fig),
+                                   "--json", "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(stdout_of(res))
+    assert doc["points"] == 2 and doc["ran"] == 2 and doc["status_counts"] == {"optimal": 2}
+    assert [r["training.global_batch"] for r in doc["rows"]] == [32, 64]
+    assert len(_csv_rows(out)) == 2 and _png(fig)
+    res = CliRunner().invoke(app, ["sweep", str(p), "--out", str(out), "--json"])
+    assert json.loads(stdout_of(res))["resumed"] == 2
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_sweeps_are_valid(path):
+    s = sw.load_sweep(path)            # every point checked against the schema and query
+    assert len(s.points) >= 10
+    from planner.app.sweep_plot import layout
+
+    assert layout(s)["x"] in s.axis_keys
