@@ -60,12 +60,12 @@ def _run(model, time_limit: float | None, workers: int):
     if time_limit:
         solver.parameters.max_time_in_seconds = float(time_limit)
     t1 = time.perf_counter()
-    st = solver.Solve(model)
+    st = solver.solve(model)
     status = {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE,
               cp_model.INFEASIBLE: Status.INFEASIBLE,
               cp_model.UNKNOWN: Status.NO_SOLUTION_IN_LIMIT,
               cp_model.MODEL_INVALID: Status.ERROR}[st]
-    return solver, status, time.perf_counter() - t1, solver.StatusName(st)
+    return solver, status, time.perf_counter() - t1, solver.status_name(st)
 
 
 def _infeasible(t0: float, why: str) -> RawSolution:
@@ -118,9 +118,9 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         if lo == 0 and hi == 0:
             xs.append(0)                        # a value the encoding rules out
         elif lo == 0 and hi == 1:
-            xs.append(model.NewBoolVar(name))
+            xs.append(model.new_bool_var(name))
         else:
-            xs.append(model.NewIntVar(lo, hi, name))
+            xs.append(model.new_int_var(lo, hi, name))
 
     def int_expr(coefs: dict[int, float], name: str):
         ints = {i: _fits(c, f"a coefficient of row {name}", q_t, RANGE) for i, c in coefs.items()}
@@ -136,16 +136,16 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
                 return _infeasible(t0, f"violated: {name}")
             continue
         if lo == hi:
-            model.Add(expr == _fits(lo, what, q_t))
+            model.add(expr == _fits(lo, what, q_t))
         else:
             if lo != -INF:
-                model.Add(expr >= _fits(lo - 1e-9, what, q_t, rounding=math.ceil))
+                model.add(expr >= _fits(lo - 1e-9, what, q_t, rounding=math.ceil))
             if hi != INF:
-                model.Add(expr <= _fits(hi + 1e-9, what, q_t, rounding=math.floor))
+                model.add(expr <= _fits(hi + 1e-9, what, q_t, rounding=math.floor))
     goals = {g: int_expr(c, f"goal {g}") for g, c in r.goals.items()}
     session = _Session(model, xs, goals, r, workers)
     build_s = time.perf_counter() - t0
-    first, last, note = ties.run(session, time_limit)
+    first, last, note = ties.run(session, time_limit, cuts.break_ties)
     if not first.ok:
         return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
                            "cpsat", note=first.note)
@@ -169,19 +169,19 @@ class _Session:
 
     def cap(self, goal: str, value: float) -> None:
         if not isinstance(self.exprs[goal], int):          # a constant goal caps nothing
-            self.model.Add(self.exprs[goal] <= int(self.rows.tie_cap(goal, value)))
+            self.model.add(self.exprs[goal] <= int(self.rows.tie_cap(goal, value)))
 
     def minimize(self, goal: str, time_limit: float | None, hint: list | None) -> ties.Answer:
-        self.model.Minimize(self.exprs[goal])
-        self.model.ClearHints()
+        self.model.minimize(self.exprs[goal])
+        self.model.clear_hints()
         if hint is not None:
             for v, val in zip(self.xs, hint):
                 if not isinstance(v, int):
-                    self.model.AddHint(v, val)
+                    self.model.add_hint(v, val)
         solver, status, solve_s, name = _run(self.model, time_limit, self.workers)
         self.solve_s += solve_s
         if status not in (Status.OPTIMAL, Status.FEASIBLE):
             return ties.Answer(False, False, None, None, None, status, name)
         return ties.Answer(True, status == Status.OPTIMAL,
-                           [v if isinstance(v, int) else solver.Value(v) for v in self.xs],
-                           solver.ObjectiveValue(), solver.BestObjectiveBound(), status, name)
+                           [v if isinstance(v, int) else solver.value(v) for v in self.xs],
+                           solver.objective_value, solver.best_objective_bound, status, name)

@@ -150,6 +150,9 @@ class Cuts:
 
     max_objective: float | None = None
     exclude: tuple[tuple[dict[str, int], Knobs], ...] = ()
+    #: run the tie-break goals after the objective (formulations/ties.py); a scan that only
+    #: needs the optimum (one batch model of a range) leaves them out
+    break_ties: bool = True
 
 
 NO_CUTS = Cuts()
@@ -280,7 +283,9 @@ def _collect(space: SearchSpace, objective: str) -> tuple[_Collector, dict[str, 
             mem = _as_sig(terms.memory_total(stage))
             mem.require_linear(f"the memory of the {stage} pipeline stage (a constraint)")
             col.add(("mem", stage), k, mem)
-        add_with_maxes("bytes", "bmax", k, _as_sig(internode_bytes(space.inst, deg, knobs)))
+        # on one NVLink segment nothing crosses the NIC: the goal is zero (no second evaluation)
+        crossing = internode_bytes(space.inst, deg, knobs) if space.inst.segments > 1 else 0.0
+        add_with_maxes("bytes", "bmax", k, _as_sig(crossing))
     return col, arity
 
 

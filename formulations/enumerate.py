@@ -145,8 +145,9 @@ def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: s
             mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float), (n,)))
         obj[k] = np.where(mem <= limit, step, np.inf)
         memory[k] = mem
-        internode[k] = np.broadcast_to(
-            np.asarray(internode_bytes(inst, deg, knobs), dtype=float), (n,))
+        if inst.segments > 1:                    # on one NVLink segment nothing crosses the NIC
+            internode[k] = np.broadcast_to(
+                np.asarray(internode_bytes(inst, deg, knobs), dtype=float), (n,))
     return obj, memory, internode
 
 

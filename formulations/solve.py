@@ -41,11 +41,12 @@ def objective_value(report, kind: str) -> float:
 
 def run_backend(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
                 max_objective: float | None = None, exclude: list | None = None,
-                points: dict | None = None) -> tuple[RawSolution, float | None]:
+                points: dict | None = None, break_ties: bool = True
+                ) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
     from formulations.pyomo_backend import SOLVER_NAMES
 
-    cuts = Cuts(max_objective, tuple(exclude or ()))
+    cuts = Cuts(max_objective, tuple(exclude or ()), break_ties)
     if backend not in BACKENDS and backend not in SOLVER_NAMES:
         raise InputError(f"--solver: unknown solver \"{backend}\"; expected one of "
                          f"{', '.join(BACKENDS + tuple(n for n in SOLVER_NAMES if n != 'highs'))}")
@@ -117,7 +118,7 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
             cap = tie if cap is None else min(cap, tie)
         raw, q_b = run_backend(sub, backend, left, objective, cap,
                                [x for x in cuts.exclude if x[0]["B"] == batch],
-                               points={k: c[keep] for k, c in points.items()})
+                               points={k: c[keep] for k, c in points.items()}, break_ties=False)
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
         build_s += raw.build_s
@@ -141,6 +142,22 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
         return RawSolution(Status.INFEASIBLE if status == Status.OPTIMAL else
                            Status.NO_SOLUTION_IN_LIMIT, None, None, None, None, solve_s,
                            build_s, backend), q
+    if cuts.break_ties:           # the scan found the batch; break the ties within it once
+        batch = best.choice["B"]
+        left = None if time_limit is None else max(time_limit - (time.perf_counter() - t_start),
+                                                   1e-3)
+        exps = space.base["B"].exps[space.base["B"].values.index(batch)]
+        sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
+                      fixed={**space.fixed, "B": batch})
+        keep = points["B"] == batch
+        cap = tie if cuts.max_objective is None else min(cuts.max_objective, tie)
+        tied, _ = run_backend(sub, backend, left, objective, cap,
+                              [x for x in cuts.exclude if x[0]["B"] == batch],
+                              points={k: c[keep] for k, c in points.items()})
+        solve_s += tied.solve_s
+        build_s += tied.build_s
+        if tied.choice is not None:
+            best = replace(best, choice=tied.choice, knobs=tied.knobs, objective=tied.objective)
     return replace(best, status=status, bound=bound, solve_s=solve_s, build_s=build_s,
                    note=f"{len(batches)} fixed-batch models, {beaten} proven not to beat the best"), q
 

