@@ -54,7 +54,7 @@ def timed(fn) -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--solver", default="highs", help="highs (default) | cpsat | enumerate")
+    ap.add_argument("--solver", default="cpsat", help="cpsat (default) | highs | enumerate")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each; medians are printed")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray measurement")
     args = ap.parse_args()
