@@ -160,3 +160,19 @@ def test_out_of_sample_bounds(data, oos):
 def test_out_of_sample_mean_target(oos):
     errs = [abs(e) for e in oos.values()]
     assert sum(errs) / len(errs) <= OOS_MEAN_TARGET
+
+
+def test_a_run_without_its_degrees_is_an_input_error(tmp_path):
+    """A runs file whose plan lacks dp (or tp, pp, the batch) is a clear error, not a traceback."""
+    from typer.testing import CliRunner
+
+    from planner.app.cli import app
+
+    path = tmp_path / "runs.toml"
+    path.write_text('[models.m]\nlayers = 2\nhidden = 64\nheads = 1\nvocab = 100\nseq_len = 64\n'
+                    '[[runs]]\nid = "x"\nmodel = "m"\ngpu = "a100-80gb"\nprecision = "bf16"\n'
+                    'measured_step_time_s = 1.0\nplan = { tp = 1, pp = 1, global_batch = 8 }\n')
+    result = CliRunner().invoke(app, ["validate", str(path), "--no-ranking"])
+    assert result.exit_code == 2
+    text = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    assert "run x: missing plan.dp" in text and "Traceback" not in text

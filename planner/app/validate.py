@@ -80,6 +80,17 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
     unknown = set(plan) - PLAN_KEYS
     if unknown:
         raise InputError(f"run {rid}: unknown plan keys {sorted(unknown)}")
+    missing = [k for k in ("tp", "pp", "dp", "global_batch") if k not in plan]
+    for k in ("precision", "gpu", "measured_step_time_s"):
+        if k not in run:
+            missing.append(k)
+    if missing:        # a run must say its GPU count (tp*pp*dp*cp), batch and what it measured
+        raise InputError(f"run {rid}: missing " + ", ".join(
+            f"plan.{k}" if k in ("tp", "pp", "dp", "global_batch") else k for k in missing))
+    if not all(isinstance(plan[k], int) and not isinstance(plan[k], bool) and plan[k] > 0
+               for k in ("tp", "pp", "dp")) or not isinstance(plan.get("cp", 1), int):
+        raise InputError(f"run {rid}: plan.tp, plan.pp, plan.dp and plan.cp must be positive "
+                         "whole numbers")
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
     inst = {
         "model": model,
