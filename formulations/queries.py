@@ -41,11 +41,6 @@ class ParetoPoint:
     def gpus(self) -> int:
         return self.result.report.plan.gpus if self.result else 0
 
-    def key(self) -> tuple[float, float, float]:
-        rep = self.result.report
-        cost = rep.cost if rep.cost is not None else 0.0
-        return (rep.plan.gpus, rep.step_time_s, cost)
-
     def to_dict(self) -> dict[str, Any]:
         if self.result is None:
             return {"nodes": self.nodes, "feasible": False, "reason": self.reason,

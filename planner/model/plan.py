@@ -218,12 +218,6 @@ class Plan:
         return Grid(**{f.name: getattr(self, f.name) for f in fields(Grid)
                        if f.name != "node_size"}, node_size=self.node_size)
 
-    def base(self) -> dict[str, int]:
-        """The plan's values of the search's base variables (:data:`BASE_NAMES`)."""
-        return {"T": self.tp, "T_in": self.tp_intra, "C": self.cp, "C_in": self.cp_intra,
-                "P": self.pp, "P_in": self.pp_intra, "V": self.vp, "b": self.micro_batch,
-                "B": self.global_batch, "E": self.ep, "E_in": self.ep_intra}
-
     @property
     def expert_dp(self) -> float:
         return self.grid.expert_dp
