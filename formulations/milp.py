@@ -430,10 +430,11 @@ class _RowBuilder:
 
     # -- 4. objective, memory, the tie-break goals, the query's cuts ------------------------
     def with_maxes(self, expr: LinExpr, maxes: list[list[LinExpr]], unit: float, tag: str
-                   ) -> tuple[dict[int, float], float]:
+                   ) -> tuple[dict[int, float], float, tuple]:
         """An expression plus one epigraph variable per maximum (``y >= each argument``; the
-        goal is minimised, so ``y`` is the maximum); returns it and an upper bound of it over
-        every plan (each maximum at its largest argument)."""
+        goal is minimised, so ``y`` is the maximum); returns it, an upper bound of it over
+        every plan (each maximum at its largest argument), and its parts (the linear part and
+        each maximum's arguments, for :meth:`Rows.value`)."""
         r = self.r
         acc = self.linear(expr, unit)
         upper = self.bound(acc)
@@ -453,14 +454,13 @@ class _RowBuilder:
             upper += max(ups)
             if self.units.integral:    # bounds every plan's max lies within (no arbitrary 2^50)
                 r.lb[y], r.ub[y] = max(lows), max(ups)
-        self.parts = parts
-        return acc, upper
+        return acc, upper, parts
 
     def objective(self, unit: float) -> float:
         """The objective (the first goal); returns an upper bound of it over every plan."""
-        self.r.obj, upper = self.with_maxes(self.enc.objective, self.enc.maxes, unit, "")
+        self.r.obj, upper, parts = self.with_maxes(self.enc.objective, self.enc.maxes, unit, "")
         self.r.goals["objective"], self.r.goal_units["objective"] = self.r.obj, unit
-        self.r.goal_parts["objective"] = self.parts
+        self.r.goal_parts["objective"] = parts
         return upper
 
     def memory(self, memory: dict[str, LinExpr], memory_unit: float) -> None:
@@ -482,9 +482,9 @@ class _RowBuilder:
         enc = self.enc
         if enc.internode is None:
             return
-        acc, _ = self.with_maxes(enc.internode, enc.internode_maxes, unit, "b")
+        acc, _, parts = self.with_maxes(enc.internode, enc.internode_maxes, unit, "b")
         self.r.goals["internode"], self.r.goal_units["internode"] = acc, unit
-        self.r.goal_parts["internode"] = self.parts
+        self.r.goal_parts["internode"] = parts
 
     def lex(self) -> None:
         """The lexicographic goals: weighted ranks of the base variables' values and of the

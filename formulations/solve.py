@@ -108,17 +108,14 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
                 status = Status.FEASIBLE               # batches left unsolved: nothing proven
                 bounds.append(None)
                 break
-        exps = space.base["B"].exps[space.base["B"].values.index(batch)]
-        sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
-                      fixed={**space.fixed, "B": batch})
-        keep = points["B"] == batch
+        sub, sub_points = _batch_model(space, points, batch)
         cap = cuts.max_objective
         if found:                                   # beat the best so far, or tie with it
             tie = ties.objective_cap(min(optimum(r) for r in found))
             cap = tie if cap is None else min(cap, tie)
         raw, q_b = run_backend(sub, backend, left, objective, cap,
                                [x for x in cuts.exclude if x[0]["B"] == batch],
-                               points={k: c[keep] for k, c in points.items()}, break_ties=False)
+                               points=sub_points, break_ties=False)
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
         build_s += raw.build_s
@@ -146,20 +143,26 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
         batch = best.choice["B"]
         left = None if time_limit is None else max(time_limit - (time.perf_counter() - t_start),
                                                    1e-3)
-        exps = space.base["B"].exps[space.base["B"].values.index(batch)]
-        sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
-                      fixed={**space.fixed, "B": batch})
-        keep = points["B"] == batch
+        sub, sub_points = _batch_model(space, points, batch)
         cap = tie if cuts.max_objective is None else min(cuts.max_objective, tie)
         tied, _ = run_backend(sub, backend, left, objective, cap,
                               [x for x in cuts.exclude if x[0]["B"] == batch],
-                              points={k: c[keep] for k, c in points.items()})
+                              points=sub_points)
         solve_s += tied.solve_s
         build_s += tied.build_s
         if tied.choice is not None:
             best = replace(best, choice=tied.choice, knobs=tied.knobs, objective=tied.objective)
     return replace(best, status=status, bound=bound, solve_s=solve_s, build_s=build_s,
                    note=f"{len(batches)} fixed-batch models, {beaten} proven not to beat the best"), q
+
+
+def _batch_model(space: SearchSpace, points: dict, batch: int) -> tuple[SearchSpace, dict]:
+    """The space with the global batch fixed at ``batch``, and the feasible points it keeps."""
+    exps = space.base["B"].exps[space.base["B"].values.index(batch)]
+    sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
+                  fixed={**space.fixed, "B": batch})
+    keep = points["B"] == batch
+    return sub, {k: c[keep] for k, c in points.items()}
 
 
 def objective_cap(inst: Instance, kind: str) -> float | None:
