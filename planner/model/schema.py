@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.model.frameworks import FrameworkName
+
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -235,6 +237,9 @@ class ConstraintSpec(_Strict):
     memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="per-GPU memory kept free (CUDA context, NCCL buffers, "
         "allocator fragmentation); default: default_reserve_GiB(capacity)")
+    framework: FrameworkName | None = Field(
+        default=None, description="only plans this framework runs, with its defaults "
+        "(planner/model/frameworks.py); default: any framework, Megatron-LM's defaults")
 
     @model_validator(mode="before")
     @classmethod
