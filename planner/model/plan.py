@@ -427,15 +427,27 @@ def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
     return KNOB_DEFAULTS[name] if pin is None else pin
 
 
-def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = None) -> list[str]:
-    """Every structural rule the plan breaks, as sentences naming the numbers (the rules of
-    :mod:`planner.model.rules`), plus a ``[plan] micro_batches`` that disagrees with the plan."""
+def layout_violations(inst: Instance, plan: Plan) -> list[str]:
+    """The pipeline-layout rules a plan breaks (``[plan] first_stage_layers`` ... an input
+    error of ``plan evaluate``): the exclusive ways of setting the layout, then the layout rules
+    of the rule table (those that read the knobs)."""
     if (plan.account_for_embedding or plan.account_for_loss) and (
             plan.first_stage_layers or plan.last_stage_layers):
         return [f"plan.first_stage_layers={plan.first_stage_layers} / last_stage_layers="
                 f"{plan.last_stage_layers} cannot be combined with account_for_embedding / "
                 "account_for_loss (Megatron-LM: the two ways of setting an uneven layout are "
                 "exclusive)"]
+    if not plan.knobs.uneven:
+        return []
+    return [v for v in violations(inst, plan.grid, plan.knobs, what_ifs=False, layout_only=True)]
+
+
+def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = None) -> list[str]:
+    """Every structural rule the plan breaks, as sentences naming the numbers (the rules of
+    :mod:`planner.model.rules`), plus a ``[plan] micro_batches`` that disagrees with the plan."""
+    bad = layout_violations(inst, plan)
+    if bad and not plan.knobs.uneven:          # the exclusive settings: no layout to judge
+        return bad
     out = violations(inst, plan.grid, plan.knobs)
     if spec is not None and spec.micro_batches and spec.micro_batches != plan.micro_batches:
         out.append(f"plan.micro_batches={spec.micro_batches} but global_batch/(dp*micro_batch)"

@@ -266,14 +266,18 @@ def rules_for(inst: Instance) -> list[Rule]:
     return [r for r in RULES if r.applies(inst)]
 
 
-def violations(inst: Instance, grid, knobs, what_ifs: bool = True) -> list[str]:
+def violations(inst: Instance, grid, knobs, what_ifs: bool = True,
+               layout_only: bool = False) -> list[str]:
     """Every applicable rule a plan's grid (numbers) breaks, as the user reads it
-    (``what_ifs=False``: only the rules every framework has, not the ``[constraints]``)."""
+    (``what_ifs=False``: only the rules every framework has, not the ``[constraints]``;
+    ``layout_only``: only the pipeline-layout rules, those that read the knobs)."""
     sizes = Sizes.of(inst)
     held: set[str] = set()
     out = []
     for rule in rules_for(inst):
         if rule.what_if and not what_ifs or rule.judges and not rule.judges(inst):
+            continue
+        if layout_only and not rule.on_knobs:
             continue
         if any(r not in held for r in rule.requires if r in BY_NAME and BY_NAME[r].applies(inst)):
             continue
