@@ -385,13 +385,19 @@ def build_space(inst: Instance) -> SearchSpace:
                     f"and constraints.{LABELS[var][1]} = {pin}"])
             caps[var] = (pin, lo, 1)
     dom, bounded_by = _domains(rows, start, caps)
+    for var in ("P", "V"):          # their candidates come from the layouts' padded counts
+        bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
+                               "shortfalls (constraints.max_stage_shortfall = "
+                               f"{c.max_stage_shortfall})")
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]
     pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
     if dom["P"] and dom["V"] and B:
-        why += layout_why
+        why += layout_why           # (with P or V empty, their own message says why)
         dom["P"] = [x for x in dom["P"] if any(p == x for ok in pairs.values() for p, _ in ok)]
         dom["V"] = [x for x in dom["V"] if any(v == x for ok in pairs.values() for _, v in ok)]
     for var in BASE_NAMES:
+        if var in ("P", "V") and layout_why and dom["P"] and dom["V"]:  # (said above)
+            continue
         if not dom[var] and B:               # (an empty batch range is reported above)
             rules = "; ".join(dict.fromkeys(bounded_by[var]))
             why.append(f"no {LABELS[var][0]} satisfies: {rules}"
