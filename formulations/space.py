@@ -194,6 +194,17 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
         pins = [f"constraints.{key} = {getattr(c, key)}" for key in
                 ("first_stage_layers", "last_stage_layers", "account_for_embedding",
                  "account_for_loss", "pp", "vp", "max_pp", "max_vp") if getattr(c, key) is not None]
+        for key in ("first_stage_layers", "last_stage_layers"):
+            pin = getattr(c, key)
+            if pin is None:
+                continue
+            for p in P:
+                if p < 2:
+                    continue
+                why.append(f"constraints.{key} = {pin} leaves {sizes.layers - pin} layers for "
+                           f"the other {p - 1} stages at pp={p}: no split with each stage at "
+                           f"most constraints.max_stage_shortfall = {c.max_stage_shortfall} "
+                           f"layer(s) short of a middle one, in multiples of vp (vp in {V})")
         why.append(f"no pipeline layout of the {sizes.layers} layers fits pipeline degrees {P} "
                    f"and virtual stages {V} (rules: {'; '.join(r.says for r in rules)}; first / "
                    f"last stage up to constraints.max_stage_shortfall = {c.max_stage_shortfall} "
@@ -391,12 +402,13 @@ def build_space(inst: Instance) -> SearchSpace:
                                f"{c.max_stage_shortfall})")
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]
     pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
+    layout_binds = bool(layout_why and dom["P"] and dom["V"])
     if dom["P"] and dom["V"] and B:
         why += layout_why           # (with P or V empty, their own message says why)
         dom["P"] = [x for x in dom["P"] if any(p == x for ok in pairs.values() for p, _ in ok)]
         dom["V"] = [x for x in dom["V"] if any(v == x for ok in pairs.values() for _, v in ok)]
     for var in BASE_NAMES:
-        if var in ("P", "V") and layout_why and dom["P"] and dom["V"]:  # (said above)
+        if var in ("P", "V") and layout_binds:  # (said above)
             continue
         if not dom[var] and B:               # (an empty batch range is reported above)
             rules = "; ".join(dict.fromkeys(bounded_by[var]))

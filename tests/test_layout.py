@@ -145,3 +145,24 @@ def test_exports_carry_the_layout():
     assert "--num-virtual-stages-per-pipeline-rank 8" in meg
     nemo = emit(inst, acc, "nemo")
     assert "account_for_loss_in_pipeline_split: true" in nemo
+
+
+def test_partial_recompute_lies_between_none_and_full():
+    inst = load_instance(LLAMA)                     # PP16, 8 layers per middle stage
+    def run(mode, n=None):
+        return evaluate(inst, plan_from_spec(inst, inst.spec.plan.model_copy(
+            update={"recompute": mode, "recompute_layers": n})))
+    none, full = run("none"), run("full")
+    parts = [run("full", n) for n in (1, 4, 8)]
+    assert parts[-1].step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+    assert parts[-1].memory_gib["total"] == pytest.approx(full.memory_gib["total"], rel=1e-12)
+    times = [none.step_time_s] + [r.step_time_s for r in parts]
+    mems = [none.memory_gib["total"]] + [r.memory_gib["total"] for r in parts]
+    assert times == sorted(times) and mems == sorted(mems, reverse=True)
+    assert len(set(round(t, 9) for t in times)) == 4
+    meg = emit(inst, parts[0].plan, "megatron")
+    assert "--recompute-method block" in meg and "--recompute-num-layers 1" in meg
+    assert "cannot express" in emit(inst, parts[0].plan, "torchtitan")
+    bad = plan_from_spec(inst, inst.spec.plan.model_copy(update={"recompute_layers": 9}))
+    from planner.model.plan import layout_violations
+    assert any("exceeds the 8 layers" in v for v in layout_violations(inst, bad))

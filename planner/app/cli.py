@@ -182,7 +182,7 @@ def evaluate(
                               distributed_optimizer=distributed_optimizer)
         bad_layout = layout_violations(inst, plan)
         if bad_layout:
-            raise InputError("[plan] pipeline layout: " + "; ".join(bad_layout))
+            raise InputError("[plan]: " + "; ".join(bad_layout))
         rep = run_evaluate(inst, plan, spec=spec)
         best = None
         if vs_optimum:

@@ -328,6 +328,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append("--use-distributed-optimizer")
     if plan.recompute == "selective":
         args.append("--recompute-activations")
+    elif plan.recompute == "full" and plan.recompute_layers:
+        # block: the first N layers of each virtual stage recompute, the rest keep activations
+        args += ["--recompute-granularity full", "--recompute-method block",
+                 f"--recompute-num-layers {plan.recompute_layers}"]
     elif plan.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
@@ -482,8 +486,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "num_query_groups": m.kv,
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
-                "recompute_method": "uniform" if full else None,
-                "recompute_num_layers": 1 if full else None,
+                "recompute_method": ("block" if plan.recompute_layers else "uniform") if full
+                else None,
+                "recompute_num_layers": (plan.recompute_layers or 1) if full else None,
                 **_nemo_moe(inst),
             },
         },
@@ -547,6 +552,12 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if precision == "fp16":
         comments.append("fp16: torchtitan mixes in bfloat16 or float32 only; bfloat16 is emitted "
                         "(same speed and memory as fp16)")
+    if plan.recompute == "full" and plan.recompute_layers:
+        comments.append(f"cannot express: the plan recomputes {plan.recompute_layers} layer(s) of "
+                        "each virtual stage (Megatron's block method); torchtitan's "
+                        "activation_checkpoint has full (every layer) or selective per layer "
+                        "frequency, not a count per stage: mode = \"full\" is emitted (slower, "
+                        "less memory than planned)")
     if plan.recompute == "selective":
         comments.append("selective: torchtitan's per-op checkpointing saves matmul outputs and "
                         "recomputes the rest, close to but not the same as Megatron's attention-only "
@@ -610,8 +621,12 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------- DeepSpeed
 
-def _ds_recompute(mode: str) -> str:
+def _ds_recompute(mode: str, layers: int = 0) -> str:
     """How the model code turns the plan's recompute on under DeepSpeed (the JSON cannot)."""
+    if mode == "full" and layers:
+        return (f"full for {layers} layer(s) of each pipeline stage chunk: the model code wraps "
+                "those layers' forward in deepspeed.checkpointing.checkpoint (Megatron-based "
+                "model code: the block-recompute flags of the megatron export)")
     if mode == "none":
         return "none: no activation checkpointing in the model code"
     if mode == "full":
@@ -646,7 +661,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                          "model code (e.g. Megatron-DeepSpeed --tensor-model-parallel-size, "
                          "PipelineModule(num_stages=pipeline)). fp8 needs Transformer Engine in "
                          "the model."),
-            "recompute_how": _ds_recompute(plan.recompute),
+            "recompute_how": _ds_recompute(plan.recompute, plan.recompute_layers),
             "plan": plan.label(),
             "tensor": plan.tp,
             "pipeline": plan.pp,
@@ -663,6 +678,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                 "with the megatron export's layout flags)")} if _uneven(plan) else {}),
             "sequence_parallel": _sp(plan),
             "recompute": plan.recompute,
+            **({"recompute_layers": plan.recompute_layers} if plan.recompute_layers else {}),
             "precision": precision,
             "nodes": plan.nodes,
             "gpus_per_node": plan.gpus // plan.nodes,

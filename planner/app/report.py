@@ -73,6 +73,12 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t.add_row("memory knobs", f"recompute {p.recompute}, sequence parallel "
               f"{'on' if p.sequence_parallel else 'off'}, distributed optimizer "
               f"{'on' if p.distributed_optimizer else 'off'}")
+    if p.stage_layers and len(set(p.stage_layers)) > 1:
+        how = ("embedding / loss counted as layers" if p.account_for_embedding
+               or p.account_for_loss else f"first {p.first_stage_layers or 'even'}, last "
+               f"{p.last_stage_layers or 'even'}")
+        t.add_row("pipeline layout", f"{' '.join(str(n) for n in p.stage_layers)} decoder layers "
+                  f"per rank ({how})")
     return t
 
 

@@ -59,6 +59,9 @@ class Knobs:
     #: then carries the maximum that decides whether the last stage (with the output layer) or
     #: a middle one is the slowest (not a choice: ignored when comparing knobs)
     paced: bool = field(default=False, compare=False)
+    #: with recompute = "full": layers of each virtual stage recomputed (Megatron-LM's block
+    #: method, --recompute-num-layers); 0: all of them
+    recompute_layers: int = 0
 
     @property
     def layout(self) -> tuple:
@@ -286,6 +289,9 @@ class Plan:
     last_stage_layers: int = 0
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    #: with recompute = "full": decoder layers of each virtual stage recomputed (Megatron-LM
+    #: --recompute-method block --recompute-num-layers); 0: all (Megatron's uniform method)
+    recompute_layers: int = 0
     #: the model's decoder layers (to derive the layout; not a knob, not in the JSON plan)
     layers: int = 0
 
@@ -307,7 +313,8 @@ class Plan:
                     distributed_optimizer=knobs.distributed_optimizer, nvlink_domain=node_size,
                     first_stage_layers=first, last_stage_layers=last,
                     account_for_embedding=knobs.account_for_embedding,
-                    account_for_loss=knobs.account_for_loss, layers=layers, **grid)
+                    account_for_loss=knobs.account_for_loss, layers=layers,
+                    recompute_layers=knobs.recompute_layers, **grid)
 
     @property
     def knobs(self) -> Knobs:
@@ -320,7 +327,8 @@ class Plan:
                                   self.last_stage_layers, self.account_for_embedding,
                                   self.account_for_loss)
         return Knobs(self.recompute, self.sequence_parallel, self.distributed_optimizer,
-                     sf, sl, self.account_for_embedding, self.account_for_loss)
+                     sf, sl, self.account_for_embedding, self.account_for_loss,
+                     recompute_layers=self.recompute_layers)
 
     @property
     def stage_layers(self) -> list[int] | None:
@@ -415,7 +423,8 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 first_stage_layers=f["first_stage_layers"] or 0,
                 last_stage_layers=f["last_stage_layers"] or 0,
                 account_for_embedding=f["account_for_embedding"],
-                account_for_loss=f["account_for_loss"], layers=inst.model.layers)
+                account_for_loss=f["account_for_loss"], layers=inst.model.layers,
+                recompute_layers=f["recompute_layers"] or 0)
 
 
 def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
@@ -437,7 +446,7 @@ def layout_violations(inst: Instance, plan: Plan) -> list[str]:
                 f"{plan.last_stage_layers} cannot be combined with account_for_embedding / "
                 "account_for_loss (Megatron-LM: the two ways of setting an uneven layout are "
                 "exclusive)"]
-    if not plan.knobs.uneven:
+    if not plan.knobs.uneven and not plan.recompute_layers:
         return []
     return [v for v in violations(inst, plan.grid, plan.knobs, what_ifs=False, layout_only=True)]
 

@@ -205,6 +205,17 @@ RULES: tuple[Rule, ...] = (
          on_knobs=True),
     Rule("layout_ends", "integer", _ends, "the first / last stage keep layers, multiples of vp",
          _ends_message, on_knobs=True, requires=("layers", "layout_pp")),
+    Rule("recompute_layers", "integer",
+         lambda v, k, kn: ((_padded(v, k, kn) / (v.pp * v.vp) - kn.recompute_layers + 1)
+                           * (1 if kn.recompute == "full" else 0.5),)
+         if kn is not None and kn.recompute_layers else (1,),
+         "recompute_layers needs full recompute and at most a virtual stage's layers",
+         lambda v, k, kn: (f"recompute_layers={kn.recompute_layers} needs recompute = "
+                           f"\"full\", not \"{kn.recompute}\"") if kn.recompute != "full" else
+                          (f"recompute_layers={kn.recompute_layers} exceeds the "
+                           f"{_g(_padded(v, k, kn) / (v.pp * v.vp))} layers of a virtual stage "
+                           f"(pp={v.pp}, vp={v.vp})"),
+         on_knobs=True, requires=("layers",)),
     Rule("interleave_pp", "implies", lambda v, k: (v.vp, v.pp), "vp > 1 needs pp > 1",
          lambda v, k: "vp > 1 needs pp > 1 (interleaving splits pipeline stages)"),
     Rule("seq", "integer", lambda v, k: (k.seq / v.cp,), "cp divides seq_len",

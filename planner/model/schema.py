@@ -322,6 +322,10 @@ class PlanSpec(_Strict):
     account_for_loss: bool = Field(
         default=False, description="the loss / output layer counts as one layer of the pipeline "
         "split (Megatron-LM --account-for-loss-in-pipeline-split)")
+    recompute_layers: upto(MAX_LAYERS) | None = Field(
+        default=None, description="with recompute = \"full\": layers of each virtual stage "
+        "recomputed, the rest keep their activations (Megatron-LM --recompute-method block "
+        "--recompute-num-layers); default: all")
     ep_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of ep inside a node")
     tp_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of tp inside a node")
     cp_intra: upto(MAX_GPUS) | None = None

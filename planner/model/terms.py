@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, is_zero,
                                    quotient_excess, ring_share, steps, vmax)
 from planner.model.catalog import GiB
@@ -102,6 +104,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     flight: ``1 + (p - 1) / (p v)`` times the layers' worth, Korthikanti et al. Sec. 4.2.3) and
     on the last (output layer and logits).
     """
+    if k.recompute == "full" and k.recompute_layers:
+        return _partial_recompute(inst, x, k)
     sh = Shape.of(inst.model)
     hw: Hardware = inst.hw
     tr = inst.spec.training
@@ -360,6 +364,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     mid_flight = steps(p) + gt1(v) * (1 + steps(p) / v - 2 / v)
 
     memory = {}
+    layer_info: dict[str, Any] = {}
     for kind in kinds:
         if kind == "dense":
             layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
@@ -384,6 +389,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 acts = p * n_layers * stored * last_flight + working
                 logit = logits_buffer
             name = stage if len(kinds) == 1 else f"{stage}_{kind}"
+            layer_info[f"working_{name}"] = working
             memory[name] = {
                 "weights": (dense_p + experts_p) * weight_bytes,
                 "gradients": (dense_p + experts_p) * GRAD_BYTES,
@@ -392,11 +398,43 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 "logits": logit,
             }
     return Terms(time=time, memory=memory,
-                 layer={"compute": layer_compute, "dense_compute": dense_compute,
+                 layer={**layer_info, "compute": layer_compute, "dense_compute": dense_compute,
                         "moe_compute": moe_compute, "stage_moe_layers": stage_moe,
                         "tp_comm_moe": tp_moe, "cp_comm": cp_layer,
                         "gemm": gemm, "attention": attn,
                         "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer})
+
+
+def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
+    """Full recompute of ``N = k.recompute_layers`` layers of each virtual stage (Megatron-LM's
+    block method), the others keeping their activations. Each recomputed layer costs what it
+    costs under full recompute, each other one what it costs without: every time term is the
+    no-recompute one plus the recomputed share ``f = min(N, n/v) / (n/v)`` of the difference
+    (``n`` the layers of a middle stage, the pace of the pipeline); each stage's activations
+    mix the same way with its own share (its own ``n``), and the working set of the one
+    re-materialised layer is kept whenever a layer is recomputed. Numbers and arrays only
+    (``plan evaluate``; the search recomputes all layers or none)."""
+    full = step_terms(inst, x, replace(k, recompute_layers=0))
+    none = step_terms(inst, x, replace(k, recompute="none", recompute_layers=0))
+    n_rec = k.recompute_layers
+    m = (inst.model.layers + k.padded_layers) / x.p
+
+    def share(n_layers):
+        chunk = n_layers / x.v                 # layers of one virtual stage of that stage
+        return np.minimum(n_rec, chunk) / chunk
+
+    f_mid = share(m)
+    time = {n: none.time[n] + f_mid * (full.time[n] - none.time[n]) for n in full.time}
+    stage_n = {"first": m - k.first_short, "middle": m, "last": m - k.last_short}
+    memory = {}
+    for name, terms in full.memory.items():
+        f = share(stage_n[name.partition("_")[0]])
+        w = full.layer[f"working_{name}"]
+        memory[name] = dict(terms)
+        memory[name]["activations"] = (none.memory[name]["activations"]
+                                       + f * (terms["activations"] - w
+                                              - none.memory[name]["activations"]) + w)
+    return Terms(time=time, memory=memory, layer=full.layer)
 
 
 def memory_reserve_GiB(inst: Instance) -> float:
