@@ -248,7 +248,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                   quotient_excess(p, padded, sh.n_moe))
     stage_compute = stage_dense * dense_compute + stage_moe * moe_compute   # one micro-batch
 
-    symbolic = any(isinstance(getattr(x, f), Sig) for f in ("p_in", "p_out", "v", "b", "B"))
+    # on symbols (the search; any of the pace's pieces symbolic, so every combination has the
+    # same maxima)
+    symbolic = any(isinstance(z, Sig) for z in (stage_compute, logits, p, v))
     # Per stage: the first holds stage_layers - sf layers (and the embedding lookup, no FLOPs),
     # a middle one stage_layers (only when p > 2), the last stage_layers - sl and the output
     # layer; compute and bubble follow the slowest one. A first / last stage runs its share of
