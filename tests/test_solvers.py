@@ -63,6 +63,8 @@ def instances(draw):
         constraints["max_tp"] = draw(st.sampled_from([1, 2, 4]))
     if draw(st.integers(0, 4)) == 0:
         constraints["max_dp"] = draw(st.sampled_from([1, 2, 4]))
+    if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
+        constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
     reserve = constraints["memory_reserve_GiB"]
     constraints["memory_reserve_GiB"] = min(reserve, {"a100-40gb": 37.0}.get(gpu, reserve))
     moe = {}
