@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from planner.model.frameworks import FrameworkName
+from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, FrameworkName
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
@@ -289,6 +289,9 @@ class ConstraintSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ConstraintSpec:
+        refused = _inexpressible(self.framework, self)
+        if refused:
+            raise ValueError(refused)
         for pin, cap in PIN_CAPS.items():
             v, c = getattr(self, pin), getattr(self, cap)
             if v is not None and c is not None and v > c:
@@ -349,6 +352,20 @@ class PlanSpec(_Strict):
         + "; default: the [constraints] pin, else the framework's")
 
 
+def _inexpressible(framework: str | None, spec: BaseModel, where: str = "") -> str | None:
+    """The sentence refusing an overlap switch set on (in ``[constraints]`` or ``[plan]``) that
+    ``framework`` cannot run, or None."""
+    if framework is None:
+        return None
+    fw = FRAMEWORKS[framework]
+    bad = [k for k in OVERLAP_KNOBS if getattr(spec, k) and k not in fw.overlaps_expressible]
+    if not bad:
+        return None
+    return (f"{', '.join(where + k for k in bad)} = true, but constraints.framework = "
+            f"\"{framework}\": {fw.label} has no switch for "
+            + ("it" if len(bad) == 1 else "them") + " (planner/model/frameworks.py)")
+
+
 class InstanceSpec(_Strict):
     """A whole instance file."""
 
@@ -357,3 +374,11 @@ class InstanceSpec(_Strict):
     cluster: ClusterSpec
     constraints: ConstraintSpec = ConstraintSpec()
     plan: PlanSpec | None = None
+
+    @model_validator(mode="after")
+    def _plan_runs_on_the_framework(self) -> InstanceSpec:
+        if self.plan is not None:
+            refused = _inexpressible(self.constraints.framework, self.plan, "plan.")
+            if refused:
+                raise ValueError(refused)
+        return self
