@@ -251,7 +251,8 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
 
     The knob space pins what the run pinned: recompute mode, sequence parallelism, the
     distributed optimizer, the overlap switches, precision and attention kernel
-    (``[training]``), the GPU count and the global batch; degrees, interleaving and micro-batch are free within the default caps."""
+    (``[training]``), the GPU count and the global batch; degrees, interleaving and
+    micro-batch are free within the default caps."""
     from formulations.solve import solve
     from planner.model.errors import InfeasibleError
 
