@@ -60,7 +60,8 @@ def test_a_switch_the_framework_cannot_run_is_an_input_error(where):
     plan = {"tp": 2}
     (cons if where == "constraints" else plan)["tp_comm_overlap"] = True
     with pytest.raises(InputError) as exc:
-        parse_instance(doc(cons, plan))
+        inst = parse_instance(doc(cons, plan))
+        plan_from_spec(inst, inst.spec.plan)
     assert "tp_comm_overlap" in str(exc.value) and "deepspeed" in str(exc.value)
 
 

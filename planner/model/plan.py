@@ -28,10 +28,11 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from planner.model.errors import InputError
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.instance import Instance
 from planner.model.rules import violations
-from planner.model.schema import KNOB_DEFAULTS, PlanSpec
+from planner.model.schema import KNOB_DEFAULTS, PlanSpec, overlap_refusal
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
 
@@ -287,6 +288,10 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     gb = f["global_batch"] or (tb if isinstance(tb, int) else tb[1])
     placed = default_placement({"tp": tp, "cp": cp, "dp": dp, "pp": pp}, inst.node_size)
     intra = {d: f.get(f"{d}_intra") or placed[d] for d in ORDER}
+    refused = overlap_refusal(inst.spec.constraints.framework,
+                             Knobs(**{o: _knob(inst, f, o) for o in OVERLAP_KNOBS}), "plan.")
+    if refused:
+        raise InputError(refused)
     ep = f.get("ep") or 1
     # experts fill the innermost ranks of a stage: as much of ep as the stage's share of a node
     ep_intra = f.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))

@@ -289,7 +289,7 @@ class ConstraintSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ConstraintSpec:
-        refused = _inexpressible(self.framework, self)
+        refused = overlap_refusal(self.framework, self)
         if refused:
             raise ValueError(refused)
         for pin, cap in PIN_CAPS.items():
@@ -352,9 +352,9 @@ class PlanSpec(_Strict):
         + "; default: the [constraints] pin, else the framework's")
 
 
-def _inexpressible(framework: str | None, spec: BaseModel, where: str = "") -> str | None:
-    """The sentence refusing an overlap switch set on (in ``[constraints]`` or ``[plan]``) that
-    ``framework`` cannot run, or None."""
+def overlap_refusal(framework: str | None, spec, where: str = "") -> str | None:
+    """The sentence refusing an overlap switch set on (in ``[constraints]``, or in a plan: any
+    object with the switches as attributes) that ``framework`` cannot run, or None."""
     if framework is None:
         return None
     fw = FRAMEWORKS[framework]
@@ -374,11 +374,3 @@ class InstanceSpec(_Strict):
     cluster: ClusterSpec
     constraints: ConstraintSpec = ConstraintSpec()
     plan: PlanSpec | None = None
-
-    @model_validator(mode="after")
-    def _plan_runs_on_the_framework(self) -> InstanceSpec:
-        if self.plan is not None:
-            refused = _inexpressible(self.constraints.framework, self.plan, "plan.")
-            if refused:
-                raise ValueError(refused)
-        return self
