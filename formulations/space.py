@@ -48,7 +48,8 @@ from fractions import Fraction
 from planner.model.algebra import Mono, Sig
 from planner.model.errors import InfeasibleError
 from planner.model.instance import Instance
-from planner.model.plan import BASE_NAMES, Grid, Knobs
+from planner.model.frameworks import OVERLAP_KNOBS
+from planner.model.plan import BASE_NAMES, Grid, Knobs, overlap_default
 from planner.model.rules import Rule, Sizes, rules_for
 
 #: The user's names of the base variables, and their pin / cap keys in [constraints].
@@ -352,8 +353,16 @@ def build_space(inst: Instance) -> SearchSpace:
     # needs sequence parallelism, as MoE layers with tp > 1 do, is then always kept.)
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (True,)
     do_vals = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,)
-    combos = [Knobs(r, s, o) for r, s, o in itertools.product(modes, sp_vals, do_vals)]
-    dims = {"recompute": modes, "sequence_parallel": sp_vals, "distributed_optimizer": do_vals}
+    # The overlap switches are not searched either: each is the [constraints] pin, else the
+    # framework's default (planner/model/frameworks.py). Under the cost rules (docs/model.md,
+    # "Overlap") an overlap never exposes more than the raw collective and never adds memory, so
+    # a search would always switch it on; what a user runs is the framework's choice or theirs.
+    overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
+                for o in OVERLAP_KNOBS}
+    combos = [Knobs(r, s, o, **dict(zip(OVERLAP_KNOBS, ov)))
+              for r, s, o, *ov in itertools.product(modes, sp_vals, do_vals, *overlaps.values())]
+    dims = {"recompute": modes, "sequence_parallel": sp_vals, "distributed_optimizer": do_vals,
+            **overlaps}
     caps_on_forms = []
     if c.dp is not None or c.max_dp is not None:
         mono, coef = symbols(inst).dp.single_form()
