@@ -245,7 +245,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
     _restrict_forms(col, space, points)
     tabulated = _tabulate(col)
     n = len(space.combos)
-    keep = _undominated(tabulated, n, col.forms) if prune else list(range(n))
+    keep = _undominated(tabulated, n, col.forms, space.combos) if prune else list(range(n))
     exprs, copies = _expressions(space, tabulated, keep, arity)
     return Encoding(space=space, objective_kind=objective, scale=_magnitude(exprs["obj"]),
                     forms=col.forms, copies=copies, objective=exprs["obj"], maxes=exprs["max"],
@@ -427,7 +427,7 @@ def _magnitude(objective_expr: LinExpr) -> float:
         float(np.median(nonzero)) if nonzero.size else 1.0)
 
 
-def _undominated(tabulated: dict, n: int, forms: dict) -> list[int]:
+def _undominated(tabulated: dict, n: int, forms: dict, combos) -> list[int]:
     """Categorical combinations not dominated by another one.
 
     Combination ``a`` dominates ``b`` when every table entry of the objective, of every max
@@ -448,9 +448,13 @@ def _undominated(tabulated: dict, n: int, forms: dict) -> list[int]:
                     return False
         return True
 
+    # a layout has its own rules (which pipeline degrees it allows): only combinations of the
+    # same layout can dominate each other
+    from formulations.space import layout_key
+    lay = [layout_key(kn) for kn in combos]
     keep = []
     for b in range(n):
-        dominated = any(leq(a, b) and (not leq(b, a) or a < b) for a in range(n) if a != b)
+        dominated = any(lay[a] == lay[b] and leq(a, b) and (not leq(b, a) or a < b) for a in range(n) if a != b)
         if not dominated:
             keep.append(b)
     return keep

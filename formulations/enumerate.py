@@ -77,6 +77,11 @@ def feasible_points(space: SearchSpace, dominant_batch: bool = True) -> dict[str
         idx = {k: c[keep] for k, c in idx.items()}
         n_rows = int(keep.sum())
     cols = {k: values[k][c] for k, c in idx.items()}
+    if space.layout_pairs:                   # (P, V) that some pipeline layout allows
+        union = {p * (1 << 32) + v for ok in space.layout_pairs.values() for p, v in ok}
+        keep = np.isin(cols["P"].astype(np.int64) * (1 << 32) + cols["V"], list(union))
+        cols = {k: c[keep] for k, c in cols.items()}
+        n_rows = int(keep.sum())
     for _name, mono, coef, lo, hi in space.form_caps:
         val = np.full(n_rows, coef, dtype=float)
         for v, e in mono:
@@ -135,15 +140,19 @@ def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: s
     limit = memory_limit_bytes(inst)
     shape = (len(space.combos), n)
     obj, memory, internode = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
+    from formulations.space import layout_key
+    pv = cols["P"].astype(np.int64) * (1 << 32) + cols["V"].astype(np.int64)
     for k, knobs in enumerate(space.combos):
         t = step_terms(inst, deg, knobs)
+        pairs = space.layout_pairs[layout_key(knobs)]
+        laid = np.isin(pv, [p * (1 << 32) + v for p, v in pairs])      # the layout rules
         step = np.broadcast_to(np.asarray(t.step_time, dtype=float), (n,))
         if objective == "time_per_sample":
             step = step / deg.B
         mem = np.zeros(n)
         for stage in t.memory_stages():
             mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float), (n,)))
-        obj[k] = np.where(mem <= limit, step, np.inf)
+        obj[k] = np.where((mem <= limit) & laid, step, np.inf)
         memory[k] = mem
         if inst.segments > 1:                    # on one NVLink segment nothing crosses the NIC
             internode[k] = np.broadcast_to(

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
+from planner.model.plan import layout_choices
 from formulations.space import SearchSpace, build_space, divisors
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
@@ -141,11 +142,14 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
                      f"per GPU even at the largest model-parallel degree the constraints allow")
         pps = sorted(set(feasible_points(space)["P"].tolist()))
         cons = inst.spec.constraints
-        by_layers = [d for d in divisors(inst.model.layers)
+        shorts = {lay[0] + lay[1] for lay in layout_choices(inst)}
+        by_layers = [d for n in shorts for d in divisors(inst.model.layers + n)
                      if (cons.max_pp is None or d <= cons.max_pp) and cons.pp in (None, d)]
         if pps and pps[-1] < max(by_layers, default=1):
+            plus = (f" (plus up to {max(shorts)} layers a shorter first / last stage leaves "
+                    "free)") if max(shorts) else ""
             lines.append(f"on {inst.gpus} GPUs pp can only be {pps}: it must divide the "
-                         f"{inst.model.layers} layers and the GPUs left by tp*cp")
+                         f"{inst.model.layers} layers{plus} and the GPUs left by tp*cp")
     else:
         lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB; "
                      f"activations and logits the other {(need - static) / GiB:.1f} GiB")

@@ -350,6 +350,42 @@ class _RowBuilder:
         r.combo_vars = [r.var(f"combo={k}") for k in range(len(self.enc.combos))]
         r.row({u: 1.0 for u in r.combo_vars}, 1, 1, "one_combo")
 
+    def value_indicator(self, name: str, value: int) -> tuple[dict[int, float], float]:
+        """Linear expression (dict, const) equal to 1 when base variable ``name`` = ``value``."""
+        bv = self.sp.base[name]
+        if name in self.sp.fixed:
+            return {}, float(bv.values[0] == value)
+        if value not in bv.values:
+            return {}, 0.0
+        return {self.r.form_vars[((name, 1),)][bv.values.index(value)]: 1.0}, 0.0
+
+    def layout_rows(self) -> None:
+        """The layout rules (:attr:`SearchSpace.layout_pairs`): under the combinations of a
+        layout, the chosen pipeline degree needs a virtual-stage count that layout allows,
+        ``x_P=p + layout <= 1 + sum(x_V=v for the allowed v)``."""
+        from formulations.space import layout_key
+        r, sp, combos = self.r, self.sp, self.enc.combos
+        by_layout: dict[tuple, list[int]] = {}
+        for k, kn in enumerate(combos):
+            by_layout.setdefault(layout_key(kn), []).append(k)
+        for lay, ks in by_layout.items():
+            allowed = sp.layout_pairs[lay]
+            for p in sp.base["P"].values:
+                acc, const = self.value_indicator("P", p)
+                if len(by_layout) > 1:
+                    for k in ks:
+                        _add(acc, r.combo_vars[k], 1.0)
+                else:
+                    const += 1.0
+                for v in sp.base["V"].values:
+                    if (p, v) in allowed:
+                        lin, c = self.value_indicator("V", v)
+                        for z, w in lin.items():
+                            _add(acc, z, -w)
+                        const -= c
+                if acc or const > 1 + 1e-9:
+                    r.row(acc, -INF, 1.0 - const, f"layout_{lay}_P={p}")
+
     # -- 3. terms -----------------------------------------------------------------------------
     def main_cells(self, key: CopyKey, cs) -> np.ndarray:
         """Cells (main value x categorical sub-choice) tied to the binaries by their margins;
@@ -546,6 +582,7 @@ def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30
     rb.structural_rows()
     rb.forms()
     rb.combinations()
+    rb.layout_rows()
     obj_upper = rb.objective(unit)
     rb.memory(memory, memory_unit)
     rb.internode(internode_unit(enc, memory_unit, integral))

@@ -32,7 +32,8 @@ def default_objective(inst: Instance) -> str:
 
 def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
     inst = space.inst
-    return Plan.from_base(raw.choice, raw.knobs, inst.gpus, inst.nodes, inst.node_size)
+    return Plan.from_base(raw.choice, raw.knobs, inst.gpus, inst.nodes, inst.node_size,
+                          layers=inst.model.layers)
 
 
 def objective_value(report, kind: str) -> float:

@@ -48,8 +48,10 @@ from fractions import Fraction
 from planner.model.algebra import Mono, Sig
 from planner.model.errors import InfeasibleError
 from planner.model.instance import Instance
+from types import SimpleNamespace
+
 from planner.model.frameworks import OVERLAP_KNOBS
-from planner.model.plan import BASE_NAMES, Grid, Knobs, overlap_default
+from planner.model.plan import BASE_NAMES, Grid, Knobs, layout_choices, overlap_default
 from planner.model.rules import Rule, Sizes, rules_for
 
 #: The user's names of the base variables, and their pin / cap keys in [constraints].
@@ -134,6 +136,8 @@ class SearchSpace:
     form_caps: list[tuple[str, Mono, float, int | None, int | None]] = field(default_factory=list)
     #: (name, mono, coefficient, lo, hi): ``lo <= coef * value(mono) <= hi``
     implications: list[Implication] = field(default_factory=list)
+    #: per pipeline layout (:func:`layout_key`), the (P, V) pairs its layout rules allow
+    layout_pairs: dict[tuple, frozenset] = field(default_factory=dict)
 
     @property
     def N(self) -> int:
@@ -144,6 +148,58 @@ class SearchSpace:
         if set(f) - set(self.primes):
             raise ValueError(f"{n} has primes outside {self.primes}")
         return tuple(f.get(q, 0) for q in self.primes)
+
+
+def layout_key(k: Knobs) -> tuple:
+    """The pipeline layout of a categorical combination."""
+    return k.layout
+
+
+def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: list[int]
+                  ) -> tuple[dict[tuple, frozenset], list[str]]:
+    """Per layout, the (P, V) pairs that keep the layout rules (the rules that read the knobs,
+    checked on numbers: they involve only ``pp``, ``vp`` and the layout) and the
+    ``[constraints]`` pins on the first / last stage counts; and, when no pair is left, why."""
+    sizes, c = Sizes.of(inst), inst.spec.constraints
+    out, why = {}, []
+    for lay in layouts:
+        kn = Knobs(first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
+                   account_for_loss=lay[3])
+        ok = set()
+        for p in P:
+            for v in V:
+                g = SimpleNamespace(pp=p, vp=v)
+                if not all(r.holds(g, sizes, kn) for r in rules):
+                    continue
+                if p == 2 and lay[0] and lay[1]:
+                    # two stages both short of m: the same stages as a layout with one
+                    # shortfall 0 (m is a free reference there), which the search keeps; the
+                    # model's search form (planner/model/terms.py) relies on it
+                    continue
+                m = Fraction(sizes.layers + kn.padded_layers, p)
+                if c.first_stage_layers is not None and m - lay[0] != c.first_stage_layers:
+                    continue
+                if c.last_stage_layers is not None and m - lay[1] != c.last_stage_layers:
+                    continue
+                ok.add((p, v))
+        if ok:
+            out[lay] = frozenset(ok)
+    # the model reads only the shortfalls: of two layouts with the same shortfalls, one whose
+    # pairs the other also allows adds no plan (explicit 1 / 1 is the account-for-embedding-
+    # and-loss layout at vp = 1)
+    for lay in list(out):
+        if any(o != lay and o[:2] == lay[:2] and out[lay] <= out[o]
+               and (out[lay] != out[o] or o > lay) for o in out):
+            del out[lay]
+    if not out:
+        pins = [f"constraints.{key} = {getattr(c, key)}" for key in
+                ("first_stage_layers", "last_stage_layers", "account_for_embedding",
+                 "account_for_loss", "pp", "vp", "max_pp", "max_vp") if getattr(c, key) is not None]
+        why.append(f"no pipeline layout of the {sizes.layers} layers fits pipeline degrees {P} "
+                   f"and virtual stages {V} (rules: {'; '.join(r.says for r in rules)}; first / "
+                   f"last stage up to constraints.max_stage_shortfall = {c.max_stage_shortfall} "
+                   f"layers short)" + (f" under {', '.join(pins)}" if pins else ""))
+    return out, why
 
 
 def _vec(f: dict[int, int], primes: tuple[int, ...]) -> tuple[int, ...]:
@@ -190,6 +246,8 @@ def rule_rows(inst: Instance) -> tuple[list[RuleRow], list[Implication], list[Ru
     grid, sizes = symbols(inst), Sizes.of(inst)
     rows, implications, knob_rules = [], [], []
     for rule in rules_for(inst):
+        if rule.on_knobs:                  # per layout, on numbers (_layout_pairs)
+            continue
         quantities = rule.quantities(grid, sizes)
         if rule.kind == "implies":
             (a, _), (b, _) = (q.single_form() for q in quantities)
@@ -306,6 +364,10 @@ def build_space(inst: Instance) -> SearchSpace:
     start: dict[str, list[int] | None] = {n: None for n in BASE_NAMES}
     start["B"] = B
     start["b"] = smooth_in_range(lo_mb, min(hi_mb, max(B, default=1)), primes)
+    # the layout rules split layers + shortfalls over pp * vp: both divide one of those counts
+    layouts = layout_choices(inst)
+    split = sorted({d for lay in layouts for d in divisors(m.layers + lay[0] + lay[1])})
+    start["P"], start["V"] = list(split), list(split)
     caps = {"T": (c.tp, None, c.max_tp), "C": (c.cp, None, c.max_cp),
             "P": (c.pp, None, c.max_pp), "V": (c.vp, None, c.max_vp),
             "E": (c.ep, None, c.max_ep)}
@@ -324,7 +386,19 @@ def build_space(inst: Instance) -> SearchSpace:
                     f"and constraints.{LABELS[var][1]} = {pin}"])
             caps[var] = (pin, lo, 1)
     dom, bounded_by = _domains(rows, start, caps)
+    for var in ("P", "V"):          # their candidates come from the layouts' padded counts
+        bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
+                               "shortfalls (constraints.max_stage_shortfall = "
+                               f"{c.max_stage_shortfall})")
+    layout_rules = [r for r in rules_for(inst) if r.on_knobs]
+    pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
+    if dom["P"] and dom["V"] and B:
+        why += layout_why           # (with P or V empty, their own message says why)
+        dom["P"] = [x for x in dom["P"] if any(p == x for ok in pairs.values() for p, _ in ok)]
+        dom["V"] = [x for x in dom["V"] if any(v == x for ok in pairs.values() for _, v in ok)]
     for var in BASE_NAMES:
+        if var in ("P", "V") and layout_why and dom["P"] and dom["V"]:  # (said above)
+            continue
         if not dom[var] and B:               # (an empty batch range is reported above)
             rules = "; ".join(dict.fromkeys(bounded_by[var]))
             why.append(f"no {LABELS[var][0]} satisfies: {rules}"
@@ -359,13 +433,19 @@ def build_space(inst: Instance) -> SearchSpace:
     # a search would always switch it on; what a user runs is the framework's choice or theirs.
     overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
                 for o in OVERLAP_KNOBS}
-    combos = [Knobs(r, s, o, **dict(zip(OVERLAP_KNOBS, ov)))
-              for r, s, o, *ov in itertools.product(modes, sp_vals, do_vals, *overlaps.values())]
+    lays = [lay for lay in layouts if lay in pairs]
+    paced = any(lay[1] for lay in lays)
+    combos = [Knobs(r, s, o, **dict(zip(OVERLAP_KNOBS, ov)), first_short=lay[0],
+                    last_short=lay[1], account_for_embedding=lay[2], account_for_loss=lay[3],
+                    paced=paced)
+              for r, s, o, lay, *ov in itertools.product(modes, sp_vals, do_vals, lays,
+                                                         *overlaps.values())]
     dims = {"recompute": modes, "sequence_parallel": sp_vals, "distributed_optimizer": do_vals,
+            "layout": tuple(lays),      # one dimension: its four fields vary together
             **overlaps}
     caps_on_forms = []
     if c.dp is not None or c.max_dp is not None:
         mono, coef = symbols(inst).dp.single_form()
         caps_on_forms.append(("dp", mono, coef, c.dp, c.dp or c.max_dp))
     return SearchSpace(inst, primes, base, fixed, cons, combos, dims, caps_on_forms,
-                       implications)
+                       implications, layout_pairs=pairs)

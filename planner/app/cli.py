@@ -172,15 +172,14 @@ def evaluate(
     """Evaluate the plan in [plan] (flags override any knob): step time, memory, MFU, days, cost.
     Exit 3 when the plan breaks a structural rule or does not fit (the report lists why)."""
     from planner.model.evaluate import evaluate as run_evaluate
-    from planner.model.plan import plan_from_spec
+    from planner.model.errors import InputError
+    from planner.model.plan import layout_violations, plan_from_spec
     from planner.app.report import print_step
     from planner.model.schema import RECOMPUTE_MODES
 
     try:
         _check_emit(emit, emit_to)
         if recompute is not None and recompute not in RECOMPUTE_MODES:
-            from planner.model.errors import InputError
-
             raise InputError(f"--recompute: expected one of {', '.join(RECOMPUTE_MODES)}, "
                              f"got \"{recompute}\"")
         inst = _load(file, nodes)
@@ -192,6 +191,9 @@ def evaluate(
                               overlap_grad_reduce=overlap_grad_reduce,
                               overlap_param_gather=overlap_param_gather,
                               tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm)
+        bad_layout = layout_violations(inst, plan)
+        if bad_layout:
+            raise InputError("[plan] pipeline layout: " + "; ".join(bad_layout))
         rep = run_evaluate(inst, plan, spec=spec)
         best = None
         if vs_optimum:

@@ -237,7 +237,12 @@ def _overlaps(plan: Plan) -> dict[str, bool]:
 
 
 def _layers_per_stage(inst: Instance, plan: Plan) -> int:
-    return inst.model.layers // (plan.pp * plan.vp)
+    """Decoder layers of a (middle) virtual stage."""
+    return (inst.model.layers + plan.knobs.padded_layers) // (plan.pp * plan.vp)
+
+
+def _uneven(plan: Plan) -> bool:
+    return plan.knobs.uneven
 
 
 def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> list[str]:
@@ -261,6 +266,11 @@ def _comments(lines: list[str], prefix: str = "# ") -> list[str]:
         out += textwrap.wrap(line, width=100, initial_indent=prefix, subsequent_indent=prefix + "  ",
                              break_on_hyphens=False, break_long_words=False)
     return out
+
+
+def _stages_text(plan: Plan) -> str:
+    layers = plan.stage_layers or []
+    return ", ".join(str(n) for n in layers) + f" (pp={plan.pp}, vp={plan.vp})"
 
 
 # --------------------------------------------------------------------------------------- Megatron
@@ -306,8 +316,21 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         f"--pipeline-model-parallel-size {plan.pp}",
         f"--context-parallel-size {plan.cp}",
     ]
-    if plan.vp > 1:
+    if plan.vp > 1 and _uneven(plan):
+        # an uneven split is given per rank; interleaving then counts chunks per rank
+        args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vp}")
+    elif plan.vp > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {_layers_per_stage(inst, plan)}")
+    if plan.first_stage_layers:
+        args.append(f"--decoder-first-pipeline-num-layers {plan.first_stage_layers}")
+    if plan.last_stage_layers:
+        args.append(f"--decoder-last-pipeline-num-layers {plan.last_stage_layers}")
+    if plan.account_for_embedding:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if plan.account_for_loss:
+        args.append("--account-for-loss-in-pipeline-split")
+    if _uneven(plan):
+        comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
     args += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
     if _sp(plan):                                  # Megatron-Core: SP needs TP
         args.append("--sequence-parallel")
@@ -439,6 +462,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
         comments.append("pipeline_dtype is a torch.dtype: in a Python recipe write "
                         "recipe.trainer.strategy.pipeline_dtype = torch.bfloat16 (torch.float16 "
                         "for fp16)")
+    if _uneven(plan):
+        comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
     if m.gated_mlp or m.position_embedding == "rope" or not m.tied_embeddings:
         comments.append("pick a recipe whose model config matches: "
                         + ", ".join(s for s, on in (("gated (SwiGLU) MLP", m.gated_mlp),
@@ -456,6 +481,12 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "tensor_model_parallel_size": plan.tp,
                 "pipeline_model_parallel_size": plan.pp,
                 "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
+                # MegatronStrategy's names for Megatron-Core's uneven split
+                **({"num_layers_in_first_pipeline_stage": plan.first_stage_layers or None,
+                    "num_layers_in_last_pipeline_stage": plan.last_stage_layers or None,
+                    "account_for_embedding_in_pipeline_split": plan.account_for_embedding,
+                    "account_for_loss_in_pipeline_split": plan.account_for_loss}
+                   if _uneven(plan) else {}),
                 "context_parallel_size": plan.cp,
                 **({"expert_model_parallel_size": _ep(plan), "expert_tensor_parallel_size": 1}
                    if _moe(inst) else {}),
@@ -594,9 +625,21 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if plan.pp > 1:
         par["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vp > 1 else "1F1B"
         par["pipeline_parallel_layers_per_stage"] = _layers_per_stage(inst, plan)
-        # no extra layer-equivalents for the embedding and output layers: exactly pp*vp stages
-        par["pipeline_parallel_first_stage_less_layers"] = 0
-        par["pipeline_parallel_last_stage_less_layers"] = 0
+        # the first / last of the pp*vp virtual stages hold that many layers fewer (torchtitan
+        # shortens only those two; 0: exactly pp*vp equal stages)
+        k = plan.knobs
+        spread = plan.vp > 1 and k.explicit_layout
+        par["pipeline_parallel_first_stage_less_layers"] = 0 if spread else int(k.first_short)
+        par["pipeline_parallel_last_stage_less_layers"] = 0 if spread else int(k.last_short)
+        if _uneven(plan):
+            comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
+        if spread:
+            comments.append(
+                "cannot express: the plan spreads the first / last rank's shortfall over its "
+                f"{plan.vp} virtual stages (Megatron's first/last stage counts), while "
+                "pipeline_parallel_first/last_stage_less_layers shorten one virtual stage only; "
+                "list the layers per stage in module_fqns_per_model_stage instead (the even "
+                "split emitted here is not the plan)")
     par["pipeline_parallel_microbatch_size"] = mb
     par["context_parallel_degree"] = plan.cp
     if _moe(inst):
@@ -668,6 +711,12 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             **({"expert": _ep(plan), "expert_tensor": 1} if _moe(inst) else {}),
             "virtual_pipeline": plan.vp,
             "layers_per_virtual_stage": _layers_per_stage(inst, plan),
+            "stage_layers": plan.stage_layers,
+            **({"layout_how": (
+                "cannot express in the JSON: PipelineModule(partition_method=...) offers "
+                "'uniform', 'parameters' and 'type:<regex>', not decoder layers per stage; the "
+                "model code must build the stages of stage_layers (e.g. Megatron-DeepSpeed "
+                "with the megatron export's layout flags)")} if _uneven(plan) else {}),
             "sequence_parallel": _sp(plan),
             "recompute": plan.recompute,
             "precision": precision,

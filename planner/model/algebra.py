@@ -50,6 +50,7 @@ FUNCTIONS: dict[str, Callable[[float], float]] = {
     "eq1": lambda x: 1.0 if abs(x - 1) <= 1e-9 else 0.0,
     "ring_share": lambda x: 1.0 - 1.0 / x,
     "steps": lambda x: x - 1.0,
+    "gt2": lambda x: 1.0 if x > 2 + 1e-9 else 0.0,
 }
 
 
@@ -252,6 +253,7 @@ ARRAY_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "eq1": lambda x: (np.abs(x - 1) <= 1e-9).astype(float),
     "ring_share": lambda x: 1.0 - 1.0 / x,
     "steps": lambda x: x - 1.0,
+    "gt2": lambda x: (x > 2 + 1e-9).astype(float),
 }
 
 
@@ -266,6 +268,11 @@ def _apply(name: str, x):
 def gt1(x):
     """1 if ``x > 1`` else 0 (x a degree or a product of degrees)."""
     return _apply("gt1", x)
+
+
+def gt2(x):
+    """1 if ``x > 2`` else 0: a pipeline of ``x`` stages has middle stages."""
+    return _apply("gt2", x)
 
 
 def eq1(x):

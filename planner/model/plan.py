@@ -25,7 +25,7 @@ and never raises (a report lists them all).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from planner.model.errors import InputError
@@ -52,6 +52,95 @@ class Knobs:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     overlap_p2p_comm: bool = False
+    #: The pipeline layout, as the search chooses it (independent of the pipeline degree): how
+    #: many decoder layers the first / last stage holds fewer than a middle one (a middle stage
+    #: holds ``m = (layers + first_short + last_short) / pp``), and whether that shortfall is
+    #: Megatron-LM's "the embedding / the loss counts as one layer" (then it is 1, and only the
+    #: first chunk of rank 0 / the last chunk of rank pp-1 is short). ``Plan`` keeps Megatron's
+    #: absolute counts; :func:`layout_knobs` converts.
+    first_short: Any = 0
+    last_short: Any = 0
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    #: set by the search when one of its layouts has a short last stage: the symbolic model
+    #: then carries the maximum that decides whether the last stage (with the output layer) or
+    #: a middle one is the slowest (not a choice: ignored when comparing knobs)
+    paced: bool = field(default=False, compare=False)
+
+    @property
+    def layout(self) -> tuple:
+        """The four layout fields, one categorical dimension of the search."""
+        return (self.first_short, self.last_short, self.account_for_embedding,
+                self.account_for_loss)
+
+    @property
+    def padded_layers(self) -> Any:
+        """``layers + first_short + last_short`` over the layers: the count ``pp * vp`` splits."""
+        return self.first_short + self.last_short
+
+    @property
+    def uneven(self) -> bool:
+        return bool(self.first_short or self.last_short)
+
+    @property
+    def explicit_layout(self) -> bool:
+        """First/last counts given as numbers (Megatron ``--decoder-first/last-pipeline-num-
+        layers``), not by counting the embedding / loss as layers."""
+        return self.uneven and not (self.account_for_embedding or self.account_for_loss)
+
+
+def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool]]:
+    """The pipeline layouts the search considers, as ``(first_short, last_short,
+    account_for_embedding, account_for_loss)``: the even split; each first / last shortfall up
+    to ``constraints.max_stage_shortfall`` (Megatron-LM's first / last stage counts); and the
+    embedding and / or loss counted as a layer. The ``[constraints]`` pins on the account flags
+    keep or drop those; pins on the first / last counts are checked per pipeline degree by the
+    search (they depend on it)."""
+    c = inst.spec.constraints
+    k = c.max_stage_shortfall
+    out: list[tuple[int, int, bool, bool]] = []
+    for ae in (False, True):
+        for al in (False, True):
+            if c.account_for_embedding is not None and ae != c.account_for_embedding:
+                continue
+            if c.account_for_loss is not None and al != c.account_for_loss:
+                continue
+            if ae or al:
+                if k >= 1 and c.first_stage_layers is None and c.last_stage_layers is None:
+                    out.append((int(ae), int(al), ae, al))
+                continue
+            out += [(sf, sl, False, False) for sf in range(k + 1) for sl in range(k + 1)]
+    return out
+
+
+def layout_knobs(layers: int, pp: int, first: int = 0, last: int = 0,
+                 account_for_embedding: bool = False, account_for_loss: bool = False
+                 ) -> tuple[Any, Any]:
+    """The shortfalls ``(first_short, last_short)`` of a plan's layout in Megatron-LM's terms.
+
+    ``first`` / ``last`` are ``--decoder-first/last-pipeline-num-layers`` (0: not given, the
+    stage takes a middle stage's share); the middle stages split the rest evenly, so a middle
+    holds ``m = (layers - first - last) / (pp - 2)`` (with only one of them given, the other
+    stage is a middle one: ``m = (layers - first) / (pp - 1)``). With ``pp = 2`` there is no
+    middle stage and ``m`` is the larger of the two. The account flags make the shortfall 1.
+    ``m`` may come out fractional (a layout that does not split): the rules report it."""
+    from fractions import Fraction
+    if account_for_embedding or account_for_loss:
+        return int(account_for_embedding), int(account_for_loss)
+    if not first and not last:
+        return 0, 0
+    given = [n for n in (first, last) if n]
+    middles = pp - len(given)
+    if middles > 0:
+        m = Fraction(layers - sum(given), middles)
+    elif len(given) == 2:
+        m = Fraction(max(first, last))
+    else:                                  # pp = 1 with a first / last count: not a layout
+        m = Fraction(layers)
+    m = int(m) if m.denominator == 1 else m
+    sf = m - first if first else 0
+    sl = m - last if last else 0
+    return sf, sl
 
 
 @dataclass(frozen=True)
@@ -202,23 +291,63 @@ class Plan:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     overlap_p2p_comm: bool = False
+    #: Pipeline layout, Megatron-LM's names: decoder layers of the first / last pipeline stage
+    #: (0: not given, an even share), and the embedding / loss counted as one layer each
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    #: the model's decoder layers (to derive the layout; not a knob, not in the JSON plan)
+    layers: int = 0
 
     @staticmethod
-    def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int) -> Plan:
+    def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int,
+                  layers: int = 0) -> Plan:
         """Decode an assignment of the base variables (a solver's answer) into a plan on
         ``nodes`` hosts whose NVLink segments hold ``node_size`` GPUs."""
         g = Grid.from_base(x, gpus, node_size)
         grid = {f.name: _whole(getattr(g, f.name)) for f in fields(Grid)
                 if f.name not in ("node_size",)}
+        first = last = 0
+        if knobs.explicit_layout:          # Megatron's counts from the search's shortfalls
+            m = (layers + knobs.padded_layers) // grid["pp"]
+            first = m - knobs.first_short if knobs.first_short else 0
+            last = m - knobs.last_short if knobs.last_short else 0
         return Plan(nodes=nodes, recompute=knobs.recompute,
                     sequence_parallel=knobs.sequence_parallel,
                     distributed_optimizer=knobs.distributed_optimizer, nvlink_domain=node_size,
+                    first_stage_layers=first, last_stage_layers=last,
+                    account_for_embedding=knobs.account_for_embedding,
+                    account_for_loss=knobs.account_for_loss, layers=layers,
                     **{o: getattr(knobs, o) for o in OVERLAP_KNOBS}, **grid)
 
     @property
     def knobs(self) -> Knobs:
+        sf, sl = 0, 0
+        if self.first_stage_layers or self.last_stage_layers or self.account_for_embedding \
+                or self.account_for_loss:
+            if not self.layers:
+                raise ValueError("a plan with a pipeline layout needs its model's layers")
+            sf, sl = layout_knobs(self.layers, self.pp, self.first_stage_layers,
+                                  self.last_stage_layers, self.account_for_embedding,
+                                  self.account_for_loss)
         return Knobs(self.recompute, self.sequence_parallel, self.distributed_optimizer,
+                     first_short=sf, last_short=sl,
+                     account_for_embedding=self.account_for_embedding,
+                     account_for_loss=self.account_for_loss,
                      **{o: getattr(self, o) for o in OVERLAP_KNOBS})
+
+    @property
+    def stage_layers(self) -> list[int] | None:
+        """Decoder layers of each pipeline rank (None without the model's layer count)."""
+        if not self.layers:
+            return None
+        k = self.knobs
+        m = (self.layers + k.padded_layers) / self.pp
+        if self.pp == 1:
+            return [self.layers]
+        out = [m - k.first_short] + [m] * (self.pp - 2) + [m - k.last_short]
+        return [_whole(n) for n in out]
 
     @property
     def node_size(self) -> int:
@@ -261,6 +390,8 @@ class Plan:
             d[f"{dim}_inter"] = self.inter(dim)
         d["expert_dp"] = self.expert_dp
         d["nvlink_domain"] = self.node_size
+        d.pop("layers")
+        d["stage_layers"] = self.stage_layers
         return d
 
 
@@ -300,6 +431,10 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 recompute=f["recompute"], sequence_parallel=_knob(inst, f, "sequence_parallel"),
                 distributed_optimizer=_knob(inst, f, "distributed_optimizer"),
                 nvlink_domain=inst.node_size, **{f"{d}_intra": intra[d] for d in ORDER},
+                first_stage_layers=f["first_stage_layers"] or 0,
+                last_stage_layers=f["last_stage_layers"] or 0,
+                account_for_embedding=f["account_for_embedding"],
+                account_for_loss=f["account_for_loss"], layers=inst.model.layers,
                 **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS})
 
 
@@ -321,9 +456,27 @@ def overlap_default(inst: Instance, name: str) -> bool:
     return framework_of(inst.spec.constraints.framework).overlap_default(name)
 
 
+def layout_violations(inst: Instance, plan: Plan) -> list[str]:
+    """The pipeline-layout rules a plan breaks (``[plan] first_stage_layers`` ... an input
+    error of ``plan evaluate``): the exclusive ways of setting the layout, then the layout rules
+    of the rule table (those that read the knobs)."""
+    if (plan.account_for_embedding or plan.account_for_loss) and (
+            plan.first_stage_layers or plan.last_stage_layers):
+        return [f"plan.first_stage_layers={plan.first_stage_layers} / last_stage_layers="
+                f"{plan.last_stage_layers} cannot be combined with account_for_embedding / "
+                "account_for_loss (Megatron-LM: the two ways of setting an uneven layout are "
+                "exclusive)"]
+    if not plan.knobs.uneven:
+        return []
+    return [v for v in violations(inst, plan.grid, plan.knobs, what_ifs=False, layout_only=True)]
+
+
 def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = None) -> list[str]:
     """Every structural rule the plan breaks, as sentences naming the numbers (the rules of
     :mod:`planner.model.rules`), plus a ``[plan] micro_batches`` that disagrees with the plan."""
+    bad = layout_violations(inst, plan)
+    if bad and not plan.knobs.uneven:          # the exclusive settings: no layout to judge
+        return bad
     out = violations(inst, plan.grid, plan.knobs)
     if spec is not None and spec.micro_batches and spec.micro_batches != plan.micro_batches:
         out.append(f"plan.micro_batches={spec.micro_batches} but global_batch/(dp*micro_batch)"

@@ -72,10 +72,20 @@ class Rule:
     knob: str | None = None                     # needs_knob: the knob the rule needs
     what_if: bool = False                       # a [constraints] what-if, not a framework rule
     judges: Callable[[Instance], bool] | None = None   # when it judges a fixed plan (default: always)
+    #: a layout rule: its quantities and message also read the knobs (``(grid, sizes, knobs)``),
+    #: and only ``pp`` and ``vp`` of the grid; the search checks it per layout on numbers
+    on_knobs: bool = False
+
+    def quantities_of(self, grid, sizes: Sizes, knobs=None) -> tuple:
+        return self.quantities(grid, sizes, knobs) if self.on_knobs else \
+            self.quantities(grid, sizes)
+
+    def message_of(self, grid, sizes: Sizes, knobs=None) -> str:
+        return self.message(grid, sizes, knobs) if self.on_knobs else self.message(grid, sizes)
 
     def holds(self, grid, sizes: Sizes, knobs=None) -> bool:
         """Whether a plan's numbers keep the rule."""
-        q = self.quantities(grid, sizes)
+        q = self.quantities_of(grid, sizes, knobs)
         if self.kind == "integer":
             return all(_positive_integer(x) for x in q)
         if self.kind == "one":
@@ -123,6 +133,51 @@ def _intra(dim: str) -> Rule:
                               f"{dim}={getattr(v, dim)}")
 
 
+def _padded(v, k: Sizes, kn) -> Any:
+    """Layers the pipeline split counts: the decoder layers plus the layout's shortfalls."""
+    return k.layers + (kn.padded_layers if kn is not None else 0)
+
+
+def _layers_message(v, k: Sizes, kn) -> str:
+    if kn is None or not kn.uneven:
+        return f"pp*vp = {v.pp * v.vp} must divide layers={k.layers}"
+    lp = _padded(v, k, kn)
+    if not kn.explicit_layout:
+        counted = " and ".join(n for n, on in (("the embedding", kn.account_for_embedding),
+                                                 ("the loss", kn.account_for_loss)) if on)
+        return (f"with {counted} counted as a layer (account_for_embedding / account_for_loss), "
+                f"layers + {_g(kn.padded_layers)} = {_g(lp)} must be divisible by pp={v.pp} and "
+                f"the per-rank count {_g(lp / v.pp)} by vp={v.vp}")
+    m = lp / v.pp
+    ends = [(n, m - s) for n, s in (("first", kn.first_short), ("last", kn.last_short)) if s]
+    given = " and ".join(f"{n}_stage_layers={_g(c)}" for n, c in ends)
+    middles = v.pp - len(ends)
+    left = k.layers - sum(c for _, c in ends)
+    return (f"the {_g(left)} layers left after {given} must split evenly over the {middles} "
+            f"other pipeline stage{'s' if middles != 1 else ''}, each a multiple of vp={v.vp} "
+            f"(got {_g(m)} per stage)")
+
+
+def _ends(v, k: Sizes, kn) -> tuple:
+    """First and last chunk keep at least one layer; explicit counts are multiples of vp."""
+    if kn is None or not kn.uneven:
+        return (1,)
+    m = _padded(v, k, kn) / v.pp
+    if kn.explicit_layout:
+        return tuple((m - s) / v.vp for s in (kn.first_short, kn.last_short))
+    return (m / v.vp - kn.account_for_embedding, m / v.vp - kn.account_for_loss)
+
+
+def _ends_message(v, k: Sizes, kn) -> str:
+    m = _padded(v, k, kn) / v.pp
+    if kn.explicit_layout:
+        return (f"first_stage_layers={_g(m - kn.first_short)} and last_stage_layers="
+                f"{_g(m - kn.last_short)} must each be > 0 and divisible by vp={v.vp}")
+    return (f"with the embedding / loss counted as a layer, each pipeline rank holds "
+            f"{_g(m / v.vp)} layer(s) per virtual stage (vp={v.vp}); the first chunk of rank 0 / "
+            "the last chunk of the last rank builds one fewer and must keep at least one")
+
+
 #: The expert rules are reported once the grid itself is consistent (and ep = 1 on a dense model)
 _GRID_OK = ("ep_dense", "gpus", "box", "pp_intra")
 
@@ -140,9 +195,16 @@ RULES: tuple[Rule, ...] = (
     Rule("heads", "integer", lambda v, k: (k.heads / v.tp, k.kv / v.tp),
          "tp divides heads and kv_heads",
          lambda v, k: f"tp={v.tp} must divide heads={k.heads} and kv_heads={k.kv}"),
-    Rule("layers", "integer", lambda v, k: (k.layers / (v.pp * v.vp),),
-         "pp*vp divides layers",
-         lambda v, k: f"pp*vp = {v.pp * v.vp} must divide layers={k.layers}"),
+    Rule("layers", "integer", lambda v, k, kn: (_padded(v, k, kn) / (v.pp * v.vp),),
+         "pp*vp divides layers (plus the layout's shortfalls)", _layers_message, on_knobs=True),
+    Rule("layout_pp", "integer",
+         lambda v, k, kn: (v.pp - 1 if kn is not None and kn.uneven else 1,),
+         "an uneven layout needs pp > 1",
+         lambda v, k, kn: "an uneven pipeline layout (first_stage_layers / last_stage_layers / "
+                          "account_for_embedding / account_for_loss) needs pp > 1",
+         on_knobs=True),
+    Rule("layout_ends", "integer", _ends, "the first / last stage keep layers, multiples of vp",
+         _ends_message, on_knobs=True, requires=("layers", "layout_pp")),
     Rule("interleave_pp", "implies", lambda v, k: (v.vp, v.pp), "vp > 1 needs pp > 1",
          lambda v, k: "vp > 1 needs pp > 1 (interleaving splits pipeline stages)"),
     Rule("seq", "integer", lambda v, k: (k.seq / v.cp,), "cp divides seq_len",
@@ -204,14 +266,18 @@ def rules_for(inst: Instance) -> list[Rule]:
     return [r for r in RULES if r.applies(inst)]
 
 
-def violations(inst: Instance, grid, knobs, what_ifs: bool = True) -> list[str]:
+def violations(inst: Instance, grid, knobs, what_ifs: bool = True,
+               layout_only: bool = False) -> list[str]:
     """Every applicable rule a plan's grid (numbers) breaks, as the user reads it
-    (``what_ifs=False``: only the rules every framework has, not the ``[constraints]``)."""
+    (``what_ifs=False``: only the rules every framework has, not the ``[constraints]``;
+    ``layout_only``: only the pipeline-layout rules, those that read the knobs)."""
     sizes = Sizes.of(inst)
     held: set[str] = set()
     out = []
     for rule in rules_for(inst):
         if rule.what_if and not what_ifs or rule.judges and not rule.judges(inst):
+            continue
+        if layout_only and not rule.on_knobs:
             continue
         if any(r not in held for r in rule.requires if r in BY_NAME and BY_NAME[r].applies(inst)):
             continue
@@ -221,5 +287,5 @@ def violations(inst: Instance, grid, knobs, what_ifs: bool = True) -> list[str]:
         if rule.holds(grid, sizes, knobs):
             held.add(rule.name)
         else:
-            out.append(rule.message(grid, sizes))
+            out.append(rule.message_of(grid, sizes, knobs))
     return out

@@ -274,6 +274,20 @@ class ConstraintSpec(_Strict):
     framework: FrameworkName | None = Field(
         default=None, description="only plans this framework runs, with its defaults "
         "(planner/model/frameworks.py); default: any framework, Megatron-LM's defaults")
+    max_stage_shortfall: Annotated[int, Field(ge=0, le=8)] = Field(
+        default=1, description="uneven pipeline layouts the search considers: the first / "
+        "last stage holds up to this many decoder layers fewer than a middle one (0: even "
+        "layouts only)")
+    first_stage_layers: upto(MAX_LAYERS) | None = Field(
+        default=None, description="pin the decoder layers of the first pipeline stage")
+    last_stage_layers: upto(MAX_LAYERS) | None = Field(
+        default=None, description="pin the decoder layers of the last pipeline stage")
+    account_for_embedding: bool | None = Field(
+        default=None, description="pin Megatron-LM's account-for-embedding layout on / off; "
+        "default free")
+    account_for_loss: bool | None = Field(
+        default=None, description="pin Megatron-LM's account-for-loss layout on / off; "
+        "default free")
 
     @model_validator(mode="before")
     @classmethod
@@ -333,6 +347,18 @@ class PlanSpec(_Strict):
     distributed_optimizer: bool | None = Field(
         default=None, description="default: the [constraints] pin, else on (KNOB_DEFAULTS)")
     ep: upto(MAX_GPUS) = Field(default=1, description="expert-parallel degree (MoE models)")
+    first_stage_layers: upto(MAX_LAYERS) | None = Field(
+        default=None, description="decoder layers of the first pipeline stage (Megatron-LM "
+        "--decoder-first-pipeline-num-layers); default: an even share")
+    last_stage_layers: upto(MAX_LAYERS) | None = Field(
+        default=None, description="decoder layers of the last pipeline stage (Megatron-LM "
+        "--decoder-last-pipeline-num-layers); default: an even share")
+    account_for_embedding: bool = Field(
+        default=False, description="the embedding counts as one layer of the pipeline split "
+        "(Megatron-LM --account-for-embedding-in-pipeline-split)")
+    account_for_loss: bool = Field(
+        default=False, description="the loss / output layer counts as one layer of the pipeline "
+        "split (Megatron-LM --account-for-loss-in-pipeline-split)")
     ep_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of ep inside a node")
     tp_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of tp inside a node")
     cp_intra: upto(MAX_GPUS) | None = None

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.model.algebra import (capped_quotient, eq1, gt1, is_one, is_zero, quotient_excess,
-                                   ring_share, steps, vmax)
+from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, is_zero,
+                                   quotient_excess, ring_share, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, ring_step
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
@@ -237,7 +237,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         ep_layer = 0.0
     layer_compute = dense_share * dense_compute + moe_share * moe_compute   # model average
 
-    stage_layers = L / p
+    # the pipeline layout: a middle stage holds (L + first_short + last_short) / p layers, the
+    # first and last stages first_short / last_short fewer (an even split: both 0)
+    sf, sl = k.first_short, k.last_short
+    padded = L + sf + sl
+    stage_layers = padded / p
     # the slowest pipeline stage sets the pace of compute and bubble: the one holding the most
     # MoE layers, min(L/p, n_moe) of them (an all-MoE stage as soon as p >= L / n_moe)
     if not sh.n_moe:
@@ -245,14 +249,41 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     elif sh.n_moe == L:
         stage_moe, stage_dense = stage_layers, 0.0
     else:       # min(L/p, n_moe) and the rest, max(L/p - n_moe, 0): each one factor >= 0
-        stage_moe, stage_dense = capped_quotient(p, L, sh.n_moe), quotient_excess(p, L, sh.n_moe)
+        stage_moe, stage_dense = (capped_quotient(p, padded, sh.n_moe),
+                                  quotient_excess(p, padded, sh.n_moe))
     stage_compute = stage_dense * dense_compute + stage_moe * moe_compute   # one micro-batch
 
+    symbolic = any(isinstance(getattr(x, f), Sig) for f in ("p_in", "p_out", "v", "b", "B"))
+    # Per stage: the first holds stage_layers - sf layers (and the embedding lookup, no FLOPs),
+    # a middle one stage_layers (only when p > 2), the last stage_layers - sl and the output
+    # layer; compute and bubble follow the slowest one. A first / last stage runs its share of
+    # the middle stage's layer mix. The communication per layer is charged on the fullest
+    # stage (a middle one: an upper bound).
+    per_layer = stage_compute / stage_layers
+    if symbolic:
+        # the search's layouts have sf, sl >= 0 and, at p = 2, one of them 0 (the space keeps
+        # to these): then the middle stage is the slowest but for the output layer, and the
+        # maximum over the stages reduces to this one (equal to the general one below); with
+        # no short last stage in the search (not k.paced) it is the last stage
+        if k.paced:
+            pace_compute = stage_compute + vmax(0.0, logits - sl * per_layer)
+        elif sl:
+            raise ValueError("a short last stage in the search needs Knobs.paced")
+        else:
+            pace_compute = stage_compute + logits
+        pace_bubble = stage_compute
+    elif k.uneven:
+        first_c, last_c = stage_compute - sf * per_layer, stage_compute - sl * per_layer
+        pace_compute = vmax(first_c, gt2(p) * stage_compute, last_c + logits)
+        pace_bubble = vmax(first_c, gt2(p) * stage_compute, last_c)
+    else:
+        pace_compute, pace_bubble = stage_compute + logits, stage_compute
+
     time = {
-        "compute": m * (stage_compute + logits),
+        "compute": m * pace_compute,
         # (p - 1)/v stage times of the slowest stage
         "bubble": tr.bubble_ratio * steps(p) / v * (
-            stage_compute + stage_dense * tp_layer + stage_moe * (tp_moe + ep_layer)
+            pace_bubble + stage_dense * tp_layer + stage_moe * (tp_moe + ep_layer)
             + stage_layers * cp_layer),
         "tp_comm": m * (stage_dense * tp_layer + stage_moe * tp_moe),
         "cp_comm": m * stage_layers * cp_layer,
@@ -307,8 +338,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         bucket_params = bucket_size * capped_quotient(t, layer_params / bucket_size, 1)
         bucket = allreduce(GRAD_WIRE_BYTES * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
                            hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
-        backward = stage_compute * (passes - 1) / passes
-        forward = stage_compute / passes
+        # (the lightest stage's compute: a lower bound on the window of every stage)
+        window = stage_compute - max(sf, sl) * per_layer if k.uneven else stage_compute
+        backward = window * (passes - 1) / passes
+        forward = window / passes
         halves = 2 if dist else 1          # reduce-scatter + all-gather, or one all-reduce
         reduce_ = dp_raw / halves
         if k.overlap_grad_reduce:
@@ -357,6 +390,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
     logits_buffer = 6 * tokens * sh.V / t                         # 16-bit logits + fp32 softmax
 
+    # every distinct stage: the first and last (their own layers), and with an uneven layout
+    # the second rank, the middle stage holding most activations: (p - 1) micro-batches of
+    # its layers, interleaved 2 (p - 2) + (v - 1) p + 1 chunks of layers / v (Megatron's
+    # warm-up on rank 1)
+    stages = {"first": stage_layers - sf, "last": stage_layers - sl}
+    if k.uneven and (symbolic or not isinstance(p, (int, float)) or p > 2):
+        stages = {"first": stages["first"], "middle": stage_layers, "last": stages["last"]}
+    mid_flight = steps(p) + gt1(v) * (1 + steps(p) / v - 2 / v)
+
     memory = {}
     for kind in kinds:
         if kind == "dense":
@@ -367,15 +409,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             act_bytes_p = sh.moe_act_parallel_bytes
         stored, working = stored_per_layer(act_bytes_p)
         expert_opt = OPTIMIZER_BYTES / expert_shards
-        for stage in STAGES:
+        for stage, n_layers in stages.items():
             if stage == "first":
-                dense_p = (stage_layers * layer_p + sh.embedding_params
+                dense_p = (n_layers * layer_p + sh.embedding_params
                            + eq1(p) * (untied_extra + 2 * h)) / t
-                acts = L * stored * first_flight + working + embed_mask
+                acts = p * n_layers * stored * first_flight + working + embed_mask
                 logit = eq1(p) * logits_buffer
+            elif stage == "middle":
+                dense_p = gt2(p) * n_layers * layer_p / t
+                acts = gt2(p) * (n_layers * stored * mid_flight + working)
+                logit = 0.0
             else:
-                dense_p = (stage_layers * layer_p + sh.V * h + 2 * h) / t
-                acts = L * stored * last_flight + working
+                dense_p = (n_layers * layer_p + sh.V * h + 2 * h) / t
+                acts = p * n_layers * stored * last_flight + working
                 logit = logits_buffer
             name = stage if len(kinds) == 1 else f"{stage}_{kind}"
             memory[name] = {

@@ -1,0 +1,147 @@
+"""Pipeline layouts (Megatron-LM's first / last stage counts and account flags): the plan keys,
+the rules, the per-stage model, the search and the exports (docs/model.md, "Pipeline layout")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from formulations.solve import solve
+from planner.app.cli import app
+from planner.app.emit import emit
+from planner.model.errors import InfeasibleError
+from planner.model.evaluate import evaluate
+from planner.model.instance import load_instance, parse_instance
+from planner.model.plan import plan_from_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA = ROOT / "instances" / "llama3.1-405b-h100.toml"
+
+#: a 10-layer model on 8 GPUs: pp = 4 needs an uneven layout (10 + 2 = 12 = 4 x 3)
+SMALL = {
+    "model": {"layers": 10, "hidden": 2048, "heads": 16, "vocab": 32000, "seq_len": 2048},
+    "training": {"global_batch": 16},
+    "cluster": {"gpu": "a100-80gb", "gpus": 8},
+    "constraints": {"pp": 4, "tp": 2, "memory_reserve_GiB": 2.0},
+}
+
+
+def _small(**constraints):
+    doc = json.loads(json.dumps(SMALL))
+    doc["constraints"].update(constraints)
+    return parse_instance(doc)
+
+
+def test_meta_layout_stages_and_megatron_rule():
+    # Dubey et al. 2024 Sec. 3.3.2: 126 layers on PP16, the first and last stage one layer short
+    inst = load_instance(LLAMA)
+    plan = plan_from_spec(inst, inst.spec.plan)
+    assert plan.stage_layers == [7] + [8] * 14 + [7]
+    assert sum(plan.stage_layers) == inst.model.layers
+    rep = evaluate(inst, plan)
+    assert not rep.violations
+    # a middle stage exists in the memory report; without recompute the second rank (15
+    # micro-batches of 8 layers) holds more activations than the first (16 of 7)
+    none = evaluate(inst, plan_from_spec(inst, inst.spec.plan, recompute="none"))
+    by = none.memory_by_stage_gib
+    assert by["middle"]["activations"] > by["first"]["activations"]
+
+
+def test_even_layout_numbers_do_not_move():
+    # an explicit layout equal to the even split is the even plan: same step time and memory
+    inst = load_instance(ROOT / "instances" / "gpt3-175b-a100.toml")
+    even = evaluate(inst, plan_from_spec(inst, inst.spec.plan))
+    m = inst.model.layers // inst.spec.plan.pp
+    same = evaluate(inst, plan_from_spec(inst, inst.spec.plan.model_copy(
+        update={"first_stage_layers": m, "last_stage_layers": m})))
+    assert same.step_time_s == pytest.approx(even.step_time_s, rel=1e-12)
+    assert same.memory_gib["total"] == pytest.approx(even.memory_gib["total"], rel=1e-12)
+
+
+def test_the_slowest_stage_sets_the_pace():
+    from planner.model.schema import PlanSpec
+    doc = json.loads(json.dumps(SMALL))
+    doc["model"]["vocab"] = 256000        # an output layer heavier than a decoder layer
+    inst = parse_instance(doc)
+    base = dict(tp=2, pp=4, dp=1, micro_batch=1)
+    # 10 layers on 4 stages: 2 + 3 + 3 + 2 (both short) against 3 + 3 + 3 + 1 (last two short)
+    a = evaluate(inst, plan_from_spec(inst, PlanSpec(**base, first_stage_layers=2,
+                                                     last_stage_layers=2)))
+    b = evaluate(inst, plan_from_spec(inst, PlanSpec(**base, first_stage_layers=3,
+                                                     last_stage_layers=1)))
+    assert a.plan.stage_layers == [2, 3, 3, 2] and b.plan.stage_layers == [3, 3, 3, 1]
+    assert not a.violations and not b.violations
+    # the output layer costs more than a decoder layer: with 2 layers and the
+    # output layer the last stage of `a` is the slowest; `b`'s last stage (1 layer + output)
+    # is lighter than its 3-layer middles, which set its pace
+    assert b.breakdown_s["compute"] < a.breakdown_s["compute"]
+    assert b.breakdown_s["bubble"] > a.breakdown_s["bubble"] * 0.999
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"pp": 12}, "split evenly over the 10 other pipeline stages"),
+    ({"pp": 16, "vp": 2}, "divisible by vp=2"),
+    ({"pp": 16, "account_for_embedding": True}, "cannot be combined"),
+])
+def test_bad_plan_layout_is_an_input_error(tmp_path, extra, words):
+    text = LLAMA.read_text()
+    for key, value in extra.items():
+        line = f"{key} = {str(value).lower()}\n"
+        if f"\n{key} = " in text:
+            text = "\n".join(line.rstrip("\n") if ln.startswith(f"{key} = ") else ln
+                             for ln in text.splitlines()) + "\n"
+        else:
+            text += line
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    res = CliRunner().invoke(app, ["evaluate", str(f), "--json"])
+    assert res.exit_code == 2, res.output
+    assert words in res.output
+
+
+def test_search_takes_an_uneven_layout_and_backends_agree():
+    inst = _small()
+    results = {b: solve(inst, solver=b, explain=False) for b in ("enumerate", "cpsat", "highs")}
+    ref = results["enumerate"]
+    assert sum(ref.report.plan.stage_layers) == 10 and len(set(ref.report.plan.stage_layers)) > 1
+    for b in ("cpsat", "highs"):
+        assert results[b].objective == pytest.approx(ref.objective, rel=1e-6)
+        assert results[b].report.plan == ref.report.plan
+
+
+def test_pins_on_the_layout():
+    first = solve(_small(first_stage_layers=2), solver="enumerate", explain=False)
+    assert first.report.plan.stage_layers[0] == 2
+    last = solve(_small(last_stage_layers=1, max_stage_shortfall=2), solver="cpsat",
+                 explain=False)
+    assert last.report.plan.stage_layers == [3, 3, 3, 1]
+    with pytest.raises(InfeasibleError) as exc:
+        solve(_small(max_stage_shortfall=0), solver="cpsat")
+    assert "layout" in " ".join(exc.value.explanation) and "max_stage_shortfall = 0" in \
+        " ".join(exc.value.explanation)
+
+
+def test_exports_carry_the_layout():
+    inst = load_instance(LLAMA)
+    plan = plan_from_spec(inst, inst.spec.plan)
+    meg = emit(inst, plan, "megatron")
+    assert "--decoder-first-pipeline-num-layers 7" in meg
+    assert "--decoder-last-pipeline-num-layers 7" in meg
+    tt = emit(inst, plan, "torchtitan")
+    assert "pipeline_parallel_first_stage_less_layers = 1" in tt
+    assert "pipeline_parallel_layers_per_stage = 8" in tt
+    ds = json.loads(emit(inst, plan, "deepspeed"))
+    assert ds["plan_parallelism"]["stage_layers"] == [7] + [8] * 14 + [7]
+    assert "cannot express" in ds["plan_parallelism"]["layout_how"]
+    acc = plan_from_spec(inst, inst.spec.plan.model_copy(update={
+        "first_stage_layers": None, "last_stage_layers": None, "pp": 8, "vp": 8, "dp": 256,
+        "account_for_embedding": True, "account_for_loss": True}))
+    assert acc.stage_layers == [15] + [16] * 6 + [15]       # NeMo's 405B recipe: (126+2)/8
+    meg = emit(inst, acc, "megatron")
+    assert "--account-for-embedding-in-pipeline-split" in meg
+    assert "--num-virtual-stages-per-pipeline-rank 8" in meg
+    nemo = emit(inst, acc, "nemo")
+    assert "account_for_loss_in_pipeline_split: true" in nemo
