@@ -50,7 +50,8 @@ from planner.model.errors import InfeasibleError
 from planner.model.instance import Instance
 from types import SimpleNamespace
 
-from planner.model.plan import BASE_NAMES, Grid, Knobs, layout_choices
+from planner.model.frameworks import OVERLAP_KNOBS
+from planner.model.plan import BASE_NAMES, Grid, Knobs, layout_choices, overlap_default
 from planner.model.rules import Rule, Sizes, rules_for
 
 #: The user's names of the base variables, and their pin / cap keys in [constraints].
@@ -438,12 +439,22 @@ def build_space(inst: Instance) -> SearchSpace:
     # needs sequence parallelism, as MoE layers with tp > 1 do, is then always kept.)
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (True,)
     do_vals = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,)
+    # The overlap switches are not searched either: each is the [constraints] pin, else the
+    # framework's default (planner/model/frameworks.py). Under the cost rules (docs/model.md,
+    # "Overlap") an overlap never exposes more than the raw collective and never adds memory, so
+    # a search would always switch it on; what a user runs is the framework's choice or theirs.
+    overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
+                for o in OVERLAP_KNOBS}
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
-    combos = [Knobs(r, s, o, *lay, paced=paced)
-              for r, s, o, lay in itertools.product(modes, sp_vals, do_vals, lays)]
+    combos = [Knobs(r, s, o, **dict(zip(OVERLAP_KNOBS, ov)), first_short=lay[0],
+                    last_short=lay[1], account_for_embedding=lay[2], account_for_loss=lay[3],
+                    paced=paced)
+              for r, s, o, lay, *ov in itertools.product(modes, sp_vals, do_vals, lays,
+                                                         *overlaps.values())]
     dims = {"recompute": modes, "sequence_parallel": sp_vals, "distributed_optimizer": do_vals,
-            "layout": tuple(lays)}      # one dimension: its four fields vary together
+            "layout": tuple(lays),      # one dimension: its four fields vary together
+            **overlaps}
     caps_on_forms = []
     if c.dp is not None or c.max_dp is not None:
         mono, coef = symbols(inst).dp.single_form()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.plan import Degrees, Knobs
 from planner.model.terms import step_terms
 from planner.model.instance import parse_instance
@@ -22,7 +23,7 @@ from planner.model.instance import parse_instance
     d_in=st.sampled_from([1, 2]), d_out=st.sampled_from([1, 3, 16]),
     b=st.sampled_from([1, 2, 4]), v=st.sampled_from([1, 2]),
     recompute=st.sampled_from(["none", "selective", "full"]),
-    overlap=st.sampled_from([0.0, 0.5, 1.0]), precision=st.sampled_from(["bf16", "fp8"]),
+    overlap=st.booleans(), precision=st.sampled_from(["bf16", "fp8"]),
 )
 def test_sequence_parallel_and_distributed_optimizer_dominate(
         heads, kv, gated, flash, dropout, experts, t_in, t_out, c_in, p_in, p_out, d_in, d_out,
@@ -31,15 +32,15 @@ def test_sequence_parallel_and_distributed_optimizer_dominate(
         "model": {"layers": 8, "hidden": heads * 128, "heads": heads,
                   "kv_heads": min(kv, heads), "gated_mlp": gated, "vocab": 32000,
                   "seq_len": 4096, "dropout": dropout, "experts": experts},
-        "training": {"global_batch": 1024, "precision": precision, "flash_attention": flash,
-                     "dp_overlap": overlap, "tp_overlap": overlap},
+        "training": {"global_batch": 1024, "precision": precision, "flash_attention": flash},
         "cluster": {"gpu": "h100-sxm", "nodes": 64},
     })
     deg = Degrees(t_in=t_in, t_out=t_out, c_in=c_in, c_out=1, p_in=p_in, p_out=p_out,
                   d_in=d_in, d_out=d_out, b=b, v=v, B=1024, e_in=1, e_out=2 if experts else 1,
                   ed_in=1, ed_out=2)
     settings_ = [(sp, dist) for sp in (False, True) for dist in (False, True)]
-    terms = {k: step_terms(inst, deg, Knobs(recompute, *k)) for k in settings_}
+    overlaps = dict.fromkeys(OVERLAP_KNOBS, overlap)
+    terms = {k: step_terms(inst, deg, Knobs(recompute, *k, **overlaps)) for k in settings_}
     for lo in settings_:          # turning either knob on never makes anything worse
         for hi in settings_:
             if hi[0] >= lo[0] and hi[1] >= lo[1]:
@@ -61,7 +62,7 @@ def test_largest_batch_dominates_in_a_batch_range():
         inst = parse_instance({
             "model": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 32000,
                       "seq_len": 2048},
-            "training": {"global_batch": gb, "dp_overlap": 0.5},
+            "training": {"global_batch": gb},
             "cluster": {"gpu": "a100-80gb", "gpus": gpus},
             "constraints": {"max_micro_batch": 8},
         })
@@ -72,3 +73,38 @@ def test_largest_batch_dominates_in_a_batch_range():
         obj_full, _ = evaluate_all(space, full, "time_per_sample")
         obj_best, _ = evaluate_all(space, best, "time_per_sample")
         assert obj_best.min() == obj_full.min()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    heads=st.sampled_from([8, 32]), experts=st.sampled_from([0, 0, 4]),
+    t_in=st.sampled_from([1, 2, 8]), t_out=st.sampled_from([1, 2]),
+    p_in=st.sampled_from([1, 2]), p_out=st.sampled_from([1, 4]),
+    d_in=st.sampled_from([1, 2]), d_out=st.sampled_from([1, 3, 16]),
+    b=st.sampled_from([1, 4]), v=st.sampled_from([1, 2]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    sp=st.booleans(), dist=st.booleans(), on=st.sampled_from(OVERLAP_KNOBS),
+    framework=st.sampled_from(["megatron", "nemo", "deepspeed"]),
+)
+def test_each_overlap_never_costs_time_or_memory(heads, experts, t_in, t_out, p_in, p_out, d_in,
+                                                 d_out, b, v, recompute, sp, dist, on, framework):
+    """Why the search does not decide the overlap switches (formulations/space.py): switching
+    one on, whatever the others are, never adds step time and leaves memory unchanged. The
+    degrees keep interleaving's rule (micro-batches a multiple of pp) that the p2p rule needs."""
+    inst = parse_instance({
+        "model": {"layers": 8, "hidden": heads * 128, "heads": heads, "vocab": 32000,
+                  "seq_len": 4096, "experts": experts},
+        "training": {"global_batch": 1024},
+        "cluster": {"gpu": "h100-sxm", "nodes": 64},
+        "constraints": {"framework": framework},
+    })
+    deg = Degrees(t_in=t_in, t_out=t_out, c_in=1, c_out=1, p_in=p_in, p_out=p_out,
+                  d_in=d_in, d_out=d_out, b=b, v=v, B=1024, e_in=1, e_out=2 if experts else 1,
+                  ed_in=1, ed_out=2)
+    for others in (False, True):
+        base = dict.fromkeys(OVERLAP_KNOBS, others)
+        off = step_terms(inst, deg, Knobs(recompute, sp, dist, **{**base, on: False}))
+        up = step_terms(inst, deg, Knobs(recompute, sp, dist, **{**base, on: True}))
+        assert float(up.step_time) <= float(off.step_time) * (1 + 1e-12)
+        for stage in up.memory:
+            assert float(up.memory_total(stage)) == float(off.memory_total(stage))

@@ -351,3 +351,39 @@ def test_dense_model_has_no_expert_keys():
     plan = plan_from_spec(inst, inst.spec.plan)
     text = "\n".join(emit(inst, plan, f) for f in FORMATS)
     assert "expert" not in text.lower()
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_exports_carry_the_overlaps_the_model_costs(on):
+    """Every export writes the overlap switches as the evaluator costs them: all four on (or
+    off) for an interleaved TP/SP plan with the distributed optimizer."""
+    inst = _inst("gpt3-175b-a100.toml")
+    knobs = dict.fromkeys(("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                           "overlap_p2p_comm"), on)
+    plan = plan_from_spec(inst, inst.spec.plan, **knobs)
+    assert plan.vp > 1 and plan.tp > 1 and plan.sequence_parallel and plan.distributed_optimizer
+    flags = parse_megatron(emit(inst, plan, "megatron"))
+    for flag in ("--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap"):
+        assert (flag in flags) == on
+    assert ("--no-overlap-p2p-communication" in flags) == (not on)
+    nemo = parse_yaml(emit(inst, plan, "nemo"))
+    assert nemo["trainer.strategy.ddp.overlap_grad_reduce"] is on
+    assert nemo["trainer.strategy.ddp.overlap_param_gather"] is on
+    assert nemo["model.config.tp_comm_overlap"] is on
+    assert nemo["model.config.overlap_p2p_comm"] is on
+    titan = emit(inst, plan, "torchtitan")
+    assert tomllib.loads(titan)["parallelism"]["enable_async_tensor_parallel"] is on
+    assert ("overlap_p2p_comm: cannot express" in comment_text(titan)) == on
+    ds = json.loads(emit(inst, plan, "deepspeed"))
+    assert ds["zero_optimization"]["overlap_comm"] is on
+    assert ds["plan_parallelism"]["overlap_cannot_express"] == (
+        ["overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm"] if on else [])
+
+
+def test_megatron_refuses_param_gather_overlap_without_grad_reduce_overlap():
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, overlap_param_gather=True,
+                          overlap_grad_reduce=False)
+    with pytest.raises(InputError) as exc:
+        emit(inst, plan, "megatron")
+    assert "overlap_param_gather = true needs overlap_grad_reduce = true" in str(exc.value)

@@ -21,15 +21,23 @@ CASES = [
     parse_instance({"model": {"layers": 6, "hidden": 768, "heads": 12, "kv_heads": 4,
                               "vocab": 32000, "seq_len": 4096, "experts": 4, "top_k": 2,
                               "first_dense_layers": 2},
-                    "training": {"global_batch": 96, "dp_overlap": 0.5, "tp_overlap": 1.0,
-                                 "flash_attention": False},
+                    "training": {"global_batch": 96, "flash_attention": False},
                     "cluster": {"gpu": "b200", "nodes": 3},
                     "constraints": {"max_cp": 2, "sequence_parallel": False,
-                                    "distributed_optimizer": False}}),
+                                    "distributed_optimizer": False,
+                                    "overlap_grad_reduce": True, "tp_comm_overlap": True}}),
+    # every overlap on (NeMo's defaults plus tensor-parallel overlap), MoE with sequence
+    # parallelism and the distributed optimizer
+    parse_instance({"model": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000,
+                              "seq_len": 2048, "experts": 4, "top_k": 2,
+                              "first_dense_layers": 2},
+                    "training": {"global_batch": 64},
+                    "cluster": {"gpu": "h100-sxm", "nodes": 4},
+                    "constraints": {"framework": "nemo", "tp_comm_overlap": True}}),
 ]
 
 
-@pytest.mark.parametrize("inst", CASES, ids=["gpt3", "llama70b", "mixtral", "tiny-moe-cp"])
+@pytest.mark.parametrize("inst", CASES, ids=["gpt3", "llama70b", "mixtral", "tiny-moe-cp", "overlaps"])
 def test_tables_reproduce_the_evaluator(inst):
     space = build_space(inst)
     points = feasible_points(space)

@@ -100,8 +100,15 @@ def test_non_positive_numbers(section, key, value):
 
 def test_fraction_out_of_range():
     d = base()
-    d["training"]["tp_overlap"] = 1.5
-    assert "training.tp_overlap: " in error_of(d)
+    d["training"]["bubble_ratio"] = 1.5
+    assert "training.bubble_ratio: " in error_of(d)
+
+
+def test_replaced_overlap_fraction_names_the_switches():
+    d = base()
+    d["training"]["dp_overlap"] = 0.5
+    msg = error_of(d)
+    assert "dp_overlap" in msg and "overlap_grad_reduce" in msg
 
 
 def test_unknown_gpu_lists_known_ones():

@@ -63,6 +63,9 @@ def instances(draw):
         constraints["max_tp"] = draw(st.sampled_from([1, 2, 4]))
     if draw(st.integers(0, 4)) == 0:
         constraints["max_dp"] = draw(st.sampled_from([1, 2, 4]))
+    for knob in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                 "overlap_p2p_comm"):
+        constraints[knob] = draw(st.sampled_from([False, False, True]))
     if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
         constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
     reserve = constraints["memory_reserve_GiB"]
@@ -84,8 +87,6 @@ def instances(draw):
                   "dropout": draw(st.booleans())},
         "training": {"global_batch": gb, "precision": precision,
                      "flash_attention": draw(st.booleans()),
-                     "dp_overlap": draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])),
-                     "tp_overlap": draw(st.sampled_from([0.0, 0.0, 1.0])),
                      "bubble_ratio": draw(st.sampled_from([1.0, 0.5]))},
         "cluster": cluster,
         "constraints": constraints,

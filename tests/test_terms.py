@@ -21,8 +21,9 @@ import pytest
 
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
-from planner.model.plan import Knobs, Plan, structural_violations
+from planner.model.plan import Plan, structural_violations
 from planner.model.terms import TIME_TERMS, step_terms
+from planner.model.workload import Shape
 
 # Instance overrides (round numbers).
 EFF = 0.5
@@ -58,8 +59,9 @@ def make_inst(gpus: int, *, model: dict | None = None, training: dict | None = N
 
 def make_plan(inst, *, tp=1, pp=1, dp=1, cp=1, vp=1, b=1, B=None, recompute="none", sp=False,
               distopt=False, ep=1, ep_intra=None, tp_intra=None, cp_intra=None, dp_intra=None,
-              pp_intra=None, check=True) -> Plan:
-    """A plan with explicit intra-node factors (default: everything inside one node)."""
+              pp_intra=None, check=True, **overlaps) -> Plan:
+    """A plan with explicit intra-node factors (default: everything inside one node);
+    ``overlaps``: overlap knobs switched on or off (``tp_comm_overlap=True``)."""
     gpus = tp * pp * dp * cp
     assert gpus == inst.gpus
     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch=b,
@@ -69,15 +71,14 @@ def make_plan(inst, *, tp=1, pp=1, dp=1, cp=1, vp=1, b=1, B=None, recompute="non
                 cp_intra=cp if cp_intra is None else cp_intra,
                 dp_intra=dp if dp_intra is None else dp_intra,
                 pp_intra=pp if pp_intra is None else pp_intra,
-                ep=ep, ep_intra=ep if ep_intra is None else ep_intra)
+                ep=ep, ep_intra=ep if ep_intra is None else ep_intra, **overlaps)
     if check:
         assert structural_violations(inst, plan) == []
     return plan
 
 
 def terms_of(inst, plan):
-    k = Knobs(plan.recompute, plan.sequence_parallel, plan.distributed_optimizer)
-    return step_terms(inst, plan.grid.degrees(), k)
+    return step_terms(inst, plan.grid.degrees(), plan.knobs)
 
 
 def with_hw(inst, **fields):
@@ -391,36 +392,66 @@ def test_first_stage_holds_most_activations(pp):
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["gemm-bound", "fraction-bound"])
-def test_tp_overlap_hides_a_share_and_at_most_the_gemms(case):
-    """tp_overlap = o hides at most a share o of the raw tensor-parallel time and at most the
-    layer's GEMM time: exposed = max((1 - o) raw, raw - GEMMs), raw from the o = 0 plan."""
-    o, tp = 0.5, 2
-    h, s, b = (H, S, 1) if case == "gemm-bound" else (512, 256, 8)
-    kw = {"model": {"hidden": h, "seq_len": s}, "global_batch": 8}
-    raw_inst = make_inst(tp, **kw)
-    inst = make_inst(tp, training={"tp_overlap": o}, **kw)
-    raw = terms_of(raw_inst, make_plan(raw_inst, tp=tp, b=b)).layer
-    got = terms_of(inst, make_plan(inst, tp=tp, b=b)).layer["tp_comm"]
-    expect = max((1 - o) * raw["tp_comm"], raw["tp_comm"] - raw["gemm"])
+@pytest.mark.parametrize("case", ["gemm-bound", "chunk-bound"])
+def test_tp_comm_overlap_leaves_one_chunk_or_what_the_gemms_cannot_hide(case):
+    """tp_comm_overlap (with sequence parallelism): per layer, exposed = max(raw / tp, raw -
+    GEMMs): one chunk of the tp-way split stays exposed, and no more than the layer's GEMM time
+    hides; raw from the same plan without the overlap."""
+    tp = 4
+    h, s, b = (H, S, 1) if case == "gemm-bound" else (4096, 2048, 8)
+    inst = make_inst(tp, model={"hidden": h, "seq_len": s, "heads": 32}, global_batch=8)
+    raw = terms_of(inst, make_plan(inst, tp=tp, b=b, sp=True)).layer
+    got = terms_of(inst, make_plan(inst, tp=tp, b=b, sp=True, tp_comm_overlap=True)).layer
+    expect = max(raw["tp_comm"] / tp, raw["tp_comm"] - raw["gemm"])
     assert (expect == raw["tp_comm"] - raw["gemm"]) == (case == "gemm-bound")
-    assert got == pytest.approx(expect, rel=REL)
+    assert got["tp_comm"] == pytest.approx(expect, rel=REL)
+    # Megatron-LM refuses it without sequence parallelism: then nothing is hidden
+    no_sp = terms_of(inst, make_plan(inst, tp=tp, b=b, tp_comm_overlap=True)).layer
+    assert no_sp["tp_comm"] == terms_of(inst, make_plan(inst, tp=tp, b=b)).layer["tp_comm"]
 
 
-@pytest.mark.parametrize("case", ["window-bound", "fraction-bound"])
-def test_dp_overlap_hides_a_share_and_at_most_one_micro_batch(case):
-    """dp_overlap = o: exposed = max((1 - o) raw, raw - one micro-batch's stage compute)."""
-    o, dp = 0.5, 2
-    h, s, b = (H, S, 1) if case == "window-bound" else (512, 256, 8)
-    kw = {"model": {"hidden": h, "seq_len": s}, "global_batch": 16}
-    raw_inst = make_inst(dp, **kw)
-    inst = make_inst(dp, training={"dp_overlap": o}, **kw)
-    raw = terms_of(raw_inst, make_plan(raw_inst, dp=dp, b=b))
-    got = terms_of(inst, make_plan(inst, dp=dp, b=b)).time["dp_comm"]
-    window = L * raw.layer["compute"]                        # p = 1: all L layers, t = 1
-    expect = max((1 - o) * raw.time["dp_comm"], raw.time["dp_comm"] - window)
-    assert (expect == raw.time["dp_comm"] - window) == (case == "window-bound")
-    assert got == pytest.approx(expect, rel=REL)
+def test_grad_reduce_and_param_gather_overlap_hide_behind_backward_and_forward():
+    """Distributed optimizer, dp = 2, p = 1, no recompute (3 passes): the reduce-scatter half of
+    the raw reduction hides behind the last micro-batch's backward (2/3 of its compute) and the
+    all-gather half behind the first one's forward (1/3), down to one bucket each: with 1M
+    parameters per layer (below Megatron's 40M bucket) a bucket is one layer's reduction."""
+    dp = 2
+    inst = make_inst(dp, model={"hidden": 512, "seq_len": 256, "heads": 8, "layers": 4},
+                     global_batch=4)
+    plan = dict(dp=dp, b=2, distopt=True)
+    raw = terms_of(inst, make_plan(inst, **plan))
+    half = raw.time["dp_comm"] / 2
+    step = 4 * raw.layer["compute"]                          # one micro-batch: L layers, t = 1
+    sh = Shape.of(inst.model)
+    # one layer's gradients in 16-bit over the dp ring inside a node, as a reduce-scatter
+    bucket_half = (dp - 1) / dp * 2 * sh.layer_params / BWI + (dp - 1) * inst.hw.lat_intra
+    ov = terms_of(inst, make_plan(inst, **plan, overlap_grad_reduce=True)).time["dp_comm"]
+    assert ov == pytest.approx(max(half - 2 / 3 * step, bucket_half) + half, rel=REL)
+    both = terms_of(inst, make_plan(inst, **plan, overlap_grad_reduce=True,
+                                    overlap_param_gather=True)).time["dp_comm"]
+    assert both == pytest.approx(max(half - 2 / 3 * step, bucket_half)
+                                 + max(half - 1 / 3 * step, bucket_half), rel=REL)
+    assert bucket_half < both < raw.time["dp_comm"]
+    # without the distributed optimizer there is no parameter all-gather to overlap
+    allred = terms_of(inst, make_plan(inst, dp=dp, b=2)).time["dp_comm"]
+    gather_only = terms_of(inst, make_plan(inst, dp=dp, b=2, overlap_param_gather=True))
+    assert gather_only.time["dp_comm"] == allred
+
+
+def test_p2p_overlap_leaves_the_fill_and_flush_only_when_interleaved():
+    """overlap_p2p_comm: with vp > 1 only the 2 (p - 1) transfers of the pipeline fill and flush
+    stay exposed; at vp = 1 (Megatron turns the overlap off) the transfers are unchanged."""
+    pp, vp = 2, 2
+    inst = make_inst(pp, global_batch=8)
+    raw = terms_of(inst, make_plan(inst, pp=pp, vp=vp)).time["pp_comm"]
+    got = terms_of(inst, make_plan(inst, pp=pp, vp=vp, overlap_p2p_comm=True)).time["pp_comm"]
+    m = 8                                                    # micro-batches, b = 1, dp = 1
+    one = raw / (2 * m * (vp - 1 / pp))                      # one send
+    assert got == pytest.approx(2 * (pp - 1) * one, rel=REL)
+    assert got < raw
+    flat = make_plan(inst, pp=pp, overlap_p2p_comm=True)
+    assert terms_of(inst, flat).time["pp_comm"] == \
+        terms_of(inst, make_plan(inst, pp=pp)).time["pp_comm"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -434,8 +465,11 @@ PLANS = {
                                               "recompute": "full", "distopt": True}),
     "cp2-dp2-spanning": ({"gpus": 4, "cluster": {"gpus_per_node": 2}},
                          {"cp": 2, "dp": 2, "cp_intra": 2, "dp_intra": 1}),
-    "overlaps": ({"gpus": 4, "training": {"tp_overlap": 0.3, "dp_overlap": 0.7}},
-                 {"tp": 2, "dp": 2, "recompute": "selective"}),
+    "overlaps": ({"gpus": 8},
+                 {"tp": 2, "dp": 2, "pp": 2, "vp": 2, "sp": True, "distopt": True,
+                  "recompute": "selective", "overlap_grad_reduce": True,
+                  "overlap_param_gather": True, "tp_comm_overlap": True,
+                  "overlap_p2p_comm": True}),
     "unfused-pp-inter": ({"gpus": 4, "training": {"flash_attention": False},
                           "cluster": {"gpus_per_node": 2}},
                          {"tp": 2, "pp": 2, "tp_intra": 2, "pp_intra": 1}),

@@ -303,7 +303,7 @@ def test_ep_intra_must_match_a_single_node():
 def test_all_moe_tp_overlap_ignores_unused_ffn_hidden():
     out = []
     for ffn in (64, 4096):
-        inst = make_inst(2, model=moe_model(False, first_dense=0, ffn_hidden=ffn),
-                         training={"tp_overlap": 0.9})
-        out.append(terms_of(inst, make_plan(inst, tp=2, sp=True)).time["tp_comm"])
+        inst = make_inst(2, model=moe_model(False, first_dense=0, ffn_hidden=ffn))
+        out.append(terms_of(inst, make_plan(inst, tp=2, sp=True, tp_comm_overlap=True))
+                   .time["tp_comm"])
     assert out[0] == pytest.approx(out[1], rel=REL)

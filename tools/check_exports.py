@@ -30,6 +30,9 @@ Install (CPU only; about 1.5 GB in a separate virtualenv, 5 to 10 minutes)::
     pip install "nemo_toolkit==2.7.3" --no-deps lightning fiddle omegaconf hydra-core wget \
         nv-one-logger-core nv-one-logger-training-telemetry \
         nv-one-logger-pytorch-lightning-integration
+    pip install "lightning<2.6" "StrEnum<0.5" "overrides>=7.7,<8" "omegaconf<2.4" \
+        antlr4-python3-runtime==4.9.3 lightning-utilities torchmetrics libcst cloudpickle \
+        wrapt onnx toml                    # NeMo's imports, pinned as its metadata asks
     pip install -e .                       # the planner, from this repository
     git clone https://github.com/NVIDIA/Megatron-LM /tmp/Megatron-LM
     python tools/check_exports.py --megatron-lm /tmp/Megatron-LM

@@ -152,6 +152,14 @@ def evaluate(
         "--sp/--no-sp", help="sequence parallelism")] = None,
     distributed_optimizer: Annotated[bool | None, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer")] = None,
+    overlap_grad_reduce: Annotated[bool | None, typer.Option(
+        "--overlap-grad-reduce/--no-overlap-grad-reduce")] = None,
+    overlap_param_gather: Annotated[bool | None, typer.Option(
+        "--overlap-param-gather/--no-overlap-param-gather")] = None,
+    tp_comm_overlap: Annotated[bool | None, typer.Option(
+        "--tp-comm-overlap/--no-tp-comm-overlap")] = None,
+    overlap_p2p_comm: Annotated[bool | None, typer.Option(
+        "--overlap-p2p-comm/--no-overlap-p2p-comm")] = None,
     nodes: NodesOpt = None,
     vs_optimum: Annotated[bool, typer.Option(
         "--vs-optimum", help="also solve for the optimum and print how far this plan is")
@@ -179,7 +187,10 @@ def evaluate(
         plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, vp=vp,
                               micro_batch=micro_batch, global_batch=global_batch,
                               recompute=recompute, sequence_parallel=sequence_parallel,
-                              distributed_optimizer=distributed_optimizer)
+                              distributed_optimizer=distributed_optimizer,
+                              overlap_grad_reduce=overlap_grad_reduce,
+                              overlap_param_gather=overlap_param_gather,
+                              tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm)
         bad_layout = layout_violations(inst, plan)
         if bad_layout:
             raise InputError("[plan]: " + "; ".join(bad_layout))

@@ -226,6 +226,16 @@ def _sp(plan: Plan) -> bool:
     return plan.sequence_parallel and plan.tp > 1
 
 
+def _overlaps(plan: Plan) -> dict[str, bool]:
+    """The overlaps the model costs for the plan (planner/model/terms.py): parameter-gather
+    overlap only with the distributed optimizer, tensor-parallel overlap only with sequence
+    parallelism under tensor parallelism, p2p overlap only when interleaved (vp > 1)."""
+    return {"overlap_grad_reduce": plan.overlap_grad_reduce,
+            "overlap_param_gather": plan.overlap_param_gather and plan.distributed_optimizer,
+            "tp_comm_overlap": plan.tp_comm_overlap and _sp(plan),
+            "overlap_p2p_comm": plan.overlap_p2p_comm and plan.vp > 1}
+
+
 def _layers_per_stage(inst: Instance, plan: Plan) -> int:
     """Decoder layers of a (middle) virtual stage."""
     return (inst.model.layers + plan.knobs.padded_layers) // (plan.pp * plan.vp)
@@ -335,6 +345,26 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     elif plan.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
+    # overlap flags (megatron/training/arguments.py): --overlap-grad-reduce and
+    # --overlap-param-gather (validate_args: the latter needs the former and the distributed
+    # optimizer), --tp-comm-overlap (a TransformerConfig flag; needs sequence parallelism and
+    # Transformer Engine); p2p overlap is on by default when interleaved and switched off by
+    # --no-overlap-p2p-communication (older Megatron-LM, before Oct 2023: --overlap-p2p-communication)
+    ov = _overlaps(plan)
+    if ov["overlap_param_gather"] and not ov["overlap_grad_reduce"]:
+        raise InputError(f"plan {plan.label()} cannot be written as a megatron launch", [
+            "overlap_param_gather = true needs overlap_grad_reduce = true (Megatron-LM "
+            "validate_args: 'Must use --overlap-param-gather with --overlap-grad-reduce')"])
+    if ov["overlap_grad_reduce"]:
+        args.append("--overlap-grad-reduce")
+    if ov["overlap_param_gather"]:
+        args.append("--overlap-param-gather")
+    if ov["tp_comm_overlap"]:
+        args.append("--tp-comm-overlap")
+        comments.append("--tp-comm-overlap needs Transformer Engine (userbuffers); "
+                        "--tp-comm-overlap-cfg may name a tuned split configuration")
+    if plan.vp > 1 and not ov["overlap_p2p_comm"]:
+        args.append("--no-overlap-p2p-communication")
     args += extra
     args += [
         f"--num-layers {m.layers}",
@@ -444,6 +474,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                                                      ("rope", m.position_embedding == "rope"),
                                                      ("untied embeddings", not m.tied_embeddings))
                                     if on))
+    comments.append("overlaps as the plan costs them: a recipe's MegatronCommOverlapCallback "
+                    "overrides these keys, so give it the same values (its tp_comm_overlap, "
+                    "overlap_p2p_comm, overlap_grad_reduce, overlap_param_gather arguments)")
     tree = {
         "trainer": {
             "num_nodes": plan.nodes,
@@ -462,6 +495,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"expert_model_parallel_size": _ep(plan), "expert_tensor_parallel_size": 1}
                    if _moe(inst) else {}),
                 "sequence_parallel": _sp(plan),
+                # MegatronStrategy(ddp=DistributedDataParallelConfig(...)): Megatron-Core's
+                # data-parallel overlap switches
+                "ddp": {"overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
+                        "overlap_param_gather": _overlaps(plan)["overlap_param_gather"]},
                 # MegatronStrategy(pipeline_dtype: torch.dtype): the dtype of the activations
                 # passed between pipeline stages
                 **({"pipeline_dtype": "torch.float16" if precision == "fp16" else "torch.bfloat16"}
@@ -489,6 +526,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "recompute_method": ("block" if plan.recompute_layers else "uniform") if full
                 else None,
                 "recompute_num_layers": (plan.recompute_layers or 1) if full else None,
+                # ModelParallelConfig overlap fields (Megatron-Core)
+                "tp_comm_overlap": _overlaps(plan)["tp_comm_overlap"],
+                "overlap_p2p_comm": _overlaps(plan)["overlap_p2p_comm"],
                 **_nemo_moe(inst),
             },
         },
@@ -549,6 +589,19 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
         comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node; "
                         "torchtitan's mesh (pp, dp, cp, tp; tp innermost) does not")
+    ov = _overlaps(plan)
+    if not (ov["overlap_grad_reduce"] and ov["overlap_param_gather"]) and plan.dp > 1:
+        comments.append("overlap: torchtitan always reduces gradients during the backward and "
+                        "prefetches parameters (per-block hooks); the plan costs "
+                        + " and ".join(n for n in ("overlap_grad_reduce", "overlap_param_gather")
+                                       if not ov[n])
+                        + " off, so the run may be faster than planned (cannot express off)")
+    if ov["overlap_p2p_comm"]:
+        comments.append("overlap_p2p_comm: cannot express (torchtitan's pipeline schedules have "
+                        "no p2p-overlap switch); the plan costs only the fill and flush transfers")
+    if ov["tp_comm_overlap"]:
+        comments.append("tp_comm_overlap: enable_async_tensor_parallel, which needs "
+                        "torch.compile (compile.enable)")
     if precision == "fp16":
         comments.append("fp16: torchtitan mixes in bfloat16 or float32 only; bfloat16 is emitted "
                         "(same speed and memory as fp16)")
@@ -576,7 +629,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         "data_parallel_replicate_degree": plan.dp if ddp else 1,
         "data_parallel_shard_degree": 1 if ddp else plan.dp,
         "tensor_parallel_degree": plan.tp,
-        "enable_async_tensor_parallel": False,
+        # async tensor parallelism (needs torch.compile) is torchtitan's tp_comm_overlap
+        "enable_async_tensor_parallel": _overlaps(plan)["tp_comm_overlap"],
         "pipeline_parallel_degree": plan.pp,
     }
     if plan.pp > 1:
@@ -646,7 +700,9 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
         "gradient_accumulation_steps": int(plan.micro_batches),
         "bf16": {"enabled": precision in ("bf16", "fp8")},
         "fp16": {"enabled": precision == "fp16"},
-        "zero_optimization": {"stage": 1 if plan.distributed_optimizer else 0},
+        # overlap_comm: reduce gradients during the backward (DeepSpeed's overlap_grad_reduce)
+        "zero_optimization": {"stage": 1 if plan.distributed_optimizer else 0,
+                              "overlap_comm": _overlaps(plan)["overlap_grad_reduce"]},
         # deepspeed/runtime/activation_checkpointing/config.py: these options shape the
         # checkpoints the model code makes; partition_activations shards the saved inputs over
         # the tensor-parallel group (a memory saving the plan does not count), so all stay off
@@ -684,6 +740,9 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             "gpus_per_node": plan.gpus // plan.nodes,
             "gpus": plan.gpus,
             "intra_node": _intra(plan),
+            # overlaps the plan costs that DeepSpeed's JSON cannot switch on
+            "overlap_cannot_express": [n for n, on in _overlaps(plan).items()
+                                       if on and n != "overlap_grad_reduce"],
         },
     }
     return json.dumps(doc, indent=2) + "\n"

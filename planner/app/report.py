@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.model.evaluate import MFU_FORMULA, StepReport
+from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.terms import MEMORY_TERMS, TIME_TERMS
 from planner.model.instance import Instance
 from planner.model.words import number, plural, stage_words, toml_value
@@ -73,6 +74,8 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t.add_row("memory knobs", f"recompute {p.recompute}, sequence parallel "
               f"{'on' if p.sequence_parallel else 'off'}, distributed optimizer "
               f"{'on' if p.distributed_optimizer else 'off'}")
+    on = [k for k in OVERLAP_KNOBS if getattr(p, k)]
+    t.add_row("overlap", ", ".join(on) if on else "none (every collective exposed)")
     if p.stage_layers and len(set(p.stage_layers)) > 1:
         how = ("embedding / loss counted as layers" if p.account_for_embedding
                or p.account_for_loss else f"first {p.first_stage_layers or 'even'}, last "

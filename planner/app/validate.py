@@ -30,6 +30,7 @@ import numpy as np
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
 from planner.model.instance import Instance, parse_instance, read_toml
+from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.plan import plan_from_spec
 from planner.model.schema import PlanSpec
 from planner.model.terms import step_terms
@@ -249,8 +250,9 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
     predicted step time over it (``ratio`` >= 1; 1 = the experts' plan is the model's optimum).
 
     The knob space pins what the run pinned: recompute mode, sequence parallelism, the
-    distributed optimizer, precision and attention kernel (``[training]``), the GPU count and
-    the global batch; degrees, interleaving and micro-batch are free within the default caps."""
+    distributed optimizer, the overlap switches, precision and attention kernel
+    (``[training]``), the GPU count and the global batch; degrees, interleaving and
+    micro-batch are free within the default caps."""
     from formulations.solve import solve
     from planner.model.errors import InfeasibleError
 
@@ -260,7 +262,8 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
         plan = plan_from_spec(inst, inst.spec.plan)
         published = evaluate(inst, plan, spec=inst.spec.plan).step_time_s
         pins = {"recompute": plan.recompute, "sequence_parallel": plan.sequence_parallel,
-                "distributed_optimizer": plan.distributed_optimizer}
+                "distributed_optimizer": plan.distributed_optimizer,
+                **{o: getattr(plan, o) for o in OVERLAP_KNOBS}}
         cons = inst.spec.constraints.model_copy(update=pins)
         free = inst.with_spec(constraints=cons, plan=None)
         try:

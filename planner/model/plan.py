@@ -28,9 +28,11 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from planner.model.errors import InputError
+from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.instance import Instance
 from planner.model.rules import violations
-from planner.model.schema import KNOB_DEFAULTS, PlanSpec
+from planner.model.schema import KNOB_DEFAULTS, PlanSpec, overlap_refusal
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
 
@@ -45,6 +47,11 @@ class Knobs:
     recompute: str = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    # framework overlap switches (Megatron-Core names; cost rules in planner/model/terms.py)
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    overlap_p2p_comm: bool = False
     #: The pipeline layout, as the search chooses it (independent of the pipeline degree): how
     #: many decoder layers the first / last stage holds fewer than a middle one (a middle stage
     #: holds ``m = (layers + first_short + last_short) / pp``), and whether that shortfall is
@@ -283,6 +290,10 @@ class Plan:
     #: GPUs of one NVLink segment, the "node" of the placement (0: gpus / nodes, a host that is
     #: one NVLink domain)
     nvlink_domain: int = 0
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    overlap_p2p_comm: bool = False
     #: Pipeline layout, Megatron-LM's names: decoder layers of the first / last pipeline stage
     #: (0: not given, an even share), and the embedding / loss counted as one layer each
     first_stage_layers: int = 0
@@ -314,7 +325,8 @@ class Plan:
                     first_stage_layers=first, last_stage_layers=last,
                     account_for_embedding=knobs.account_for_embedding,
                     account_for_loss=knobs.account_for_loss, layers=layers,
-                    recompute_layers=knobs.recompute_layers, **grid)
+                    recompute_layers=knobs.recompute_layers,
+                    **{o: getattr(knobs, o) for o in OVERLAP_KNOBS}, **grid)
 
     @property
     def knobs(self) -> Knobs:
@@ -327,7 +339,10 @@ class Plan:
                                   self.last_stage_layers, self.account_for_embedding,
                                   self.account_for_loss)
         return Knobs(self.recompute, self.sequence_parallel, self.distributed_optimizer,
-                     sf, sl, self.account_for_embedding, self.account_for_loss,
+                     first_short=sf, last_short=sl,
+                     account_for_embedding=self.account_for_embedding,
+                     account_for_loss=self.account_for_loss,
+                     **{o: getattr(self, o) for o in OVERLAP_KNOBS},
                      recompute_layers=self.recompute_layers)
 
     @property
@@ -412,6 +427,10 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     gb = f["global_batch"] or (tb if isinstance(tb, int) else tb[1])
     placed = default_placement({"tp": tp, "cp": cp, "dp": dp, "pp": pp}, inst.node_size)
     intra = {d: f.get(f"{d}_intra") or placed[d] for d in ORDER}
+    refused = overlap_refusal(inst.spec.constraints.framework,
+                             Knobs(**{o: _knob(inst, f, o) for o in OVERLAP_KNOBS}), "plan.")
+    if refused:
+        raise InputError(refused)
     ep = f.get("ep") or 1
     # experts fill the innermost ranks of a stage: as much of ep as the stage's share of a node
     ep_intra = f.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))
@@ -424,16 +443,26 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 last_stage_layers=f["last_stage_layers"] or 0,
                 account_for_embedding=f["account_for_embedding"],
                 account_for_loss=f["account_for_loss"], layers=inst.model.layers,
+                **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS},
                 recompute_layers=f["recompute_layers"] or 0)
 
 
 def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
-    """A memory knob: the plan's (or a flag's) value, else the ``[constraints]`` pin, else the
-    default ``plan solve`` uses too (:data:`planner.model.schema.KNOB_DEFAULTS`)."""
+    """A memory or overlap knob: the plan's (or a flag's) value, else the ``[constraints]`` pin,
+    else the default ``plan solve`` uses too (:data:`planner.model.schema.KNOB_DEFAULTS`; for
+    an overlap knob, the ``[constraints] framework``'s default, :func:`overlap_default`)."""
     if fields.get(name) is not None:
         return fields[name]
     pin = getattr(inst.spec.constraints, name)
-    return KNOB_DEFAULTS[name] if pin is None else pin
+    if pin is not None:
+        return pin
+    return overlap_default(inst, name) if name in OVERLAP_KNOBS else KNOB_DEFAULTS[name]
+
+
+def overlap_default(inst: Instance, name: str) -> bool:
+    """An overlap knob's value when neither ``[plan]`` nor a ``[constraints]`` pin gives it:
+    the default of ``[constraints] framework`` (Megatron-LM's without one)."""
+    return framework_of(inst.spec.constraints.framework).overlap_default(name)
 
 
 def layout_violations(inst: Instance, plan: Plan) -> list[str]:

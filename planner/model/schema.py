@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from planner.model.frameworks import FrameworkName
+from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, FrameworkName
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
@@ -42,6 +42,22 @@ PIN_CAPS = {"tp": "max_tp", "pp": "max_pp", "dp": "max_dp", "cp": "max_cp", "ep"
 #: Megatron-Core recipes run; sequence parallelism only acts under tensor parallelism (the
 #: exports omit it at tp = 1). A ``[plan]`` value wins, then a ``[constraints]`` pin.
 KNOB_DEFAULTS = {"sequence_parallel": True, "distributed_optimizer": True}
+#: overlap knobs (Megatron-Core names): the share of a collective the framework hides behind
+#: compute, by the rules of docs/model.md ("Overlap"); default: ``[constraints] framework``'s
+OVERLAP_DESCRIPTIONS = {
+    "overlap_grad_reduce": "reduce gradients bucket by bucket during the last micro-batch's "
+                           "backward (exposed: the last bucket, or what the backward cannot hide)",
+    "overlap_param_gather": "distributed optimizer: all-gather parameters bucket by bucket during "
+                            "the first micro-batch's forward (exposed: the first bucket, or what "
+                            "the forward cannot hide)",
+    "tp_comm_overlap": "tensor-parallel collectives pipelined with their GEMMs in tp chunks "
+                       "(Transformer Engine userbuffers; needs sequence parallelism; exposed: "
+                       "one chunk, or what the GEMMs cannot hide)",
+    "overlap_p2p_comm": "interleaved pipeline (vp > 1): sends and receives overlap the next "
+                        "chunk's compute (exposed: the transfers of the pipeline fill and flush)",
+}
+REPLACED_OVERLAP_KEYS = {"dp_overlap": "overlap_grad_reduce / overlap_param_gather",
+                         "tp_overlap": "tp_comm_overlap"}
 MOE_KEYS = ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
             "moe_layer_interval")
 
@@ -129,14 +145,20 @@ class TrainingSpec(_Strict):
     precision: Precision = "bf16"
     flash_attention: bool = Field(
         default=True, description="fused attention: no s^2 score tensors in HBM")
-    dp_overlap: Fraction = Field(
-        default=0.0, description="share of the data-parallel communication that may hide behind "
-        "the backward pass (AMPeD default 0: not overlapped)")
-    tp_overlap: Fraction = Field(
-        default=0.0, description="share of the tensor-parallel communication that may hide "
-        "behind the GEMMs of its layer")
     bubble_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
         default=1.0, description="AMPeD's R: non-overlapped share of the pipeline bubble")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced_keys(cls, data):
+        """The overlap fractions of earlier versions are the framework's overlap switches now."""
+        if isinstance(data, dict):
+            for key, new in REPLACED_OVERLAP_KEYS.items():
+                if key in data:
+                    raise ValueError(f"{key} was replaced by the overlap switches {new} in "
+                                     "[plan] (evaluate) or [constraints] (solve); see "
+                                     "docs/model.md, \"Overlap\"")
+        return data
 
     @field_validator("global_batch")
     @classmethod
@@ -237,6 +259,18 @@ class ConstraintSpec(_Strict):
     memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="per-GPU memory kept free (CUDA context, NCCL buffers, "
         "allocator fragmentation); default: default_reserve_GiB(capacity)")
+    overlap_grad_reduce: bool | None = Field(
+        default=None, description="pin; " + OVERLAP_DESCRIPTIONS["overlap_grad_reduce"]
+        + "; default: the framework's")
+    overlap_param_gather: bool | None = Field(
+        default=None, description="pin; " + OVERLAP_DESCRIPTIONS["overlap_param_gather"]
+        + "; default: the framework's")
+    tp_comm_overlap: bool | None = Field(
+        default=None, description="pin; " + OVERLAP_DESCRIPTIONS["tp_comm_overlap"]
+        + "; default: the framework's")
+    overlap_p2p_comm: bool | None = Field(
+        default=None, description="pin; " + OVERLAP_DESCRIPTIONS["overlap_p2p_comm"]
+        + "; default: the framework's")
     framework: FrameworkName | None = Field(
         default=None, description="only plans this framework runs, with its defaults "
         "(planner/model/frameworks.py); default: any framework, Megatron-LM's defaults")
@@ -269,6 +303,9 @@ class ConstraintSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ConstraintSpec:
+        refused = overlap_refusal(self.framework, self)
+        if refused:
+            raise ValueError(refused)
         for pin, cap in PIN_CAPS.items():
             v, c = getattr(self, pin), getattr(self, cap)
             if v is not None and c is not None and v > c:
@@ -331,6 +368,32 @@ class PlanSpec(_Strict):
     cp_intra: upto(MAX_GPUS) | None = None
     pp_intra: upto(MAX_GPUS) | None = None
     dp_intra: upto(MAX_GPUS) | None = None
+    overlap_grad_reduce: bool | None = Field(
+        default=None, description=OVERLAP_DESCRIPTIONS["overlap_grad_reduce"]
+        + "; default: the [constraints] pin, else the framework's")
+    overlap_param_gather: bool | None = Field(
+        default=None, description=OVERLAP_DESCRIPTIONS["overlap_param_gather"]
+        + "; default: the [constraints] pin, else the framework's")
+    tp_comm_overlap: bool | None = Field(
+        default=None, description=OVERLAP_DESCRIPTIONS["tp_comm_overlap"]
+        + "; default: the [constraints] pin, else the framework's")
+    overlap_p2p_comm: bool | None = Field(
+        default=None, description=OVERLAP_DESCRIPTIONS["overlap_p2p_comm"]
+        + "; default: the [constraints] pin, else the framework's")
+
+
+def overlap_refusal(framework: str | None, spec, where: str = "") -> str | None:
+    """The sentence refusing an overlap switch set on (in ``[constraints]``, or in a plan: any
+    object with the switches as attributes) that ``framework`` cannot run, or None."""
+    if framework is None:
+        return None
+    fw = FRAMEWORKS[framework]
+    bad = [k for k in OVERLAP_KNOBS if getattr(spec, k) and k not in fw.overlaps_expressible]
+    if not bad:
+        return None
+    return (f"{', '.join(where + k for k in bad)} = true, but constraints.framework = "
+            f"\"{framework}\": {fw.label} has no switch for "
+            + ("it" if len(bad) == 1 else "them") + " (planner/model/frameworks.py)")
 
 
 class InstanceSpec(_Strict):

@@ -28,6 +28,7 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
                                    quotient_excess, ring_share, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, ring_step
+from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.instance import Hardware, Instance
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
@@ -91,7 +92,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     * Tensor-parallel: 4 all-reduces of ``b s h / c`` 16-bit activations per layer (2 forward,
       2 backward; reduce-scatter + all-gather under sequence parallelism move the same bytes),
       plus 2 with full recompute; hierarchical ring cost (:func:`collectives.allreduce`).
-      A share ``tp_overlap`` may hide behind the layer's GEMMs.
+      With ``tp_comm_overlap`` (and sequence parallelism) all but one chunk in ``t`` may hide
+      behind the layer's GEMMs.
     * Context-parallel: ring exchange of the K/V shard, ``cp - 1`` steps forward and twice that
       backward (K/V plus their gradients), assumed to overlap with the attention core (only the
       excess over it is exposed).
@@ -99,10 +101,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     Per step: compute = ``m * (L/p * layer + logits)`` on the last (slowest) stage; bubble =
     ``R (p - 1) / v`` micro-batch stage times (Narayanan et al. Sec. 2.2); pipeline transfers =
     ``2 m (v - 1/p)`` sends of ``b s h / (c t)`` per GPU (scatter-gather / sequence-parallel
-    layout); data-parallel gradient reduction over ``dp * cp`` ranks of the stage's parameters;
-    the Adam step as HBM traffic. Memory is checked on the first stage (most activations in
-    flight: ``1 + (p - 1) / (p v)`` times the layers' worth, Korthikanti et al. Sec. 4.2.3) and
-    on the last (output layer and logits).
+    layout), the fill and flush only with ``overlap_p2p_comm`` and interleaving; data-parallel
+    gradient reduction over ``dp * cp`` ranks of the stage's parameters, hidden behind the last
+    micro-batch's backward (``overlap_grad_reduce``) and the first one's forward
+    (``overlap_param_gather``) but for one bucket each; the Adam step as HBM traffic. Memory
+    is checked on the first stage (most activations in flight: ``1 + (p - 1) / (p v)`` times
+    the layers' worth, Korthikanti et al. Sec. 4.2.3) and on the last (output layer and
+    logits).
     """
     if k.recompute == "full" and k.recompute_layers:
         return _partial_recompute(inst, x, k)
@@ -198,10 +203,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                        hw.lat_intra, hw.lat_inter)
     tp_layer = n_allreduce * tp_one
     tp_moe = n_allreduce / 2 * tp_one
-    if tr.tp_overlap > 0:
-        tp_layer = vmax((1 - tr.tp_overlap) * tp_layer, tp_layer - gemm)
+    if k.tp_comm_overlap and sp and not is_one(t):
+        # tp_comm_overlap (Transformer Engine userbuffers, needs sequence parallelism): each
+        # all-gather / reduce-scatter is split into tp chunks pipelined with the chunks of its
+        # GEMM; one chunk's transfer has no GEMM to hide behind, and no more than the layer's
+        # GEMM time can be hidden (docs/model.md, "Overlap")
+        tp_layer = vmax(tp_layer / t, tp_layer - gemm)
         if sh.n_moe:
-            tp_moe = vmax((1 - tr.tp_overlap) * tp_moe, tp_moe - moe_gemm)
+            tp_moe = vmax(tp_moe / t, tp_moe - moe_gemm)
 
     # ---- context-parallel ring exchange per layer and micro-batch --------------------------
     if is_one(x.c_in) and is_one(x.c_out):
@@ -290,8 +299,16 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- pipeline point-to-point ------------------------------------------------------------
     pp_bytes = act_bytes / t
     # each GPU sends m (v - 1/p) = m ((v - 1) + (1 - 1/p)) activations forward, as many back
-    time["pp_comm"] = 2 * m * (steps(v) + ring_share(p)) * ring_step(
-        pp_bytes, x.p_out, hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
+    pp_step = ring_step(pp_bytes, x.p_out, hw.bw_intra, hw.bw_inter, hw.lat_intra,
+                        hw.lat_inter)
+    time["pp_comm"] = 2 * m * (steps(v) + ring_share(p)) * pp_step
+    if k.overlap_p2p_comm:
+        # overlap_p2p_comm (Megatron's interleaved schedule; off at vp = 1): every send and
+        # receive overlaps the next chunk's compute except on the pipeline fill and flush, the
+        # p - 1 forward sends before the last stage starts and the p - 1 backward sends after
+        # the first stage's last chunk waits (<= the raw transfers: interleaving needs m >= p)
+        time["pp_comm"] = (eq1(v) * 2 * m * ring_share(p) * pp_step
+                           + gt1(v) * 2 * steps(p) * pp_step)
 
     # ---- parameters of the most loaded stage ------------------------------------------------
     # dense parameters (everything but routed experts) are split over tp and reduced over
@@ -310,15 +327,38 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     if sh.n_moe:
         dp_raw = dp_raw + allreduce(GRAD_WIRE_BYTES * expert_gpu, x.ed_in, x.ed_out,
                                     hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
-    if tr.dp_overlap > 0:
-        # it may hide behind one micro-batch's compute on the stage (the backward of the last
-        # micro-batch for the gradient reduce-scatter, the forward of the first for the
-        # parameter all-gather of the distributed optimizer)
-        # (of the lightest stage, a lower bound on the window of each)
-        window = stage_compute - max(sf, sl) * per_layer if k.uneven else stage_compute
-        dp_raw = vmax((1 - tr.dp_overlap) * dp_raw, dp_raw - window)
-    time["dp_comm"] = dp_raw
     dist = k.distributed_optimizer
+    gather = k.overlap_param_gather and dist        # only the distributed optimizer gathers
+    if k.overlap_grad_reduce or gather:
+        # Megatron-Core DDP buckets (docs/model.md, "Overlap"): a bucket's reduction starts when
+        # the last micro-batch's backward has produced all its gradients, so the backward of that
+        # micro-batch on the stage (with its recomputed forward) can hide it, except the last
+        # bucket, which fills when the backward ends; the distributed optimizer's parameter
+        # all-gather runs bucket by bucket ahead of the first micro-batch's forward, except the
+        # first bucket. A bucket is the framework's bucket size, or one layer's parameters on
+        # the GPU when those are fewer (a bucket never spans a whole stage in this rule).
+        # (written as bucket * min(layer / (bucket t), 1): a function near 1 and the size in
+        # the coefficient keep the encoders' rows well scaled)
+        bucket_size = framework_of(inst.spec.constraints.framework).grad_bucket_params
+        layer_params = sh.layer_params if sh.n_dense else sh.moe_dense_params
+        bucket_params = bucket_size * capped_quotient(t, layer_params / bucket_size, 1)
+        bucket = allreduce(GRAD_WIRE_BYTES * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
+                           hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        # (the lightest stage's compute: a lower bound on the window of every stage)
+        window = stage_compute - max(sf, sl) * per_layer if k.uneven else stage_compute
+        backward = window * (passes - 1) / passes
+        forward = window / passes
+        halves = 2 if dist else 1          # reduce-scatter + all-gather, or one all-reduce
+        reduce_ = dp_raw / halves
+        if k.overlap_grad_reduce:
+            reduce_ = vmax(reduce_ - backward, bucket / halves)
+        gather_ = 0.0
+        if dist:
+            gather_ = dp_raw / 2
+            if gather:
+                gather_ = vmax(gather_ - forward, bucket / 2)
+        dp_raw = reduce_ + gather_
+    time["dp_comm"] = dp_raw
     shards = d * c if dist else 1
     expert_shards = x.ed if dist else 1
     time["optimizer"] = (params_gpu / shards
@@ -459,8 +499,7 @@ def internode_bytes(inst: Instance, x: Degrees, k: Knobs):
     free = float("inf")
     hw = replace(inst.hw, peak=free, peak_fp8=free, hbm_bw=free, bw_intra=free, bw_inter=1.0,
                  lat_intra=0.0, lat_inter=0.0)
-    training = inst.spec.training.model_copy(update={"tp_overlap": 0.0, "dp_overlap": 0.0})
-    network = replace(inst, hw=hw, spec=inst.spec.model_copy(update={"training": training}))
-    time = step_terms(network, x, k).time
+    network = replace(inst, hw=hw)
+    time = step_terms(network, x, replace(k, **{o: False for o in OVERLAP_KNOBS})).time
     return sum(time[name] for name in COMM_TERMS)
 
