@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
-from formulations.space import SearchSpace, build_space, divisors
+from formulations.space import SearchSpace, build_space, count_points, divisors
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
 from planner.model.terms import memory_limit_bytes, step_terms
@@ -79,7 +79,7 @@ def _binding_rules(space: SearchSpace) -> list[str]:
     for name in names:
         rest = [con for con in space.constraints if con.name.split(" [")[0] != name]
         relaxed = dataclasses.replace(space, constraints=rest)
-        if len(feasible_points(relaxed)["T"]):
+        if count_points(relaxed):
             out.append(name)
     if not out:
         return []
@@ -88,6 +88,8 @@ def _binding_rules(space: SearchSpace) -> list[str]:
 
 
 def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
+    if not count_points(space):                  # structural: counted, not listed
+        return None
     cols = feasible_points(space)
     if not cols or len(next(iter(cols.values()))) == 0:
         return None
@@ -139,7 +141,7 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     if static > limit:
         lines.append(f"weights + gradients + optimizer states alone need {static / GiB:.1f} GiB "
                      f"per GPU even at the largest model-parallel degree the constraints allow")
-        pps = sorted(set(feasible_points(space)["P"].tolist()))
+        pps = sorted(space.base["P"].values[k[0]] for k in count_points(space, track=("P",)))
         cons = inst.spec.constraints
         by_layers = [d for d in divisors(inst.model.layers)
                      if (cons.max_pp is None or d <= cons.max_pp) and cons.pp in (None, d)]
