@@ -453,18 +453,26 @@ def count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[st
         s_of = np.repeat(np.arange(len(states)), n_vals)   # candidate row: (state, value)
         j_of = np.tile(np.arange(n_vals), len(states))
 
-        def part(s: int, rows=None):
-            """The state columns of carried item ``s`` after this variable's value."""
+        def part(s: int, rows):
+            """The state columns of carried item ``s`` after this variable's value, on the
+            candidate rows ``rows``."""
             sl = slice(start[s], start[s + 1])
             d = items[carry[s]][1].get(name)
-            if rows is None:                          # every (state, value), by broadcasting
-                d = np.zeros((n_vals, sl.stop - sl.start), dtype=np.int64) if d is None else d
-                return (base[:, None, sl] + d[None, :, :]).reshape(-1, sl.stop - sl.start)
             return base[s_of[rows], sl] + d[j_of[rows]] if d is not None else base[s_of[rows], sl]
-        ok = np.ones(len(s_of), dtype=bool)
         closing = [s for s, k in enumerate(carry) if last[k] == i and k < n_rules]
+        # the rules that end here, judged once per distinct value of the columns they read
+        cols = [c for s in closing for c in range(start[s], start[s + 1])]
+        sub, inv = _unique_rows(base[:, cols])
+        ok_sub = np.ones((len(sub), n_vals), dtype=bool)
+        at = 0
         for s in closing:
-            ok &= items[carry[s]][2](part(s))
+            w = start[s + 1] - start[s]
+            d = items[carry[s]][1].get(name)
+            d = np.zeros((n_vals, w), dtype=np.int64) if d is None else d
+            cur = (sub[:, None, at:at + w] + d[None, :, :]).reshape(-1, w)
+            ok_sub &= items[carry[s]][2](cur).reshape(len(sub), n_vals)
+            at += w
+        ok = ok_sub[inv].ravel()
         if name == "B" and dominant_batch and n_vals > 1:
             # values ascend: per state keep only the largest batch the rules admit
             grid = ok.reshape(len(states), n_vals)
