@@ -293,13 +293,53 @@ def print_table(mkey: str, model: dict, rows: list[dict], backends: list[str], l
             notes.append(f"{row['gpus']:,} GPUs plan ({b}): TP{p['tp']} PP{p['pp']} CP{p['cp']} "
                          f"DP{p['dp']} VP{p['vp']} mb{p['micro_batch']} recompute={p['recompute']}"
                          f" SP={p['sequence_parallel']} DO={p['distributed_optimizer']}")
-    print("plans = size of the search space (solver.space.plans: structurally feasible degree "
-          "assignments x knob combinations), the plans the enumerator evaluates")
+    print("plans = size of the search space (solver.space.plans: the degree assignments that "
+          "keep the structural rules, every global batch of a range, x every knob value; counted "
+          "over the rules by plan solve, never listed)")
     print("whole = wall time of the `plan solve` subprocess; solve = solver.solve_s (in-solver); "
           "'>' = stopped at the limit (a lower bound); ratios '<'/'>' inherit that bound.")
     for n in notes:
         print("  - " + n)
     print_targets(rows, backends)
+    print_large_space_targets(rows, backends)
+
+
+#: Issue 10's targets: on spaces of at least this many plans, CP-SAT within TARGET_WHOLE_S
+#: whole-process and the enumerator at least ENUM_FACTOR times slower.
+LARGE_SPACE = 10**6
+TARGET_WHOLE_S = 2.0
+ENUM_FACTOR = 3.0
+
+
+def print_large_space_targets(rows: list[dict], backends: list[str]) -> None:
+    """Per instance of >= 10^6 plans: its size, the three whole-process times (medians), the
+    ratio enumerate / cpsat, and whether issue 10's targets hold there."""
+    big = []
+    for r in rows:
+        sizes = [x["plans"] for x in r["results"].values() if x.get("plans")]
+        if sizes and sizes[0] >= LARGE_SPACE:
+            big.append((r, sizes[0]))
+    if not big:
+        print(f"TARGET (issue 10) on spaces >= {LARGE_SPACE:,} plans: no such instance measured")
+        return
+    print(f"Instances of >= {LARGE_SPACE:,} plans (whole-process medians; issue 10: cpsat <= "
+          f"{TARGET_WHOLE_S:g} s, highs agrees, enumerate >= {ENUM_FACTOR:g}x cpsat):")
+    ok_all = True
+    for r, size in big:
+        res = r["results"]
+        times = "  ".join(f"{b} {fmt_t(res[b]['whole_s'], res[b]['hit_limit'])} s"
+                          for b in backends if b in res)
+        v, txt = ratio(res.get("enumerate"), res.get("cpsat"), "whole_s")
+        c = res.get("cpsat")
+        ok = (c is not None and c["status"] == "optimal" and not c["hit_limit"]
+              and c["whole_s"] <= TARGET_WHOLE_S and v is not None and v >= ENUM_FACTOR
+              and r["agree"])
+        ok_all &= ok
+        print(f"  {_where(r)} GPUs, batch {batch_text(r['global_batch'])}: {size:,} plans; "
+              f"{times}; enumerate/cpsat {txt}; agree {r['agree_text']}; "
+              f"{'MET' if ok else 'NOT met'}")
+    print(f"TARGET (issue 10) on spaces >= {LARGE_SPACE:,} plans: "
+          f"{'MET' if ok_all else 'NOT met'} on the {len(big)} instance(s) above")
 
 
 def _where(row: dict) -> str:
@@ -447,8 +487,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the raw measurements to this file")
     ap.add_argument("--keep", action="store_true", help="keep the instance TOML directory")
     ap.add_argument("--batch-range", action="store_true",
-                    help="let the planner choose the global batch in [B/4, 4B] around each "
-                    "size's fixed batch B (objective: time per sequence)")
+                    help="let the planner choose the global batch in [B/F, F*B] around each "
+                    "size's fixed batch B (objective: time per sequence; F: --batch-factor)")
+    ap.add_argument("--batch-factor", type=int, default=4,
+                    help="with --batch-range, the range is [B/F, F*B] (default %(default)s)")
     ap.add_argument("--snapshot", metavar="REV", default=None,
                     help="run `plan` on a `git archive REV` copy of the project (e.g. HEAD) instead "
                          "of the live checkout, which others may be editing during the run")
@@ -493,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
           f" (killed at {args.time_limit + grace:g} s)")
     print("global batch per size: " + ", ".join(f"{g:,} GPUs -> {global_batch_for(g)}"
                                                 for g in gpus)
-          + ("  (max(2048, GPUs // 16)); --batch-range: the planner chooses in [B/4, 4B], "
+          + ("  (max(2048, GPUs // 16)); --batch-range: the planner chooses in "
+             f"[B/{args.batch_factor}, {args.batch_factor}B], "
              "objective = time per sequence" if args.batch_range else
              "  (max(2048, GPUs // 16), fixed: objective = step time)"))
     print("constraints: schema defaults (no pins; max_cp = 1, micro-batch 1..32, recompute/SP/"
@@ -511,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in gpus:
                 batch = global_batch_for(n)
                 if args.batch_range:
-                    batch = (batch // 4, batch * 4)
+                    batch = (batch // args.batch_factor, batch * args.batch_factor)
                 f = tmp / f"model{mk}_{n}.toml"
                 f.write_text(instance_toml(model, n, batch))
                 runs: dict[str, list[dict]] = {b: [] for b in backends}

@@ -16,6 +16,7 @@ measurement is kept in benchmarks/README.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -32,6 +33,7 @@ from planner.model.errors import SolverError
 RELATIVE_QUANTUM = 1e-7
 
 
+@functools.cache
 def available() -> bool:
     try:
         import ortools.sat.python.cp_model  # noqa: F401
@@ -123,10 +125,18 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
             xs.append(model.new_int_var(lo, hi, name))
 
     def int_expr(coefs: dict[int, float], name: str):
-        ints = {i: _fits(c, f"a coefficient of row {name}", q_t, RANGE) for i, c in coefs.items()}
+        if all(abs(c) <= RANGE for c in coefs.values()):     # (False for NaN) the common case
+            ints = {i: int(round(c)) for i, c in coefs.items()}
+        else:                                                 # names the coefficient
+            ints = {i: _fits(c, f"a coefficient of row {name}", q_t, RANGE)
+                    for i, c in coefs.items()}
         _fits(sum(abs(c) * span[i] for i, c in ints.items()), f"the range of row {name}", q_t,
               RANGE)
-        return sum(c * xs[i] for i, c in ints.items() if not isinstance(xs[i], int))
+        live = [(xs[i], c) for i, c in ints.items() if not isinstance(xs[i], int) and c]
+        if not live:
+            return 0
+        # one weighted sum: building it term by term with + costs more than solving small models
+        return cp_model.LinearExpr.weighted_sum([v for v, _ in live], [c for _, c in live])
 
     for coefs, lo, hi, name in r.rows:
         expr = int_expr(coefs, name)

@@ -13,8 +13,8 @@ import dataclasses
 import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
+from formulations.space import SearchSpace, build_space, count_points, divisors
 from planner.model.plan import layout_choices
-from formulations.space import SearchSpace, build_space, divisors
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
 from planner.model.terms import memory_limit_bytes, step_terms
@@ -80,7 +80,7 @@ def _binding_rules(space: SearchSpace) -> list[str]:
     for name in names:
         rest = [con for con in space.constraints if con.name.split(" [")[0] != name]
         relaxed = dataclasses.replace(space, constraints=rest)
-        if len(feasible_points(relaxed)["T"]):
+        if count_points(relaxed):
             out.append(name)
     if not out:
         return []
@@ -89,6 +89,8 @@ def _binding_rules(space: SearchSpace) -> list[str]:
 
 
 def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
+    if not count_points(space):                  # structural: counted, not listed
+        return None
     cols = feasible_points(space)
     if not cols or len(next(iter(cols.values()))) == 0:
         return None
@@ -140,7 +142,7 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     if static > limit:
         lines.append(f"weights + gradients + optimizer states alone need {static / GiB:.1f} GiB "
                      f"per GPU even at the largest model-parallel degree the constraints allow")
-        pps = sorted(set(feasible_points(space)["P"].tolist()))
+        pps = sorted(space.base["P"].values[k[0]] for k in count_points(space, track=("P",)))
         cons = inst.spec.constraints
         shorts = {lay[0] + lay[1] for lay in layout_choices(inst)}
         by_layers = [d for n in shorts for d in divisors(inst.model.layers + n)

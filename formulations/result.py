@@ -57,7 +57,7 @@ class SolveResult:
     knobs: Knobs | None = None
     space_points: int | None = None               # structurally feasible degree assignments
     space_combos: int | None = None               # categorical (knob) combinations
-    space_batch_range: bool = False               # assignments carry their largest batch only
+    space_plans: int | None = None                # plans: assignments x the combos each admits
 
     @property
     def gap(self) -> float | None:
@@ -71,8 +71,7 @@ class SolveResult:
                 "wall_s": self.wall_s, "solve_s": self.solve_s, "build_s": self.build_s,
                 "quantum_s": self.quantum_s, "note": self.note,
                 "space": {"assignments": self.space_points, "knob_combinations": self.space_combos,
-                          "plans": (self.space_points * self.space_combos
-                                    if self.space_points is not None and self.space_combos else None)}}
+                          "plans": self.space_plans}}
 
     def to_dict(self) -> dict[str, Any]:
         out = self.report.to_dict() if self.report else {"plan": None}

@@ -13,9 +13,8 @@ from dataclasses import replace
 
 from formulations import ties
 from formulations.encoding import Cuts, encode
-from formulations.enumerate import feasible_points
 from formulations.result import RawSolution, SolveResult, Status
-from formulations.space import BaseVar, SearchSpace, build_space
+from formulations.space import BaseVar, SearchSpace, build_space, candidate_batches, space_size
 from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
@@ -55,14 +54,17 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         from formulations import enumerate as en
 
         return en.solve(space, objective, time_limit, cuts, points), None
-    if points is None:
-        points = feasible_points(space)
-    batches = sorted(set(points["B"].tolist()), reverse=True)
-    if len(space.base["B"].values) > 1 and len(batches) > 1:
-        return _per_batch(space, backend, time_limit, objective, cuts, points, batches)
+    if len(space.base["B"].values) > 1:           # a batch range: the batches that can win
+        batches = candidate_batches(space)
+        if not batches:
+            return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, 0.0, backend,
+                               note="no plan satisfies the structural rules"), None
+        if len(batches) > 1:
+            return _per_batch(space, backend, time_limit, objective, cuts, batches)
+        space = _batch_model(space, batches[0])
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
-    enc = encode(space, objective, points, prune=not cuts.exclude)
+    enc = encode(space, objective, prune=not cuts.exclude)
     enc_s = time.perf_counter() - t0
     if backend == "cpsat":
         from formulations import cpsat
@@ -83,9 +85,10 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
 
 
 def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
-               cuts: Cuts, points: dict, batches: list[int]) -> tuple[RawSolution, float | None]:
+               cuts: Cuts, batches: list[int]) -> tuple[RawSolution, float | None]:
     """A global-batch range as one fixed-batch model per batch that some assignment's largest
-    admissible batch reaches (a handful): every optimum is such a point, so the best of these
+    admissible batch reaches (a handful, counted by :func:`formulations.space.candidate_batches`
+    from the rules, without listing the assignments): every optimum is such a point, so the best of these
     proven optima is the proven optimum, and the least of their bounds is a bound. Carrying
     the batch inside every form instead makes one model many times larger and slower.
 
@@ -109,14 +112,14 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
                 status = Status.FEASIBLE               # batches left unsolved: nothing proven
                 bounds.append(None)
                 break
-        sub, sub_points = _batch_model(space, points, batch)
+        sub = _batch_model(space, batch)
         cap = cuts.max_objective
         if found:                                   # beat the best so far, or tie with it
             tie = ties.objective_cap(min(optimum(r) for r in found))
             cap = tie if cap is None else min(cap, tie)
         raw, q_b = run_backend(sub, backend, left, objective, cap,
                                [x for x in cuts.exclude if x[0]["B"] == batch],
-                               points=sub_points, break_ties=False)
+                               break_ties=False)
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
         build_s += raw.build_s
@@ -144,11 +147,10 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
         batch = best.choice["B"]
         left = None if time_limit is None else max(time_limit - (time.perf_counter() - t_start),
                                                    1e-3)
-        sub, sub_points = _batch_model(space, points, batch)
+        sub = _batch_model(space, batch)
         cap = tie if cuts.max_objective is None else min(cuts.max_objective, tie)
         tied, _ = run_backend(sub, backend, left, objective, cap,
-                              [x for x in cuts.exclude if x[0]["B"] == batch],
-                              points=sub_points)
+                              [x for x in cuts.exclude if x[0]["B"] == batch])
         solve_s += tied.solve_s
         build_s += tied.build_s
         if tied.choice is not None:
@@ -157,13 +159,11 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
                    note=f"{len(batches)} fixed-batch models, {beaten} proven not to beat the best"), q
 
 
-def _batch_model(space: SearchSpace, points: dict, batch: int) -> tuple[SearchSpace, dict]:
-    """The space with the global batch fixed at ``batch``, and the feasible points it keeps."""
+def _batch_model(space: SearchSpace, batch: int) -> SearchSpace:
+    """The space with the global batch fixed at ``batch``."""
     exps = space.base["B"].exps[space.base["B"].values.index(batch)]
-    sub = replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
-                  fixed={**space.fixed, "B": batch})
-    keep = points["B"] == batch
-    return sub, {k: c[keep] for k, c in points.items()}
+    return replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
+                   fixed={**space.fixed, "B": batch})
 
 
 def objective_cap(inst: Instance, kind: str) -> float | None:
@@ -199,16 +199,10 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     t0 = time.perf_counter()
     kind = objective or default_objective(inst)
     space = build_space(inst)                    # raises InfeasibleError for empty domains
-    points = feasible_points(space)              # the structural rules alone (no step times)
-    if len(points["T"]) == 0:
-        from formulations.explain import explain_infeasible
-
-        raise explain_infeasible(space)          # structural: no solver needed to show it
     raw, quantum = run_backend(space, solver, time_limit, kind, objective_cap(inst, kind),
-                               exclude, points)
+                               exclude)
     wall = time.perf_counter() - t0
-    size = {"space_points": len(points["T"]), "space_combos": len(space.combos),
-            "space_batch_range": len(space.base["B"].values) > 1}
+    size = space_size(space)                     # counted over the rules, never listed
     if raw.status == Status.INFEASIBLE:
         if explain and not exclude:
             from formulations.explain import explain_infeasible

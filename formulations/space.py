@@ -461,3 +461,230 @@ def build_space(inst: Instance) -> SearchSpace:
         caps_on_forms.append(("dp", mono, coef, c.dp, c.dp or c.max_dp))
     return SearchSpace(inst, primes, base, fixed, cons, combos, dims, caps_on_forms,
                        implications, layout_pairs=pairs)
+
+
+# ------------------------------------------------------------------------------------------
+# Counting by dynamic programming over the rules (no walk of the product of the domains)
+# ------------------------------------------------------------------------------------------
+
+
+def count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[str, ...] | None
+                 = None, form: Mono | None = None, dominant_batch: bool = False,
+                 layout: tuple | None = None) -> dict[tuple, int]:
+    """:func:`_count_points` (below) where the pipeline layouts have their say: only the
+    ``(P, V)`` pairs some layout allows (:attr:`SearchSpace.layout_pairs`) count, or those of
+    one ``layout`` when it is given. The layout rules read the knobs, so they are not per-prime
+    rows; they act on two variables, which the count tracks and then sums out."""
+    if not space.layout_pairs or (only is not None and not {"P", "V"} <= set(only)):
+        return _count_points(space, track, only, form, dominant_batch)
+    pairs = (space.layout_pairs[layout] if layout is not None
+             else frozenset().union(*space.layout_pairs.values()))
+    if form is not None:                        # (no caller needs both: a bound, not a count)
+        return _count_points(space, track, only, form, dominant_batch)
+    # the counter's keys list the tracked variables in BASE_NAMES order
+    full = sorted(set(track) | {"P", "V"}, key=BASE_NAMES.index)
+    ip, iv = full.index("P"), full.index("V")
+    P, V = space.base["P"].values, space.base["V"].values
+    out: dict[tuple, int] = {}
+    for key, n in _count_points(space, tuple(full), only, None, dominant_batch).items():
+        if (P[key[ip]], V[key[iv]]) in pairs:
+            k = tuple(x for x, v in zip(key, full) if v in track)
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[str, ...] | None
+                  = None, form: Mono | None = None, dominant_batch: bool = False
+                  ) -> dict[tuple, int]:
+    """How many assignments of the base variables keep the rules, grouped by the values of the
+    ``track`` variables (value indices) and by the exponent vector of ``form`` (a product of
+    base variables): ``{key: count}``, empty when no assignment keeps them.
+
+    It never lists the assignments: the variables are taken one at a time (in
+    :data:`~planner.model.plan.BASE_NAMES` order) and an assignment so far is reduced to what
+    the rules still need of it, the partial per-prime exponent sum of each rule not yet
+    complete (and the ``> 1`` flags of the implications and of the interleaved-only rules);
+    assignments with the same state are one row with a count. The cost is the number of
+    distinct states, which the rules keep small (a handful of exponents each), not the product
+    of the domains.
+
+    ``only`` restricts the walk to some variables and the rules among them (the others are
+    left free: a per-form bound). ``dominant_batch`` keeps, per assignment of the other
+    variables, only the largest global batch the rules admit, as
+    :func:`formulations.enumerate.feasible_points` does (the batches that can hold an optimum
+    of a batch range)."""
+    import numpy as np
+
+    names = [n for n in BASE_NAMES if only is None or n in only]
+    pos = {n: i for i, n in enumerate(names)}
+    nq = len(space.primes)
+    exps = {n: np.array(space.base[n].exps, dtype=np.int64).reshape(-1, nq) for n in names}
+    gt1 = {n: (np.array(space.base[n].values) > 1).astype(np.int64)[:, None] for n in names}
+    logq = np.log(np.array(space.primes, dtype=float))
+    # an item: (variables, {variable: per-value delta, shape (values, width)}, check | None)
+    items: list[tuple[set, dict, object]] = []
+
+    def vec(mono, flag: str | None = None) -> dict:
+        out = {}
+        for v in {x for x, _ in mono} | ({flag} if flag else set()):
+            e = dict(mono).get(v, 0)
+            d = e * exps[v]
+            if flag:
+                d = np.hstack([d, gt1[v] if v == flag else np.zeros_like(gt1[v])])
+            out[v] = d
+        return out
+
+    for con in space.constraints:
+        vs = {v for v, _ in con.mono} | ({"V"} if con.when_v_gt1 else set())
+        if not vs <= set(names):
+            continue
+        const = np.array(con.const, dtype=np.int64)
+
+        def check(p, const=const, eq=con.eq, flag=con.when_v_gt1):
+            tot = p[:, :nq] + const
+            ok = np.all(tot == 0, axis=1) if eq else np.all(tot >= 0, axis=1)
+            return ok | (p[:, nq] == 0) if flag else ok
+        items.append((vs, vec(con.mono, "V" if con.when_v_gt1 else None), check))
+    for imp in space.implications:
+        a, b = imp.if_var, imp.then_var
+        if {a, b} <= set(names):
+            z = {v: np.zeros_like(gt1[v]) for v in (a, b)}
+            items.append(({a, b}, {a: np.hstack([gt1[a], z[a]]), b: np.hstack([z[b], gt1[b]])},
+                          lambda p: ~((p[:, 0] > 0) & (p[:, 1] == 0))))
+    for _name, mono, coef, lo, hi in space.form_caps:
+        if {v for v, _ in mono} <= set(names):
+            def cap_ok(p, coef=coef, lo=lo, hi=hi):
+                val = coef * np.exp(p @ logq)
+                return ((val >= lo * (1 - 1e-9)) if lo is not None else True) & \
+                    ((val <= hi * (1 + 1e-9)) if hi is not None else True)
+            items.append(({v for v, _ in mono}, vec(mono), cap_ok))
+    n_rules = len(items)
+    items += [({n}, {n: np.arange(len(exps[n]), dtype=np.int64)[:, None]}, None)
+              for n in track if n in pos]
+    if form is not None:
+        items.append(({v for v, _ in form}, vec(form), None))
+    first = [min(pos[v] for v in vs) for vs, _, _ in items]
+    last = [max(pos[v] for v in vs) for vs, _, _ in items]
+    width = [next(iter(d.values())).shape[1] for _, d, _ in items]
+
+    states = np.zeros((1, 0), dtype=np.int64)          # one row per distinct state
+    counts = np.ones(1, dtype=np.int64)
+    active: list[int] = []                             # items carried in the state, in order
+    for i, name in enumerate(names):
+        carry = active + [k for k in range(len(items)) if first[k] == i]
+        start = np.cumsum([0] + [width[k] for k in carry])
+        n_vals = len(exps[name])
+        base = np.hstack([states, np.zeros((len(states), start[-1] - states.shape[1]),
+                                           dtype=np.int64)])
+        s_of = np.repeat(np.arange(len(states)), n_vals)   # candidate row: (state, value)
+        j_of = np.tile(np.arange(n_vals), len(states))
+
+        def part(s: int, rows):
+            """The state columns of carried item ``s`` after this variable's value, on the
+            candidate rows ``rows``."""
+            sl = slice(start[s], start[s + 1])
+            d = items[carry[s]][1].get(name)
+            return base[s_of[rows], sl] + d[j_of[rows]] if d is not None else base[s_of[rows], sl]
+        closing = [s for s, k in enumerate(carry) if last[k] == i and k < n_rules]
+        # the rules that end here, judged once per distinct value of the columns they read
+        cols = [c for s in closing for c in range(start[s], start[s + 1])]
+        sub, inv = _unique_rows(base[:, cols])
+        ok_sub = np.ones((len(sub), n_vals), dtype=bool)
+        at = 0
+        for s in closing:
+            w = start[s + 1] - start[s]
+            d = items[carry[s]][1].get(name)
+            d = np.zeros((n_vals, w), dtype=np.int64) if d is None else d
+            cur = (sub[:, None, at:at + w] + d[None, :, :]).reshape(-1, w)
+            ok_sub &= items[carry[s]][2](cur).reshape(len(sub), n_vals)
+            at += w
+        ok = ok_sub[inv].ravel()
+        if name == "B" and dominant_batch and n_vals > 1:
+            # values ascend: per state keep only the largest batch the rules admit
+            grid = ok.reshape(len(states), n_vals)
+            top = n_vals - 1 - np.argmax(grid[:, ::-1], axis=1)
+            ok = np.zeros_like(ok)
+            ok[np.flatnonzero(grid.any(axis=1)) * n_vals + top[grid.any(axis=1)]] = True
+        kept = [s for s in range(len(carry)) if s not in closing]
+        active = [carry[s] for s in kept]
+        if not any(name in items[carry[s]][1] for s in kept):
+            # the value leaves no trace in the state: each state stays, times its values
+            counts = counts * ok.reshape(len(states), n_vals).sum(axis=1)
+            live = counts > 0
+            cols = [c for s in kept for c in range(start[s], start[s + 1])]
+            states, counts = base[live][:, cols], counts[live]
+            if not len(states):
+                return {}
+            continue
+        sel = np.flatnonzero(ok)
+        rows = (np.hstack([part(s, sel) for s in kept]) if kept
+                else np.zeros((len(sel), 0), dtype=np.int64))
+        cnt = counts[s_of[sel]]
+        if not len(rows):
+            return {}
+        states, inverse = _unique_rows(rows)
+        counts = np.bincount(inverse.ravel(), weights=cnt, minlength=len(states)).astype(np.int64)
+    start = np.cumsum([0] + [width[k] for k in active])
+    cols = [c for s, k in enumerate(active) if k >= n_rules for c in range(start[s], start[s + 1])]
+    out: dict[tuple, int] = {}
+    for row, c in zip(states[:, cols].tolist(), counts.tolist()):
+        out[tuple(row)] = out.get(tuple(row), 0) + c
+    return out
+
+
+def _unique_rows(rows):
+    """``np.unique(rows, axis=0, return_inverse=True)``, through one integer key per row when
+    the columns' ranges allow it (much faster than sorting rows)."""
+    import numpy as np
+
+    if rows.shape[1] == 0:
+        return rows[:1], np.zeros(len(rows), dtype=np.int64)
+    lo, hi = rows.min(axis=0), rows.max(axis=0)
+    span = (hi - lo + 1).astype(object)
+    if math.prod(span.tolist()) >= 2**62:
+        states, inverse = np.unique(rows, axis=0, return_inverse=True)
+        return states, inverse.ravel()
+    key = np.zeros(len(rows), dtype=np.int64)
+    for c in range(rows.shape[1]):
+        key = key * int(span[c]) + (rows[:, c] - lo[c])
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return rows[first], inverse.ravel()
+
+
+def candidate_batches(space: SearchSpace) -> list[int]:
+    """The global batches of a range that can hold an optimum, largest first: the largest
+    batch some assignment of the other variables admits (:func:`count_points` with
+    ``dominant_batch``; tests/test_dominance.py checks that a larger batch is never slower
+    per sequence). Empty when no assignment keeps the rules."""
+    reach = count_points(space, track=("B",), dominant_batch=True)
+    return sorted((space.base["B"].values[k[0]] for k in reach), reverse=True)
+
+
+def space_size(space: SearchSpace) -> dict[str, int]:
+    """The size of the space a question ranges over, counted over the rules (never listed):
+    ``space_points``, the assignments of the base variables that keep the structural rules
+    (every global batch of a range); ``space_combos``, the knob combinations the constraints
+    allow, counting the values the search fixes because they dominate (sequence parallelism
+    and the distributed optimizer, see :func:`build_space`); ``space_plans``, the plans (an
+    assignment with a knob combination it admits: MoE layers with tp > 1 need sequence
+    parallelism)."""
+    c = space.inst.spec.constraints
+    free_sp = c.sequence_parallel is None
+    free_do = c.distributed_optimizer is None
+    combos = len(space.combos) * (2 if free_sp else 1) * (2 if free_do else 1)
+    needs_sp = free_sp and any(r.kind == "needs_knob" and r.knob == "sequence_parallel"
+                               for r in rules_for(space.inst))
+    points = sum(count_points(space).values())
+    per_combo = combos // len(space.combos)     # the values of the dominated knobs
+    plans = 0
+    layouts = [layout_key(k) for k in space.combos] if space.layout_pairs else [None]
+    for lay in dict.fromkeys(layouts):          # each layout: its own (P, V) pairs
+        n_combos = layouts.count(lay) * per_combo
+        by_t = count_points(space, track=("T",) if needs_sp else (), layout=lay)
+        laid = sum(by_t.values())
+        if needs_sp:                              # sequence parallelism off only at tp = 1
+            tp1 = sum(n for k, n in by_t.items() if space.base["T"].values[k[0]] == 1)
+            plans += tp1 * n_combos + (laid - tp1) * (n_combos // 2)
+        else:
+            plans += laid * n_combos
+    return {"space_points": points, "space_combos": combos, "space_plans": plans}

@@ -165,10 +165,10 @@ def solver_panel(res) -> Panel:
     t.add_row("backend", res.backend)
     if res.space_points is not None:
         t.add_row("search space", f"{res.space_points:,} degree assignments that satisfy the "
-                  f"structural rules x {res.space_combos} knob combinations = "
-                  f"{res.space_points * res.space_combos:,} plans"
-                  + (" (each assignment with the largest global batch it admits, which is never "
-                     "slower per sequence)" if res.space_batch_range else ""))
+                  f"structural rules x {res.space_combos} knob combinations"
+                  + (" = " if res.space_plans == res.space_points * res.space_combos else
+                     " (MoE layers with tp > 1 need sequence parallelism): ")
+                  + f"{res.space_plans:,} plans (counted over the rules, not listed)")
     t.add_row("ties", "plans within 0.01% of the optimum are ties, broken by the most memory "
               "headroom, then the fewest bytes across nodes, then the simplest plan (the same in "
               "every backend)")

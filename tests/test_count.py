@@ -1,0 +1,69 @@
+"""The space is counted over the rules, never listed (formulations/space.py ``count_points``):
+on instances the enumerator can walk, the counts, the per-value counts and the batches a range
+can win on equal what the enumerator's list of feasible points gives."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+import pytest
+
+from formulations.enumerate import feasible_points
+from formulations.space import build_space, candidate_batches, count_points, layout_key, space_size
+from planner.model.instance import load_instance, parse_instance
+
+TINY_MOE = {"model": {"layers": 6, "hidden": 768, "heads": 12, "kv_heads": 4, "vocab": 32000,
+                      "seq_len": 4096, "experts": 4, "top_k": 2, "first_dense_layers": 2},
+            "training": {"global_batch": [24, 384]}, "cluster": {"gpu": "b200", "nodes": 3},
+            "constraints": {"max_cp": 2, "max_dp": 12, "tp_within_node": False}}
+CASES = [
+    load_instance("instances/gpt3-175b-a100.toml"),
+    load_instance("instances/mixtral-8x7b-h100.toml"),
+    parse_instance(TINY_MOE),
+]
+
+
+@pytest.mark.parametrize("inst", CASES, ids=["gpt3", "mixtral", "tiny-moe-range-dpcap"])
+def test_counts_match_the_enumerated_points(inst):
+    space = build_space(inst)
+    every = feasible_points(space, dominant_batch=False)
+    assert sum(count_points(space).values()) == len(every["T"])
+    for name in ("P", "T", "B"):                       # counts per value of one variable
+        by_value = {space.base[name].values[k[0]]: n
+                    for k, n in count_points(space, track=(name,)).items()}
+        assert by_value == dict(collections.Counter(every[name].tolist()))
+    dominant = feasible_points(space)                  # a range: the largest batch of each
+    assert candidate_batches(space) == sorted(set(dominant["B"].tolist()), reverse=True)
+
+
+def test_plans_count_every_knob_value_and_the_moe_rule():
+    """12 knob combinations per pipeline layout (3 recompute modes x sequence parallelism x
+    distributed optimizer, the two the search fixes by dominance counted too); on a MoE model sequence parallelism off
+    is a plan only at tp = 1."""
+    inst = parse_instance(TINY_MOE)
+    space = build_space(inst)
+    every = feasible_points(space, dominant_batch=False)
+    size = space_size(space)
+    # per pipeline layout (each admits its own pp, vp pairs): the 3 modes x 2 x 2
+    layouts = {layout_key(k) for k in space.combos}
+    assert size["space_points"] == len(every["T"]) and size["space_combos"] == 12 * len(layouts)
+    expected = 0
+    for k in space.combos:                        # each: sp and the optimizer on / off
+        pairs = space.layout_pairs[layout_key(k)]
+        pv = zip(every["P"].tolist(), every["V"].tolist())
+        ok = np.array([(p, v) in pairs for p, v in pv])
+        tp1 = int((ok & (every["T"] == 1)).sum())
+        expected += tp1 * 4 + (int(ok.sum()) - tp1) * 2
+    assert size["space_plans"] == expected
+
+
+def test_no_plan_counts_zero():
+    inst = parse_instance({"model": {"layers": 4, "hidden": 512, "heads": 8, "vocab": 1000,
+                                     "seq_len": 512},
+                           "training": {"global_batch": 7},
+                           "cluster": {"gpu": "h100-sxm", "gpus": 8},
+                           "constraints": {"max_tp": 1, "max_pp": 1}})
+    space = build_space(inst)
+    assert count_points(space) == {} and len(feasible_points(space)["T"]) == 0
