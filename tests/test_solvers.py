@@ -106,7 +106,7 @@ def tolerance(res) -> float:
     return (res.quantum_s or 0.0) * 200 + 1e-6 * abs(res.objective)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           derandomize=True)
 @given(instances())
 def test_three_backends_agree(doc):

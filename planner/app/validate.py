@@ -69,6 +69,11 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     return data
 
 
+#: the [plan] keys of an uneven pipeline layout (planner/model/schema.py PlanSpec)
+LAYOUT_KEYS = {"first_stage_layers", "last_stage_layers", "account_for_embedding",
+               "account_for_loss"}
+
+
 def run_instance(data: dict[str, Any], run: dict[str, Any],
                  overrides: dict[str, float] | None = None) -> Instance:
     """The instance a published run describes (``overrides`` patch ``[cluster]``, for calibration)."""
@@ -100,6 +105,11 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         "cluster": {"gpu": run["gpu"], "gpus": gpus, **(overrides or {})},
         "plan": plan,
     }
+    if not LAYOUT_KEYS & set(plan):
+        # a run that split its layers evenly is searched with even splits: its feature set
+        # (Megatron-LM gained uneven first / last stages in 2024, after most of these runs),
+        # as the ranking pins its recompute mode and overlaps
+        inst["constraints"] = {"max_stage_shortfall": 0}
     return parse_instance(inst, f"run {rid}")
 
 
