@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formulations.space import SearchSpace, count_points
+from formulations.space import SearchSpace
 from planner.model.algebra import FUNCTIONS, Mono, Sig
 from planner.model.plan import Degrees, Grid, Knobs
 from planner.model.terms import internode_bytes, memory_limit_bytes, step_terms
@@ -322,10 +322,11 @@ def _restrict_forms(col: _Collector, space: SearchSpace, points: dict | None) ->
             f.allowed &= seen[ids]
     else:
         # the same presolve without listing the points: the rules count, per form, the
-        # exponent vectors the assignments that keep them reach (count_points with the form
-        # tracked); without it HiGHS takes 15x longer on Narayanan's 530B run (89 s, not 5.7 s)
+        # exponent vectors the assignments that keep them reach (SearchSpace.form_reach, once
+        # per form for all the batch models of a range); without it HiGHS took 15x longer on
+        # Narayanan's 530B run (89 s, not 6 s)
         for mono, f in col.forms.items():
-            reach = count_points(space, form=mono)
+            reach = space.form_reach(mono)
             f.allowed &= np.fromiter((t in reach for t in map(tuple, f.tuples)), bool, f.size)
 
     # caps on derived forms (dp <= max_dp ...)

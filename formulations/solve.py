@@ -163,7 +163,7 @@ def _batch_model(space: SearchSpace, batch: int) -> SearchSpace:
     """The space with the global batch fixed at ``batch``."""
     exps = space.base["B"].exps[space.base["B"].values.index(batch)]
     return replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
-                   fixed={**space.fixed, "B": batch})
+                   fixed={**space.fixed, "B": batch}, parent=space, _reach={})
 
 
 def objective_cap(inst: Instance, kind: str) -> float | None:

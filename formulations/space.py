@@ -138,6 +138,21 @@ class SearchSpace:
     implications: list[Implication] = field(default_factory=list)
     #: per pipeline layout (:func:`layout_key`), the (P, V) pairs its layout rules allow
     layout_pairs: dict[tuple, frozenset] = field(default_factory=dict)
+    #: the space this one narrows (a fixed-batch model of a batch range): what is reachable
+    #: there is a superset of what is reachable here, so presolve counts can be shared
+    parent: SearchSpace | None = field(default=None, compare=False, repr=False)
+    _reach: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def form_reach(self, mono: Mono) -> dict[tuple, int]:
+        """The exponent vectors of ``mono`` that assignments keeping the rules reach (counted,
+        :func:`count_points`), of the widest space this one narrows, computed once per form:
+        every batch model of a range shares them (a superset of its own, so a valid presolve)."""
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        if mono not in root._reach:
+            root._reach[mono] = count_points(root, form=mono)
+        return root._reach[mono]
 
     @property
     def N(self) -> int:
