@@ -175,6 +175,11 @@ def check_nemo_strategy(text: str, inst: Instance, plan: Plan) -> str:
     strat = dict(nemo_tree(text)["trainer"]["strategy"])
     if "pipeline_dtype" in strat:
         strat["pipeline_dtype"] = _dtype(strat["pipeline_dtype"])
+    if isinstance(strat.get("ddp"), dict):
+        # the export's nested table is the DistributedDataParallelConfig a recipe passes as
+        # MegatronStrategy(ddp=...): built here, so an unknown field fails as it would there
+        from megatron.core.distributed import DistributedDataParallelConfig
+        strat["ddp"] = DistributedDataParallelConfig(**strat["ddp"])
     MegatronStrategy(**strat)
     return "MegatronStrategy(**trainer.strategy)"
 
