@@ -220,19 +220,16 @@ def _fn_values(values: np.ndarray, fns, sign: int = 1) -> np.ndarray:
     return out
 
 
-def encode(space: SearchSpace, objective: str = "step_time",
-           points: dict[str, np.ndarray] | None = None, prune: bool = True) -> Encoding:
+def encode(space: SearchSpace, objective: str = "step_time", prune: bool = True) -> Encoding:
     """The evaluator run on symbols and tabulated by form: the model every MIP backend solves.
 
-    ``points`` (the structurally feasible assignments of the base variables, see
-    :func:`formulations.enumerate.feasible_points`) lets the encoding drop unreachable form
-    values; ``prune`` drops dominated categorical combinations (not when listing distinct plans).
+    ``prune`` drops dominated categorical combinations (not when listing distinct plans).
     The steps, in order:
 
     1. :func:`_collect`: run :func:`~planner.model.terms.step_terms` on symbols for every
        categorical combination and group the monomials by the forms they depend on;
     2. :func:`_restrict_forms`: forbid form values no plan reaches (a fractional argument of a
-       function, a value no feasible point has, a cap on a derived degree);
+       function, a value no assignment keeping the rules reaches, a cap on a derived degree);
     3. :func:`_tabulate`: one table per group over its form's values and the combinations;
     4. :func:`_undominated`: drop combinations another one beats everywhere;
     5. :func:`_expressions`: the objective, the maxima's arguments and the memory rows as
@@ -242,7 +239,7 @@ def encode(space: SearchSpace, objective: str = "step_time",
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}")
     col, arity = _collect(space, objective)
-    _restrict_forms(col, space, points)
+    _restrict_forms(col, space)
     tabulated = _tabulate(col)
     n = len(space.combos)
     keep = _undominated(tabulated, n, col.forms, space.combos) if prune else list(range(n))
@@ -289,7 +286,7 @@ def _collect(space: SearchSpace, objective: str) -> tuple[_Collector, dict[str, 
     return col, arity
 
 
-def _restrict_forms(col: _Collector, space: SearchSpace, points: dict | None) -> None:
+def _restrict_forms(col: _Collector, space: SearchSpace) -> None:
     """Step 2: mark the form values no plan can take as not allowed (the model stays exact and
     gets smaller and tighter)."""
     # a function's argument is a degree (a positive integer) at every feasible point, so form
@@ -300,34 +297,13 @@ def _restrict_forms(col: _Collector, space: SearchSpace, points: dict | None) ->
         arg = scale * f.values ** sgn
         f.allowed &= (arg >= 1 - 1e-9) & (np.abs(arg - np.rint(arg)) <= 1e-9 * np.maximum(arg, 1))
 
-    # presolve: keep only form values some structurally feasible point reaches (the points are
-    # the cheap half of enumeration: no step time is evaluated; every value they exclude is
-    # unreachable)
-    if points is not None:
-        positions = {v: np.searchsorted(np.array(bv.values), points[v])
-                     for v, bv in space.base.items()}
-        for mono, f in col.forms.items():
-            lo = np.array(f.lo, dtype=np.int64)
-            span = np.array(f.hi, dtype=np.int64) - lo + 1
-            strides = np.concatenate([np.cumprod(span[::-1])[::-1][1:], [1]])
-            key = np.zeros(len(positions["T"]), dtype=np.int64)   # mixed-radix id per point
-            for v, e in mono:
-                bv = space.base[v]
-                table = np.array(bv.exps, dtype=np.int64).reshape(len(bv.values), -1)
-                key += ((e * table) @ strides)[positions[v]]
-            key -= int(lo @ strides)
-            seen = np.zeros(int(np.prod(span)), dtype=bool)
-            seen[key] = True
-            ids = (np.array(f.tuples, dtype=np.int64) - lo) @ strides
-            f.allowed &= seen[ids]
-    else:
-        # the same presolve without listing the points: the rules count, per form, the
-        # exponent vectors the assignments that keep them reach (SearchSpace.form_reach, once
-        # per form for all the batch models of a range); without it HiGHS took 15x longer on
-        # Narayanan's 530B run (89 s, not 6 s)
-        for mono, f in col.forms.items():
-            reach = space.form_reach(mono)
-            f.allowed &= np.fromiter((t in reach for t in map(tuple, f.tuples)), bool, f.size)
+    # presolve: keep only form values some assignment keeping the structural rules reaches,
+    # counted by the rules, never listed (SearchSpace.form_reach, once per form for all the
+    # batch models of a range); without it HiGHS took 15x longer on Narayanan's 530B run (89 s,
+    # not 6 s)
+    for mono, f in col.forms.items():
+        reach = space.form_reach(mono)
+        f.allowed &= np.fromiter((t in reach for t in map(tuple, f.tuples)), bool, f.size)
 
     # caps on derived forms (dp <= max_dp ...)
     for _name, mono, coef, lo, hi in space.form_caps:

@@ -41,7 +41,7 @@ CASES = [
 def test_tables_reproduce_the_evaluator(inst):
     space = build_space(inst)
     points = feasible_points(space)
-    enc = encode(space, "step_time", points, prune=False)
+    enc = encode(space, "step_time", prune=False)
     deg = degrees_of(space, points)
     rng = np.random.default_rng(0)
     rows = rng.choice(len(points["T"]), size=min(60, len(points["T"])), replace=False)

@@ -78,7 +78,7 @@ def test_capped_memory_keeps_exactly_the_feasible_plans():
     inst = load_instance(ROOT / "instances" / "gpt3-175b-a100.toml")    # entries up to 30x the limit
     space = build_space(inst)
     points = feasible_points(space)
-    enc = encode(space, "step_time", points)
+    enc = encode(space, "step_time")
     capped = dataclasses.replace(enc, memory=capped_memory(enc))
     limit = enc.memory_limit
     assert any(np.max(u.table) > 2 * limit for e in enc.memory.values() for u in e.usages)
@@ -141,7 +141,7 @@ def test_cap_rows_only_when_they_can_bind():
 
         inst = instance(constraints={"min_mfu": min_mfu})
         space = build_space(inst)
-        enc = encode(space, "step_time", feasible_points(space))
+        enc = encode(space, "step_time")
         cuts = Cuts(max_objective=objective_cap(inst, "step_time"))
         return [row for row in build_rows(enc, cuts, **kw).rows if row[3] == "objective_cap"]
 
