@@ -689,17 +689,24 @@ def space_size(space: SearchSpace) -> dict[str, int]:
     combos = len(space.combos) * (2 if free_sp else 1) * (2 if free_do else 1)
     needs_sp = free_sp and any(r.kind == "needs_knob" and r.knob == "sequence_parallel"
                                for r in rules_for(space.inst))
-    points = sum(count_points(space).values())
+    # one count by (T, P, V) serves all three figures: the layouts' pairs and the tp = 1 rule
+    # are read off its keys (the counter lists tracked variables in BASE_NAMES order)
+    T, P, V = (space.base[n].values for n in ("T", "P", "V"))
+    rows = [(T[t], (P[p], V[v]), n)
+            for (t, p, v), n in _count_points(space, track=("T", "P", "V")).items()]
+    union = frozenset().union(*space.layout_pairs.values()) if space.layout_pairs else None
+    points = sum(n for _, pv, n in rows if union is None or pv in union)
     per_combo = combos // len(space.combos)     # the values of the dominated knobs
     plans = 0
     layouts = [layout_key(k) for k in space.combos] if space.layout_pairs else [None]
     for lay in dict.fromkeys(layouts):          # each layout: its own (P, V) pairs
         n_combos = layouts.count(lay) * per_combo
-        by_t = count_points(space, track=("T",) if needs_sp else (), layout=lay)
-        laid = sum(by_t.values())
+        pairs = space.layout_pairs[lay] if lay is not None else None
+        laid = [(t, n) for t, pv, n in rows if pairs is None or pv in pairs]
+        total = sum(n for _, n in laid)
         if needs_sp:                              # sequence parallelism off only at tp = 1
-            tp1 = sum(n for k, n in by_t.items() if space.base["T"].values[k[0]] == 1)
-            plans += tp1 * n_combos + (laid - tp1) * (n_combos // 2)
+            tp1 = sum(n for t, n in laid if t == 1)
+            plans += tp1 * n_combos + (total - tp1) * (n_combos // 2)
         else:
-            plans += laid * n_combos
+            plans += total * n_combos
     return {"space_points": points, "space_combos": combos, "space_plans": plans}
