@@ -161,9 +161,9 @@ def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: s
 
 
 def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None,
-          cuts: Cuts = NO_CUTS, points=None) -> RawSolution:
+          cuts: Cuts = NO_CUTS) -> RawSolution:
     t0 = time.perf_counter()
-    cols = points if points is not None else feasible_points(space)
+    cols = feasible_points(space)
     build_s = time.perf_counter() - t0
     n = len(next(iter(cols.values()))) if cols else 0
     if n == 0:

@@ -41,8 +41,7 @@ def objective_value(report, kind: str) -> float:
 
 def run_backend(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
                 max_objective: float | None = None, exclude: list | None = None,
-                points: dict | None = None, break_ties: bool = True
-                ) -> tuple[RawSolution, float | None]:
+                break_ties: bool = True) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
     from formulations.pyomo_backend import SOLVER_NAMES
 
@@ -53,7 +52,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
     if backend == "enumerate":
         from formulations import enumerate as en
 
-        return en.solve(space, objective, time_limit, cuts, points), None
+        return en.solve(space, objective, time_limit, cuts), None
     if len(space.base["B"].values) > 1:           # a batch range: the batches that can win
         batches = candidate_batches(space)
         if not batches:

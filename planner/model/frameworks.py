@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 FrameworkName = Literal["megatron", "nemo", "torchtitan", "deepspeed"]
-FRAMEWORK_NAMES: tuple[str, ...] = ("megatron", "nemo", "torchtitan", "deepspeed")
 
 
 @dataclass(frozen=True)
