@@ -440,6 +440,15 @@ class _RowBuilder:
         for (fm, _), classes, class_of in zip(u.copy.others, cs.classes, cs.class_of):
             tag = len(r.names)
             lo, hi = units.bound(lo, hi)
+            # floating-point rows: carry w / s, the running value in units of its own largest
+            # magnitude, so a split's rows have coefficients and big-Ms near 1 whatever the
+            # term's share of the objective (a term worth 1e-9 of the step left rows with
+            # 1e-11 entries beside 1.0 ones, and HiGHS's presolve, at the tight feasibility
+            # tolerance the products need, proved a wrong optimum on Llama-3-405B shapes)
+            s = 1.0 if units.integral else max(abs(lo), abs(hi)) or 1.0
+            if s != 1.0:
+                acc = {v: c / s for v, c in acc.items()}
+                lo, hi = lo / s, hi / s
             ws = [r.var(f"w{tag}[{c}]", lb=min(0.0, lo), ub=max(0.0, hi), integer=units.integral)
                   for c in range(len(classes))]
             row = {w: 1.0 for w in ws}
@@ -451,6 +460,9 @@ class _RowBuilder:
                 r.row({w: 1.0, **{z: -hi for z in ind}}, -INF, 0.0, f"split{tag}_hi[{c}]")
                 r.row({w: 1.0, **{z: -lo for z in ind}}, 0.0, INF, f"split{tag}_lo[{c}]")
             acc, lo, hi = units.scale(self, ws, classes, lo, hi, tag)
+            if s != 1.0:
+                acc = {v: c * s for v, c in acc.items()}
+                lo, hi = lo * s, hi * s
         return acc
 
     def linear(self, expr: LinExpr, unit: float) -> dict[int, float]:
