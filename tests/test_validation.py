@@ -120,6 +120,19 @@ def test_few_parameters_per_gpu_type_and_none_per_run(fitted):
         assert set(fit) <= {"efficiency", "gemm_knee_tokens", "gemm_knee_width", "efficiency_fp8"}
 
 
+#: Maximum achievable matmul FLOPS over the dense BF16 peak, measured by a search over shapes
+#: (stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
+#: comparison table": A100 SXM 267.9 / 312, H100 SXM 792.1 / 989 TFLOPS).
+MAMF = {"a100-80gb": 267.9 / 312, "h100-sxm": 792.1 / 989}
+
+
+def test_calibrated_asymptote_is_a_reachable_matmul_efficiency(fitted):
+    """The GEMM asymptote the runs fit is what the best matmul on that GPU reaches, within a
+    point: a fit above it would be crediting GEMMs with speed no kernel has."""
+    for gpu, mamf in MAMF.items():
+        assert abs(fitted[gpu]["efficiency"] - mamf) <= 0.01, (gpu, fitted[gpu], mamf)
+
+
 def test_held_out_runs_are_neither_fitted_nor_bounded(data, results, fitted):
     """A held-out run (a plan the model cannot yet write as it ran) changes no fitted parameter
     and no bound, and is still evaluated: its error shows in the results."""
