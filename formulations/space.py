@@ -447,11 +447,17 @@ def build_space(inst: Instance) -> SearchSpace:
                           when_v_gt1=r.rule.interleaved) for r in rows]
 
     # Unless a constraint pins them, sequence parallelism and the distributed optimizer are
-    # turned on: in this model they never cost time and never add memory (sequence parallelism
-    # moves the same tensor-parallel bytes and shards what was replicated; the distributed
-    # optimizer moves the same data-parallel bytes and shards the optimizer states), so the
-    # optimum is unchanged. tests/test_dominance.py checks this on random plans. (A rule that
-    # needs sequence parallelism, as MoE layers with tp > 1 do, is then always kept.)
+    # turned on: in this model they never add memory and the distributed optimizer costs no
+    # time (it moves the same data-parallel bytes and shards the optimizer states; overlapped,
+    # its parameter all-gather hides only behind the first forward: up to 0.03% more); sequence
+    # parallelism moves the same tensor-parallel bytes and shards what was replicated, and
+    # costs no time with tensor parallelism inside a node, but across nodes its exposed
+    # backward all-gather (where the plain all-reduce runs beside the weight-gradient GEMM,
+    # terms.py) can cost up to ~3% more than it saves: there the optimum is the one with
+    # sequence parallelism, and a pin sequence_parallel = false compares. Searching both
+    # doubles the categorical combinations (GPT-3 175B instance: CP-SAT 3.4 s -> 9-11 s).
+    # tests/test_dominance.py checks this on random plans. (A rule that needs sequence
+    # parallelism, as MoE layers with tp > 1 do, is then always kept.)
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (True,)
     do_vals = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,)
     # The overlap switches are not searched either: each is the [constraints] pin, else the

@@ -195,13 +195,18 @@ def test_bad_input_exits_2_without_traceback(runner, tmp_path, case, as_json):
 
 def test_validate_json_reports_all_runs(runner):
     d = run_json(runner, ["validate", "--json", "--no-ranking"])   # ranking: test_ranking.py
-    ids = [r["id"] for r in load_runs()["runs"]]
+    runs = load_runs()["runs"]
+    ids = [r["id"] for r in runs]
     assert [r["id"] for r in d["runs"]] == ids
-    assert d["summary"]["runs"] == len(ids)
+    held = [r["id"] for r in runs if "held_out" in r]      # not in the figures, still reported
+    assert d["summary"]["runs"] == len(ids) - len(held) and d["summary"]["held_out"] == len(held)
     for r in d["runs"]:
-        assert {"measured_s", "predicted_s", "error", "fits", "memory_gib", "gpu"} <= set(r)
+        assert {"measured_s", "predicted_s", "error", "fits", "memory_gib", "gpu",
+                "held_out"} <= set(r)
         assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1, rel=1e-9)
-    assert d["summary"]["max_abs_error"] == pytest.approx(max(abs(r["error"]) for r in d["runs"]))
+        assert (r["held_out"] is not None) == (r["id"] in held)
+    assert d["summary"]["max_abs_error"] == pytest.approx(
+        max(abs(r["error"]) for r in d["runs"] if r["held_out"] is None))
     assert d["calibration"] is None
 
 
@@ -217,7 +222,8 @@ def test_validate_human(runner):
 def test_validate_explicit_runs_file(runner):
     d = run_json(runner, ["validate", str(ROOT / "planner" / "data" / "published_runs.toml"),
                           "--json", "--no-ranking"])
-    assert d["summary"]["runs"] == len(load_runs()["runs"])
+    runs = load_runs()["runs"]
+    assert d["summary"]["runs"] + d["summary"]["held_out"] == len(runs)
 
 
 def test_no_args_shows_help(runner):

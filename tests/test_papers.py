@@ -377,7 +377,8 @@ def test_tensor_parallel_allreduces_of_gpt3_by_hand(recompute, sp, n_allreduce):
     volume; full recompute reruns the forward, its 2 all-reduces included. GPT-3 175B, t = 8 in
     a node at 300 GB/s, b = 1, one micro-batch: each all-reduce moves
     2 * 7/8 * (2 * 2048 * 12288 B = 50,331,648 B) = 88,080,384 B -> 0.29360128 ms."""
-    inst = no_latency(instance({"preset": "gpt3-175b"}, gpus=8, cluster=NVLINK, global_batch=1))
+    inst = no_latency(instance({"preset": "gpt3-175b"}, gpus=8, cluster=NVLINK, global_batch=1,
+                               training={"async_tensor_model_parallel_allreduce": False}))
     tm = terms(inst, plan_of(inst, tp=8, recompute=recompute, sp=sp))
     per_allreduce = 0.29360128e-3
     assert tm.time["tp_comm"] == pytest.approx(96 * n_allreduce * per_allreduce, rel=1e-12)

@@ -25,7 +25,15 @@ def published(run):
     return inst, plan
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[r["id"] for r in RUNS])
+#: Published plans outside the space, with why (strict: fails as soon as one is in it).
+OUTSIDE = {rid: "Meta's first chunk holds the embedding alone (vp = 8, one layer per chunk); "
+           "Megatron-LM's layout rule keeps at least one layer per chunk"
+           for rid in ("llama3-405b-8192", "llama3-405b-16384")}
+
+
+@pytest.mark.parametrize("run", [
+    pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=OUTSIDE[r["id"]]))
+    if r["id"] in OUTSIDE else r for r in RUNS], ids=[r["id"] for r in RUNS])
 def test_published_plan_is_in_the_search_space(run):
     inst, plan = published(run)
     cols = feasible_points(build_space(inst))

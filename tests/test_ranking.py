@@ -47,16 +47,17 @@ def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):
 
 
 def test_most_published_plans_are_near_the_optimum(ranks):
-    """Measured: 21 of the 29 runs whose plan fits are within 10% of the model's optimum and
-    the largest ratio is 1.32 (Narayanan et al.'s 18.4B at TP8 against TP2 x PP4)."""
+    """Measured: 24 of the 31 ranked runs are within 10% of the model's optimum and the
+    largest ratio is 1.32 (Narayanan et al.'s 18.4B at TP8 against TP2 x PP4 VP10)."""
     ratios = [r["ratio"] for r in ranks.values() if r.get("ratio")]
-    assert sum(x <= TARGET for x in ratios) >= 20
+    assert sum(x <= TARGET for x in ratios) >= 23
     assert max(ratios) <= 1.35
 
 
 @pytest.mark.xfail(strict=True, reason="issue 12 target not met: the model prefers lower tensor "
                    "parallelism with deeper, interleaved pipelines than the A100 experts chose "
-                   "(Narayanan et al. 2021 7.5B-145.6B, Korthikanti et al. 2022 22B and 175B)")
+                   "(Narayanan et al. 2021 3.6B-145.6B, Korthikanti et al. 2022 22B and 175B "
+                   "with full recompute)")
 def test_every_published_plan_within_10_percent(ranks):
     far = {k: round(r["ratio"], 3) for k, r in ranks.items() if r.get("ratio") and r["ratio"] > TARGET}
     assert not far, far

@@ -44,7 +44,9 @@ REL = 1e-9
 def make_inst(gpus: int, *, model: dict | None = None, training: dict | None = None,
               cluster: dict | None = None, global_batch: int = 8):
     m = {"layers": L, "hidden": H, "heads": A, "vocab": V, "seq_len": S, **(model or {})}
-    tr = {"global_batch": global_batch, **(training or {})}
+    # every collective exposed unless a test says otherwise (the raw counts below)
+    tr = {"global_batch": global_batch, "async_tensor_model_parallel_allreduce": False,
+          **(training or {})}
     cl = {"gpu": "a100-80gb", "gpus": gpus, "efficiency": EFF,
           # the flat model (no GEMM size curve): every formula below is the size-free one
           "gemm_knee_tokens": 0, "gemm_knee_width": 0,
@@ -408,6 +410,34 @@ def test_tp_comm_overlap_leaves_one_chunk_or_what_the_gemms_cannot_hide(case):
     # Megatron-LM refuses it without sequence parallelism: then nothing is hidden
     no_sp = terms_of(inst, make_plan(inst, tp=tp, b=b, tp_comm_overlap=True)).layer
     assert no_sp["tp_comm"] == terms_of(inst, make_plan(inst, tp=tp, b=b)).layer["tp_comm"]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_async_allreduce_hides_the_backward_collectives_behind_the_weight_gradients(sp):
+    """Megatron's asynchronous tensor-parallel all-reduce: per layer the backward collective of
+    each block (4 raw all-reduces: 2 forward, 2 backward) runs beside its column-parallel
+    linear's weight-gradient GEMM. Here the GEMMs are long (h = 4096, 8 sequences of 2048
+    tokens) so each hides entirely: 2 of 4 all-reduces stay without sequence parallelism; with
+    it, the all-gather half of each backward pair stays exposed: 3 of 4. Full recompute adds
+    the recomputed forward's 2, which have no weight gradient to hide behind."""
+    tp = 4
+    inst = make_inst(tp, model={"hidden": 4096, "seq_len": 2048, "heads": 32}, global_batch=8)
+    on = make_inst(tp, model={"hidden": 4096, "seq_len": 2048, "heads": 32}, global_batch=8,
+                   training={"async_tensor_model_parallel_allreduce": True})
+    for recompute, raw_n, kept_n in (("none", 4, 3 if sp else 2), ("full", 6, 5 if sp else 4)):
+        raw = terms_of(inst, make_plan(inst, tp=tp, b=8, sp=sp, recompute=recompute)).layer
+        got = terms_of(on, make_plan(on, tp=tp, b=8, sp=sp, recompute=recompute)).layer
+        one = raw["tp_comm"] / raw_n
+        # the QKV weight gradient, 3 h^2 of the 12 h^2 per pass (flat efficiency), hides it
+        assert one < raw["gemm"] / 12
+        assert got["tp_comm"] == pytest.approx(kept_n * one, rel=REL)
+    # with no GEMM to speak of (h = 256, one short sequence) nearly nothing hides
+    small = {"hidden": 256, "seq_len": 64, "heads": 4}
+    raw = terms_of(make_inst(tp, model=small), make_plan(make_inst(tp, model=small), tp=tp,
+                                                         sp=sp)).layer
+    on = make_inst(tp, model=small, training={"async_tensor_model_parallel_allreduce": True})
+    got = terms_of(on, make_plan(on, tp=tp, sp=sp)).layer
+    assert raw["tp_comm"] > got["tp_comm"] > 0.9 * raw["tp_comm"]
 
 
 def test_grad_reduce_and_param_gather_overlap_hide_behind_backward_and_forward():

@@ -3,7 +3,7 @@
 
 Bounds: mean absolute step-time error <= 8%, max <= 15% over every run of
 ``planner/data/published_runs.toml``; out of sample (parameters fitted without the run's source)
-mean <= 7% and max <= 15% (issue 12 asks for a 6% mean: measured 6.3%, kept as a strict xfail).
+mean <= 6% and max <= 15% (issue 12's target).
 Each GPU type's parameters in ``hardware_catalog/`` must be the values ``calibrate()`` finds on
 those runs (efficiencies within 0.01, knees within one grid step).
 """
@@ -30,7 +30,7 @@ from planner.app.validate import (
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN_BOUND, MAX_BOUND = 0.08, 0.15
-OOS_MEAN_BOUND, OOS_MAX_BOUND, OOS_MEAN_TARGET = 0.07, 0.15, 0.06
+OOS_MEAN_BOUND, OOS_MAX_BOUND = 0.06, 0.15
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_every_run_is_evaluated(data, results):
 
 def test_mean_abs_error_bound(results):
     s = summary(results)
-    assert s["runs"] == len(results)
+    assert s["runs"] == sum(r.held_out is None for r in results)
     assert s["mean_abs_error"] <= MEAN_BOUND, (
         f"mean |error| {100 * s['mean_abs_error']:.1f}% > {100 * MEAN_BOUND:.0f}%\n"
         + _table(results))
@@ -65,7 +65,7 @@ def test_mean_abs_error_bound(results):
 
 def test_max_abs_error_bound(results):
     s = summary(results)
-    worst = max(results, key=lambda r: abs(r.error))
+    worst = max((r for r in results if r.held_out is None), key=lambda r: abs(r.error))
     assert s["max_abs_error"] == pytest.approx(abs(worst.error))
     assert s["max_abs_error"] <= MAX_BOUND, (
         f"max |error| {100 * s['max_abs_error']:.1f}% ({worst.id}) > {100 * MAX_BOUND:.0f}%\n"
@@ -112,11 +112,37 @@ def test_catalog_records_the_calibrated_efficiency(fitted):
 
 
 def test_few_parameters_per_gpu_type_and_none_per_run(fitted):
-    """One token knee for all GPU types, an asymptote and a width knee per type (an FP8
-    asymptote where FP8 runs exist): never more parameters than GPU types can carry."""
+    """One pair of knees for all GPU types, an asymptote per type (an FP8 asymptote where FP8
+    runs exist): never more parameters than GPU types can carry."""
     assert len({f["gemm_knee_tokens"] for f in fitted.values()}) == 1
+    assert len({f["gemm_knee_width"] for f in fitted.values()}) == 1
     for fit in fitted.values():
         assert set(fit) <= {"efficiency", "gemm_knee_tokens", "gemm_knee_width", "efficiency_fp8"}
+
+
+#: Maximum achievable matmul FLOPS over the dense BF16 peak, measured by a search over shapes
+#: (stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
+#: comparison table": A100 SXM 267.9 / 312, H100 SXM 792.1 / 989 TFLOPS).
+MAMF = {"a100-80gb": 267.9 / 312, "h100-sxm": 792.1 / 989}
+
+
+def test_calibrated_asymptote_is_a_reachable_matmul_efficiency(fitted):
+    """The GEMM asymptote the runs fit is what the best matmul on that GPU reaches, within a
+    point: a fit above it would be crediting GEMMs with speed no kernel has."""
+    for gpu, mamf in MAMF.items():
+        assert abs(fitted[gpu]["efficiency"] - mamf) <= 0.01, (gpu, fitted[gpu], mamf)
+
+
+def test_held_out_runs_are_neither_fitted_nor_bounded(data, results, fitted):
+    """A held-out run (a plan the model cannot yet write as it ran) changes no fitted parameter
+    and no bound, and is still evaluated: its error shows in the results."""
+    held = [r for r in data["runs"] if "held_out" in r]
+    assert held, "the shipped set holds the Llama 3 405B runs out"
+    kept = {"models": data["models"], "runs": [r for r in data["runs"] if "held_out" not in r]}
+    assert calibrate(kept) == fitted
+    assert summary(results) == {**summary([r for r in results if r.held_out is None]),
+                                "held_out": len(held)}
+    assert {r.id for r in results if r.held_out} == {r["id"] for r in held}
 
 
 def test_source_groups():
@@ -148,18 +174,10 @@ def test_out_of_sample_excludes_the_source(data):
 
 def test_out_of_sample_bounds(data, oos):
     assert set(oos) == {r["id"] for r in data["runs"]}
-    errs = [abs(e) for e in oos.values()]
+    errs = [abs(oos[r["id"]]) for r in data["runs"] if "held_out" not in r]
     mean, worst = sum(errs) / len(errs), max(errs)
     assert mean <= OOS_MEAN_BOUND, f"out-of-sample mean |error| {100 * mean:.1f}%"
     assert worst <= OOS_MAX_BOUND, f"out-of-sample max |error| {100 * worst:.1f}%"
-
-
-@pytest.mark.xfail(strict=True, reason="issue 12 target: the out-of-sample mean is 6.3%: the "
-                   "Korthikanti et al. 2022 runs are ~8% faster than the model fitted on "
-                   "Narayanan et al. 2021 alone (and the reverse), on the same machine")
-def test_out_of_sample_mean_target(oos):
-    errs = [abs(e) for e in oos.values()]
-    assert sum(errs) / len(errs) <= OOS_MEAN_TARGET
 
 
 def test_a_run_without_its_degrees_is_an_input_error(tmp_path):
@@ -176,3 +194,47 @@ def test_a_run_without_its_degrees_is_an_input_error(tmp_path):
     assert result.exit_code == 2
     text = result.output + (result.stderr if result.stderr_bytes is not None else "")
     assert "run x: missing plan.dp" in text and "Traceback" not in text
+
+
+#: Korthikanti et al. 2022 (arXiv 2205.05198), Table 4: forward + backward time of one layer of
+#: the 22B model (TP8, micro-batch 4, sequence 2048, A100), ms, by recompute mode and sequence
+#: parallelism. The paper ascribes the full-recompute overhead of 39% (not 33%) to the backward
+#: all-reduce running beside the weight-gradient GEMM, which the recomputed forward cannot do.
+TABLE4_MS = {("none", False): 19.6, ("none", True): 19.0, ("full", False): 27.2,
+             ("selective", False): 20.9, ("selective", True): 20.3}
+
+
+def _layer_ms(data, async_allreduce: bool) -> dict:
+    from planner.model.plan import plan_from_spec
+    from planner.model.terms import step_terms
+    from planner.app.validate import run_instance
+
+    run = next(r for r in data["runs"] if r["id"] == "korthikanti22-22b-full")
+    inst = run_instance(data, run)
+    tr = inst.spec.training.model_copy(
+        update={"async_tensor_model_parallel_allreduce": async_allreduce})
+    inst = inst.with_spec(training=tr)
+    out = {}
+    for (rec, sp) in TABLE4_MS:
+        spec = inst.spec.plan.model_copy(update={"recompute": rec, "sequence_parallel": sp})
+        plan = plan_from_spec(inst, spec)
+        layer = step_terms(inst, plan.grid.degrees(), plan.knobs).layer
+        out[(rec, sp)] = 1e3 * float(layer["dense_compute"] + layer["tp_comm"])
+    return out
+
+
+def test_layer_times_of_korthikanti_table4(data):
+    """The model's layer (compute + tensor-parallel collectives) is within 10% of each measured
+    row, and each row's ratio to the no-recompute baseline within 3 points of the paper's; the
+    same model without the backward all-reduce overlap misses the ratios."""
+    base = ("none", False)
+
+    def ratio_misses(ms):
+        return {k: round(ms[k] / ms[base] - TABLE4_MS[k] / TABLE4_MS[base], 3)
+                for k in TABLE4_MS if abs(ms[k] / ms[base] - TABLE4_MS[k] / TABLE4_MS[base]) > 0.03}
+
+    ms = _layer_ms(data, True)
+    for key, measured in TABLE4_MS.items():
+        assert abs(ms[key] / measured - 1) <= 0.10, (key, ms[key], measured)
+    assert not ratio_misses(ms), ratio_misses(ms)
+    assert ratio_misses(_layer_ms(data, False))

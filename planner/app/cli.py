@@ -275,7 +275,7 @@ def validate(
     except PlanError as exc:
         _fail(exc, as_json)
     summ = v.summary(results)
-    errs = [abs(oos[r.id]) for r in results]
+    errs = [abs(oos[r.id]) for r in results if r.held_out is None]
     summ["mean_abs_error_out_of_sample"] = sum(errs) / len(errs)
     summ["max_abs_error_out_of_sample"] = max(errs)
     ratios = [ranks[r.id]["ratio"] for r in results if ranks.get(r.id, {}).get("ratio")]
@@ -290,7 +290,7 @@ def validate(
                               "ranking": ranks.get(r.id), "fits": r.report.fits,
                               "memory_gib": r.report.memory_gib["total"],
                               "memory_headroom_gib": r.report.memory_gib["headroom"],
-                              "source": r.source}
+                              "held_out": r.held_out, "source": r.source}
                              for r, run in zip(results, data["runs"])],
                     "summary": summ, "calibration": fitted})
         return
@@ -301,6 +301,7 @@ def validate(
         t.add_column(col, justify="left" if col in ("run", "GPU", "prec") else "right")
     for r in results:
         style = "red" if abs(r.error) > 0.15 else ("yellow" if abs(r.error) > 0.08 else "")
+        style = "dim" if r.held_out else style
         mem = f"{r.report.memory_gib['total']:.1f}" + ("" if r.report.fits else " (!)")
         row = [r.id, str(r.gpus), r.gpu, r.precision, f"{r.measured_s:.3f}",
                f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%", f"{100 * oos[r.id]:+.1f}%", mem]
@@ -313,6 +314,10 @@ def validate(
               f"max |error|: {100 * summ['max_abs_error']:.1f}%   out of sample (fitted without "
               f"the run's source): mean {100 * summ['mean_abs_error_out_of_sample']:.1f}%, max "
               f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
+    for r in results:
+        if r.held_out:
+            out.print(f"[dim]{r.id} is held out of the fit and the figures above "
+                      f"(error {100 * r.error:+.1f}%): {r.held_out}[/]")
     if ratios:
         out.print(f"ranking (published plan's predicted step / the model's optimum in the run's "
                   f"knob space): max {summ['max_ranking_ratio']:.3f}, "

@@ -7,10 +7,11 @@ product, global batch from the plan) and its published plan is evaluated; the pr
 
 Calibration fits one small set of physical parameters per GPU type, nothing per run: the GEMM
 size curve ``eff = efficiency * M/(M + gemm_knee_tokens) * N/(N + kw) * K/(K + kw)``
-(``kw = gemm_knee_width``, see :func:`planner.model.terms.step_terms`) by minimising the mean
-absolute error over that GPU's 16-bit runs on a grid, then ``efficiency_fp8`` the same way over
-its FP8 runs. Each run is evaluated once over the whole grid (the evaluator runs on numpy
-arrays), so refitting without a source (:func:`out_of_sample`) costs a table lookup.
+(``kw = gemm_knee_width``, see :func:`planner.model.terms.step_terms`; the two knees shared by
+every GPU type, the asymptote per type) by minimising the mean absolute error over the 16-bit
+runs on a grid, then ``efficiency_fp8`` the same way over each type's FP8 runs. Each run is
+evaluated once over the whole grid (the evaluator runs on numpy arrays), so refitting without
+a source (:func:`out_of_sample`) costs a table lookup.
 
 Out of sample: each run's error with the parameters fitted without every run of its *source*
 (the publication or benchmark release, :func:`source_of`). Ranking: the published plan's
@@ -47,6 +48,8 @@ class RunResult:
     measured_s: float
     report: StepReport
     source: str
+    #: why the run is held out of the calibration and the error bounds (None: it is in them)
+    held_out: str | None = None
 
     @property
     def predicted_s(self) -> float:
@@ -125,13 +128,25 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
         rep = evaluate(inst, plan, spec=inst.spec.plan)
         out.append(RunResult(run["id"], run["gpu"], run["precision"], plan.gpus,
                              float(run["measured_step_time_s"]), rep,
-                             run.get("source", run.get("reported", ""))))
+                             run.get("source", run.get("reported", "")), held_out(run)))
     return out
 
 
+def held_out(run: dict[str, Any]) -> str | None:
+    """A run's ``held_out`` reason: such a run is evaluated, predicted out of sample and ranked,
+    but it is not fitted and not counted in the error bounds (its plan uses what the model
+    cannot yet write; the reason says what)."""
+    reason = run.get("held_out")
+    if reason is not None and not (isinstance(reason, str) and reason.strip()):
+        raise InputError(f"run {run.get('id', '?')}: held_out must be a reason (a string)")
+    return reason
+
+
 def summary(results: list[RunResult]) -> dict[str, float]:
-    errs = [abs(r.error) for r in results]
-    return {"runs": len(errs), "mean_abs_error": sum(errs) / len(errs), "max_abs_error": max(errs)}
+    """Mean and max |error| over the runs that are not held out (``held_out`` counts the rest)."""
+    errs = [abs(r.error) for r in results if r.held_out is None]
+    return {"runs": len(errs), "mean_abs_error": sum(errs) / len(errs), "max_abs_error": max(errs),
+            "held_out": sum(r.held_out is not None for r in results)}
 
 
 #: The calibration grid: the asymptotic GEMM efficiency and the two knees of the size curve.
@@ -188,28 +203,31 @@ class Calibrator:
     def fit(self, exclude_source: str | None = None) -> dict[str, dict[str, float]]:
         """The grid point minimising the mean |error| (without the runs of ``exclude_source``).
 
-        ``gemm_knee_tokens`` is one value for every GPU type (the row tiling of the GEMM kernels,
-        fitted on all 16-bit runs together); ``efficiency`` and ``gemm_knee_width`` per GPU type;
-        then ``efficiency_fp8`` per GPU type on its FP8 runs. A GPU left without 16-bit runs
+        The knees ``gemm_knee_tokens`` and ``gemm_knee_width`` are one pair for every GPU type
+        (the tiling of the GEMM kernels, fitted on all 16-bit runs together: the runs of one GPU
+        type, nearly all at tensor-parallel degree 4 or 8, cannot tell a width knee from the
+        asymptote, and refitted without one source they could not at all); ``efficiency`` per
+        GPU type; then ``efficiency_fp8`` per GPU type on its FP8 runs. A GPU left without 16-bit runs
         gets no fit (the catalog stands); without FP8 runs its FP8 GEMMs are charged the
         16-bit ``efficiency``."""
-        keep = [i for i, r in enumerate(self.runs) if source_of(r) != exclude_source]
+        keep = [i for i, r in enumerate(self.runs)
+                if source_of(r) != exclude_source and held_out(r) is None]
         gpus = sorted({r["gpu"] for r in self.runs})
         err16 = {}
         for gpu in gpus:
             idx16 = [i for i in keep if self.runs[i]["gpu"] == gpu and i in self._grid16]
             if idx16:
                 err16[gpu] = sum(np.abs(self._grid16[i] / self.measured[i] - 1) for i in idx16)
-        # per token knee: each GPU's best (efficiency, width knee); the knee with the least
-        # total error over all GPU types wins
-        total = sum(e.min(axis=(0, 2)) for e in err16.values()) if err16 else None
-        kt = int(np.argmin(total)) if total is not None else 0
+        # per pair of knees: each GPU's best efficiency; the pair with the least total error
+        # over all GPU types wins
+        total = sum(e.min(axis=0) for e in err16.values()) if err16 else None
+        kt, kw = (np.unravel_index(int(np.argmin(total)), total.shape) if total is not None
+                  else (0, 0))
         out: dict[str, dict[str, float]] = {}
         for gpu in gpus:
             fit: dict[str, float] = {}
             if gpu in err16:
-                sub = err16[gpu][:, kt, :]
-                e, kw = np.unravel_index(int(np.argmin(sub)), sub.shape)
+                e = int(np.argmin(err16[gpu][:, kt, kw]))
                 fit = {"efficiency": float(EFF_GRID[e]),
                        "gemm_knee_tokens": float(KNEE_TOKENS_GRID[kt]),
                        "gemm_knee_width": float(KNEE_WIDTH_GRID[kw])}

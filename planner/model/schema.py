@@ -147,6 +147,11 @@ class TrainingSpec(_Strict):
         default=True, description="fused attention: no s^2 score tensors in HBM")
     bubble_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
         default=1.0, description="AMPeD's R: non-overlapped share of the pipeline bubble")
+    async_tensor_model_parallel_allreduce: bool = Field(
+        default=True, description="the backward tensor-parallel collective of each "
+        "column-parallel linear (input-gradient all-reduce, or reduce-scatter with sequence "
+        "parallelism) runs beside that linear's weight-gradient GEMM (Megatron-LM "
+        "--async-tensor-model-parallel-allreduce, on since Sep 2021; always in Megatron-Core)")
 
     @model_validator(mode="before")
     @classmethod

@@ -211,6 +211,22 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         tp_layer = vmax(tp_layer / t, tp_layer - gemm)
         if sh.n_moe:
             tp_moe = vmax(tp_moe / t, tp_moe - moe_gemm)
+    elif tr.async_tensor_model_parallel_allreduce and not is_one(t):
+        # the backward collective of each block (attention, MLP) is its column-parallel
+        # linear's input gradient (QKV, FC1): an all-reduce, issued asynchronously and run
+        # beside that linear's weight-gradient GEMM; with sequence parallelism it is a
+        # reduce-scatter, and the all-gather of the row-parallel output's gradient before it
+        # stays exposed (Megatron-Core LinearWithGradAccumulationAndAsyncCommunication;
+        # Korthikanti et al. 2022, Sec. 5, Table 4). The recomputed forward's are exposed.
+        def backward_exposed(wgrad):
+            if sp:
+                return tp_one / 2 + vmax(0.0, tp_one / 2 - wgrad)
+            return vmax(0.0, tp_one - wgrad)
+        wgrad_qkv = gemm_s([attn_gemms[0]], peak_gemm)
+        exposed_qkv = backward_exposed(wgrad_qkv)
+        tp_layer = ((n_allreduce - 2) * tp_one + exposed_qkv
+                    + backward_exposed(gemm_s([dense_gemms[2]], peak_gemm)))
+        tp_moe = (n_allreduce / 2 - 1) * tp_one + exposed_qkv
 
     # ---- context-parallel ring exchange per layer and micro-batch --------------------------
     if is_one(x.c_in) and is_one(x.c_out):
