@@ -508,6 +508,10 @@ def count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[st
     return out
 
 
+#: the base variables the counter takes last (see :func:`_count_points`)
+_BATCH_LAST = ("V", "b", "B")
+
+
 def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[str, ...] | None
                   = None, form: Mono | None = None, dominant_batch: bool = False
                   ) -> dict[tuple, int]:
@@ -530,7 +534,11 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
     of a batch range)."""
     import numpy as np
 
-    names = [n for n in BASE_NAMES if only is None or n in only]
+    # the batch variables last: the rules that link the degrees (the expert ones read P) close
+    # before them, so the many batch values meet few states (the count is order-free; the keys
+    # are put back in BASE_NAMES order below)
+    names = [n for n in BASE_NAMES if (only is None or n in only) and n not in _BATCH_LAST] + \
+        [n for n in _BATCH_LAST if only is None or n in only]
     pos = {n: i for i, n in enumerate(names)}
     nq = len(space.primes)
     exps = {n: np.array(space.base[n].exps, dtype=np.int64).reshape(-1, nq) for n in names}
@@ -576,6 +584,7 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
     n_rules = len(items)
     items += [({n}, {n: np.arange(len(exps[n]), dtype=np.int64)[:, None]}, None)
               for n in track if n in pos]
+    n_track_end = len(items)
     if form is not None:
         items.append(({v for v, _ in form}, vec(form), None))
     first = [min(pos[v] for v in vs) for vs, _, _ in items]
@@ -591,15 +600,6 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
         n_vals = len(exps[name])
         base = np.hstack([states, np.zeros((len(states), start[-1] - states.shape[1]),
                                            dtype=np.int64)])
-        s_of = np.repeat(np.arange(len(states)), n_vals)   # candidate row: (state, value)
-        j_of = np.tile(np.arange(n_vals), len(states))
-
-        def part(s: int, rows):
-            """The state columns of carried item ``s`` after this variable's value, on the
-            candidate rows ``rows``."""
-            sl = slice(start[s], start[s + 1])
-            d = items[carry[s]][1].get(name)
-            return base[s_of[rows], sl] + d[j_of[rows]] if d is not None else base[s_of[rows], sl]
         closing = [s for s, k in enumerate(carry) if last[k] == i and k < n_rules]
         # the rules that end here, judged once per distinct value of the columns they read
         cols = [c for s in closing for c in range(start[s], start[s + 1])]
@@ -613,34 +613,47 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
             cur = (sub[:, None, at:at + w] + d[None, :, :]).reshape(-1, w)
             ok_sub &= items[carry[s]][2](cur).reshape(len(sub), n_vals)
             at += w
-        ok = ok_sub[inv].ravel()
         if name == "B" and dominant_batch and n_vals > 1:
-            # values ascend: per state keep only the largest batch the rules admit
-            grid = ok.reshape(len(states), n_vals)
-            top = n_vals - 1 - np.argmax(grid[:, ::-1], axis=1)
-            ok = np.zeros_like(ok)
-            ok[np.flatnonzero(grid.any(axis=1)) * n_vals + top[grid.any(axis=1)]] = True
+            # values ascend: per state keep only the largest batch the rules admit (the rules
+            # judge a state by its closing columns, so per distinct columns)
+            top = n_vals - 1 - np.argmax(ok_sub[:, ::-1], axis=1)
+            live_sub = ok_sub.any(axis=1)
+            ok_sub = np.zeros_like(ok_sub)
+            ok_sub[np.flatnonzero(live_sub), top[live_sub]] = True
         kept = [s for s in range(len(carry)) if s not in closing]
         active = [carry[s] for s in kept]
         if not any(name in items[carry[s]][1] for s in kept):
             # the value leaves no trace in the state: each state stays, times its values
-            counts = counts * ok.reshape(len(states), n_vals).sum(axis=1)
+            counts = counts * ok_sub.sum(axis=1)[inv]
             live = counts > 0
             cols = [c for s in kept for c in range(start[s], start[s + 1])]
             states, counts = base[live][:, cols], counts[live]
             if not len(states):
                 return {}
             continue
-        sel = np.flatnonzero(ok)
-        rows = (np.hstack([part(s, sel) for s in kept]) if kept
+        sel = np.flatnonzero(ok_sub[inv].ravel())    # candidate rows (state, value) kept
+        s_sel, j_sel = np.divmod(sel, n_vals)
+
+        def part(s: int):
+            """The state columns of carried item ``s`` after this variable's value, on the
+            kept candidate rows."""
+            sl = slice(start[s], start[s + 1])
+            d = items[carry[s]][1].get(name)
+            return base[s_sel, sl] + d[j_sel] if d is not None else base[s_sel, sl]
+        rows = (np.hstack([part(s) for s in kept]) if kept
                 else np.zeros((len(sel), 0), dtype=np.int64))
-        cnt = counts[s_of[sel]]
+        cnt = counts[s_sel]
         if not len(rows):
             return {}
         states, inverse = _unique_rows(rows)
         counts = np.bincount(inverse.ravel(), weights=cnt, minlength=len(states)).astype(np.int64)
     start = np.cumsum([0] + [width[k] for k in active])
-    cols = [c for s, k in enumerate(active) if k >= n_rules for c in range(start[s], start[s + 1])]
+    # the keys: the tracked variables in BASE_NAMES order, then the form
+    at = {k: range(start[s], start[s + 1]) for s, k in enumerate(active)}
+    cols = [c for k in sorted((k for k in active if k >= n_rules),
+                              key=lambda k: (BASE_NAMES.index(next(iter(items[k][0])))
+                                             if k < n_track_end else len(BASE_NAMES)))
+            for c in at[k]]
     out: dict[tuple, int] = {}
     for row, c in zip(states[:, cols].tolist(), counts.tolist()):
         out[tuple(row)] = out.get(tuple(row), 0) + c
