@@ -301,7 +301,6 @@ def _restrict_forms(col: _Collector, space: SearchSpace) -> None:
     # counted by the rules, never listed (SearchSpace.form_reach, once per form for all the
     # batch models of a range); without it HiGHS took 15x longer on Narayanan's 530B run (89 s,
     # not 6 s)
-    space.prefetch_reach(col.forms)
     for mono, f in col.forms.items():
         reach = space.form_reach(mono)
         f.allowed &= np.fromiter((t in reach for t in map(tuple, f.tuples)), bool, f.size)

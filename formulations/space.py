@@ -154,43 +154,6 @@ class SearchSpace:
             root._reach[mono] = count_points(root, form=mono)
         return root._reach[mono]
 
-    def prefetch_reach(self, monos) -> None:
-        """Count the reach of several forms at once (:meth:`form_reach` then reads it): forms
-        are grouped while the product of their variables' domain sizes stays within
-        :data:`REACH_TRACK_LIMIT`, and one count per group tracks those variables' values,
-        from which each form's exponent vectors follow (one count serves ~20 forms on the
-        benchmark instances, each count costing about as much as one form's). The counts keep
-        the layouts' (P, V) pairs, so the reach is exact, not a superset."""
-        import numpy as np
-
-        root = self
-        while root.parent is not None:
-            root = root.parent
-        size = lambda vs: math.prod(len(root.base[v].values) for v in vs)  # noqa: E731
-        groups: list[tuple[set, list]] = []
-        for mono in dict.fromkeys(monos):
-            vs = {v for v, _ in mono}
-            if mono in root._reach or not vs or size(vs) > REACH_TRACK_LIMIT:
-                continue
-            group = next((g for g in groups if size(g[0] | vs) <= REACH_TRACK_LIMIT), None)
-            if group is None:
-                groups.append((set(vs), [mono]))
-            else:
-                group[0].update(vs)
-                group[1].append(mono)
-        for vs, members in groups:
-            track = tuple(sorted(vs, key=BASE_NAMES.index))
-            counted = count_points(root, track=track)
-            keys = np.array(list(counted), dtype=np.int64).reshape(-1, len(track))
-            n = np.array(list(counted.values()), dtype=np.int64)
-            for mono in members:
-                ex = sum(e * np.array(root.base[v].exps, dtype=np.int64)[keys[:, track.index(v)]]
-                         for v, e in mono)
-                reach: dict[tuple, int] = {}
-                for row, c in zip(map(tuple, ex.tolist()), n.tolist()):
-                    reach[row] = reach.get(row, 0) + c
-                root._reach[mono] = reach
-
     @property
     def N(self) -> int:
         return self.inst.gpus
@@ -546,7 +509,7 @@ def count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[st
 
 
 #: the largest product of domain sizes one count tracks to give several forms' reach
-REACH_TRACK_LIMIT = 20_000
+REACH_TRACK_LIMIT = 200000
 
 #: the base variables the counter takes last (see :func:`_count_points`)
 _BATCH_LAST = ("V", "b", "B")
@@ -597,6 +560,9 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
             out[v] = d
         return out
 
+    # per inequality row: its exponents, constant and V > 1 flag; where it ends at a variable
+    # of positive exponent it is a lower bound on that variable's exponents (judged as one)
+    lower: dict[int, tuple] = {}
     for con in space.constraints:
         vs = {v for v, _ in con.mono} | ({"V"} if con.when_v_gt1 else set())
         if not vs <= set(names):
@@ -607,6 +573,8 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
             tot = p[:, :nq] + const
             ok = np.all(tot == 0, axis=1) if eq else np.all(tot >= 0, axis=1)
             return ok | (p[:, nq] == 0) if flag else ok
+        if not con.eq:
+            lower[len(items)] = (dict(con.mono), const, con.when_v_gt1)
         items.append((vs, vec(con.mono, "V" if con.when_v_gt1 else None), check))
     for imp in space.implications:
         a, b = imp.if_var, imp.then_var
@@ -641,12 +609,31 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
         base = np.hstack([states, np.zeros((len(states), start[-1] - states.shape[1]),
                                            dtype=np.int64)])
         closing = [s for s, k in enumerate(carry) if last[k] == i and k < n_rules]
-        # the rules that end here, judged once per distinct value of the columns they read
-        cols = [c for s in closing for c in range(start[s], start[s + 1])]
-        sub, inv = _unique_rows(base[:, cols])
+        # the rules that end here, judged once per distinct value of the columns they read;
+        # the inequality rows in which this variable has a positive exponent only bound its
+        # exponents from below, so they are judged as one lower bound per prime
+        bounds = [s for s in closing if carry[s] in lower
+                  and lower[carry[s]][0].get(name, 0) > 0
+                  and not (lower[carry[s]][2] and name == "V")]
+        generic = [s for s in closing if s not in bounds]
+        cols = [c for s in generic for c in range(start[s], start[s + 1])]
+        key = base[:, cols]
+        if bounds:
+            lo_x, hi_x = exps[name].min(axis=0), exps[name].max(axis=0)
+            need = np.broadcast_to(lo_x, (len(base), nq))
+            for s in bounds:
+                e, const, flag = lower[carry[s]]
+                got = -np.floor_divide(base[:, start[s]:start[s] + nq] + const, e[name])
+                if flag:                          # enforced only when V > 1
+                    got = np.where(base[:, start[s] + nq][:, None] > 0, got, lo_x)
+                need = np.maximum(need, got)
+            key = np.hstack([key, np.minimum(need, hi_x + 1)])
+        sub, inv = _unique_rows(key)
         ok_sub = np.ones((len(sub), n_vals), dtype=bool)
+        if bounds:
+            ok_sub &= np.all(exps[name][None, :, :] >= sub[:, None, len(cols):], axis=2)
         at = 0
-        for s in closing:
+        for s in generic:
             w = start[s + 1] - start[s]
             d = items[carry[s]][1].get(name)
             d = np.zeros((n_vals, w), dtype=np.int64) if d is None else d
