@@ -63,7 +63,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         space = _batch_model(space, batches[0])
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
-    enc = encode(space, objective, prune=not cuts.exclude)
+    enc = encode(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
     enc_s = time.perf_counter() - t0
     if backend == "cpsat":
         from formulations import cpsat
