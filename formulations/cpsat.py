@@ -139,15 +139,17 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
 
     def int_expr(coefs: dict[int, float], name: str) -> tuple[list[int], list[int]]:
         """The row's live terms as (CP-SAT variables, integer coefficients)."""
-        if all(abs(c) <= RANGE for c in coefs.values()):     # (False for NaN) the common case
-            ints = {i: int(round(c)) for i, c in coefs.items()}
-        else:                                                 # names the coefficient
-            ints = {i: _fits(c, f"a coefficient of row {name}", q_t, RANGE)
-                    for i, c in coefs.items()}
-        _fits(sum(abs(c) * span[i] for i, c in ints.items()), f"the range of row {name}", q_t,
-              RANGE)
-        live = [(xs[i], c) for i, c in ints.items() if xs[i] >= 0 and c]
-        return [v for v, _ in live], [c for _, c in live]
+        vs, cs, reach = [], [], 0
+        for i, c in coefs.items():               # one pass: the common case
+            if not abs(c) <= RANGE:               # (True for NaN) names the coefficient
+                _fits(c, f"a coefficient of row {name}", q_t, RANGE)
+            c = int(round(c))
+            reach += abs(c) * span[i]
+            if c and xs[i] >= 0:
+                vs.append(xs[i])
+                cs.append(c)
+        _fits(reach, f"the range of row {name}", q_t, RANGE)
+        return vs, cs
 
     for coefs, lo, hi, name in r.rows:
         vs, cs = int_expr(coefs, name)
