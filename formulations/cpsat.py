@@ -193,12 +193,15 @@ class _Session:
     def __init__(self, model, xs, goals, rows, workers: int, probe_first: bool = True):
         self.model, self.xs, self.exprs, self.rows, self.workers = model, xs, goals, rows, workers
         self.solve_s = 0.0
-        # Presolve probing on the first goal only when the objective is capped. Measured on
-        # this shared 2-core machine (medians of 3): without a cap probing slows the search for
-        # the optimum (1.55 s -> 1.10 s without it on the Llama-405B-shaped model, 131,072
-        # H100, its largest batch; 1.50 s -> 0.98 s on GPT-3 175B, 1,024 A100), while a batch
-        # model capped at the incumbent is proven infeasible faster with it (0.05 s against
-        # 0.21 s, 0.40 s against 0.58 s on two of those batch models)
+        # Presolve probing, measured per goal on this shared 2-core machine (medians of 3):
+        # without a cap it slows the search for the optimum (1.55 s -> 1.10 s without it on
+        # the Llama-405B-shaped model, 131,072 H100, its largest batch; 1.50 s -> 0.98 s on
+        # GPT-3 175B, 1,024 A100), while a batch model capped at the incumbent is proven
+        # infeasible faster with it (0.05 s against 0.21 s, 0.40 s against 0.58 s on two of
+        # those batch models); of the tie goals, memory is faster with it on two of three
+        # models (0.22 s / 0.40 s, 0.34 s / 0.66 s; 0.68 s / 0.50 s on the third), internode
+        # and lex faster without it on all three (0.17 / 0.19, 0.26 / 0.20, 0.93 / 0.24 s;
+        # 0.17 / 0.13, 0.21 / 0.14, 0.28 / 0.09 s)
         self.probe_first = probe_first
 
     def goals(self) -> list[str]:
@@ -220,7 +223,8 @@ class _Session:
             self.model.solution_hint.vars.extend([v for v, _ in live])
             self.model.solution_hint.values.extend([val for _, val in live])
         response, status, solve_s, name = _run(self.model, time_limit, self.workers,
-                                               probing=goal != "objective" or self.probe_first)
+                                               probing=self.probe_first if goal == "objective"
+                                               else goal == "memory")
         self.solve_s += solve_s
         if status not in (Status.OPTIMAL, Status.FEASIBLE):
             return ties.Answer(False, False, None, None, None, status, name)
