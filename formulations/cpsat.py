@@ -36,7 +36,7 @@ RELATIVE_QUANTUM = 1e-7
 @functools.cache
 def available() -> bool:
     try:
-        import ortools.sat.python.cp_model  # noqa: F401
+        import ortools.sat.python.cp_model_helper  # noqa: F401
     except ImportError:
         return False
     return True
@@ -47,27 +47,39 @@ def quantum(enc: Encoding) -> float:
     return 10.0 ** np.floor(np.log10(max(enc.scale, 1e-300) * RELATIVE_QUANTUM))
 
 
-def _run(model, time_limit: float | None, workers: int):
-    """Solve a CP-SAT model: the solver, its status in our terms, the seconds it took and
-    CP-SAT's own status name."""
-    from ortools.sat.python import cp_model
+#: CP-SAT's bounds of an unbounded side (the int64 range)
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
+
+def _run(model, time_limit: float | None, workers: int, probing: bool = True):
+    """Solve a CP-SAT model (a ``CpModelProto``): the response, its status in our terms, the
+    seconds it took and CP-SAT's own status name.
+
+    The model is built and solved through OR-Tools' C++ helper (``cp_model_helper``) rather than
+    ``cp_model``: the Python layer imports pandas (measured 1.06 s against 0.08 s to import, on
+    this machine) and builds each row through Python objects."""
+    from ortools.sat.python import cp_model_helper as cmh
+
+    params = cmh.SatParameters()
+    params.num_workers = workers
     # OR-Tools 9.15: the inclusion-detection presolve can certify a wrong optimum on linear
     # models (google/or-tools issue #5293; the parameter below is the workaround found there).
     # Seen here on a one-hot model whose optimum HiGHS, the enumerator and CP-SAT without
     # presolve agree on, while default CP-SAT proved a 3% worse plan "optimal".
-    solver.parameters.presolve_inclusion_work_limit = 0
+    params.presolve_inclusion_work_limit = 0
+    if not probing:
+        params.cp_model_probing_level = 0
     if time_limit:
-        solver.parameters.max_time_in_seconds = float(time_limit)
+        params.max_time_in_seconds = float(time_limit)
     t1 = time.perf_counter()
-    st = solver.solve(model)
-    status = {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE,
-              cp_model.INFEASIBLE: Status.INFEASIBLE,
-              cp_model.UNKNOWN: Status.NO_SOLUTION_IN_LIMIT,
-              cp_model.MODEL_INVALID: Status.ERROR}[st]
-    return solver, status, time.perf_counter() - t1, solver.status_name(st)
+    wrapper = cmh.SolveWrapper()            # one per solve, as cp_model.CpSolver does
+    wrapper.set_parameters(params)
+    response = wrapper.solve(model)
+    st = response.status
+    status = {cmh.OPTIMAL: Status.OPTIMAL, cmh.FEASIBLE: Status.FEASIBLE,
+              cmh.INFEASIBLE: Status.INFEASIBLE, cmh.UNKNOWN: Status.NO_SOLUTION_IN_LIMIT,
+              cmh.MODEL_INVALID: Status.ERROR}[st]
+    return response, status, time.perf_counter() - t1, st.name
 
 
 def _infeasible(t0: float, why: str) -> RawSolution:
@@ -98,7 +110,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     HiGHS solves, each product rounded up to one quantum), with the query's ``cuts``. Four
     portfolio workers even on two cores: measured about 3x faster than two on the shipped
     instances."""
-    from ortools.sat.python import cp_model
+    from ortools.sat.python import cp_model_helper as cmh
 
     from formulations.milp import INF, build_rows, decode
 
@@ -107,9 +119,9 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     r = build_rows(enc, cuts, memory_unit=1.0, time_unit=q_t, integral=True)
     if r.violated:
         return _infeasible(t0, "violated: " + ", ".join(r.violated))
-    model = cp_model.CpModel()
+    model = cmh.CpModelProto()
     big = 2**50
-    xs = []
+    xs = []                                     # per row variable: its CP-SAT index, or -1
     span = []                                   # |lo| + |hi| of each variable
     # bounds derived in build_rows are exact Python ints (table entries are <= SAFE_INT there),
     # so only int64 safety is checked for them; right-hand sides come from floats: <= SAFE_INT
@@ -118,42 +130,42 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         hi = big if ub == INF else _fits(ub, f"the bound of {name}", q_t, RANGE, math.ceil)
         span.append(abs(lo) + abs(hi))
         if lo == 0 and hi == 0:
-            xs.append(0)                        # a value the encoding rules out
-        elif lo == 0 and hi == 1:
-            xs.append(model.new_bool_var(name))
+            xs.append(-1)                       # a value the encoding rules out
         else:
-            xs.append(model.new_int_var(lo, hi, name))
+            xs.append(len(model.variables))
+            v = model.variables.add()
+            v.name = name
+            v.domain.extend([lo, hi])
 
-    def int_expr(coefs: dict[int, float], name: str):
-        if all(abs(c) <= RANGE for c in coefs.values()):     # (False for NaN) the common case
-            ints = {i: int(round(c)) for i, c in coefs.items()}
-        else:                                                 # names the coefficient
-            ints = {i: _fits(c, f"a coefficient of row {name}", q_t, RANGE)
-                    for i, c in coefs.items()}
-        _fits(sum(abs(c) * span[i] for i, c in ints.items()), f"the range of row {name}", q_t,
-              RANGE)
-        live = [(xs[i], c) for i, c in ints.items() if not isinstance(xs[i], int) and c]
-        if not live:
-            return 0
-        # one weighted sum: building it term by term with + costs more than solving small models
-        return cp_model.LinearExpr.weighted_sum([v for v, _ in live], [c for _, c in live])
+    def int_expr(coefs: dict[int, float], name: str) -> tuple[list[int], list[int]]:
+        """The row's live terms as (CP-SAT variables, integer coefficients)."""
+        vs, cs, reach = [], [], 0
+        for i, c in coefs.items():               # one pass: the common case
+            if not abs(c) <= RANGE:               # (True for NaN) names the coefficient
+                _fits(c, f"a coefficient of row {name}", q_t, RANGE)
+            c = int(round(c))
+            reach += abs(c) * span[i]
+            if c and xs[i] >= 0:
+                vs.append(xs[i])
+                cs.append(c)
+        _fits(reach, f"the range of row {name}", q_t, RANGE)
+        return vs, cs
 
     for coefs, lo, hi, name in r.rows:
-        expr = int_expr(coefs, name)
+        vs, cs = int_expr(coefs, name)
         what = f"the bound of row {name}"
-        if isinstance(expr, int):               # every variable of the row is ruled out
-            if not lo - 1e-9 <= expr <= hi + 1e-9:
+        if not vs:                              # every variable of the row is ruled out
+            if not lo - 1e-9 <= 0 <= hi + 1e-9:
                 return _infeasible(t0, f"violated: {name}")
             continue
         if lo == hi:
-            model.add(expr == _fits(lo, what, q_t))
+            dom = [_fits(lo, what, q_t)] * 2
         else:
-            if lo != -INF:
-                model.add(expr >= _fits(lo - 1e-9, what, q_t, rounding=math.ceil))
-            if hi != INF:
-                model.add(expr <= _fits(hi + 1e-9, what, q_t, rounding=math.floor))
+            dom = [_INT_MIN if lo == -INF else _fits(lo - 1e-9, what, q_t, rounding=math.ceil),
+                   _INT_MAX if hi == INF else _fits(hi + 1e-9, what, q_t, rounding=math.floor)]
+        _add_linear(model, vs, cs, dom)
     goals = {g: int_expr(c, f"goal {g}") for g, c in r.goals.items()}
-    session = _Session(model, xs, goals, r, workers)
+    session = _Session(model, xs, goals, r, workers, probe_first=cuts.max_objective is not None)
     build_s = time.perf_counter() - t0
     first, last, note = ties.run(session, time_limit, cuts.break_ties)
     if not first.ok:
@@ -166,32 +178,57 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
                        "cpsat", note=note, extra={"quantum_s": q_t})
 
 
+def _add_linear(model, vs: list[int], cs: list[int], domain: list[int]) -> None:
+    """``domain[0] <= sum(cs * x[vs]) <= domain[1]`` on a ``CpModelProto``."""
+    lin = model.constraints.add().linear
+    lin.vars.extend(vs)
+    lin.coeffs.extend(cs)
+    lin.domain.extend(domain)
+
+
 class _Session:
     """One CP-SAT model re-solved for each tie-break goal (:mod:`formulations.ties`), the
     previous solution given as a hint."""
 
-    def __init__(self, model, xs, goals, rows, workers: int):
+    def __init__(self, model, xs, goals, rows, workers: int, probe_first: bool = True):
         self.model, self.xs, self.exprs, self.rows, self.workers = model, xs, goals, rows, workers
         self.solve_s = 0.0
+        # Presolve probing, measured per goal on this shared 2-core machine (medians of 3):
+        # without a cap it slows the search for the optimum (1.55 s -> 1.10 s without it on
+        # the Llama-405B-shaped model, 131,072 H100, its largest batch; 1.50 s -> 0.98 s on
+        # GPT-3 175B, 1,024 A100), while a batch model capped at the incumbent is proven
+        # infeasible faster with it (0.05 s against 0.21 s, 0.40 s against 0.58 s on two of
+        # those batch models); of the tie goals, memory is faster with it on two of three
+        # models (0.22 s / 0.40 s, 0.34 s / 0.66 s; 0.68 s / 0.50 s on the third), internode
+        # and lex faster without it on all three (0.17 / 0.19, 0.26 / 0.20, 0.93 / 0.24 s;
+        # 0.17 / 0.13, 0.21 / 0.14, 0.28 / 0.09 s)
+        self.probe_first = probe_first
 
     def goals(self) -> list[str]:
         return list(self.exprs)
 
     def cap(self, goal: str, value: float) -> None:
-        if not isinstance(self.exprs[goal], int):          # a constant goal caps nothing
-            self.model.add(self.exprs[goal] <= int(self.rows.tie_cap(goal, value)))
+        vs, cs = self.exprs[goal]
+        if vs:                                              # a constant goal caps nothing
+            _add_linear(self.model, vs, cs, [_INT_MIN, int(self.rows.tie_cap(goal, value))])
 
     def minimize(self, goal: str, time_limit: float | None, hint: list | None) -> ties.Answer:
-        self.model.minimize(self.exprs[goal])
-        self.model.clear_hints()
+        vs, cs = self.exprs[goal]
+        self.model.clear_objective()
+        self.model.objective.vars.extend(vs)
+        self.model.objective.coeffs.extend(cs)
+        self.model.clear_solution_hint()
         if hint is not None:
-            for v, val in zip(self.xs, hint):
-                if not isinstance(v, int):
-                    self.model.add_hint(v, val)
-        solver, status, solve_s, name = _run(self.model, time_limit, self.workers)
+            live = [(v, int(val)) for v, val in zip(self.xs, hint) if v >= 0]
+            self.model.solution_hint.vars.extend([v for v, _ in live])
+            self.model.solution_hint.values.extend([val for _, val in live])
+        response, status, solve_s, name = _run(self.model, time_limit, self.workers,
+                                               probing=self.probe_first if goal == "objective"
+                                               else goal == "memory")
         self.solve_s += solve_s
         if status not in (Status.OPTIMAL, Status.FEASIBLE):
             return ties.Answer(False, False, None, None, None, status, name)
+        sol = response.solution
         return ties.Answer(True, status == Status.OPTIMAL,
-                           [v if isinstance(v, int) else solver.value(v) for v in self.xs],
-                           solver.objective_value, solver.best_objective_bound, status, name)
+                           [0 if v < 0 else sol[v] for v in self.xs],
+                           response.objective_value, response.best_objective_bound, status, name)

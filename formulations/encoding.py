@@ -220,10 +220,14 @@ def _fn_values(values: np.ndarray, fns, sign: int = 1) -> np.ndarray:
     return out
 
 
-def encode(space: SearchSpace, objective: str = "step_time", prune: bool = True) -> Encoding:
+def encode(space: SearchSpace, objective: str = "step_time", prune: bool = True,
+           ties: bool = True) -> Encoding:
     """The evaluator run on symbols and tabulated by form: the model every MIP backend solves.
 
-    ``prune`` drops dominated categorical combinations (not when listing distinct plans).
+    ``prune`` drops dominated categorical combinations (not when listing distinct plans);
+    ``ties=False`` leaves out the bytes across nodes, which only the tie-break goals read (a
+    model asked for its optimum alone, as a batch range's capped models are, is then smaller
+    and may prune more combinations: dominance on the objective and memory keeps the optimum).
     The steps, in order:
 
     1. :func:`_collect`: run :func:`~planner.model.terms.step_terms` on symbols for every
@@ -238,7 +242,7 @@ def encode(space: SearchSpace, objective: str = "step_time", prune: bool = True)
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}")
-    col, arity = _collect(space, objective)
+    col, arity = _collect(space, objective, ties)
     _restrict_forms(col, space)
     tabulated = _tabulate(col)
     n = len(space.combos)
@@ -251,7 +255,8 @@ def encode(space: SearchSpace, objective: str = "step_time", prune: bool = True)
                     internode_maxes=exprs["bmax"])
 
 
-def _collect(space: SearchSpace, objective: str) -> tuple[_Collector, dict[str, list[int]]]:
+def _collect(space: SearchSpace, objective: str, ties: bool = True
+             ) -> tuple[_Collector, dict[str, list[int]]]:
     """Step 1: the step time (or time per sequence), every stage's memory and the bytes sent
     across nodes (a tie-break goal), per categorical combination, grouped by form; a maximum's
     arguments go to slots of their own. The maxima must keep their shape across combinations,
@@ -281,6 +286,8 @@ def _collect(space: SearchSpace, objective: str) -> tuple[_Collector, dict[str, 
             mem.require_linear(f"the memory of the {stage} pipeline stage (a constraint)")
             col.add(("mem", stage), k, mem)
         # on one NVLink segment nothing crosses the NIC: the goal is zero (no second evaluation)
+        if not ties:                # a model asked only for its optimum: no tie-break goal
+            continue
         crossing = internode_bytes(space.inst, deg, knobs) if space.inst.segments > 1 else 0.0
         add_with_maxes("bytes", "bmax", k, _as_sig(crossing))
     return col, arity

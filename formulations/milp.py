@@ -597,8 +597,9 @@ def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30
     rb.layout_rows()
     obj_upper = rb.objective(unit)
     rb.memory(memory, memory_unit)
-    rb.internode(internode_unit(enc, memory_unit, integral))
-    rb.lex()
+    if cuts.break_ties:            # (a model asked only for its optimum needs no later goal)
+        rb.internode(internode_unit(enc, memory_unit, integral))
+        rb.lex()
     rb.cuts(cuts, unit, obj_upper)
     # a goal without variables cannot break a tie (a single plan, a fixed grid)
     rb.r.goals = {g: c for g, c in rb.r.goals.items() if c or g == "objective"}

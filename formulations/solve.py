@@ -63,7 +63,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
         space = _batch_model(space, batches[0])
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
-    enc = encode(space, objective, prune=not cuts.exclude)
+    enc = encode(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
     enc_s = time.perf_counter() - t0
     if backend == "cpsat":
         from formulations import cpsat
@@ -94,7 +94,9 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
     Largest batch first (it usually wins: the bubble and the per-step fixed costs shrink per
     sequence), and every later model only has to beat the incumbent: its objective is capped at
     the best time per sequence found so far, so a batch that cannot win is proven infeasible,
-    which is cheaper than proving its own optimum. The time limit covers all the models.
+    which is cheaper than proving its own optimum. The largest batch's model also breaks its
+    ties at once (the same solves a later re-solve of that model would make), so when it holds
+    the optimum no model is built twice. The time limit covers all the models.
     Excluded plans (top-k) go to the model of their batch."""
     t_start = time.perf_counter()
     found, bounds, status, solve_s, build_s, q = [], [], Status.OPTIMAL, 0.0, 0.0, None
@@ -118,7 +120,7 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
             cap = tie if cap is None else min(cap, tie)
         raw, q_b = run_backend(sub, backend, left, objective, cap,
                                [x for x in cuts.exclude if x[0]["B"] == batch],
-                               break_ties=False)
+                               break_ties=cuts.break_ties and batch == batches[0])
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
         build_s += raw.build_s
@@ -142,7 +144,11 @@ def _per_batch(space: SearchSpace, backend: str, time_limit: float | None, objec
         return RawSolution(Status.INFEASIBLE if status == Status.OPTIMAL else
                            Status.NO_SOLUTION_IN_LIMIT, None, None, None, None, solve_s,
                            build_s, backend), q
-    if cuts.break_ties:           # the scan found the batch; break the ties within it once
+    # the largest batch broke its ties in its own window already: when it holds the optimum
+    # itself (not only a tie of a smaller batch's), that window is the one asked for
+    settled = best.choice["B"] == batches[0] and optimum(best) == min(optimum(r) for r in found)
+    if cuts.break_ties and not settled:
+        # the scan found the batch; break the ties within it once
         batch = best.choice["B"]
         left = None if time_limit is None else max(time_limit - (time.perf_counter() - t_start),
                                                    1e-3)

@@ -514,6 +514,13 @@ def count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[st
     return out
 
 
+#: the largest product of domain sizes one count tracks to give several forms' reach
+REACH_TRACK_LIMIT = 200000
+
+#: the base variables the counter takes last (see :func:`_count_points`)
+_BATCH_LAST = ("V", "b", "B")
+
+
 def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[str, ...] | None
                   = None, form: Mono | None = None, dominant_batch: bool = False
                   ) -> dict[tuple, int]:
@@ -536,7 +543,11 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
     of a batch range)."""
     import numpy as np
 
-    names = [n for n in BASE_NAMES if only is None or n in only]
+    # the batch variables last: the rules that link the degrees (the expert ones read P) close
+    # before them, so the many batch values meet few states (the count is order-free; the keys
+    # are put back in BASE_NAMES order below)
+    names = [n for n in BASE_NAMES if (only is None or n in only) and n not in _BATCH_LAST] + \
+        [n for n in _BATCH_LAST if only is None or n in only]
     pos = {n: i for i, n in enumerate(names)}
     nq = len(space.primes)
     exps = {n: np.array(space.base[n].exps, dtype=np.int64).reshape(-1, nq) for n in names}
@@ -555,6 +566,9 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
             out[v] = d
         return out
 
+    # per inequality row: its exponents, constant and V > 1 flag; where it ends at a variable
+    # of positive exponent it is a lower bound on that variable's exponents (judged as one)
+    lower: dict[int, tuple] = {}
     for con in space.constraints:
         vs = {v for v, _ in con.mono} | ({"V"} if con.when_v_gt1 else set())
         if not vs <= set(names):
@@ -565,6 +579,8 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
             tot = p[:, :nq] + const
             ok = np.all(tot == 0, axis=1) if eq else np.all(tot >= 0, axis=1)
             return ok | (p[:, nq] == 0) if flag else ok
+        if not con.eq:
+            lower[len(items)] = (dict(con.mono), const, con.when_v_gt1)
         items.append((vs, vec(con.mono, "V" if con.when_v_gt1 else None), check))
     for imp in space.implications:
         a, b = imp.if_var, imp.then_var
@@ -582,6 +598,7 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
     n_rules = len(items)
     items += [({n}, {n: np.arange(len(exps[n]), dtype=np.int64)[:, None]}, None)
               for n in track if n in pos]
+    n_track_end = len(items)
     if form is not None:
         items.append(({v for v, _ in form}, vec(form), None))
     first = [min(pos[v] for v in vs) for vs, _, _ in items]
@@ -597,56 +614,79 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
         n_vals = len(exps[name])
         base = np.hstack([states, np.zeros((len(states), start[-1] - states.shape[1]),
                                            dtype=np.int64)])
-        s_of = np.repeat(np.arange(len(states)), n_vals)   # candidate row: (state, value)
-        j_of = np.tile(np.arange(n_vals), len(states))
-
-        def part(s: int, rows):
-            """The state columns of carried item ``s`` after this variable's value, on the
-            candidate rows ``rows``."""
-            sl = slice(start[s], start[s + 1])
-            d = items[carry[s]][1].get(name)
-            return base[s_of[rows], sl] + d[j_of[rows]] if d is not None else base[s_of[rows], sl]
         closing = [s for s, k in enumerate(carry) if last[k] == i and k < n_rules]
-        # the rules that end here, judged once per distinct value of the columns they read
-        cols = [c for s in closing for c in range(start[s], start[s + 1])]
-        sub, inv = _unique_rows(base[:, cols])
+        # the rules that end here, judged once per distinct value of the columns they read;
+        # the inequality rows in which this variable has a positive exponent only bound its
+        # exponents from below, so they are judged as one lower bound per prime
+        bounds = [s for s in closing if carry[s] in lower
+                  and lower[carry[s]][0].get(name, 0) > 0
+                  and not (lower[carry[s]][2] and name == "V")]
+        generic = [s for s in closing if s not in bounds]
+        cols = [c for s in generic for c in range(start[s], start[s + 1])]
+        key = base[:, cols]
+        if bounds:
+            lo_x, hi_x = exps[name].min(axis=0), exps[name].max(axis=0)
+            need = np.broadcast_to(lo_x, (len(base), nq))
+            for s in bounds:
+                e, const, flag = lower[carry[s]]
+                got = -np.floor_divide(base[:, start[s]:start[s] + nq] + const, e[name])
+                if flag:                          # enforced only when V > 1
+                    got = np.where(base[:, start[s] + nq][:, None] > 0, got, lo_x)
+                need = np.maximum(need, got)
+            key = np.hstack([key, np.minimum(need, hi_x + 1)])
+        sub, inv = _unique_rows(key)
         ok_sub = np.ones((len(sub), n_vals), dtype=bool)
+        if bounds:
+            ok_sub &= np.all(exps[name][None, :, :] >= sub[:, None, len(cols):], axis=2)
         at = 0
-        for s in closing:
+        for s in generic:
             w = start[s + 1] - start[s]
             d = items[carry[s]][1].get(name)
             d = np.zeros((n_vals, w), dtype=np.int64) if d is None else d
             cur = (sub[:, None, at:at + w] + d[None, :, :]).reshape(-1, w)
             ok_sub &= items[carry[s]][2](cur).reshape(len(sub), n_vals)
             at += w
-        ok = ok_sub[inv].ravel()
         if name == "B" and dominant_batch and n_vals > 1:
-            # values ascend: per state keep only the largest batch the rules admit
-            grid = ok.reshape(len(states), n_vals)
-            top = n_vals - 1 - np.argmax(grid[:, ::-1], axis=1)
-            ok = np.zeros_like(ok)
-            ok[np.flatnonzero(grid.any(axis=1)) * n_vals + top[grid.any(axis=1)]] = True
+            # values ascend: per state keep only the largest batch the rules admit (the rules
+            # judge a state by its closing columns, so per distinct columns)
+            top = n_vals - 1 - np.argmax(ok_sub[:, ::-1], axis=1)
+            live_sub = ok_sub.any(axis=1)
+            ok_sub = np.zeros_like(ok_sub)
+            ok_sub[np.flatnonzero(live_sub), top[live_sub]] = True
         kept = [s for s in range(len(carry)) if s not in closing]
         active = [carry[s] for s in kept]
         if not any(name in items[carry[s]][1] for s in kept):
             # the value leaves no trace in the state: each state stays, times its values
-            counts = counts * ok.reshape(len(states), n_vals).sum(axis=1)
+            counts = counts * ok_sub.sum(axis=1)[inv]
             live = counts > 0
             cols = [c for s in kept for c in range(start[s], start[s + 1])]
             states, counts = base[live][:, cols], counts[live]
             if not len(states):
                 return {}
             continue
-        sel = np.flatnonzero(ok)
-        rows = (np.hstack([part(s, sel) for s in kept]) if kept
+        sel = np.flatnonzero(ok_sub[inv].ravel())    # candidate rows (state, value) kept
+        s_sel, j_sel = np.divmod(sel, n_vals)
+
+        def part(s: int):
+            """The state columns of carried item ``s`` after this variable's value, on the
+            kept candidate rows."""
+            sl = slice(start[s], start[s + 1])
+            d = items[carry[s]][1].get(name)
+            return base[s_sel, sl] + d[j_sel] if d is not None else base[s_sel, sl]
+        rows = (np.hstack([part(s) for s in kept]) if kept
                 else np.zeros((len(sel), 0), dtype=np.int64))
-        cnt = counts[s_of[sel]]
+        cnt = counts[s_sel]
         if not len(rows):
             return {}
         states, inverse = _unique_rows(rows)
         counts = np.bincount(inverse.ravel(), weights=cnt, minlength=len(states)).astype(np.int64)
     start = np.cumsum([0] + [width[k] for k in active])
-    cols = [c for s, k in enumerate(active) if k >= n_rules for c in range(start[s], start[s + 1])]
+    # the keys: the tracked variables in BASE_NAMES order, then the form
+    at = {k: range(start[s], start[s + 1]) for s, k in enumerate(active)}
+    cols = [c for k in sorted((k for k in active if k >= n_rules),
+                              key=lambda k: (BASE_NAMES.index(next(iter(items[k][0])))
+                                             if k < n_track_end else len(BASE_NAMES)))
+            for c in at[k]]
     out: dict[tuple, int] = {}
     for row, c in zip(states[:, cols].tolist(), counts.tolist()):
         out[tuple(row)] = out.get(tuple(row), 0) + c
