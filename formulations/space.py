@@ -451,14 +451,20 @@ def build_space(inst: Instance) -> SearchSpace:
     # time (it moves the same data-parallel bytes and shards the optimizer states; overlapped,
     # its parameter all-gather hides only behind the first forward: up to 0.03% more); sequence
     # parallelism moves the same tensor-parallel bytes and shards what was replicated, and
-    # costs no time with tensor parallelism inside a node, but across nodes its exposed
-    # backward all-gather (where the plain all-reduce runs beside the weight-gradient GEMM,
-    # terms.py) can cost up to ~3% more than it saves: there the optimum is the one with
-    # sequence parallelism, and a pin sequence_parallel = false compares. Searching both
-    # doubles the categorical combinations (GPT-3 175B instance: CP-SAT 3.4 s -> 9-11 s).
-    # tests/test_dominance.py checks this on random plans. (A rule that needs sequence
-    # parallelism, as MoE layers with tp > 1 do, is then always kept.)
-    sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (True,)
+    # costs no time with tensor parallelism inside a node. Across nodes its exposed backward
+    # all-gather (where the plain all-reduce runs beside the weight-gradient GEMM, terms.py)
+    # can cost up to ~3% more than it saves, so where tensor parallelism may span nodes
+    # (constraints.tp_within_node = false) both are searched: exact, at twice the categorical
+    # combinations there. tests/test_dominance.py checks the dominance on random plans. (A rule
+    # that needs sequence parallelism, as MoE layers with tp > 1 do, is then always kept; with
+    # it, "on" is exact everywhere: it is required at tp > 1 and changes nothing at tp = 1.)
+    # (tp_comm_overlap needs it too: Megatron-LM's validate_args)
+    sp_needed = any(rule.knob == "sequence_parallel" for rule in knob_rules) or (
+        c.tp_comm_overlap if c.tp_comm_overlap is not None
+        else overlap_default(inst, "tp_comm_overlap"))
+    tp_spans = not c.tp_within_node and max(dom["T"], default=1) > 1 and not sp_needed
+    sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else \
+        ((True, False) if tp_spans else (True,))
     do_vals = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,)
     # The overlap switches are not searched either: each is the [constraints] pin, else the
     # framework's default (planner/model/frameworks.py). Under the cost rules (docs/model.md,
@@ -730,11 +736,12 @@ def space_size(space: SearchSpace) -> dict[str, int]:
     assignment with a knob combination it admits: MoE layers with tp > 1 need sequence
     parallelism)."""
     c = space.inst.spec.constraints
-    free_sp = c.sequence_parallel is None
-    free_do = c.distributed_optimizer is None
+    # a knob free in the constraints but fixed by dominance counts both of its values
+    free_sp = c.sequence_parallel is None and len(space.dims["sequence_parallel"]) == 1
+    free_do = c.distributed_optimizer is None and len(space.dims["distributed_optimizer"]) == 1
     combos = len(space.combos) * (2 if free_sp else 1) * (2 if free_do else 1)
-    needs_sp = free_sp and any(r.kind == "needs_knob" and r.knob == "sequence_parallel"
-                               for r in rules_for(space.inst))
+    needs_sp = c.sequence_parallel is None and any(
+        r.kind == "needs_knob" and r.knob == "sequence_parallel" for r in rules_for(space.inst))
     # one count by (T, P, V) serves all three figures: the layouts' pairs and the tp = 1 rule
     # are read off its keys (the counter lists tracked variables in BASE_NAMES order)
     T, P, V = (space.base[n].values for n in ("T", "P", "V"))

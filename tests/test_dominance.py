@@ -3,8 +3,9 @@ constraint pins them (formulations/space.py). That is exact only if, in the mode
 on never costs time and never adds memory: checked here on random plans of random instances.
 Sequence parallelism keeps to it with tensor parallelism inside a node; across nodes its
 exposed backward all-gather can cost more than it saves (measured up to 2.8% on these
-instances), which the search's rule documents; the distributed optimizer's overlapped parameter
-all-gather can leave up to 0.03% more exposed than the all-reduce it replaces."""
+instances), so the search compares both where tensor parallelism may span nodes; the distributed
+optimizer's overlapped parameter all-gather can leave up to 0.03% more exposed than the
+all-reduce it replaces."""
 
 from __future__ import annotations
 
@@ -57,6 +58,24 @@ def test_sequence_parallel_and_distributed_optimizer_dominate(
                 for stage in on.memory:
                     assert float(on.memory_total(stage)) <= \
                         float(off.memory_total(stage)) * (1 + 1e-12)
+
+
+def test_sequence_parallelism_is_searched_where_tensor_parallelism_spans_nodes():
+    """Two H100 per node: TP4 spans two nodes, where sequence parallelism's exposed backward
+    all-gather costs more than it saves; the search compares both and proves the plan without
+    it faster than the best plan with it (pinned)."""
+    from formulations.solve import solve
+
+    doc = {"model": {"preset": "gpt3-175b"}, "training": {"global_batch": 512},
+           "cluster": {"gpu": "h100-sxm", "gpus": 256, "gpus_per_node": 2},
+           "constraints": {"tp_within_node": False}}
+    free = solve(parse_instance(doc), solver="enumerate")
+    doc["constraints"]["sequence_parallel"] = True
+    pinned = solve(parse_instance(doc), solver="enumerate")
+    assert free.report.plan.sequence_parallel is False
+    assert free.report.plan.tp > 2                    # across the 2-GPU nodes
+    assert free.objective < pinned.objective
+    assert free.space_plans == pinned.space_plans * 2
 
 
 def test_largest_batch_dominates_in_a_batch_range():
