@@ -445,7 +445,8 @@ def _undominated(tabulated: dict, n: int, forms: dict, combos) -> list[int]:
     lay = [layout_key(kn) for kn in combos]
     keep = []
     for b in range(n):
-        dominated = any(lay[a] == lay[b] and leq(a, b) and (not leq(b, a) or a < b) for a in range(n) if a != b)
+        dominated = any(lay[a] == lay[b] and leq(a, b) and (not leq(b, a) or a < b)
+                        for a in range(n) if a != b)
         if not dominated:
             keep.append(b)
     return keep

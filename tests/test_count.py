@@ -40,8 +40,8 @@ def test_counts_match_the_enumerated_points(inst):
 
 def test_plans_count_every_knob_value_and_the_moe_rule():
     """12 knob combinations per pipeline layout (3 recompute modes x sequence parallelism x
-    distributed optimizer, the two the search fixes by dominance counted too); on a MoE model sequence parallelism off
-    is a plan only at tp = 1."""
+    distributed optimizer, the two the search fixes by dominance counted too); on a MoE model
+    sequence parallelism off is a plan only at tp = 1."""
     inst = parse_instance(TINY_MOE)
     space = build_space(inst)
     every = feasible_points(space, dominant_batch=False)
