@@ -446,6 +446,13 @@ def build_space(inst: Instance) -> SearchSpace:
                           _exponents(r.coef, primes), eq=r.rule.kind == "one",
                           when_v_gt1=r.rule.interleaved) for r in rows]
 
+    # The overlap switches are not searched: each is the [constraints] pin, else the
+    # framework's default (planner/model/frameworks.py). Under the cost rules (docs/model.md,
+    # "Overlap") an overlap never exposes more than the raw collective and never adds memory, so
+    # a search would always switch it on; what a user runs is the framework's choice or theirs.
+    overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
+                for o in OVERLAP_KNOBS}
+
     # Unless a constraint pins them, sequence parallelism and the distributed optimizer are
     # turned on: in this model they never add memory and the distributed optimizer costs no
     # time (it moves the same data-parallel bytes and shards the optimizer states; overlapped,
@@ -455,23 +462,16 @@ def build_space(inst: Instance) -> SearchSpace:
     # all-gather (where the plain all-reduce runs beside the weight-gradient GEMM, terms.py)
     # can cost up to ~3% more than it saves, so where tensor parallelism may span nodes
     # (constraints.tp_within_node = false) both are searched: exact, at twice the categorical
-    # combinations there. tests/test_dominance.py checks the dominance on random plans. (A rule
-    # that needs sequence parallelism, as MoE layers with tp > 1 do, is then always kept; with
-    # it, "on" is exact everywhere: it is required at tp > 1 and changes nothing at tp = 1.)
-    # (tp_comm_overlap needs it too: Megatron-LM's validate_args)
-    sp_needed = any(rule.knob == "sequence_parallel" for rule in knob_rules) or (
-        c.tp_comm_overlap if c.tp_comm_overlap is not None
-        else overlap_default(inst, "tp_comm_overlap"))
+    # combinations there. tests/test_dominance.py checks the dominance on random plans. A rule
+    # that needs sequence parallelism (MoE layers with tp > 1) or tp_comm_overlap (Megatron-LM's
+    # validate_args requires it) keeps it on everywhere: it is required at tp > 1 and changes
+    # nothing at tp = 1.
+    sp_needed = any(rule.knob == "sequence_parallel" for rule in knob_rules) or \
+        overlaps["tp_comm_overlap"][0]
     tp_spans = not c.tp_within_node and max(dom["T"], default=1) > 1 and not sp_needed
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else \
         ((True, False) if tp_spans else (True,))
     do_vals = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,)
-    # The overlap switches are not searched either: each is the [constraints] pin, else the
-    # framework's default (planner/model/frameworks.py). Under the cost rules (docs/model.md,
-    # "Overlap") an overlap never exposes more than the raw collective and never adds memory, so
-    # a search would always switch it on; what a user runs is the framework's choice or theirs.
-    overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
-                for o in OVERLAP_KNOBS}
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
     combos = [Knobs(r, s, o, **dict(zip(OVERLAP_KNOBS, ov)), first_short=lay[0],
