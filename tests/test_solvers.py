@@ -4,7 +4,8 @@ an ERROR status, which these tests reject).
 
 Random small instances cover every knob the search space has: non-power-of-two degrees, GQA,
 gated MLPs, FP8, recompute / sequence parallelism / distributed optimizer choices (free or
-pinned), context parallelism, global-batch ranges, overlap maxima, within-node constraints and
+pinned), data-parallel sharding modes, reshard policy, HSDP group sizes (free: the replica
+count is a base variable), frameworks and gradient-reduction dtypes, context parallelism, global-batch ranges, overlap maxima, within-node constraints and
 memory limits tight enough to bind.
 """
 
@@ -57,8 +58,19 @@ def instances(draw):
                                                          ["selective", "full"]]))
     if draw(st.integers(0, 3)) == 0:
         constraints["sequence_parallel"] = draw(st.booleans())
-    if draw(st.integers(0, 3)) == 0:
+    pick = draw(st.integers(0, 7))
+    if pick == 0:
         constraints["distributed_optimizer"] = draw(st.booleans())
+    elif pick == 1:       # data-parallel sharding: a mode, a set of modes, the reshard policy
+        constraints["dp_sharding"] = draw(st.sampled_from(
+            ["optim_grads", "optim_grads_params", ["none", "optim_grads_params"]]))
+    elif pick == 2:
+        constraints["reshard_after_forward"] = draw(st.booleans())
+    elif pick == 3:       # an HSDP shard group: the replica count becomes a base variable
+        constraints["dp_shard_size"] = draw(st.sampled_from([1, 2, 4]))
+    if draw(st.integers(0, 3)) == 0:      # a framework's rules and defaults
+        constraints["framework"] = draw(st.sampled_from(
+            ["megatron", "nemo", "torchtitan", "deepspeed"]))
     if draw(st.integers(0, 3)) == 0:
         constraints["max_tp"] = draw(st.sampled_from([1, 2, 4]))
     if draw(st.integers(0, 4)) == 0:
@@ -86,6 +98,8 @@ def instances(draw):
                   "tied_embeddings": draw(st.booleans()),
                   "dropout": draw(st.booleans())},
         "training": {"global_batch": gb, "precision": precision,
+                     **({"grad_reduce_dtype": draw(st.sampled_from(["fp32", "bf16"]))}
+                        if draw(st.integers(0, 3)) == 0 else {}),
                      "flash_attention": draw(st.booleans()),
                      "bubble_ratio": draw(st.sampled_from([1.0, 0.5]))},
         "cluster": cluster,
