@@ -531,19 +531,18 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"expert_model_parallel_size": _ep(plan), "expert_tensor_parallel_size": 1}
                    if _moe(inst) else {}),
                 "sequence_parallel": _sp(plan),
-                # MegatronStrategy(ddp=DistributedDataParallelConfig(...)): Megatron-Core's
-                # data-parallel overlap switches
-                "ddp": {"overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
-                        "overlap_param_gather": _overlaps(plan)["overlap_param_gather"]},
                 # MegatronStrategy(pipeline_dtype: torch.dtype): the dtype of the activations
                 # passed between pipeline stages
                 **({"pipeline_dtype": "torch.float16" if precision == "fp16" else "torch.bfloat16"}
                    if plan.pp > 1 else {}),
                 # MegatronStrategy(fsdp="megatron", ddp=DistributedDataParallelConfig(...)):
-                # Megatron-Core's sharding strategy and gradient reduction dtype
+                # Megatron-Core's data-parallel overlap switches, sharding strategy and
+                # gradient reduction dtype
                 **({"fsdp": "megatron"}
                    if plan.dp_sharding in ("optim_grads", "optim_grads_params") else {}),
                 "ddp": {
+                    "overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
+                    "overlap_param_gather": _overlaps(plan)["overlap_param_gather"],
                     "data_parallel_sharding_strategy": {"none": "no_shard"}.get(
                         plan.dp_sharding, plan.dp_sharding),
                     "grad_reduce_in_fp32": reduce_dtype(inst) == "fp32",

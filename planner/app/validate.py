@@ -29,7 +29,7 @@ import numpy as np
 
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
-from planner.model.frameworks import FRAMEWORK_NAMES
+from planner.model.frameworks import FRAMEWORKS
 from planner.model.instance import Instance, parse_instance, read_toml
 from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.plan import plan_from_spec
@@ -105,7 +105,7 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
     # a run on one of the frameworks the planner knows runs under its rules and defaults
     framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
-    cons = {"framework": framework} if framework in FRAMEWORK_NAMES else {}
+    cons = {"framework": framework} if framework in FRAMEWORKS else {}
     inst = {
         "model": model,
         "training": {"global_batch": plan["global_batch"], "precision": run["precision"],

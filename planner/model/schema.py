@@ -426,6 +426,14 @@ class PlanSpec(_Strict):
         default=None, description=OVERLAP_DESCRIPTIONS["overlap_p2p_comm"]
         + "; default: the [constraints] pin, else the framework's")
 
+    @model_validator(mode="after")
+    def _sharding(self) -> PlanSpec:
+        if (self.dp_sharding is not None and self.distributed_optimizer is not None
+                and (self.dp_sharding != "none") != self.distributed_optimizer):
+            raise ValueError(f"distributed_optimizer = {str(self.distributed_optimizer).lower()} "
+                             f"contradicts dp_sharding = \"{self.dp_sharding}\"")
+        return self
+
 
 def overlap_refusal(framework: str | None, spec, where: str = "") -> str | None:
     """The sentence refusing an overlap switch set on (in ``[constraints]``, or in a plan: any
@@ -439,14 +447,6 @@ def overlap_refusal(framework: str | None, spec, where: str = "") -> str | None:
     return (f"{', '.join(where + k for k in bad)} = true, but constraints.framework = "
             f"\"{framework}\": {fw.label} has no switch for "
             + ("it" if len(bad) == 1 else "them") + " (planner/model/frameworks.py)")
-
-    @model_validator(mode="after")
-    def _sharding(self) -> PlanSpec:
-        if (self.dp_sharding is not None and self.distributed_optimizer is not None
-                and (self.dp_sharding != "none") != self.distributed_optimizer):
-            raise ValueError(f"distributed_optimizer = {str(self.distributed_optimizer).lower()} "
-                             f"contradicts dp_sharding = \"{self.dp_sharding}\"")
-        return self
 
 
 class InstanceSpec(_Strict):
