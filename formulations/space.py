@@ -484,16 +484,21 @@ def build_space(inst: Instance) -> SearchSpace:
     # needs sequence parallelism, as MoE layers with tp > 1 do, is then always kept.)
     # The data-parallel sharding mode is compared, never assumed: sharding the gradients or
     # the parameters costs collectives per micro-batch (docs/model.md, "Data-parallel
-    # sharding"). The reshard policy only exists when the parameters are sharded.
+    # sharding"). The HSDP shard group is the degree R. The reshard policy exists only when
+    # the parameters are sharded: the [constraints] pin, else the framework's default policy
+    # (reshard without pipeline parallelism, not with it), which the model reads off the
+    # pipeline degree, so it is no categorical choice of its own (one was measured 2x slower
+    # on GPT-3 175B). Plain data parallelism (none) is left out where the distributed
+    # optimizer dominates it: without overlap of the data-parallel collectives, its
+    # reduce-scatter + all-gather at R = 1 move no more bytes in the same ring steps (16-bit
+    # parameters, gradients in >= 16 bits) and it holds less memory (tests/test_dominance.py).
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else (True,)
-    # The data-parallel sharding mode is compared, never assumed: sharding the gradients or
-    # the parameters costs collectives per micro-batch (docs/model.md, "Data-parallel
-    # sharding"); the reshard policy only exists when the parameters are sharded. The mode
-    # and its policy are one categorical dimension; the HSDP shard group is the degree R.
-    reshard_vals = ((c.reshard_after_forward,) if c.reshard_after_forward is not None
-                    else (True, False))
-    shard_choices = [(mode, rf) for mode in shardings
-                     for rf in (reshard_vals if mode == "optim_grads_params" else (False,))]
+    shard_choices = [(mode, c.reshard_after_forward if mode == "optim_grads_params" else False)
+                     for mode in shardings]
+    overlapped = any((getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o))
+                     for o in ("overlap_grad_reduce", "overlap_param_gather"))
+    if not overlapped and "optim" in shardings and c.distributed_optimizer is None:
+        shard_choices = [sc for sc in shard_choices if sc[0] != "none"]
     # The overlap switches are not searched either: each is the [constraints] pin, else the
     # framework's default (planner/model/frameworks.py). Under the cost rules (docs/model.md,
     # "Overlap") an overlap never exposes more than the raw collective and never adds memory, so
@@ -502,7 +507,8 @@ def build_space(inst: Instance) -> SearchSpace:
                 for o in OVERLAP_KNOBS}
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
-    combos = [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode, reshard_after_forward=rf,
+    combos = [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
+                    reshard_after_forward=rf,
                     first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
                     account_for_loss=lay[3], paced=paced)
               for r, s, (mode, rf), lay, *ov in itertools.product(modes, sp_vals, shard_choices,

@@ -49,8 +49,9 @@ class Knobs:
     optim_grads_params``); left empty it follows ``distributed_optimizer`` (on: ``optim``), and
     ``distributed_optimizer`` is always set to "some sharding": the two name one choice, so
     equal choices compare equal. ``reshard_after_forward`` only means something when the
-    parameters are sharded (it is False otherwise); left None it is True (torchtitan's default
-    without pipeline parallelism; :func:`plan_from_spec` applies the pipelined default)."""
+    parameters are sharded (it is False otherwise); left None it is the framework's default
+    policy, true without pipeline parallelism and false with it (torchtitan's "default"; the
+    model reads it off the pipeline degree, :func:`planner.model.terms.step_terms`)."""
 
     recompute: str = "none"
     sequence_parallel: bool = False
@@ -84,7 +85,9 @@ class Knobs:
 
     def __post_init__(self):
         mode = self.dp_sharding or ("optim" if self.distributed_optimizer else "none")
-        reshard = mode == "optim_grads_params" and self.reshard_after_forward is not False
+        # (None: the framework's default policy, which depends on the pipeline degree; the
+        # search's choice, resolved to a bool in a Plan)
+        reshard = self.reshard_after_forward if mode == "optim_grads_params" else False
         object.__setattr__(self, "dp_sharding", mode)
         object.__setattr__(self, "distributed_optimizer", mode != "none")
         object.__setattr__(self, "reshard_after_forward", reshard)
@@ -342,15 +345,18 @@ class Plan:
     reshard_after_forward: bool | None = None
 
     def __post_init__(self):
+        reshard = self.reshard_after_forward
+        if reshard is None:                # the default policy: reshard without pipelining
+            reshard = self.pp == 1
         k = Knobs(distributed_optimizer=self.distributed_optimizer, dp_sharding=self.dp_sharding,
-                  reshard_after_forward=self.reshard_after_forward)
+                  reshard_after_forward=reshard)
         object.__setattr__(self, "dp_sharding", k.dp_sharding)
         object.__setattr__(self, "distributed_optimizer", k.distributed_optimizer)
         object.__setattr__(self, "reshard_after_forward", k.reshard_after_forward)
 
     @staticmethod
     def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int,
-                  layers: int = 0) -> Plan:
+                  layers: int = 0, reshard_default: tuple[bool, bool] = (True, False)) -> Plan:
         """Decode an assignment of the base variables (a solver's answer) into a plan on
         ``nodes`` hosts whose NVLink segments hold ``node_size`` GPUs."""
         g = Grid.from_base(x, gpus, node_size)
@@ -358,6 +364,9 @@ class Plan:
                 if f.name not in ("node_size",)}
         if knobs.dp_sharding == "none":      # nothing is sharded: no shard group to replicate
             grid["dp_replicate"] = 1
+        reshard = knobs.reshard_after_forward
+        if reshard is None:          # the framework's policy: (without pipelining, with it)
+            reshard = reshard_default[grid["pp"] > 1]
         first = last = 0
         if knobs.explicit_layout:          # Megatron's counts from the search's shortfalls
             m = (layers + knobs.padded_layers) // grid["pp"]
@@ -370,7 +379,7 @@ class Plan:
                     account_for_embedding=knobs.account_for_embedding,
                     account_for_loss=knobs.account_for_loss, layers=layers,
                     recompute_layers=knobs.recompute_layers, dp_sharding=knobs.dp_sharding,
-                    reshard_after_forward=knobs.reshard_after_forward,
+                    reshard_after_forward=reshard,
                     **{o: getattr(knobs, o) for o in OVERLAP_KNOBS}, **grid)
 
     @property

@@ -426,7 +426,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     expert_layer = moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe else 0.0
     ag_layer = over_group(WIRE_16, layer_params_gpu, expert_layer) if mode.params else 0.0
     ag_head = over_group(WIRE_16, head_p, 0.0) if mode.params else 0.0
-    regather = 1 if mode.params and k.reshard_after_forward else 0
+    # the reshard policy: the plan's, else the framework's default by the pipeline degree
+    if k.reshard_after_forward is None:
+        without_pp, with_pp = fw.reshard_after_forward
+        resharded = int(without_pp) * eq1(p) + int(with_pp) * gt1(p)
+    else:
+        resharded = 1 if k.reshard_after_forward else 0
+    regather = resharded if mode.params else 0
     rs_each = mode.grads and every_mb
     rs_layer = over_group(gw, layer_params_gpu, expert_layer) if rs_each else 0.0
     rs_head = over_group(gw, head_p, 0.0) if rs_each else 0.0
@@ -492,17 +498,27 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     opt_full = OPTIMIZER_BYTES + (GRAD_BYTES if grad_bytes == WIRE_16 else 0)
     opt_bytes = opt_full / shards
     # gradients reduced once per step accumulate unsharded over the micro-batches
-    grad_share = (1 / shards if every_mb else eq1(m) / shards + gt1(m)) if mode.grads else 1
+    # Sharded gradients at the memory peak (the last backward): reduce-scattered every
+    # micro-batch, a shard plus one layer's; reduced once per step, whole (the accumulation
+    # buffer), unless they are reduced layer by layer during the backward (FSDP's per-layer
+    # hooks under sharded parameters, or bucket by bucket with overlap_grad_reduce) with one
+    # micro-batch: then nothing accumulates, a shard again
+    if every_mb:
+        sharded_grads, working_layer = 1.0, 1.0
+    elif k.overlap_grad_reduce or mode.params:
+        sharded_grads, working_layer = eq1(m), eq1(m)
+    else:
+        sharded_grads, working_layer = 0.0, 0.0
+    grad_share = (sharded_grads / shards + (1 - sharded_grads)) if mode.grads else 1
     keep16 = 1 if fw.sharded_16bit_copy else 0
     weight_share = keep16 / shards if mode.params else 1
     expert_weight_share = keep16 / x.ed if mode.params else 1
-    expert_grad_share = ((1 / x.ed if every_mb else eq1(m) / x.ed + gt1(m)) if mode.grads
-                         else 1)
+    expert_grad_share = (sharded_grads / x.ed + (1 - sharded_grads)) if mode.grads else 1
     # the unsharded working set: the gathered 16-bit parameters of the layer being computed
     # and of the prefetched next one (all the stage's layers when not resharded after forward)
     # plus the input / output layer, and one layer's unsharded gradients before its
     # reduce-scatter
-    units = (2 if k.reshard_after_forward else stage_layers) if mode.params else 0
+    units = (2 * resharded + (1 - resharded) * stage_layers) if mode.params else 0
     kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
     def stored_per_layer(parallel_bytes):
@@ -569,7 +585,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # (the root unit: the embedding on the first stage, the output layer on the last)
             head = 0.0 if stage == "middle" else (sh.V * h + 2 * h) / t
             working_w = (units * one_layer + head) * WIRE_16 if mode.params else 0.0
-            working_g = one_layer * grad_bytes if mode.grads else 0.0
+            # (gradients accumulated whole hold it already)
+            working_g = one_layer * grad_bytes * working_layer if mode.grads else 0.0
             memory[name] = {
                 "weights": (dense_p * weight_share + experts_p * expert_weight_share)
                 * WEIGHT_BYTES + (dense_p + experts_p) * fp8_cache + working_w,
