@@ -118,7 +118,7 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         # a run that split its layers evenly is searched with even splits: its feature set
         # (Megatron-LM gained uneven first / last stages in 2024, after most of these runs),
         # as the ranking pins its recompute mode and overlaps
-        inst["constraints"] = {"max_stage_shortfall": 0}
+        inst["constraints"] = {**cons, "max_stage_shortfall": 0}
     return parse_instance(inst, f"run {rid}")
 
 
