@@ -11,6 +11,8 @@ memory limits tight enough to bind.
 
 from __future__ import annotations
 
+from planner.model.frameworks import FRAMEWORKS
+
 import math
 import re
 
@@ -78,6 +80,9 @@ def instances(draw):
     for knob in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                  "overlap_p2p_comm"):
         constraints[knob] = draw(st.sampled_from([False, False, True]))
+        if "framework" in constraints and knob not in \
+                FRAMEWORKS[constraints["framework"]].overlaps_expressible:
+            constraints[knob] = False          # (a switch the framework has not: an error)
     if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
         constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
     reserve = constraints["memory_reserve_GiB"]
