@@ -427,11 +427,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     ag_layer = over_group(WIRE_16, layer_params_gpu, expert_layer) if mode.params else 0.0
     ag_head = over_group(WIRE_16, head_p, 0.0) if mode.params else 0.0
     # the reshard policy: the plan's, else the framework's default by the pipeline degree
+    # (and its complement, written with the complementary indicators: every term >= 0)
     if k.reshard_after_forward is None:
         without_pp, with_pp = fw.reshard_after_forward
         resharded = int(without_pp) * eq1(p) + int(with_pp) * gt1(p)
+        kept = int(not without_pp) * eq1(p) + int(not with_pp) * gt1(p)
     else:
         resharded = 1 if k.reshard_after_forward else 0
+        kept = 1 - resharded
     regather = resharded if mode.params else 0
     rs_each = mode.grads and every_mb
     rs_layer = over_group(gw, layer_params_gpu, expert_layer) if rs_each else 0.0
@@ -504,21 +507,22 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # hooks under sharded parameters, or bucket by bucket with overlap_grad_reduce) with one
     # micro-batch: then nothing accumulates, a shard again
     if every_mb:
-        sharded_grads, working_layer = 1.0, 1.0
+        sharded_grads, whole_grads = 1.0, 0.0
     elif k.overlap_grad_reduce or mode.params:
-        sharded_grads, working_layer = eq1(m), eq1(m)
+        sharded_grads, whole_grads = eq1(m), gt1(m)
     else:
-        sharded_grads, working_layer = 0.0, 0.0
-    grad_share = (sharded_grads / shards + (1 - sharded_grads)) if mode.grads else 1
+        sharded_grads, whole_grads = 0.0, 1.0
+    working_layer = sharded_grads
+    grad_share = (sharded_grads / shards + whole_grads) if mode.grads else 1
     keep16 = 1 if fw.sharded_16bit_copy else 0
     weight_share = keep16 / shards if mode.params else 1
     expert_weight_share = keep16 / x.ed if mode.params else 1
-    expert_grad_share = (sharded_grads / x.ed + (1 - sharded_grads)) if mode.grads else 1
+    expert_grad_share = (sharded_grads / x.ed + whole_grads) if mode.grads else 1
     # the unsharded working set: the gathered 16-bit parameters of the layer being computed
     # and of the prefetched next one (all the stage's layers when not resharded after forward)
     # plus the input / output layer, and one layer's unsharded gradients before its
     # reduce-scatter
-    units = (2 * resharded + (1 - resharded) * stage_layers) if mode.params else 0
+    units = (2 * resharded + kept * stage_layers) if mode.params else 0
     kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
     def stored_per_layer(parallel_bytes):
