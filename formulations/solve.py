@@ -31,8 +31,10 @@ def default_objective(inst: Instance) -> str:
 
 def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
     inst = space.inst
+    from planner.model.frameworks import framework_of
     return Plan.from_base(raw.choice, raw.knobs, inst.gpus, inst.nodes, inst.node_size,
-                          layers=inst.model.layers)
+                          layers=inst.model.layers, reshard_default=framework_of(
+                              inst.spec.constraints.framework).reshard_after_forward)
 
 
 def objective_value(report, kind: str) -> float:

@@ -18,6 +18,10 @@ name      meaning                                          derived from it
 ``B``     global batch (only when the instance gives a range)
 ``E``     expert-parallel degree (MoE models)              ``e_out = E / E_in``
 ``E_in``  its factor inside a node
+``R``     replicas of the data-parallel shard group        ``dp_shard_size = dp / R``
+          (HSDP, across nodes; free only when
+          ``[constraints] dp_shard_size`` pins the group,
+          else 1 and HSDP is a categorical choice)
 ========  ===============================================  ===========================
 
 Everything else (``dp = N / (T C P)``, ``dp_in = g / (T_in C_in P_in)``, the micro-batch count,
@@ -50,7 +54,7 @@ from planner.model.errors import InfeasibleError
 from planner.model.instance import Instance
 from types import SimpleNamespace
 
-from planner.model.frameworks import OVERLAP_KNOBS
+from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.plan import BASE_NAMES, Grid, Knobs, layout_choices, overlap_default
 from planner.model.rules import Rule, Sizes, rules_for
 
@@ -60,7 +64,8 @@ LABELS = {"T": ("tensor-parallel degree", "tp"), "T_in": ("intra-node tensor fac
           "P": ("pipeline-parallel degree", "pp"), "P_in": ("intra-node pipeline factor", None),
           "V": ("virtual-stage count", "vp"), "b": ("micro-batch size", "micro_batch"),
           "B": ("global batch", None), "E": ("expert-parallel degree", "ep"),
-          "E_in": ("intra-node expert factor", None)}
+          "E_in": ("intra-node expert factor", None),
+          "R": ("shard-group replica count (HSDP)", None)}
 
 
 def factorize(n: int) -> dict[int, int]:
@@ -411,6 +416,13 @@ def build_space(inst: Instance) -> SearchSpace:
                     f"{rule.message(None, Sizes.of(inst))}, which the constraints turn off, "
                     f"and constraints.{LABELS[var][1]} = {pin}"])
             caps[var] = (pin, lo, 1)
+    # The shard group's replicas (HSDP): a degree like the others, R = dp / dp_shard_size,
+    # across nodes (the rules dp_shard / dp_replicas); 1 where the framework has no HSDP or
+    # only unsharded data parallelism is allowed. A pinned dp_shard_size is a cap on the form
+    # dp / R (below).
+    no_hsdp = bool(c.framework) and not framework_of(c.framework).hsdp
+    if no_hsdp or set(c.sharding_modes) <= {"none"}:
+        caps["R"] = (None, None, 1)
     dom, bounded_by = _domains(rows, start, caps)
     for var in ("P", "V"):          # their candidates come from the layouts' padded counts
         bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
@@ -433,6 +445,24 @@ def build_space(inst: Instance) -> SearchSpace:
     modes = c.recompute_modes
     if not modes:
         why.append("constraints.recompute allows no mode")
+    fw = framework_of(c.framework) if c.framework else None
+    shardings = c.sharding_modes
+    if fw is not None:
+        refused = [m for m in shardings if m not in fw.sharding_modes]
+        shardings = tuple(m for m in shardings if m in fw.sharding_modes)
+        if not shardings:
+            why.append(f"constraints.framework = \"{fw.name}\" runs dp_sharding "
+                       f"{' | '.join(fw.sharding_modes)}, not {' | '.join(refused)}")
+        if not fw.hsdp:
+            if c.dp_shard_size is not None and c.dp is not None and c.dp_shard_size != c.dp:
+                why.append(f"constraints.framework = \"{fw.name}\" has no HSDP: "
+                           "dp_shard_size must be dp")
+    if c.dp_shard_size is not None:      # a shard group size asks for a sharded mode
+        shardings = tuple(m for m in shardings if m != "none")
+    if not shardings and fw is None:
+        why.append("constraints.dp_sharding allows no mode"
+                   + (" (constraints.dp_shard_size needs a sharded mode)"
+                      if c.dp_shard_size is not None else ""))
     if why:
         raise InfeasibleError("the constraints leave no plan", why)
 
@@ -471,21 +501,39 @@ def build_space(inst: Instance) -> SearchSpace:
     tp_spans = not c.tp_within_node and max(dom["T"], default=1) > 1 and not sp_needed
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else \
         ((True, False) if tp_spans else (True,))
-    do_vals = (c.distributed_optimizer,) if c.distributed_optimizer is not None else (True,)
+    # The data-parallel sharding mode is compared, never assumed: sharding the gradients or
+    # the parameters costs collectives per micro-batch (docs/model.md, "Data-parallel
+    # sharding"). The HSDP shard group is the degree R. The reshard policy exists only when
+    # the parameters are sharded: the [constraints] pin, else the framework's default policy
+    # (reshard without pipeline parallelism, not with it), which the model reads off the
+    # pipeline degree, so it is no categorical choice of its own. Plain data parallelism
+    # (none) is left out where the distributed optimizer dominates it: without overlap of the
+    # data-parallel collectives, its reduce-scatter + all-gather at R = 1 move no more bytes in
+    # the same ring steps and it holds less memory (tests/test_dominance.py).
+    shard_choices = [(mode, c.reshard_after_forward if mode == "optim_grads_params" else False)
+                     for mode in shardings]
+    overlapped = any(overlaps[o][0] for o in ("overlap_grad_reduce", "overlap_param_gather"))
+    if not overlapped and "optim" in shardings and c.distributed_optimizer is None:
+        shard_choices = [sc for sc in shard_choices if sc[0] != "none"]
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
-    combos = [Knobs(r, s, o, **dict(zip(OVERLAP_KNOBS, ov)), first_short=lay[0],
-                    last_short=lay[1], account_for_embedding=lay[2], account_for_loss=lay[3],
-                    paced=paced)
-              for r, s, o, lay, *ov in itertools.product(modes, sp_vals, do_vals, lays,
-                                                         *overlaps.values())]
-    dims = {"recompute": modes, "sequence_parallel": sp_vals, "distributed_optimizer": do_vals,
+    combos = [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
+                    reshard_after_forward=rf,
+                    first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
+                    account_for_loss=lay[3], paced=paced)
+              for r, s, (mode, rf), lay, *ov in itertools.product(modes, sp_vals, shard_choices,
+                                                                  lays, *overlaps.values())]
+    dims = {"recompute": modes, "sequence_parallel": sp_vals,
+            "sharding_choice": tuple(shard_choices),
             "layout": tuple(lays),      # one dimension: its four fields vary together
             **overlaps}
     caps_on_forms = []
     if c.dp is not None or c.max_dp is not None:
         mono, coef = symbols(inst).dp.single_form()
         caps_on_forms.append(("dp", mono, coef, c.dp, c.dp or c.max_dp))
+    if c.dp_shard_size is not None:
+        mono, coef = symbols(inst).dp_shard.single_form()
+        caps_on_forms.append(("dp_shard_size", mono, coef, c.dp_shard_size, c.dp_shard_size))
     return SearchSpace(inst, primes, base, fixed, cons, combos, dims, caps_on_forms,
                        implications, layout_pairs=pairs)
 
@@ -731,15 +779,14 @@ def space_size(space: SearchSpace) -> dict[str, int]:
     """The size of the space a question ranges over, counted over the rules (never listed):
     ``space_points``, the assignments of the base variables that keep the structural rules
     (every global batch of a range); ``space_combos``, the knob combinations the constraints
-    allow, counting the values the search fixes because they dominate (sequence parallelism
-    and the distributed optimizer, see :func:`build_space`); ``space_plans``, the plans (an
+    allow, counting the values the search fixes because they dominate (sequence parallelism,
+    see :func:`build_space`); ``space_plans``, the plans (an
     assignment with a knob combination it admits: MoE layers with tp > 1 need sequence
     parallelism)."""
     c = space.inst.spec.constraints
     # a knob free in the constraints but fixed by dominance counts both of its values
     free_sp = c.sequence_parallel is None and len(space.dims["sequence_parallel"]) == 1
-    free_do = c.distributed_optimizer is None and len(space.dims["distributed_optimizer"]) == 1
-    combos = len(space.combos) * (2 if free_sp else 1) * (2 if free_do else 1)
+    combos = len(space.combos) * (2 if free_sp else 1)
     needs_sp = c.sequence_parallel is None and any(
         r.kind == "needs_knob" and r.knob == "sequence_parallel" for r in rules_for(space.inst))
     # one count by (T, P, V) serves all three figures: the layouts' pairs and the tp = 1 rule

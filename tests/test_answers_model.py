@@ -80,12 +80,15 @@ def test_plan_knobs_default_to_what_solve_searches():
 
 
 def test_evaluate_of_the_optimum_degrees_reproduces_solve():
-    """Write solve's degrees into [plan] without the two knobs: evaluate gives solve's numbers."""
+    """Write solve's degrees and sharding into [plan] without sequence parallelism (its default
+    is the search's): evaluate gives solve's numbers. (The sharding mode has no such default:
+    the search compares every mode.)"""
     inst = parse_instance(BASE)
     best = solve(inst, solver="enumerate").report
     p = best.plan
     spec = PlanSpec(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, vp=p.vp, micro_batch=p.micro_batch,
-                    recompute=p.recompute)
+                    recompute=p.recompute, dp_sharding=p.dp_sharding,
+                    dp_shard_size=p.dp_shard_size, reshard_after_forward=p.reshard_after_forward)
     rep = evaluate(inst, plan_from_spec(inst, spec))
     assert rep.step_time_s == pytest.approx(best.step_time_s, rel=1e-12)
     assert rep.memory_gib["total"] == pytest.approx(best.memory_gib["total"], rel=1e-12)

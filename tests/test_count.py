@@ -39,23 +39,25 @@ def test_counts_match_the_enumerated_points(inst):
 
 
 def test_plans_count_every_knob_value_and_the_moe_rule():
-    """12 knob combinations per pipeline layout (3 recompute modes x sequence parallelism x
-    distributed optimizer, the two the search fixes by dominance counted too); on a MoE model
+    """3 recompute modes x the sharding choices x sequence parallelism per pipeline layout
+    (sequence parallelism, which the search fixes by dominance, counted too); on a MoE model
     sequence parallelism off is a plan only at tp = 1."""
     inst = parse_instance(TINY_MOE)
     space = build_space(inst)
     every = feasible_points(space, dominant_batch=False)
     size = space_size(space)
-    # per pipeline layout (each admits its own pp, vp pairs): the 3 modes x 2 x 2
+    # per pipeline layout (each admits its own pp, vp pairs): the 3 modes x sharding x 2
     layouts = {layout_key(k) for k in space.combos}
-    assert size["space_points"] == len(every["T"]) and size["space_combos"] == 12 * len(layouts)
+    shardings = len(space.dims["sharding_choice"])
+    assert size["space_points"] == len(every["T"])
+    assert size["space_combos"] == 3 * shardings * 2 * len(layouts)
     expected = 0
-    for k in space.combos:                        # each: sp and the optimizer on / off
+    for k in space.combos:                        # each: sp on / off
         pairs = space.layout_pairs[layout_key(k)]
         pv = zip(every["P"].tolist(), every["V"].tolist())
         ok = np.array([(p, v) in pairs for p, v in pv])
         tp1 = int((ok & (every["T"] == 1)).sum())
-        expected += tp1 * 4 + (int(ok.sum()) - tp1) * 2
+        expected += tp1 * 2 + (int(ok.sum()) - tp1)
     assert size["space_plans"] == expected
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import tomllib
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from planner.app.emit import FORMATS, emit
+from planner.model.frameworks import SHARDING_MODES, framework_violations
 from planner.model.errors import InputError
 from planner.model.instance import Instance, load_instance
 from planner.model.plan import ORDER, Plan, default_placement, plan_from_spec
@@ -33,6 +35,12 @@ CASES = {
     "llama3-70b": ("llama3-70b-h100.toml", None, {}),
     # data parallel only, no pipeline: torchtitan accumulates gradients
     "gpt-1.3b": ("gpt-1.3b-1node.toml", None, {}),
+    # fully sharded (FSDP2), and HSDP with the shard group inside a node
+    "llama3-70b-fsdp": ("llama3-70b-h100.toml", None, {"dp_sharding": "optim_grads_params"}),
+    "gpt3-175b-hsdp": ("gpt3-175b-a100.toml", None,
+                       {"tp": 8, "pp": 1, "dp": 128, "vp": 1, "micro_batch": 1,
+                        "dp_sharding": "optim_grads_params", "dp_shard_size": 16,
+                        "reshard_after_forward": False}),
     "gpt-1.3b-fp16-ddp": ("gpt-1.3b-1node.toml", "fp16",
                           {"distributed_optimizer": False, "recompute": "selective", "micro_batch": 4}),
     # a pipeline without interleaving, placement in tp-pp-dp order
@@ -110,6 +118,8 @@ def comment_text(text: str) -> str:
 
 def test_megatron(case):
     inst, plan = case
+    if _refused(inst, plan, "megatron"):
+        return
     m, prec = inst.model, inst.spec.training.precision
     a = parse_megatron(emit(inst, plan, "megatron"))
     assert a["--tensor-model-parallel-size"] == str(plan.tp)
@@ -125,6 +135,11 @@ def test_megatron(case):
     # parallelism"
     assert a.get("--sequence-parallel", False) is (plan.sequence_parallel and plan.tp > 1)
     assert a.get("--use-distributed-optimizer", False) is plan.distributed_optimizer
+    fsdp = plan.dp_sharding in ("optim_grads", "optim_grads_params")
+    assert a.get("--data-parallel-sharding-strategy") == (plan.dp_sharding if fsdp else None)
+    assert a.get("--use-megatron-fsdp", False) is fsdp
+    assert a.get("--num-distributed-optimizer-instances") == (
+        str(plan.dp_replicate) if plan.distributed_optimizer and plan.dp_replicate > 1 else None)
     text = emit(inst, plan, "megatron")
     env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text.splitlines()
     assert env is (plan.tp > 1 or plan.cp > 1)
@@ -152,6 +167,8 @@ def test_megatron(case):
 
 def test_megatron_comments_size_and_rank_order(case):
     inst, plan = case
+    if _refused(inst, plan, "megatron"):
+        return
     text = emit(inst, plan, "megatron")
     comments = comment_text(text)
     assert f"{plan.nodes} node" in comments and f"x {inst.node_size} GPUs per node" in comments
@@ -164,6 +181,8 @@ def test_megatron_comments_size_and_rank_order(case):
 
 def test_nemo(case):
     inst, plan = case
+    if _refused(inst, plan, "nemo"):
+        return
     m, prec = inst.model, inst.spec.training.precision
     y = parse_yaml(emit(inst, plan, "nemo"))
     assert y["trainer.num_nodes"] == plan.nodes
@@ -192,15 +211,32 @@ def test_nemo(case):
     assert y["optim.config.bf16"] is (prec != "fp16") and y["optim.config.fp16"] is (prec == "fp16")
 
 
+def _refused(inst, plan, fmt) -> bool:
+    """A plan the framework cannot run: the export is an error that names the rule."""
+    rules = framework_violations(fmt, plan)
+    if rules:
+        with pytest.raises(InputError) as err:
+            emit(inst, plan, fmt)
+        assert all(r in str(err.value) for r in rules)
+    return bool(rules)
+
+
 def test_torchtitan(case):
     inst, plan = case
     m, prec = inst.model, inst.spec.training.precision
+    if _refused(inst, plan, "torchtitan"):      # ZeRO-1/2, or DDP beside other parallelism
+        assert plan.dp_sharding in ("optim", "optim_grads") or max(plan.tp, plan.pp) > 1
+        return
     text = emit(inst, plan, "torchtitan")
     t = tomllib.loads(text)
     p, tr = t["parallelism"], t["training"]
     assert p["data_parallel_shard_degree"] * p["data_parallel_replicate_degree"] == plan.dp
-    if plan.distributed_optimizer:
-        assert p["data_parallel_shard_degree"] == plan.dp       # FSDP shards the optimizer state
+    if plan.dp_sharding == "optim_grads_params":        # the mode the model costed: FSDP2
+        assert p["data_parallel_shard_degree"] == plan.dp_shard_size
+        assert p["fsdp_reshard_after_forward"] == ("always" if plan.reshard_after_forward
+                                                   else "never")
+    else:
+        assert p["data_parallel_shard_degree"] == 1
     assert p["tensor_parallel_degree"] == plan.tp
     assert p["pipeline_parallel_degree"] == plan.pp
     assert p["context_parallel_degree"] == plan.cp
@@ -226,8 +262,7 @@ def test_torchtitan(case):
     assert fp8 is (prec == "fp8")
     assert ("float8" in t.get("quantize", {}).get("linear", {})) is (prec == "fp8")
     comments = comment_text(text)
-    assert "distributed optimizer" in comments
-    assert ("FSDP2" in comments) is (plan.distributed_optimizer or max(plan.tp, plan.pp, plan.cp) > 1)
+    assert f"dp_sharding {plan.dp_sharding}" in comments
     if plan.tp > 1:
         assert "sequence parallel: " + ("on" if plan.sequence_parallel else "off") in comments
     if prec == "fp16":
@@ -237,6 +272,8 @@ def test_torchtitan(case):
 def test_deepspeed(case):
     inst, plan = case
     prec = inst.spec.training.precision
+    if _refused(inst, plan, "deepspeed"):       # ZeRO-2/3 with pp > 1, or HSDP
+        return
     d = json.loads(emit(inst, plan, "deepspeed"))
     assert d["train_batch_size"] == plan.global_batch
     assert d["train_micro_batch_size_per_gpu"] == plan.micro_batch
@@ -245,7 +282,7 @@ def test_deepspeed(case):
                                      * d["gradient_accumulation_steps"] * plan.dp)
     assert d["bf16"]["enabled"] is (prec != "fp16")
     assert d["fp16"]["enabled"] is (prec == "fp16")
-    assert d["zero_optimization"]["stage"] == (1 if plan.distributed_optimizer else 0)
+    assert d["zero_optimization"]["stage"] == SHARDING_MODES.index(plan.dp_sharding)
     # partition_activations shards checkpoints, it does not recompute: always off; the model
     # code enables recompute, and the export says how
     assert d["activation_checkpointing"]["partition_activations"] is False
@@ -267,6 +304,8 @@ def test_deepspeed(case):
 def test_every_format_ends_with_newline(case):
     inst, plan = case
     for fmt in FORMATS:
+        if _refused(inst, plan, fmt):
+            continue
         text = emit(inst, plan, fmt)
         assert text.endswith("\n") and not text.endswith("\n\n"), fmt
 
@@ -339,7 +378,8 @@ def test_moe_other_formats():
     assert y["model.config.moe_token_dispatcher_type"] == "alltoall"
     assert y["model.config.moe_grouped_gemm"] is True
     assert json.loads(str(y["model.config.moe_layer_freq"])).count(1) == inst.model.moe_layers
-    t = tomllib.loads(emit(inst, plan, "torchtitan"))
+    fsdp = dataclasses.replace(plan, dp_sharding="optim_grads_params")  # what torchtitan runs
+    t = tomllib.loads(emit(inst, fsdp, "torchtitan"))
     assert t["parallelism"]["expert_parallel_degree"] == plan.ep
     assert t["parallelism"]["expert_tensor_parallel_degree"] == 1
     d = json.loads(emit(inst, plan, "deepspeed"))
@@ -349,7 +389,8 @@ def test_moe_other_formats():
 def test_dense_model_has_no_expert_keys():
     inst = _inst("gpt3-175b-a100.toml")
     plan = plan_from_spec(inst, inst.spec.plan)
-    text = "\n".join(emit(inst, plan, f) for f in FORMATS)
+    fsdp = dataclasses.replace(plan, dp_sharding="optim_grads_params")  # what torchtitan runs
+    text = "\n".join(emit(inst, fsdp if f == "torchtitan" else plan, f) for f in FORMATS)
     assert "expert" not in text.lower()
 
 
@@ -371,7 +412,9 @@ def test_exports_carry_the_overlaps_the_model_costs(on):
     assert nemo["trainer.strategy.ddp.overlap_param_gather"] is on
     assert nemo["model.config.tp_comm_overlap"] is on
     assert nemo["model.config.overlap_p2p_comm"] is on
-    titan = emit(inst, plan, "torchtitan")
+    # (torchtitan runs the plan's data parallelism as FSDP2: the same plan fully sharded)
+    titan = emit(inst, plan_from_spec(inst, inst.spec.plan, **knobs,
+                                      dp_sharding="optim_grads_params"), "torchtitan")
     assert tomllib.loads(titan)["parallelism"]["enable_async_tensor_parallel"] is on
     assert ("overlap_p2p_comm: cannot express" in comment_text(titan)) == on
     ds = json.loads(emit(inst, plan, "deepspeed"))

@@ -30,7 +30,9 @@ def test_batch_that_no_dp_divides():
 def test_weights_alone_do_not_fit_and_divisibility_restricts_pp():
     msg = explain({"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": [1024, 8192]},
                    "cluster": {"gpu": "a100-80gb", "gpus": 5128},
-                   "constraints": {"tp_within_node": False}})     # TP may cross nodes
+                   # TP may cross nodes; replicated parameters (sharded ones fit: ZeRO-3 on
+                   # 5128 GPUs needs 1.9 GiB per GPU for the states)
+                   "constraints": {"tp_within_node": False, "dp_sharding": ["none", "optim"]}})
     assert "weights + gradients + optimizer states alone need" in msg
     # 105 layers: pp = 2 only with an uneven layout (106 = 2 x 53, one stage one layer short)
     assert "pp can only be [1, 2]" in msg and "105 layers" in msg
@@ -40,7 +42,8 @@ def test_weights_alone_do_not_fit_and_divisibility_restricts_pp():
 def test_a_lifted_constraint_is_suggested():
     msg = explain({"model": {"preset": "gpt3-175b"}, "training": {"global_batch": 512},
                    "cluster": {"gpu": "a100-80gb", "nodes": 32},
-                   "constraints": {"max_pp": 1, "max_tp": 8, "tp_within_node": False}})
+                   "constraints": {"max_pp": 1, "max_tp": 8, "tp_within_node": False,
+                                   "dp_sharding": "optim"}})
     assert "no plan fits in GPU memory" in msg
     assert "nearest change: lift constraints.max_pp = 1" in msg
     assert "nearest change: lift constraints.max_tp = 8" in msg

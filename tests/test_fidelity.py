@@ -72,7 +72,14 @@ def test_top5_lists_distinct_plans():
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     times = [p["step_time_s"] for p in data["top"]]
-    assert len(times) == 5 and len(set(round(t, 9) for t in times)) == 5
+    assert len(times) == 5
+    # equal step times only between sharding modes that move the same bytes (ZeRO-2 reduced
+    # once per step keeps its gradients whole over the micro-batches: ZeRO-1's time, more
+    # memory), never between recompute modes of the same degrees
+    for a, b in zip(data["top"], data["top"][1:]):
+        if round(a["step_time_s"], 9) == round(b["step_time_s"], 9):
+            pa, pb = a["plan"], b["plan"]
+            assert pa["recompute"] == pb["recompute"] and pa["dp_sharding"] != pb["dp_sharding"]
 
 
 def test_cp_exchange_shows_in_the_breakdown():

@@ -133,7 +133,9 @@ def test_exports_carry_the_layout():
     meg = emit(inst, plan, "megatron")
     assert "--decoder-first-pipeline-num-layers 7" in meg
     assert "--decoder-last-pipeline-num-layers 7" in meg
-    tt = emit(inst, plan, "torchtitan")
+    # (torchtitan runs data parallelism as FSDP2: the same plan fully sharded)
+    tt = emit(inst, plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params"),
+              "torchtitan")
     assert "pipeline_parallel_first_stage_less_layers = 1" in tt
     assert "pipeline_parallel_layers_per_stage = 8" in tt
     ds = json.loads(emit(inst, plan, "deepspeed"))
@@ -165,7 +167,10 @@ def test_partial_recompute_lies_between_none_and_full():
     assert len(set(round(t, 9) for t in times)) == 4
     meg = emit(inst, parts[0].plan, "megatron")
     assert "--recompute-method block" in meg and "--recompute-num-layers 1" in meg
-    assert "cannot express" in emit(inst, parts[0].plan, "torchtitan")
+    fsdp = plan_from_spec(inst, inst.spec.plan.model_copy(update={
+        "recompute": "full", "recompute_layers": parts[0].plan.recompute_layers}),
+        dp_sharding="optim_grads_params")
+    assert "cannot express" in emit(inst, fsdp, "torchtitan")
     bad = plan_from_spec(inst, inst.spec.plan.model_copy(update={"recompute_layers": 9}))
     from planner.model.plan import layout_violations
     assert any("exceeds the 8 layers" in v for v in layout_violations(inst, bad))

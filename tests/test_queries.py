@@ -135,7 +135,8 @@ def test_top_k_is_ordered_and_distinct(backend):
     ranked = queries.top_k(inst, 4, solver=backend)
     assert len(ranked) == 4
     objs = [r.objective for r in ranked]
-    assert objs == sorted(objs)
+    # (equal times, e.g. ZeRO-1 and ZeRO-2 reduced once per step, may differ in the last bits)
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(objs, objs[1:])), objs
     keys = {(tuple(sorted(r.choice.items())), r.knobs) for r in ranked}
     assert len(keys) == 4
 

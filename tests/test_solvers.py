@@ -4,11 +4,14 @@ an ERROR status, which these tests reject).
 
 Random small instances cover every knob the search space has: non-power-of-two degrees, GQA,
 gated MLPs, FP8, recompute / sequence parallelism / distributed optimizer choices (free or
-pinned), context parallelism, global-batch ranges, overlap maxima, within-node constraints and
+pinned), data-parallel sharding modes, reshard policy, HSDP group sizes (free: the replica
+count is a base variable), frameworks and gradient-reduction dtypes, context parallelism, global-batch ranges, overlap maxima, within-node constraints and
 memory limits tight enough to bind.
 """
 
 from __future__ import annotations
+
+from planner.model.frameworks import FRAMEWORKS
 
 import math
 import re
@@ -57,8 +60,19 @@ def instances(draw):
                                                          ["selective", "full"]]))
     if draw(st.integers(0, 3)) == 0:
         constraints["sequence_parallel"] = draw(st.booleans())
-    if draw(st.integers(0, 3)) == 0:
+    pick = draw(st.integers(0, 7))
+    if pick == 0:
         constraints["distributed_optimizer"] = draw(st.booleans())
+    elif pick == 1:       # data-parallel sharding: a mode, a set of modes, the reshard policy
+        constraints["dp_sharding"] = draw(st.sampled_from(
+            ["optim_grads", "optim_grads_params", ["none", "optim_grads_params"]]))
+    elif pick == 2:
+        constraints["reshard_after_forward"] = draw(st.booleans())
+    elif pick == 3:       # an HSDP shard group: the replica count becomes a base variable
+        constraints["dp_shard_size"] = draw(st.sampled_from([1, 2, 4]))
+    if draw(st.integers(0, 3)) == 0:      # a framework's rules and defaults
+        constraints["framework"] = draw(st.sampled_from(
+            ["megatron", "nemo", "torchtitan", "deepspeed"]))
     if draw(st.integers(0, 3)) == 0:
         constraints["max_tp"] = draw(st.sampled_from([1, 2, 4]))
     if draw(st.integers(0, 4)) == 0:
@@ -66,6 +80,9 @@ def instances(draw):
     for knob in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                  "overlap_p2p_comm"):
         constraints[knob] = draw(st.sampled_from([False, False, True]))
+        if "framework" in constraints and knob not in \
+                FRAMEWORKS[constraints["framework"]].overlaps_expressible:
+            constraints[knob] = False          # (a switch the framework has not: an error)
     if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
         constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
     reserve = constraints["memory_reserve_GiB"]
@@ -86,6 +103,8 @@ def instances(draw):
                   "tied_embeddings": draw(st.booleans()),
                   "dropout": draw(st.booleans())},
         "training": {"global_batch": gb, "precision": precision,
+                     **({"grad_reduce_dtype": draw(st.sampled_from(["fp32", "bf16"]))}
+                        if draw(st.integers(0, 3)) == 0 else {}),
                      "flash_attention": draw(st.booleans()),
                      "bubble_ratio": draw(st.sampled_from([1.0, 0.5]))},
         "cluster": cluster,

@@ -151,7 +151,12 @@ def evaluate(
     sequence_parallel: Annotated[bool | None, typer.Option(
         "--sp/--no-sp", help="sequence parallelism")] = None,
     distributed_optimizer: Annotated[bool | None, typer.Option(
-        "--distributed-optimizer/--no-distributed-optimizer")] = None,
+        "--distributed-optimizer/--no-distributed-optimizer",
+        help="dp_sharding optim / none")] = None,
+    dp_sharding: Annotated[str | None, typer.Option(
+        help="none | optim | optim_grads | optim_grads_params")] = None,
+    dp_shard_size: Annotated[int | None, typer.Option(
+        min=1, help="HSDP shard group size (a divisor of dp)")] = None,
     overlap_grad_reduce: Annotated[bool | None, typer.Option(
         "--overlap-grad-reduce/--no-overlap-grad-reduce")] = None,
     overlap_param_gather: Annotated[bool | None, typer.Option(
@@ -182,6 +187,14 @@ def evaluate(
         if recompute is not None and recompute not in RECOMPUTE_MODES:
             raise InputError(f"--recompute: expected one of {', '.join(RECOMPUTE_MODES)}, "
                              f"got \"{recompute}\"")
+        from planner.model.frameworks import SHARDING_MODES
+        if dp_sharding is not None and dp_sharding not in SHARDING_MODES:
+            from planner.model.errors import InputError
+
+            raise InputError(f"--dp-sharding: expected one of {', '.join(SHARDING_MODES)}, "
+                             f"got \"{dp_sharding}\"")
+        if distributed_optimizer is not None and dp_sharding is None:
+            dp_sharding = "optim" if distributed_optimizer else "none"
         inst = _load(file, nodes)
         spec = _plan_section(inst, given=(tp, pp, dp, cp))
         plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, vp=vp,
@@ -190,7 +203,8 @@ def evaluate(
                               distributed_optimizer=distributed_optimizer,
                               overlap_grad_reduce=overlap_grad_reduce,
                               overlap_param_gather=overlap_param_gather,
-                              tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm)
+                              tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm,
+                              dp_sharding=dp_sharding, dp_shard_size=dp_shard_size)
         bad_layout = layout_violations(inst, plan)
         if bad_layout:
             raise InputError("[plan]: " + "; ".join(bad_layout))
@@ -356,6 +370,11 @@ def solve(
         _check_emit(emit, emit_to)
         inst = _load(file, nodes)
         _single_size(inst, nodes)
+        if emit and inst.spec.constraints.framework is None:
+            # the plan will run on that framework: search what it runs, with its defaults, so
+            # the export says the mode the model costed
+            inst = inst.with_spec(constraints=inst.spec.constraints.model_copy(
+                update={"framework": emit}))
         if top > 1:
             ranked = queries.top_k(inst, top, solver=solver, time_limit=time_limit)
             res = ranked[0]

@@ -77,9 +77,21 @@ sequence_parallel
     ``--sequence-parallel`` | ``trainer.strategy.sequence_parallel`` | none: always on under
     tensor parallelism in 0.2 | ``plan_parallelism.sequence_parallel`` (*); only with tp > 1
     (Megatron-Core refuses sequence parallelism without tensor parallelism), false at tp = 1
-distributed_optimizer
-    ``--use-distributed-optimizer`` | ``optim.config.use_distributed_optimizer`` | none: FSDP2
-    always shards optimizer state | ``zero_optimization.stage`` 1 (on) / 0 (off)
+dp_sharding (distributed_optimizer = optim), dp_shard_size, reshard_after_forward
+    optim: ``--use-distributed-optimizer``; optim_grads / optim_grads_params: also
+    ``--use-megatron-fsdp --data-parallel-sharding-strategy MODE
+    --no-gradient-accumulation-fusion``; HSDP replicas ``--num-distributed-optimizer-instances``;
+    16-bit reduction ``--grad-reduce-in-bf16`` | ``optim.config.use_distributed_optimizer``,
+    ``trainer.strategy.fsdp = megatron``, ``trainer.strategy.ddp.data_parallel_sharding_strategy``
+    / ``grad_reduce_in_fp32`` / ``num_distributed_optimizer_instances`` | none: DDP
+    (``data_parallel_replicate_degree = dp``, only without other parallelism);
+    optim_grads_params: FSDP2 ``data_parallel_shard_degree = dp_shard_size``,
+    ``data_parallel_replicate_degree = dp / dp_shard_size``, ``fsdp_reshard_after_forward``
+    always / never, ``training.mixed_precision_reduce``; optim and optim_grads: an error
+    (torchtitan has no such mode) | ``zero_optimization.stage`` 0-3 and
+    ``communication_data_type``; stage 2/3 with pp > 1 and HSDP are errors. Every export says
+    the mode the model costed; a mode the framework cannot run is an error naming the rule
+    (:func:`planner.model.frameworks.framework_violations`).
 precision
     ``--bf16`` / ``--fp16`` / ``--bf16 --fp8-format hybrid`` | ``trainer.plugins.precision``
     (bf16-mixed / 16-mixed) and ``trainer.plugins.fp8`` (hybrid) |
@@ -116,9 +128,7 @@ num_stages=...)``, Ulysses' sequence-parallel group); the plan's values sit unde
 ``pipeline`` section has no stage-count key the engine uses, and ``tensor_parallel.autotp_size``
 is AutoTP for Hugging Face models, not Megatron-style tensor parallelism.)
 
-torchtitan: the distributed optimizer has no switch because FSDP2 always shards the optimizer
-state, and the parameters and gradients too (ZeRO-3 style), so torchtitan needs no more memory
-than the plan counts but adds parameter all-gathers; fp16 is not offered (bf16 is emitted); the
+torchtitan: fp16 is not offered (bf16 is emitted); the
 model shape comes from ``[model] name/flavor``, not from the job config.
 """
 
@@ -129,6 +139,8 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
+from planner.model.frameworks import SHARDING_MODES, framework_violations
+from planner.model.terms import reduce_dtype
 from planner.model.instance import Instance
 from planner.model.plan import Plan, default_placement
 from planner.model.rules import violations
@@ -158,7 +170,7 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     except (KeyError, TypeError):
         raise InputError(f"unknown launch format \"{fmt}\"; expected one of: "
                          + ", ".join(FORMATS)) from None
-    problems = _launch_problems(inst, plan)
+    problems = _launch_problems(inst, plan) + framework_violations(fmt, plan)
     if problems:
         raise InputError(f"plan {plan.label()} cannot be written as a {fmt} launch", problems)
     return writer(inst, plan)
@@ -334,8 +346,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     args += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
     if _sp(plan):                                  # Megatron-Core: SP needs TP
         args.append("--sequence-parallel")
-    if plan.distributed_optimizer:
-        args.append("--use-distributed-optimizer")
+    args += _megatron_sharding(inst, plan, comments)
     if plan.recompute == "selective":
         args.append("--recompute-activations")
     elif plan.recompute == "full" and plan.recompute_layers:
@@ -408,6 +419,31 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     lines = _comments(comments) + env
     lines += [a + " \\" for a in args[:-1]] + [args[-1]]
     return "\n".join(lines) + "\n"
+
+
+def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[str]:
+    """The sharding mode as Megatron-LM arguments: ``--use-distributed-optimizer`` (optim), the
+    Megatron-FSDP switch with ``--data-parallel-sharding-strategy`` (optim_grads,
+    optim_grads_params; Megatron-FSDP user guide: it needs the distributed optimizer and
+    ``--no-gradient-accumulation-fusion``), the shard group's replicas
+    (``--num-distributed-optimizer-instances``) and ``--grad-reduce-in-bf16``."""
+    mode, args = plan.dp_sharding, []
+    if mode in ("optim_grads", "optim_grads_params"):
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {mode}",
+                 "--no-gradient-accumulation-fusion"]
+        if mode == "optim_grads_params" and not plan.reshard_after_forward:
+            comments.append("the plan keeps gathered parameters from forward to backward "
+                            "(reshard_after_forward = false); Megatron-FSDP has no switch for it "
+                            "here: expect its default policy")
+    if mode != "none":
+        args.append("--use-distributed-optimizer")
+    if mode != "none" and plan.dp_replicate > 1:
+        comments.append(f"HSDP: shard group of {plan.dp_shard_size} data-parallel ranks, "
+                        f"{plan.dp_replicate} replicas across nodes")
+        args.append(f"--num-distributed-optimizer-instances {plan.dp_replicate}")
+    if reduce_dtype(inst) == "bf16" and inst.spec.training.precision != "fp16":
+        args.append("--grad-reduce-in-bf16")
+    return args
 
 
 # ------------------------------------------------------------------------------------------ NeMo
@@ -495,14 +531,24 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"expert_model_parallel_size": _ep(plan), "expert_tensor_parallel_size": 1}
                    if _moe(inst) else {}),
                 "sequence_parallel": _sp(plan),
-                # MegatronStrategy(ddp=DistributedDataParallelConfig(...)): Megatron-Core's
-                # data-parallel overlap switches
-                "ddp": {"overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
-                        "overlap_param_gather": _overlaps(plan)["overlap_param_gather"]},
                 # MegatronStrategy(pipeline_dtype: torch.dtype): the dtype of the activations
                 # passed between pipeline stages
                 **({"pipeline_dtype": "torch.float16" if precision == "fp16" else "torch.bfloat16"}
                    if plan.pp > 1 else {}),
+                # MegatronStrategy(fsdp="megatron", ddp=DistributedDataParallelConfig(...)):
+                # Megatron-Core's data-parallel overlap switches, sharding strategy and
+                # gradient reduction dtype
+                **({"fsdp": "megatron"}
+                   if plan.dp_sharding in ("optim_grads", "optim_grads_params") else {}),
+                "ddp": {
+                    "overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
+                    "overlap_param_gather": _overlaps(plan)["overlap_param_gather"],
+                    "data_parallel_sharding_strategy": {"none": "no_shard"}.get(
+                        plan.dp_sharding, plan.dp_sharding),
+                    "grad_reduce_in_fp32": reduce_dtype(inst) == "fp32",
+                    **({"num_distributed_optimizer_instances": plan.dp_replicate}
+                       if plan.dp_sharding != "none" and plan.dp_replicate > 1 else {}),
+                },
             },
             "plugins": {
                 "precision": "16-mixed" if precision == "fp16" else "bf16-mixed",
@@ -566,16 +612,15 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         f"ffn {m.ffn}, vocab {m.vocab}"
         + (", {experts} experts, top-{top_k}, expert ffn {ffn}".format(**_moe(inst)) if _moe(inst) else "")
         + ") comes from [model] name/flavor: register a matching flavor")
-    ddp = not plan.distributed_optimizer and plan.tp == plan.pp == plan.cp == 1
-    if plan.distributed_optimizer:
-        comments.append("distributed optimizer: implicit, FSDP2 shards optimizer state (and "
-                        "parameters and gradients) over data_parallel_shard_degree")
-    elif ddp:
-        comments.append("no distributed optimizer: plain DDP (data_parallel_replicate_degree)")
+    # the plan's mode is one torchtitan runs (emit() refused the others): plain DDP without
+    # other parallelism, or FSDP2 / HSDP (optim_grads_params)
+    ddp = plan.dp_sharding == "none"
+    if ddp:
+        comments.append("dp_sharding none: plain DDP (data_parallel_replicate_degree)")
     else:
-        comments.append("no distributed optimizer in the plan, but torchtitan combines tensor/"
-                        "pipeline/context parallelism only with FSDP2, which shards the optimizer "
-                        "state anyway (less memory than planned, extra parameter all-gathers)")
+        comments.append(f"dp_sharding optim_grads_params: FSDP2 over {plan.dp_shard_size} ranks"
+                        + (f", {plan.dp_replicate} replicas (HSDP)" if plan.dp_replicate > 1
+                           else ""))
     if plan.tp > 1:
         comments.append(f"sequence parallel: {'on' if plan.sequence_parallel else 'off'} in the "
                         "plan; torchtitan 0.2 always shards norms over the sequence under tensor "
@@ -624,15 +669,18 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         "global_batch_size": plan.global_batch,
         "seq_len": m.seq_len,
         "mixed_precision_param": "bfloat16",
+        "mixed_precision_reduce": "float32" if reduce_dtype(inst) == "fp32" else "bfloat16",
     }))
     par: dict[str, object] = {
-        "data_parallel_replicate_degree": plan.dp if ddp else 1,
-        "data_parallel_shard_degree": 1 if ddp else plan.dp,
+        "data_parallel_replicate_degree": plan.dp if ddp else plan.dp_replicate,
+        "data_parallel_shard_degree": 1 if ddp else plan.dp_shard_size,
         "tensor_parallel_degree": plan.tp,
         # async tensor parallelism (needs torch.compile) is torchtitan's tp_comm_overlap
         "enable_async_tensor_parallel": _overlaps(plan)["tp_comm_overlap"],
         "pipeline_parallel_degree": plan.pp,
     }
+    if not ddp:        # "default" would be true without pp, false with it: say the plan's
+        par["fsdp_reshard_after_forward"] = "always" if plan.reshard_after_forward else "never"
     if plan.pp > 1:
         par["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vp > 1 else "1F1B"
         par["pipeline_parallel_layers_per_stage"] = _layers_per_stage(inst, plan)
@@ -700,9 +748,12 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
         "gradient_accumulation_steps": int(plan.micro_batches),
         "bf16": {"enabled": precision in ("bf16", "fp8")},
         "fp16": {"enabled": precision == "fp16"},
+        # ZeRO stage = the sharding mode's index (none, optim, optim_grads, optim_grads_params);
         # overlap_comm: reduce gradients during the backward (DeepSpeed's overlap_grad_reduce)
-        "zero_optimization": {"stage": 1 if plan.distributed_optimizer else 0,
+        "zero_optimization": {"stage": SHARDING_MODES.index(plan.dp_sharding),
                               "overlap_comm": _overlaps(plan)["overlap_grad_reduce"]},
+        "communication_data_type": "fp32" if reduce_dtype(inst) == "fp32" else (
+            "fp16" if precision == "fp16" else "bf16"),
         # deepspeed/runtime/activation_checkpointing/config.py: these options shape the
         # checkpoints the model code makes; partition_activations shards the saved inputs over
         # the tensor-parallel group (a memory saving the plan does not count), so all stay off

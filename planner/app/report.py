@@ -82,6 +82,13 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
                f"{p.last_stage_layers or 'even'}")
         t.add_row("pipeline layout", f"{' '.join(str(n) for n in p.stage_layers)} decoder layers "
                   f"per rank ({how})")
+    shard = f"dp_sharding {p.dp_sharding}"
+    if p.dp_sharding != "none":
+        shard += f", shard group {p.dp_shard_size}" + (
+            f" x {p.dp_replicate} replicas (HSDP)" if p.dp_replicate > 1 else "")
+    if p.dp_sharding == "optim_grads_params":
+        shard += f", reshard after forward {'on' if p.reshard_after_forward else 'off'}"
+    t.add_row("sharding", shard)
     return t
 
 

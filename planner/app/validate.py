@@ -30,6 +30,7 @@ import numpy as np
 
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
+from planner.model.frameworks import FRAMEWORKS
 from planner.model.instance import Instance, parse_instance, read_toml
 from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.plan import plan_from_spec
@@ -37,6 +38,10 @@ from planner.model.schema import PlanSpec
 from planner.model.terms import step_terms
 
 PLAN_KEYS = set(PlanSpec.model_fields)
+#: a run's training code -> the framework whose rules and defaults it follows: llm-foundry trains
+#: with PyTorch FSDP, the data parallelism of torchtitan (sharding over dp, reduce-scatter after
+#: every backward, the fp32 master as the shard)
+RUN_FRAMEWORKS = {"llm-foundry": "torchtitan"}
 
 
 @dataclass
@@ -101,18 +106,22 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         raise InputError(f"run {rid}: plan.tp, plan.pp, plan.dp and plan.cp must be positive "
                          "whole numbers")
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
+    # a run on one of the frameworks the planner knows runs under its rules and defaults
+    framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
+    cons = {"framework": framework} if framework in FRAMEWORKS else {}
     inst = {
         "model": model,
         "training": {"global_batch": plan["global_batch"], "precision": run["precision"],
                      **run.get("training", {})},
         "cluster": {"gpu": run["gpu"], "gpus": gpus, **(overrides or {})},
+        "constraints": cons,
         "plan": plan,
     }
     if not LAYOUT_KEYS & set(plan):
         # a run that split its layers evenly is searched with even splits: its feature set
         # (Megatron-LM gained uneven first / last stages in 2024, after most of these runs),
         # as the ranking pins its recompute mode and overlaps
-        inst["constraints"] = {"max_stage_shortfall": 0}
+        inst["constraints"] = {**cons, "max_stage_shortfall": 0}
     return parse_instance(inst, f"run {rid}")
 
 

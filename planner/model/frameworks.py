@@ -15,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+#: The data-parallel sharding modes (Megatron-Core ``data_parallel_sharding_strategy`` names;
+#: ZeRO stages 0 to 3; FSDP full shard is ``optim_grads_params``)
+SHARDING_MODES: tuple[str, ...] = ("none", "optim", "optim_grads", "optim_grads_params")
+
 FrameworkName = Literal["megatron", "nemo", "torchtitan", "deepspeed"]
 
 
@@ -30,6 +34,27 @@ class Framework:
     overlaps_expressible: tuple[str, ...] = ()
     #: parameters per gradient bucket of its overlapped data-parallel reduction
     grad_bucket_params: int = 40_000_000
+
+    #: data-parallel sharding modes it runs
+    sharding_modes: tuple[str, ...] = SHARDING_MODES
+    #: modes it runs only without pipeline parallelism (pp = 1), with the reason
+    sharding_needs_no_pp: tuple[str, ...] = ()
+    sharding_no_pp_source: str = ""
+    #: ``none`` (plain DDP) only without tensor, pipeline and context parallelism
+    ddp_needs_1d: bool = False
+    #: whether it replicates shard groups (HSDP: dp_shard_size < dp)
+    hsdp: bool = True
+    #: sharded gradients are reduce-scattered after every micro-batch's backward (True) or once
+    #: per step after the last one (False: they accumulate unsharded in between)
+    reduce_every_microbatch: bool = False
+    #: default ``[training] grad_reduce_dtype`` ("fp32", or "bf16": the 16-bit training dtype)
+    grad_reduce_dtype: str = "fp32"
+    #: FSDP2 ``reshard_after_forward`` default: (without pipeline parallelism, with it)
+    reshard_after_forward: tuple[bool, bool] = (True, False)
+    #: with sharded parameters, a 16-bit shard besides the fp32 master (18 bytes per parameter
+    #: over the group: Megatron-FSDP, DeepSpeed ZeRO-3) or the fp32 master is the shard and
+    #: only the gathered layers are 16-bit (16 bytes: PyTorch FSDP's MixedPrecisionPolicy)
+    sharded_16bit_copy: bool = True
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -60,24 +85,57 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 # MegatronCommOverlapCallback sets 128 * 1024 * 1024 when dp > 1; torchtitan reduces per
 # transformer block (fully_shard / replicate per block: one layer, no other cap); DeepSpeed
 # zero_optimization.reduce_bucket_size defaults to 5e8 elements.
+#: Sources (checked in each framework's code):
+#: - Megatron-LM: ``--data-parallel-sharding-strategy {no_shard, optim, optim_grads,
+#:   optim_grads_params}`` with ``--use-megatron-fsdp`` (docs/discussions/megatron-fsdp-user-guide),
+#:   ``--use-distributed-optimizer`` for ``optim``; ``DistributedInitConfig.use_torch_fsdp2``
+#:   "FSDP2 is not currently working with Pipeline Parallel" (sharded gradients / parameters are
+#:   taken as pp = 1 only); the training loop reduces gradients once per step (``no_sync`` for
+#:   all micro-batches but the last); bf16 main gradients are fp32
+#:   (``accumulate_allreduce_grads_in_fp32`` is set by ``validate_args`` under ``--bf16``;
+#:   ``--grad-reduce-in-bf16`` switches it off); replicas of the shard group:
+#:   ``--num-distributed-optimizer-instances``.
+#: - NeMo 2: Megatron-Core underneath (``MegatronStrategy(ddp=DistributedDataParallelConfig)``);
+#:   its LLM recipes set ``grad_reduce_in_fp32 = True``.
+#: - torchtitan: FSDP2 (``fully_shard``) is its data parallelism; ``data_parallel_replicate_degree``
+#:   alone is DDP, which ``parallelize`` applies only without other parallelism ("DDP has not
+#:   supported > 1D parallelism"); ``mixed_precision_reduce = "float32"``;
+#:   ``fsdp_reshard_after_forward = "default"``: True without pipeline parallelism, False with it;
+#:   FSDP2 reduce-scatters each backward (gradient accumulation included).
+#: - DeepSpeed: ``zero_optimization.stage`` 0-3; ``PipelineEngine`` asserts ZeRO stage < 2
+#:   ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"); stage 2/3 reduce in every
+#:   backward (``reduce_ipg_grads``); ``communication_data_type`` defaults to the model dtype;
+#:   no replica groups of the ZeRO partition here (ZeRO++ hpZ is a secondary copy, not modelled).
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
                           overlap_defaults=(("overlap_p2p_comm", True),),
-                          overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=40_000_000),
+                          overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=40_000_000,
+                          sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
+                          sharding_no_pp_source="Megatron-LM's FSDP path does not run with "
+                          "pipeline parallelism (DistributedInitConfig.use_torch_fsdp2)"),
     "nemo": Framework("nemo", "NeMo",
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
                                         ("overlap_p2p_comm", True)),
-                      overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=128 * 1024 * 1024),
+                      overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=128 * 1024 * 1024,
+                      sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
+                      sharding_no_pp_source="NeMo's FSDP (Megatron-Core) does not run with "
+                                            "pipeline parallelism"),
     "torchtitan": Framework("torchtitan", "torchtitan",
                             overlap_defaults=(("overlap_grad_reduce", True),
                                               ("overlap_param_gather", True)),
                             overlaps_expressible=("overlap_grad_reduce", "overlap_param_gather",
                                                   "tp_comm_overlap"),
-                            grad_bucket_params=1 << 40),
+                            grad_bucket_params=1 << 40,
+                            sharding_modes=("none", "optim_grads_params"), ddp_needs_1d=True,
+                            reduce_every_microbatch=True, sharded_16bit_copy=False),
     "deepspeed": Framework("deepspeed", "DeepSpeed",
                            overlaps_expressible=("overlap_grad_reduce",),
-                           grad_bucket_params=500_000_000),
+                           grad_bucket_params=500_000_000,
+                           sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
+                           sharding_no_pp_source="DeepSpeed's PipelineEngine refuses ZeRO "
+                           "stage 2 and 3 with pipeline parallelism",
+                           hsdp=False, reduce_every_microbatch=True, grad_reduce_dtype="bf16"),
 }
 
 #: the framework whose defaults apply when ``[constraints] framework`` is not given
@@ -87,3 +145,36 @@ DEFAULT_FRAMEWORK = "megatron"
 def framework_of(name: str | None) -> Framework:
     """The framework an instance names, or the default one."""
     return FRAMEWORKS[name or DEFAULT_FRAMEWORK]
+
+
+def grad_reduce_dtype(name: str | None, precision: str) -> str:
+    """The framework's gradient reduction dtype for a precision: Megatron-LM keeps fp16 main
+    gradients in fp16 (its fp16 row: 20 bytes per parameter) and bf16 ones in fp32."""
+    fw = framework_of(name)
+    if fw.name == "megatron" and precision == "fp16":
+        return "bf16"
+    return fw.grad_reduce_dtype
+
+
+def framework_violations(name: str | None, plan) -> list[str]:
+    """The framework rules a plan breaks (``name`` None: none), as sentences naming the rule:
+    a sharding mode the framework does not run, one it runs only without pipeline
+    parallelism, plain DDP beside other parallelism, HSDP where it has none."""
+    if name is None:
+        return []
+    fw = FRAMEWORKS[name]
+    mode, out = plan.dp_sharding, []
+    if mode not in fw.sharding_modes:
+        out.append(f"{fw.label} runs dp_sharding {' | '.join(fw.sharding_modes)}, not "
+                   f"\"{mode}\"")
+    elif mode in fw.sharding_needs_no_pp and plan.pp > 1:
+        out.append(f"dp_sharding = \"{mode}\" needs pp = 1 under {fw.label} (pp = {plan.pp}): "
+                   f"{fw.sharding_no_pp_source}")
+    elif mode == "none" and fw.ddp_needs_1d and max(plan.tp, plan.pp, plan.cp) > 1:
+        out.append(f"dp_sharding = \"none\" is plain DDP, which {fw.label} runs only without "
+                   f"tensor, pipeline and context parallelism (tp = {plan.tp}, pp = {plan.pp}, "
+                   f"cp = {plan.cp}): use optim_grads_params (FSDP2)")
+    if not fw.hsdp and mode != "none" and plan.dp_replicate > 1:
+        out.append(f"{fw.label} has no HSDP: dp_shard_size = {plan.dp_shard_size} must be "
+                   f"dp = {plan.dp}")
+    return out

@@ -37,12 +37,21 @@ from planner.model.schema import KNOB_DEFAULTS, PlanSpec, overlap_refusal
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
 
 #: The search's base variables (the free choices of a plan), in enumeration order.
-BASE_NAMES = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in")
+#: ``R``: replicas of the data-parallel shard group (HSDP; ``dp_shard_size = dp / R``).
+BASE_NAMES = ("T", "T_in", "C", "C_in", "P", "P_in", "V", "b", "B", "E", "E_in", "R")
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """The categorical choices of a plan."""
+    """The categorical choices of a plan.
+
+    ``dp_sharding`` is the data-parallel sharding mode (``none | optim | optim_grads |
+    optim_grads_params``); left empty it follows ``distributed_optimizer`` (on: ``optim``), and
+    ``distributed_optimizer`` is always set to "some sharding": the two name one choice, so
+    equal choices compare equal. ``reshard_after_forward`` only means something when the
+    parameters are sharded (it is False otherwise); left None it is the framework's default
+    policy, true without pipeline parallelism and false with it (torchtitan's "default"; the
+    model reads it off the pipeline degree, :func:`planner.model.terms.step_terms`)."""
 
     recompute: str = "none"
     sequence_parallel: bool = False
@@ -69,6 +78,24 @@ class Knobs:
     #: with recompute = "full": layers of each virtual stage recomputed (Megatron-LM's block
     #: method, --recompute-num-layers); 0: all of them
     recompute_layers: int = 0
+
+    #: data-parallel sharding (ZeRO stage; see the class docstring)
+    dp_sharding: str = ""
+    reshard_after_forward: bool | None = None
+
+    def __post_init__(self):
+        mode = self.dp_sharding or ("optim" if self.distributed_optimizer else "none")
+        # (None: the framework's default policy, which depends on the pipeline degree; the
+        # search's choice, resolved to a bool in a Plan)
+        reshard = self.reshard_after_forward if mode == "optim_grads_params" else False
+        object.__setattr__(self, "dp_sharding", mode)
+        object.__setattr__(self, "distributed_optimizer", mode != "none")
+        object.__setattr__(self, "reshard_after_forward", reshard)
+
+    @property
+    def sharding_choice(self) -> tuple[str, bool]:
+        """The sharding mode with its reshard policy: one categorical choice of the search."""
+        return (self.dp_sharding, self.reshard_after_forward)
 
     @property
     def layout(self) -> tuple:
@@ -144,8 +171,6 @@ def layout_knobs(layers: int, pp: int, first: int = 0, last: int = 0,
     sf = m - first if first else 0
     sl = m - last if last else 0
     return sf, sl
-
-
 @dataclass(frozen=True)
 class Degrees:
     """Degrees split into intra- and inter-node factors, micro-batch ``b``, virtual stages ``v``
@@ -167,6 +192,7 @@ class Degrees:
     e_out: Any = 1
     ed_in: Any = 1     # expert data-parallel group (gradients of the experts)
     ed_out: Any = 1
+    r: Any = 1         # replicas of the data-parallel shard group (HSDP), all across nodes
 
     @property
     def t(self):
@@ -219,6 +245,7 @@ class Grid:
     ep_intra: Any
     gpus: Any
     node_size: Any
+    dp_replicate: Any = 1
 
     @staticmethod
     def from_base(x, gpus, node_size) -> Grid:
@@ -228,7 +255,7 @@ class Grid:
         return Grid(tp=T, tp_intra=Ti, cp=C, cp_intra=Ci, pp=P, pp_intra=Pi,
                     dp=gpus / (T * C * P), dp_intra=node_size / (Ti * Ci * Pi), vp=x["V"],
                     micro_batch=x["b"], global_batch=x["B"], ep=x["E"], ep_intra=x["E_in"],
-                    gpus=gpus, node_size=node_size)
+                    gpus=gpus, node_size=node_size, dp_replicate=x.get("R", 1))
 
     def inter(self, dim: str):
         """Inter-node factor of a degree (``tp_inter = tp / tp_intra``)."""
@@ -238,6 +265,11 @@ class Grid:
     def micro_batches(self):
         """Micro-batches per step per pipeline: ``global_batch / (dp * micro_batch)``."""
         return self.global_batch / (self.dp * self.micro_batch)
+
+    @property
+    def dp_shard(self):
+        """The HSDP shard group along dp: ``dp / dp_replicate`` (all of dp without HSDP)."""
+        return self.dp / self.dp_replicate
 
     @property
     def expert_dp(self):
@@ -257,7 +289,8 @@ class Grid:
                        c_out=self.inter("cp"), p_in=self.pp_intra, p_out=self.inter("pp"),
                        d_in=self.dp_intra, d_out=self.inter("dp"), b=self.micro_batch,
                        v=self.vp, B=self.global_batch, e_in=self.ep_intra,
-                       e_out=self.inter("ep"), ed_in=ed_in, ed_out=self.expert_dp / ed_in)
+                       e_out=self.inter("ep"), ed_in=ed_in, ed_out=self.expert_dp / ed_in,
+                       r=self.dp_replicate)
 
 
 def _whole(x: Any) -> Any:
@@ -305,15 +338,35 @@ class Plan:
     recompute_layers: int = 0
     #: the model's decoder layers (to derive the layout; not a knob, not in the JSON plan)
     layers: int = 0
+    #: data-parallel sharding (see :class:`Knobs`; empty: from distributed_optimizer), HSDP
+    #: replicas of the shard group (dp_shard_size = dp / dp_replicate) and FSDP2's reshard policy
+    dp_sharding: str = ""
+    dp_replicate: int = 1
+    reshard_after_forward: bool | None = None
+
+    def __post_init__(self):
+        reshard = self.reshard_after_forward
+        if reshard is None:                # the default policy: reshard without pipelining
+            reshard = self.pp == 1
+        k = Knobs(distributed_optimizer=self.distributed_optimizer, dp_sharding=self.dp_sharding,
+                  reshard_after_forward=reshard)
+        object.__setattr__(self, "dp_sharding", k.dp_sharding)
+        object.__setattr__(self, "distributed_optimizer", k.distributed_optimizer)
+        object.__setattr__(self, "reshard_after_forward", k.reshard_after_forward)
 
     @staticmethod
     def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int,
-                  layers: int = 0) -> Plan:
+                  layers: int = 0, reshard_default: tuple[bool, bool] = (True, False)) -> Plan:
         """Decode an assignment of the base variables (a solver's answer) into a plan on
         ``nodes`` hosts whose NVLink segments hold ``node_size`` GPUs."""
         g = Grid.from_base(x, gpus, node_size)
         grid = {f.name: _whole(getattr(g, f.name)) for f in fields(Grid)
                 if f.name not in ("node_size",)}
+        if knobs.dp_sharding == "none":      # nothing is sharded: no shard group to replicate
+            grid["dp_replicate"] = 1
+        reshard = knobs.reshard_after_forward
+        if reshard is None:          # the framework's policy: (without pipelining, with it)
+            reshard = reshard_default[grid["pp"] > 1]
         first = last = 0
         if knobs.explicit_layout:          # Megatron's counts from the search's shortfalls
             m = (layers + knobs.padded_layers) // grid["pp"]
@@ -325,7 +378,8 @@ class Plan:
                     first_stage_layers=first, last_stage_layers=last,
                     account_for_embedding=knobs.account_for_embedding,
                     account_for_loss=knobs.account_for_loss, layers=layers,
-                    recompute_layers=knobs.recompute_layers,
+                    recompute_layers=knobs.recompute_layers, dp_sharding=knobs.dp_sharding,
+                    reshard_after_forward=reshard,
                     **{o: getattr(knobs, o) for o in OVERLAP_KNOBS}, **grid)
 
     @property
@@ -339,6 +393,8 @@ class Plan:
                                   self.last_stage_layers, self.account_for_embedding,
                                   self.account_for_loss)
         return Knobs(self.recompute, self.sequence_parallel, self.distributed_optimizer,
+                     dp_sharding=self.dp_sharding,
+                     reshard_after_forward=self.reshard_after_forward,
                      first_short=sf, last_short=sl,
                      account_for_embedding=self.account_for_embedding,
                      account_for_loss=self.account_for_loss,
@@ -356,6 +412,11 @@ class Plan:
             return [self.layers]
         out = [m - k.first_short] + [m] * (self.pp - 2) + [m - k.last_short]
         return [_whole(n) for n in out]
+
+    @property
+    def dp_shard_size(self) -> int:
+        """The HSDP shard group size: dp / dp_replicate (dp without HSDP)."""
+        return _whole(self.dp / self.dp_replicate)
 
     @property
     def node_size(self) -> int:
@@ -400,6 +461,7 @@ class Plan:
         d["nvlink_domain"] = self.node_size
         d.pop("layers")
         d["stage_layers"] = self.stage_layers
+        d["dp_shard_size"] = self.dp_shard_size
         return d
 
 
@@ -434,10 +496,19 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     ep = f.get("ep") or 1
     # experts fill the innermost ranks of a stage: as much of ep as the stage's share of a node
     ep_intra = f.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))
+    mode = _sharding(inst, f)
+    shard = f.get("dp_shard_size") or inst.spec.constraints.dp_shard_size or dp
+    reshard = f.get("reshard_after_forward")
+    if reshard is None:
+        reshard = inst.spec.constraints.reshard_after_forward
+    if reshard is None:
+        reshard = reshard_default(inst, pp)
     return Plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=f["vp"], micro_batch=f["micro_batch"],
                 ep=ep, ep_intra=ep_intra, global_batch=gb, gpus=gpus, nodes=inst.nodes,
                 recompute=f["recompute"], sequence_parallel=_knob(inst, f, "sequence_parallel"),
-                distributed_optimizer=_knob(inst, f, "distributed_optimizer"),
+                distributed_optimizer=mode != "none", dp_sharding=mode,
+                dp_replicate=_whole(dp / shard) if mode != "none" else 1,
+                reshard_after_forward=reshard,
                 nvlink_domain=inst.node_size, **{f"{d}_intra": intra[d] for d in ORDER},
                 first_stage_layers=f["first_stage_layers"] or 0,
                 last_stage_layers=f["last_stage_layers"] or 0,
@@ -445,6 +516,28 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 account_for_loss=f["account_for_loss"], layers=inst.model.layers,
                 **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS},
                 recompute_layers=f["recompute_layers"] or 0)
+
+
+def reshard_default(inst: Instance, pp) -> bool:
+    """FSDP2's ``reshard_after_forward`` as the framework sets it: torchtitan's "default"
+    policy, true without pipeline parallelism and false with it (the gathered parameters are
+    kept across the micro-batches of the schedule)."""
+    from planner.model.frameworks import framework_of
+    without_pp, with_pp = framework_of(inst.spec.constraints.framework).reshard_after_forward
+    return with_pp if pp > 1 else without_pp
+
+
+def _sharding(inst: Instance, fields: dict[str, Any]) -> str:
+    """The plan's sharding mode: ``dp_sharding``, else ``distributed_optimizer`` (on: optim),
+    else the ``[constraints]`` pin when it allows one mode, else the evaluate default."""
+    if fields.get("dp_sharding"):
+        return fields["dp_sharding"]
+    if fields.get("distributed_optimizer") is not None:
+        return "optim" if fields["distributed_optimizer"] else "none"
+    modes = inst.spec.constraints.sharding_modes
+    if len(modes) == 1:
+        return modes[0]
+    return "optim" if KNOB_DEFAULTS["distributed_optimizer"] else "none"
 
 
 def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
@@ -486,7 +579,9 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
     bad = layout_violations(inst, plan)
     if bad and not plan.knobs.uneven:          # the exclusive settings: no layout to judge
         return bad
+    from planner.model.frameworks import framework_violations
     out = violations(inst, plan.grid, plan.knobs)
+    out += framework_violations(inst.spec.constraints.framework, plan)
     if spec is not None and spec.micro_batches and spec.micro_batches != plan.micro_batches:
         out.append(f"plan.micro_batches={spec.micro_batches} but global_batch/(dp*micro_batch)"
                    f" = {plan.micro_batches}")

@@ -266,6 +266,19 @@ RULES: tuple[Rule, ...] = (
          "parallelism",
          lambda v, k: "MoE layers with tp > 1 need sequence parallelism (Megatron-Core)",
          applies=_moe, knob="sequence_parallel"),
+    # HSDP: the shard group spans the data-parallel ranks inside a node and dp_shard_size /
+    # dp_intra nodes' worth across them; its dp / dp_shard_size replicas sit across nodes
+    # (torchtitan's mesh puts dp_replicate outside dp_shard)
+    Rule("dp_shard", "integer", lambda v, k: (v.inter("dp") / v.dp_replicate,),
+         "dp_shard_size is dp_intra times a divisor of the data-parallel ranks across nodes",
+         lambda v, k: f"dp_shard_size = {_g(v.dp_shard)} must be a divisor of dp = {v.dp} and "
+                      f"a multiple of dp_intra = {v.dp_intra} (the replicas of the shard group "
+                      "sit across nodes)", requires=("dp", "dp_in_node", "dp_intra")),
+    # (implied by dp_shard; it bounds the replica count for the search)
+    Rule("dp_replicas", "integer", lambda v, k: (k.nodes / v.dp_replicate,),
+         "the shard group's replicas divide the nodes",
+         lambda v, k: f"dp / dp_shard_size = {_g(v.dp_replicate)} replicas must divide the "
+                      f"{k.nodes} nodes", requires=("dp_shard",)),
     *(_within(dim) for dim in ("tp", "pp", "cp")),
 )
 

@@ -14,11 +14,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, FrameworkName
+from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, FrameworkName
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
+Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Efficiency = Annotated[float, Field(ge=0.01, le=1)]
@@ -41,6 +42,10 @@ PIN_CAPS = {"tp": "max_tp", "pp": "max_pp", "dp": "max_dp", "cp": "max_cp", "ep"
 #: model neither ever costs time or adds memory (tests/test_dominance.py), and both are what
 #: Megatron-Core recipes run; sequence parallelism only acts under tensor parallelism (the
 #: exports omit it at tp = 1). A ``[plan]`` value wins, then a ``[constraints]`` pin.
+#: (``distributed_optimizer`` is ``plan evaluate``'s default only: ``[plan]`` without
+#: ``dp_sharding`` is evaluated with the distributed optimizer; the search compares every
+#: sharding mode, none switched on by default, since sharding parameters or gradients costs
+#: time.)
 KNOB_DEFAULTS = {"sequence_parallel": True, "distributed_optimizer": True}
 #: overlap knobs (Megatron-Core names): the share of a collective the framework hides behind
 #: compute, by the rules of docs/model.md ("Overlap"); default: ``[constraints] framework``'s
@@ -152,6 +157,14 @@ class TrainingSpec(_Strict):
         "column-parallel linear (input-gradient all-reduce, or reduce-scatter with sequence "
         "parallelism) runs beside that linear's weight-gradient GEMM (Megatron-LM "
         "--async-tensor-model-parallel-allreduce, on since Sep 2021; always in Megatron-Core)")
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = Field(
+        default=None, description="dtype of the data-parallel gradient reduction and of the "
+        "gradient buffer (bf16: the 16-bit training dtype); default the framework's "
+        "(planner/model/frameworks.py: fp32 for Megatron-LM bf16, NeMo, torchtitan)")
+    grad_reduce_every_microbatch: bool | None = Field(
+        default=None, description="sharded gradients are reduce-scattered after every "
+        "micro-batch (true: torchtitan, DeepSpeed, PyTorch FSDP) or once per step, accumulating "
+        "unsharded in between (false: Megatron-LM, NeMo); default the framework's")
 
     @model_validator(mode="before")
     @classmethod
@@ -253,7 +266,15 @@ class ConstraintSpec(_Strict):
     recompute: Recompute | list[Recompute] | None = Field(
         default=None, description="allowed recompute mode(s); default all")
     sequence_parallel: bool | None = Field(default=None, description="pin on/off; default free")
-    distributed_optimizer: bool | None = Field(default=None, description="pin on/off; default free")
+    distributed_optimizer: bool | None = Field(
+        default=None, description="pin on/off (true: dp_sharding = optim, false: none); "
+        "default free")
+    dp_sharding: Sharding | list[Sharding] | None = Field(
+        default=None, description="allowed data-parallel sharding mode(s); default all")
+    dp_shard_size: upto(MAX_GPUS) | None = Field(
+        default=None, description="pin the HSDP shard group size (a divisor of dp)")
+    reshard_after_forward: bool | None = Field(
+        default=None, description="pin FSDP2's reshard policy; default free")
     tp_within_node: bool = Field(
         default=True, description="keep tensor parallelism inside a node (NVLink); false lets "
         "it cross nodes")
@@ -321,10 +342,23 @@ class ConstraintSpec(_Strict):
         if self.min_micro_batch > self.max_micro_batch:
             raise ValueError(f"min_micro_batch = {self.min_micro_batch} exceeds max_micro_batch = "
                              f"{self.max_micro_batch}")
+        if self.distributed_optimizer is not None and self.dp_sharding is not None:
+            raise ValueError("give distributed_optimizer or dp_sharding, not both "
+                             "(distributed_optimizer = true is dp_sharding = \"optim\")")
         if (self.vp or 1) > 1 and (self.pp == 1 or self.max_pp == 1):
             raise ValueError(f"vp = {self.vp} (interleaved pipeline) needs pp > 1, but "
                              + ("pp = 1" if self.pp == 1 else "max_pp = 1"))
         return self
+
+    @property
+    def sharding_modes(self) -> tuple[str, ...]:
+        """The sharding modes the constraints allow (``distributed_optimizer`` pins one)."""
+        if self.distributed_optimizer is not None:
+            return ("optim",) if self.distributed_optimizer else ("none",)
+        if self.dp_sharding is None:
+            return SHARDING_MODES
+        chosen = (self.dp_sharding,) if isinstance(self.dp_sharding, str) else self.dp_sharding
+        return tuple(m for m in SHARDING_MODES if m in chosen)
 
     @property
     def recompute_modes(self) -> tuple[str, ...]:
@@ -350,7 +384,18 @@ class PlanSpec(_Strict):
     sequence_parallel: bool | None = Field(
         default=None, description="default: the [constraints] pin, else on (KNOB_DEFAULTS)")
     distributed_optimizer: bool | None = Field(
-        default=None, description="default: the [constraints] pin, else on (KNOB_DEFAULTS)")
+        default=None, description="default: the [constraints] pin, else on (KNOB_DEFAULTS); "
+        "true is dp_sharding = \"optim\"")
+    dp_sharding: Sharding | None = Field(
+        default=None, description="data-parallel sharding (ZeRO-0..3): none | optim | "
+        "optim_grads | optim_grads_params; default from distributed_optimizer")
+    dp_shard_size: upto(MAX_GPUS) | None = Field(
+        default=None, description="HSDP shard group size, a divisor of dp (dp / dp_shard_size "
+        "replicas across nodes); default dp")
+    reshard_after_forward: bool | None = Field(
+        default=None, description="FSDP2: free gathered parameters after forward (gathered "
+        "again in backward); default the framework's: true without pipeline parallelism, false "
+        "with it")
     ep: upto(MAX_GPUS) = Field(default=1, description="expert-parallel degree (MoE models)")
     first_stage_layers: upto(MAX_LAYERS) | None = Field(
         default=None, description="decoder layers of the first pipeline stage (Megatron-LM "
@@ -385,6 +430,14 @@ class PlanSpec(_Strict):
     overlap_p2p_comm: bool | None = Field(
         default=None, description=OVERLAP_DESCRIPTIONS["overlap_p2p_comm"]
         + "; default: the [constraints] pin, else the framework's")
+
+    @model_validator(mode="after")
+    def _sharding(self) -> PlanSpec:
+        if (self.dp_sharding is not None and self.distributed_optimizer is not None
+                and (self.dp_sharding != "none") != self.distributed_optimizer):
+            raise ValueError(f"distributed_optimizer = {str(self.distributed_optimizer).lower()} "
+                             f"contradicts dp_sharding = \"{self.dp_sharding}\"")
+        return self
 
 
 def overlap_refusal(framework: str | None, spec, where: str = "") -> str | None:

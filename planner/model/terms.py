@@ -28,7 +28,7 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
                                    quotient_excess, ring_share, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, ring_step
-from planner.model.frameworks import OVERLAP_KNOBS, framework_of
+from planner.model.frameworks import OVERLAP_KNOBS, framework_of, grad_reduce_dtype
 from planner.model.instance import Hardware, Instance
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
@@ -47,11 +47,63 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
 #: Extra bytes per parameter under FP8 (Transformer Engine keeps an FP8 copy of each GEMM weight
 #: and of its transpose).
 FP8_WEIGHT_CACHE_BYTES = 2
-#: Bytes per gradient element on the wire (16-bit gradient reduction, Megatron-Core default).
-GRAD_WIRE_BYTES = 2
+#: Bytes per element on the wire: 16-bit (parameter all-gathers; gradients with
+#: ``grad_reduce_dtype = "bf16"``) and fp32 (gradients reduced in fp32, Megatron-LM's bf16
+#: default ``accumulate_allreduce_grads_in_fp32``, NeMo's ``grad_reduce_in_fp32``, torchtitan's
+#: ``mixed_precision_reduce = "float32"``).
+WIRE_16, GRAD_WIRE_FP32 = 2, 4
+GRAD_WIRE_BYTES = WIRE_16
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """One data-parallel sharding mode: which states are sharded over the shard group
+    (ZeRO stages, Rajbhandari et al. 2020 Sec. 5; Megatron-Core ``data_parallel_sharding_strategy``)."""
+
+    optim: bool     # optimizer states (fp32 master weights, Adam moments)
+    grads: bool     # gradients
+    params: bool    # 16-bit parameters (gathered per layer for its forward / backward)
+
+
+SHARDING = {
+    "none": Sharding(False, False, False),
+    "optim": Sharding(True, False, False),
+    "optim_grads": Sharding(True, True, False),
+    "optim_grads_params": Sharding(True, True, True),
+}
+
+
+def reduce_dtype(inst: Instance) -> str:
+    """``[training] grad_reduce_dtype``, else the framework's default for the precision."""
+    tr = inst.spec.training
+    return tr.grad_reduce_dtype or grad_reduce_dtype(inst.spec.constraints.framework,
+                                                     tr.precision)
+
+
+def framework_bar(fw, named: str | None, mode: str, x: Degrees):
+    """1 where the named framework cannot run ``mode`` on the grid ``x`` (0 without a named
+    framework): a mode it needs pp = 1 for under pipeline parallelism, or plain DDP under
+    tensor / pipeline / context parallelism."""
+    if named is None:
+        return 0.0
+    bar = 0.0
+    if mode in fw.sharding_needs_no_pp:
+        bar = bar + gt1(x.p)
+    if mode == "none" and fw.ddp_needs_1d:
+        bar = bar + gt1(x.t * x.p * x.c)
+    return bar
 #: HBM bytes touched per parameter by the Adam step: read fp32 master, m, v, grad (16), write
 #: master, m, v (12), write the 16-bit weight (2).
 ADAM_STEP_BYTES = 30
+
+
+def exposed(raw, window, unit, overlapped: bool):
+    """What a run of buckets or of prefetched layers leaves exposed when it overlaps
+    ``window`` seconds of compute (docs/model.md, "Overlap"): the transfers beyond the window,
+    and never less than the one ``unit`` (bucket, layer) that has nothing to hide behind; all
+    of ``raw`` when not overlapped. The one owner of this rule: the data-parallel buckets of
+    Megatron-Core and FSDP2's per-layer prefetch both go through it."""
+    return vmax(raw - window, unit) if overlapped else raw
 
 
 @dataclass
@@ -337,46 +389,120 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     expert_gpu = stage_layers * moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe \
         else 0.0
 
-    # ---- data-parallel gradient reduction (over dp x cp ranks) + optimizer step -------------
-    dp_raw = allreduce(GRAD_WIRE_BYTES * params_gpu, x.d_in * x.c_in, x.d_out * x.c_out,
-                       hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
-    if sh.n_moe:
-        dp_raw = dp_raw + allreduce(GRAD_WIRE_BYTES * expert_gpu, x.ed_in, x.ed_out,
-                                    hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
-    dist = k.distributed_optimizer
-    gather = k.overlap_param_gather and dist        # only the distributed optimizer gathers
-    if k.overlap_grad_reduce or gather:
-        # Megatron-Core DDP buckets (docs/model.md, "Overlap"): a bucket's reduction starts when
-        # the last micro-batch's backward has produced all its gradients, so the backward of that
-        # micro-batch on the stage (with its recomputed forward) can hide it, except the last
-        # bucket, which fills when the backward ends; the distributed optimizer's parameter
-        # all-gather runs bucket by bucket ahead of the first micro-batch's forward, except the
-        # first bucket. A bucket is the framework's bucket size, or one layer's parameters on
-        # the GPU when those are fewer (a bucket never spans a whole stage in this rule).
-        # (written as bucket * min(layer / (bucket t), 1): a function near 1 and the size in
-        # the coefficient keep the encoders' rows well scaled)
+    # ---- data-parallel communication (over dp x cp ranks) + optimizer step ----------------
+    # The sharding mode (SHARDING) says what each rank keeps whole and which collectives run
+    # (docs/model.md, "Data-parallel sharding"). The shard group is dp x cp; under HSDP it is
+    # dp_shard_size x cp (inside a node: all of dp_intra x cp_intra; across nodes:
+    # dp_inter x cp_inter / r), replicated r = dp / dp_shard_size times across nodes.
+    mode = SHARDING[k.dp_sharding]
+    fw = framework_of(inst.spec.constraints.framework)
+    gw = GRAD_WIRE_FP32 if reduce_dtype(inst) == "fp32" else WIRE_16
+    r = x.r
+    s_in, s_out = x.d_in * x.c_in, x.d_out * x.c_out / r
+    shards = s_in * s_out if mode.optim else 1
+    every_mb = (fw.reduce_every_microbatch if tr.grad_reduce_every_microbatch is None
+                else tr.grad_reduce_every_microbatch)
+
+    def half(size, n_in, n_out):
+        """A reduce-scatter or an all-gather: half the ring all-reduce's bytes and steps."""
+        return 0.5 * allreduce(size, n_in, n_out, hw.bw_intra, hw.bw_inter, hw.lat_intra,
+                               hw.lat_inter)
+
+    def over_group(wire, per_gpu, experts):
+        """A reduce-scatter or all-gather of ``per_gpu`` parameters' worth over the shard group
+        (and of the experts' over the expert data-parallel group), ``wire`` bytes each."""
+        out = half(wire * per_gpu, s_in, s_out)
+        if sh.n_moe:
+            out = out + half(wire * experts, x.ed_in, x.ed_out)
+        return out
+
+    # once per step: a plain all-reduce (none); else the gradient reduce-scatter (unless it
+    # runs every micro-batch), the replicas' all-reduce of the shard (HSDP) and the parameter
+    # all-gather after the optimizer step (unless the parameters stay sharded)
+    if mode.optim:
+        reduce_raw = allreduce(gw * params_gpu / shards, 1, r, hw.bw_intra, hw.bw_inter,
+                               hw.lat_intra, hw.lat_inter)
+        if not (mode.grads and every_mb):
+            reduce_raw = reduce_raw + over_group(gw, params_gpu, expert_gpu)
+        gather_raw = 0.0 if mode.params else over_group(WIRE_16, params_gpu, expert_gpu)
+    else:
+        reduce_raw = allreduce(gw * params_gpu, x.d_in * x.c_in, x.d_out * x.c_out,
+                               hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        if sh.n_moe:
+            reduce_raw = reduce_raw + allreduce(gw * expert_gpu, x.ed_in, x.ed_out, hw.bw_intra,
+                                                hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        gather_raw = 0.0
+
+    # Per micro-batch, per layer (FSDP / ZeRO-3, and ZeRO-2 where gradients are reduced every
+    # micro-batch): the layer's parameters are all-gathered before its forward, again before
+    # its backward when resharded, and its gradients reduce-scattered after its backward; the
+    # embedding and output layer (FSDP2's root unit) likewise.
+    layer_params_gpu = dense_layer_avg / t
+    head_p = (sh.embedding_params + 2 * h + eq1(p) * untied_extra) / t
+    expert_layer = moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe else 0.0
+    ag_layer = over_group(WIRE_16, layer_params_gpu, expert_layer) if mode.params else 0.0
+    ag_head = over_group(WIRE_16, head_p, 0.0) if mode.params else 0.0
+    # the reshard policy: the plan's, else the framework's default by the pipeline degree
+    # (and its complement, written with the complementary indicators: every term >= 0)
+    if k.reshard_after_forward is None:
+        without_pp, with_pp = fw.reshard_after_forward
+        resharded = int(without_pp) * eq1(p) + int(with_pp) * gt1(p)
+        kept = int(not without_pp) * eq1(p) + int(not with_pp) * gt1(p)
+    else:
+        resharded = 1 if k.reshard_after_forward else 0
+        kept = 1 - resharded
+    regather = resharded if mode.params else 0
+    rs_each = mode.grads and every_mb
+    rs_layer = over_group(gw, layer_params_gpu, expert_layer) if rs_each else 0.0
+    rs_head = over_group(gw, head_p, 0.0) if rs_each else 0.0
+
+    # Overlap (docs/model.md, "Overlap"): one rule for what a bucket or a layer prefetch leaves
+    # exposed, :func:`exposed`. Per step (Megatron-Core DDP buckets): the gradient reduction
+    # runs during the last micro-batch's backward on the stage (with its recomputed forward)
+    # but for its last bucket, the distributed optimizer's all-gather during the first
+    # micro-batch's forward but for its first bucket. A bucket is the framework's bucket
+    # size, or one layer's parameters on the GPU when those are fewer (written as
+    # bucket * min(layer / (bucket t), 1): a function near 1 and the size in the coefficient
+    # keep the encoders' rows well scaled). Per micro-batch (FSDP2 prefetch): layer i+1's
+    # all-gather runs during layer i's compute and layer i's reduce-scatter during layer
+    # i-1's backward, the unit being one layer (and the root unit): the first gather and the
+    # last reduce-scatter have nothing to hide behind.
+    # (the lightest stage's compute: a lower bound on the window of every stage)
+    window = stage_compute - max(sf, sl) * per_layer if k.uneven else stage_compute
+    backward = window * (passes - 1) / passes
+    forward = window / passes
+    og, opg = k.overlap_grad_reduce, k.overlap_param_gather
+    if og or opg:
         bucket_size = framework_of(inst.spec.constraints.framework).grad_bucket_params
         layer_params = sh.layer_params if sh.n_dense else sh.moe_dense_params
         bucket_params = bucket_size * capped_quotient(t, layer_params / bucket_size, 1)
-        bucket = allreduce(GRAD_WIRE_BYTES * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
-                           hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
-        # (the lightest stage's compute: a lower bound on the window of every stage)
-        window = stage_compute - max(sf, sl) * per_layer if k.uneven else stage_compute
-        backward = window * (passes - 1) / passes
-        forward = window / passes
-        halves = 2 if dist else 1          # reduce-scatter + all-gather, or one all-reduce
-        reduce_ = dp_raw / halves
-        if k.overlap_grad_reduce:
-            reduce_ = vmax(reduce_ - backward, bucket / halves)
-        gather_ = 0.0
-        if dist:
-            gather_ = dp_raw / 2
-            if gather:
-                gather_ = vmax(gather_ - forward, bucket / 2)
-        dp_raw = reduce_ + gather_
-    time["dp_comm"] = dp_raw
-    shards = d * c if dist else 1
-    expert_shards = x.ed if dist else 1
+        if mode.optim:      # (a unit only where its collective runs once per step)
+            bucket_rs = allreduce(gw * bucket_params / shards, 1, r, hw.bw_intra, hw.bw_inter,
+                                  hw.lat_intra, hw.lat_inter)
+            if not (mode.grads and every_mb):
+                bucket_rs = bucket_rs + half(gw * bucket_params, s_in, s_out)
+            bucket_ag = 0.0 if mode.params else half(WIRE_16 * bucket_params, s_in, s_out)
+        else:
+            bucket_rs = allreduce(gw * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
+                                  hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
+            bucket_ag = 0.0
+        step_reduce = exposed(reduce_raw, backward, bucket_rs, og)
+        step_gather = exposed(gather_raw, forward, bucket_ag, opg)
+    else:
+        step_reduce, step_gather = reduce_raw, gather_raw
+    n_units = stage_layers
+    fwd_raw = n_units * ag_layer + ag_head
+    bwd_gather = regather * (n_units * ag_layer + ag_head)
+    bwd_reduce = n_units * rs_layer + rs_head
+    mb_forward = exposed(fwd_raw, forward, ag_layer + ag_head, opg)
+    if og and opg:
+        mb_backward = exposed(bwd_gather + bwd_reduce, backward,
+                              regather * ag_layer + rs_layer + rs_head, True)
+    else:
+        mb_backward = (exposed(bwd_gather, backward, regather * ag_layer, opg)
+                       + exposed(bwd_reduce, backward, rs_layer + rs_head, og))
+    time["dp_comm"] = step_reduce + step_gather + m * (mb_forward + mb_backward)
+    expert_shards = x.ed if mode.optim else 1
     time["optimizer"] = (params_gpu / shards
                          + (expert_gpu / expert_shards if sh.n_moe else 0)) * ADAM_STEP_BYTES \
         / hw.hbm_bw
@@ -384,8 +510,35 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
     # A stage is checked as if all its L/p layers were of one kind, for each kind the model
     # has: a stage mixing dense and MoE layers needs no more than the larger of the two.
-    weight_bytes = WEIGHT_BYTES + (FP8_WEIGHT_CACHE_BYTES if tr.precision == "fp8" else 0)
-    opt_bytes = OPTIMIZER_BYTES / shards
+    fp8_cache = FP8_WEIGHT_CACHE_BYTES if tr.precision == "fp8" else 0
+    grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
+    # 16-bit gradients: the optimizer keeps an fp32 main gradient of its shard besides them
+    # (Megatron-LM's fp16 row: 20 bytes per parameter, 4 + 16/d distributed)
+    opt_full = OPTIMIZER_BYTES + (GRAD_BYTES if grad_bytes == WIRE_16 else 0)
+    opt_bytes = opt_full / shards
+    # gradients reduced once per step accumulate unsharded over the micro-batches
+    # Sharded gradients at the memory peak (the last backward): reduce-scattered every
+    # micro-batch, a shard plus one layer's; reduced once per step, whole (the accumulation
+    # buffer), unless they are reduced layer by layer during the backward (FSDP's per-layer
+    # hooks under sharded parameters, or bucket by bucket with overlap_grad_reduce) with one
+    # micro-batch: then nothing accumulates, a shard again
+    if every_mb:
+        sharded_grads, whole_grads = 1.0, 0.0
+    elif k.overlap_grad_reduce or mode.params:
+        sharded_grads, whole_grads = eq1(m), gt1(m)
+    else:
+        sharded_grads, whole_grads = 0.0, 1.0
+    working_layer = sharded_grads
+    grad_share = (sharded_grads / shards + whole_grads) if mode.grads else 1
+    keep16 = 1 if fw.sharded_16bit_copy else 0
+    weight_share = keep16 / shards if mode.params else 1
+    expert_weight_share = keep16 / x.ed if mode.params else 1
+    expert_grad_share = (sharded_grads / x.ed + whole_grads) if mode.grads else 1
+    # the unsharded working set: the gathered 16-bit parameters of the layer being computed
+    # and of the prefetched next one (all the stage's layers when not resharded after forward)
+    # plus the input / output layer, and one layer's unsharded gradients before its
+    # reduce-scatter
+    units = (2 * resharded + kept * stage_layers) if mode.params else 0
     kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
     def stored_per_layer(parallel_bytes):
@@ -431,7 +584,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             experts_p = stage_layers * sh.experts * sh.expert_params / x.e
             act_bytes_p = sh.moe_act_parallel_bytes
         stored, working = stored_per_layer(act_bytes_p)
-        expert_opt = OPTIMIZER_BYTES / expert_shards
+        expert_opt = opt_full / expert_shards
         for stage, n_layers in stages.items():
             if stage == "first":
                 dense_p = (n_layers * layer_p + sh.embedding_params
@@ -448,13 +601,27 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 logit = logits_buffer
             name = stage if len(kinds) == 1 else f"{stage}_{kind}"
             layer_info[f"working_{name}"] = working
+            one_layer = layer_p / t + (experts_p / stage_layers if kind == "moe" else 0.0)
+            # (the root unit: the embedding on the first stage, the output layer on the last)
+            head = 0.0 if stage == "middle" else (sh.V * h + 2 * h) / t
+            working_w = (units * one_layer + head) * WIRE_16 if mode.params else 0.0
+            # (gradients accumulated whole hold it already)
+            working_g = one_layer * grad_bytes * working_layer if mode.grads else 0.0
             memory[name] = {
-                "weights": (dense_p + experts_p) * weight_bytes,
-                "gradients": (dense_p + experts_p) * GRAD_BYTES,
+                "weights": (dense_p * weight_share + experts_p * expert_weight_share)
+                * WEIGHT_BYTES + (dense_p + experts_p) * fp8_cache + working_w,
+                "gradients": (dense_p * grad_share + experts_p * expert_grad_share) * grad_bytes
+                + working_g,
                 "optimizer_states": dense_p * opt_bytes + experts_p * expert_opt,
                 "activations": acts,
                 "logits": logit,
             }
+            # a sharding mode the named framework does not run with this grid: memory no GPU
+            # has, so the search leaves it (the search's only way to say "not under this
+            # mode"); evaluate reports the rule itself (framework_violations)
+            bar = framework_bar(fw, inst.spec.constraints.framework, k.dp_sharding, x)
+            if not is_zero(bar):
+                memory[name]["framework_rule"] = bar * 2 * memory_limit_bytes(inst)
     return Terms(time=time, memory=memory,
                  layer={**layer_info, "compute": layer_compute, "dense_compute": dense_compute,
                         "moe_compute": moe_compute, "stage_moe_layers": stage_moe,
