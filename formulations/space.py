@@ -57,6 +57,7 @@ from types import SimpleNamespace
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.plan import BASE_NAMES, Grid, Knobs, layout_choices, overlap_default
 from planner.model.rules import Rule, Sizes, rules_for
+from planner.model.terms import reduce_every_microbatch
 
 #: The user's names of the base variables, and their pin / cap keys in [constraints].
 LABELS = {"T": ("tensor-parallel degree", "tp"), "T_in": ("intra-node tensor factor", None),
@@ -143,6 +144,9 @@ class SearchSpace:
     implications: list[Implication] = field(default_factory=list)
     #: per pipeline layout (:func:`layout_key`), the (P, V) pairs its layout rules allow
     layout_pairs: dict[tuple, frozenset] = field(default_factory=dict)
+    #: the sharding modes the constraints allow, before the dominated ones are left out
+    #: (:func:`build_space`); :func:`space_size` counts them all
+    sharding_values: int = 1
     #: the space this one narrows (a fixed-batch model of a batch range): what is reachable
     #: there is a superset of what is reachable here, so presolve counts can be shared
     parent: SearchSpace | None = field(default=None, compare=False, repr=False)
@@ -515,6 +519,13 @@ def build_space(inst: Instance) -> SearchSpace:
     overlapped = any(overlaps[o][0] for o in ("overlap_grad_reduce", "overlap_param_gather"))
     if not overlapped and "optim" in shardings and c.distributed_optimizer is None:
         shard_choices = [sc for sc in shard_choices if sc[0] != "none"]
+    # ZeRO-2 is ZeRO-1 where the gradients are reduced once per step and not bucket by bucket
+    # during the backward (overlap_grad_reduce off): they accumulate whole over the
+    # micro-batches and are reduce-scattered after the last, so both modes hold the same bytes
+    # and run the same collectives (planner/model/terms.py): the same plans, kept once.
+    if "optim" in shardings and not reduce_every_microbatch(inst) \
+            and not overlaps["overlap_grad_reduce"][0]:
+        shard_choices = [sc for sc in shard_choices if sc[0] != "optim_grads"]
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
     combos = [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
@@ -535,7 +546,7 @@ def build_space(inst: Instance) -> SearchSpace:
         mono, coef = symbols(inst).dp_shard.single_form()
         caps_on_forms.append(("dp_shard_size", mono, coef, c.dp_shard_size, c.dp_shard_size))
     return SearchSpace(inst, primes, base, fixed, cons, combos, dims, caps_on_forms,
-                       implications, layout_pairs=pairs)
+                       implications, layout_pairs=pairs, sharding_values=len(shardings))
 
 
 # ------------------------------------------------------------------------------------------
@@ -786,7 +797,8 @@ def space_size(space: SearchSpace) -> dict[str, int]:
     c = space.inst.spec.constraints
     # a knob free in the constraints but fixed by dominance counts both of its values
     free_sp = c.sequence_parallel is None and len(space.dims["sequence_parallel"]) == 1
-    combos = len(space.combos) * (2 if free_sp else 1)
+    kept = len(space.dims["sharding_choice"])
+    combos = len(space.combos) // kept * space.sharding_values * (2 if free_sp else 1)
     needs_sp = c.sequence_parallel is None and any(
         r.kind == "needs_knob" and r.knob == "sequence_parallel" for r in rules_for(space.inst))
     # one count by (T, P, V) serves all three figures: the layouts' pairs and the tp = 1 rule

@@ -39,25 +39,27 @@ def test_counts_match_the_enumerated_points(inst):
 
 
 def test_plans_count_every_knob_value_and_the_moe_rule():
-    """3 recompute modes x the sharding choices x sequence parallelism per pipeline layout
-    (sequence parallelism, which the search fixes by dominance, counted too); on a MoE model
-    sequence parallelism off is a plan only at tp = 1."""
+    """3 recompute modes x 4 sharding modes x sequence parallelism per pipeline layout (the
+    values the search leaves out by dominance counted too: sequence parallelism, plain data
+    parallelism and ZeRO-2 where ZeRO-1 equals it); on a MoE model sequence parallelism off is
+    a plan only at tp = 1."""
     inst = parse_instance(TINY_MOE)
     space = build_space(inst)
     every = feasible_points(space, dominant_batch=False)
     size = space_size(space)
     # per pipeline layout (each admits its own pp, vp pairs): the 3 modes x sharding x 2
     layouts = {layout_key(k) for k in space.combos}
-    shardings = len(space.dims["sharding_choice"])
+    kept = len(space.dims["sharding_choice"])
+    assert kept < 4                               # (none and ZeRO-2 are dominated here)
     assert size["space_points"] == len(every["T"])
-    assert size["space_combos"] == 3 * shardings * 2 * len(layouts)
+    assert size["space_combos"] == 3 * 4 * 2 * len(layouts)
     expected = 0
-    for k in space.combos:                        # each: sp on / off
+    for k in space.combos:                        # each: sp on / off, and the left-out modes
         pairs = space.layout_pairs[layout_key(k)]
         pv = zip(every["P"].tolist(), every["V"].tolist())
         ok = np.array([(p, v) in pairs for p, v in pv])
         tp1 = int((ok & (every["T"] == 1)).sum())
-        expected += tp1 * 2 + (int(ok.sum()) - tp1)
+        expected += (tp1 * 2 + (int(ok.sum()) - tp1)) * 4 // kept
     assert size["space_plans"] == expected
 
 

@@ -5,8 +5,9 @@ an ERROR status, which these tests reject).
 Random small instances cover every knob the search space has: non-power-of-two degrees, GQA,
 gated MLPs, FP8, recompute / sequence parallelism / distributed optimizer choices (free or
 pinned), data-parallel sharding modes, reshard policy, HSDP group sizes (free: the replica
-count is a base variable), frameworks and gradient-reduction dtypes, context parallelism, global-batch ranges, overlap maxima, within-node constraints and
-memory limits tight enough to bind.
+count is a base variable), frameworks and gradient-reduction dtypes, context parallelism,
+global-batch ranges, overlap maxima, within-node constraints and memory limits tight enough to
+bind.
 """
 
 from __future__ import annotations

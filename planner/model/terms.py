@@ -80,6 +80,15 @@ def reduce_dtype(inst: Instance) -> str:
                                                      tr.precision)
 
 
+def reduce_every_microbatch(inst: Instance) -> bool:
+    """``[training] grad_reduce_every_microbatch``, else the framework's default: whether sharded
+    gradients are reduce-scattered after every micro-batch (torchtitan, DeepSpeed) or once per
+    step (Megatron-LM, NeMo)."""
+    pin = inst.spec.training.grad_reduce_every_microbatch
+    return framework_of(inst.spec.constraints.framework).reduce_every_microbatch \
+        if pin is None else pin
+
+
 def framework_bar(fw, named: str | None, mode: str, x: Degrees):
     """1 where the named framework cannot run ``mode`` on the grid ``x`` (0 without a named
     framework): a mode it needs pp = 1 for under pipeline parallelism, or plain DDP under
@@ -166,7 +175,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     sh = Shape.of(inst.model)
     hw: Hardware = inst.hw
     tr = inst.spec.training
-    t, c, p, d, b, v = x.t, x.c, x.p, x.d, x.b, x.v
+    t, c, p, b, v = x.t, x.c, x.p, x.b, x.v
     m = x.m
     L, h, s = sh.L, sh.h, sh.s
     full = k.recompute == "full"
@@ -400,8 +409,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     r = x.r
     s_in, s_out = x.d_in * x.c_in, x.d_out * x.c_out / r
     shards = s_in * s_out if mode.optim else 1
-    every_mb = (fw.reduce_every_microbatch if tr.grad_reduce_every_microbatch is None
-                else tr.grad_reduce_every_microbatch)
+    every_mb = reduce_every_microbatch(inst)
 
     def half(size, n_in, n_out):
         """A reduce-scatter or an all-gather: half the ring all-reduce's bytes and steps."""
