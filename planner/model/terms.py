@@ -183,9 +183,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- compute per layer and micro-batch ------------------------------------------------
     attn_fwd_flops = sh.attention_flops(b) / (t * c)
     if flash:
+        # the fused kernel runs at its own share of the peak (GPU.attention_efficiency)
+        peak_attn = hw.peak * (hw.efficiency if hw.attention_efficiency is None
+                               else hw.attention_efficiency)
         # selective recompute re-runs the core attention forward (Megatron-Core's default
         # recompute module "core_attn"); with fused attention it saves no memory
-        attn = (passes + 0.5 + (1 if selective else 0)) * attn_fwd_flops / peak16
+        attn = (passes + 0.5 + (1 if selective else 0)) * attn_fwd_flops / peak_attn
         score_bytes = 0.0
     else:
         score_elems = sh.a * b * s * s / (t * c)           # s/c query rows x s keys, a/t heads
@@ -563,7 +566,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     last_flight = ring_share(v) + 1 / (p * v)
     in_flight = p + gt1(v) * steps(p) / v                        # micro-batches, first stage
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
-    logits_buffer = 6 * tokens * sh.V / t                         # 16-bit logits + fp32 softmax
+    # 16-bit logits + their fp32 softmax; a fused cross-entropy writes the gradient in place
+    logits_buffer = (2 if tr.fused_cross_entropy else 6) * tokens * sh.V / t
 
     # every distinct stage: the first and last (their own layers), and with an uneven layout
     # the second rank, the middle stage holding most activations: (p - 1) micro-batches of
