@@ -165,6 +165,12 @@ class TrainingSpec(_Strict):
         default=None, description="sharded gradients are reduce-scattered after every "
         "micro-batch (true: torchtitan, DeepSpeed, PyTorch FSDP) or once per step, accumulating "
         "unsharded in between (false: Megatron-LM, NeMo); default the framework's")
+    selective_recompute: Literal["core_attention", "op"] | None = Field(
+        default=None, description="what recompute = \"selective\" recomputes: core_attention "
+        "(Megatron-Core's recompute module core_attn: the attention core re-runs, the rest is "
+        "kept) or op (torchtitan's op-level selective checkpointing: the outputs of every "
+        "second matmul and of the attention kernel are kept, the other matmuls and the "
+        "element-wise ops re-run); default the framework's (torchtitan: op)")
     kernel_stack: Literal["fused", "pytorch"] = Field(
         default="fused", description="the kernels the GEMMs and the attention core run on, "
         "with their own calibrated figures per GPU type (hardware_catalog/*.toml "
