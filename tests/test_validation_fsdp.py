@@ -198,3 +198,21 @@ def test_op_level_selective_checkpointing_time_against_torchtitan(data):
     core = _titan(data, "titan2404-a100-64gpu-llama2-13b-selop",
                   selective_recompute="core_attention")
     assert measured - core.predicted_s / noac.predicted_s > 0.08
+
+
+def test_three_backends_agree_under_the_pytorch_stack_and_op_level_recompute():
+    """The kernel stack changes the GEMM and attention figures and the op-level policy the
+    recomputed GEMMs, element-wise passes and stored activations; the MIPs encode them as the
+    evaluator computes them (one instance: torchtitan on 4 H100 nodes, selective pinned)."""
+    from formulations.solve import solve
+    from tests.test_solvers import agree
+
+    doc = {"model": {"layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 4,
+                     "gated_mlp": True, "vocab": 32000, "seq_len": 4096, "dropout": False},
+           "training": {"global_batch": 64, "kernel_stack": "pytorch",
+                        "fused_cross_entropy": True},
+           "cluster": {"gpu": "h100-sxm", "gpus": 32},
+           "constraints": {"framework": "torchtitan", "recompute": "selective", "max_pp": 1}}
+    agree(doc)
+    best = solve(parse_instance(doc), solver="enumerate", explain=False).report.plan
+    assert best.recompute == "selective" and best.dp_sharding == "optim_grads_params"
