@@ -1,31 +1,54 @@
 """The FSDP / ZeRO-2/3 runs (``planner/data/fsdp_runs.toml``, a copy of shared/fsdp_runs.toml:
 llm-foundry's MPT tables on A100-40GB, A100-80GB and H100, torchtitan's FSDP2 runs on A100).
 
-Issue 11 asks for a mean |error| <= 10%, a max <= 25% and every run fitting in memory. Measured
-with the catalog calibrated on the published runs (``plan validate
-planner/data/fsdp_runs.toml --no-ranking``): mean 19.4%, max 54.6%, 9 of 222 over the memory
-limit (costed as ZeRO-1 before sharding was modelled: 14.7% and 117 of 222). The error grows
-with the sequence length on every GPU type (the attention kernel runs below the GEMM efficiency
-the model charges it) and H100 runs sit 25-35% under the measurement at every length (this
-software stack reaches a lower share of the H100 peak than the Megatron / NeMo runs the H100
-efficiency is fitted on); both are kept as strict xfails with those numbers, and the tests
-below hold what is reached, so it cannot silently get worse.
+Issue 11 asks for a mean |error| <= 10%, a max <= 25% and every run fitting in memory. These
+runs are PyTorch eager programs (``[training] kernel_stack = "pytorch"``: torch.nn.Linear GEMMs,
+llm-foundry's Triton FlashAttention kernel, torchtitan's SDPA), whose GEMM size curve and
+attention kernel the catalog calibrates per GPU type on them (``[kernel_stacks.pytorch]``; the
+GEMM asymptote stays the GPU type's); llm-foundry's fused cross-entropy keeps 2 bytes per logit.
+Measured (``plan validate planner/data/fsdp_runs.toml --no-ranking``): in sample mean 3.7%,
+max 22.4%; out of sample (each run's source, here its table row, left out of the fit) 3.9% /
+22.6%; every run fits (torchtitan's selective runs are its op-level policy, ``[training]
+selective_recompute``). Before the kernel stack, the fused cross-entropy and the op-level
+policy: 15.0% / 52.0%, 9 of 222 over the memory limit.
 """
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from planner.app.validate import load_runs, summary, validate_runs
+from planner.app.validate import (
+    ATTENTION_GRID,
+    KNEE_WIDTH_GRID,
+    STACK_KNEE_TOKENS_GRID,
+    Calibrator,
+    load_runs,
+    out_of_sample,
+    summary,
+    validate_runs,
+)
+from planner.model.instance import parse_instance
 
-RUNS = Path(__file__).resolve().parents[1] / "planner" / "data" / "fsdp_runs.toml"
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "planner" / "data" / "fsdp_runs.toml"
 
 
 @pytest.fixture(scope="module")
-def results():
-    return validate_runs(load_runs(RUNS))
+def data():
+    return load_runs(RUNS)
+
+
+@pytest.fixture(scope="module")
+def results(data):
+    return validate_runs(data)
+
+
+@pytest.fixture(scope="module")
+def calibrator(data):
+    return Calibrator(data)
 
 
 def test_every_fsdp_run_is_evaluated_as_the_mode_it_ran(results):
@@ -36,28 +59,160 @@ def test_every_fsdp_run_is_evaluated_as_the_mode_it_ran(results):
         assert all(v.startswith("memory") for v in r.report.violations), (r.id, r.report.violations)
 
 
-def test_fsdp_errors_do_not_get_worse(results):
-    s = summary(results)
-    assert s["mean_abs_error"] <= 0.20 and s["max_abs_error"] <= 0.55, s
-    assert sum(not r.report.fits for r in results) <= 9
-
-
-def test_a100_fsdp_errors(results):
-    """On A100 the error is within the issue's bound on average."""
-    a100 = [r for r in results if r.gpu.startswith("a100")]
-    assert sum(abs(r.error) for r in a100) / len(a100) <= 0.13
-
-
-@pytest.mark.xfail(strict=True, reason="issue 11 bound: mean |error| <= 10%, max <= 25%; measured "
-                   "19.4% / 54.6% (long sequences and H100, see the module docstring)")
 def test_fsdp_error_bounds(results):
+    """Issue 11's bounds, in sample (the catalog's figures)."""
     s = summary(results)
-    assert s["mean_abs_error"] <= 0.10 and s["max_abs_error"] <= 0.25
+    assert s["mean_abs_error"] <= 0.10 and s["max_abs_error"] <= 0.25, s
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: every run fits; measured 9 of 222 over the "
-                   "limit (torchtitan's op-level selective checkpointing keeps less than "
-                   "Megatron's selective recompute the model counts; 350M-1B MPT runs at "
-                   "micro-batch 10-18 on A100-40GB by 0.4-2 GiB)")
+def test_fsdp_error_bounds_per_gpu_type(results):
+    """No GPU type carries the mean: each within the issue's 10% on its own."""
+    for gpu in ("a100-40gb", "a100-80gb", "h100-sxm"):
+        errs = [abs(r.error) for r in results if r.gpu == gpu]
+        assert errs and sum(errs) / len(errs) <= 0.10, (gpu, sum(errs) / len(errs))
+
+
+def test_fsdp_out_of_sample_bounds(data, calibrator):
+    """The same bounds with the kernel stack's figures refitted without each run's source."""
+    oos = out_of_sample(data, calibrator)
+    errs = [abs(e) for e in oos.values()]
+    assert len(errs) == 222
+    assert sum(errs) / len(errs) <= 0.10 and max(errs) <= 0.25
+
+
+def test_catalog_records_the_calibrated_kernel_stack(calibrator):
+    """Each GPU type's [kernel_stacks.pytorch] holds what the calibration finds on these runs
+    (knees within one grid step, efficiencies within 0.01), and nothing else is fitted: the
+    16-bit asymptote stays the GPU type's."""
+    fitted = calibrator.fit()
+    assert set(fitted) == {"a100-40gb:pytorch", "a100-80gb:pytorch", "h100-sxm:pytorch"}
+    step = {"gemm_knee_tokens": STACK_KNEE_TOKENS_GRID[1], "gemm_knee_width": KNEE_WIDTH_GRID[1],
+            "attention_efficiency": ATTENTION_GRID[1] - ATTENTION_GRID[0]}
+    for key, fit in fitted.items():
+        gpu, stack = key.split(":")
+        catalog = tomllib.loads((ROOT / "hardware_catalog" / f"{gpu}.toml").read_text())
+        table = catalog["kernel_stacks"][stack]
+        assert set(fit) <= {"gemm_knee_tokens", "gemm_knee_width", "attention_efficiency",
+                            "efficiency_fp8"}
+        for k, v in fit.items():
+            assert abs(table[k] - v) <= step.get(k, 0.01) + 1e-9, (key, k, v, table[k])
+        assert "calibrat" in table["calibration"].lower()
+
+
+def test_triton_flash_attention_reaches_flash_attention_1_share_on_a100(calibrator):
+    """llm-foundry's attention is the Triton FlashAttention kernel (FlashAttention-1's
+    algorithm). On the causal FLOPs it runs (half the model's 4 b s^2 h), the fitted share is
+    within the 25-40% of the A100 peak that Dao 2023 (FlashAttention-2, arXiv 2307.08691,
+    abstract) gives for FlashAttention; and below it on H100 (no Hopper instructions in
+    triton-pre-mlir) in FLOP/s share, though faster in FLOP/s."""
+    fitted = calibrator.fit()
+    for gpu in ("a100-40gb", "a100-80gb"):
+        causal_share = fitted[f"{gpu}:pytorch"]["attention_efficiency"] / 2
+        assert 0.25 <= causal_share <= 0.40, (gpu, causal_share)
+    a100 = fitted["a100-80gb:pytorch"]["attention_efficiency"] * 312.0
+    h100 = fitted["h100-sxm:pytorch"]["attention_efficiency"] * 989.4
+    assert fitted["h100-sxm:pytorch"]["attention_efficiency"] < \
+        fitted["a100-80gb:pytorch"]["attention_efficiency"] and h100 > a100
+
+
+def test_fused_cross_entropy_is_what_makes_the_small_mpt_runs_fit(data, results):
+    """The 350M-1B MPT runs at micro-batch 10-18 on A100-40GB ran; with the 16-bit logits and
+    their fp32 softmax copy (6 bytes per logit) the model puts them over the limit, with
+    llm-foundry's fused cross-entropy (2 bytes) they fit. By hand for the 350M run at
+    micro-batch 18: 18 x 2048 tokens x 50,368 logits x 2 bytes = 3.46 GiB."""
+    ids = [r["id"] for r in data["runs"] if r["gpu"] == "a100-40gb"
+           and r["plan"]["micro_batch"] in (10, 18) and r["model"].split("-s")[0]
+           in ("mpt-350m", "mpt-1b") and r["plan"]["recompute"] == "none"]
+    assert len(ids) >= 7
+    by_id = {r.id: r for r in results}
+    r350 = next(i for i in ids if "mpt350m" in i)
+    assert by_id[r350].report.memory_gib["logits"] == pytest.approx(
+        18 * 2048 * 50368 * 2 / 2**30, rel=1e-9)
+    unfused = {"models": data["models"], "runs": [
+        {**r, "training": {**r["training"], "fused_cross_entropy": False}}
+        for r in data["runs"] if r["id"] in ids]}
+    for r in ids:
+        assert by_id[r].report.fits, r
+    assert not any(x.report.fits for x in validate_runs(unfused))
+
+
+def _inst(gpu="h100-sxm", cluster=None, **training):
+    return parse_instance({
+        "model": {"preset": "llama3-8b"},
+        "training": {"global_batch": 64, **training},
+        "cluster": {"gpu": gpu, "gpus": 8, **(cluster or {})}}, "t")
+
+
+def test_kernel_stack_figures_and_fallback():
+    """kernel_stack = "pytorch" takes the catalog's [kernel_stacks.pytorch] figures (the
+    asymptote stays the GPU type's), a cluster override wins over them, and a GPU type without
+    the table keeps its main figures."""
+    fused, eager = _inst().hw, _inst(kernel_stack="pytorch").hw
+    table = tomllib.loads((ROOT / "hardware_catalog" / "h100-sxm.toml").read_text())[
+        "kernel_stacks"]["pytorch"]
+    assert eager.efficiency == fused.efficiency
+    assert (eager.knee_tokens, eager.knee_width, eager.attention_efficiency) == (
+        table["gemm_knee_tokens"], table["gemm_knee_width"], table["attention_efficiency"])
+    assert fused.attention_efficiency is None          # fused: the GEMM efficiency
+    over = _inst(cluster={"attention_efficiency": 0.5}, kernel_stack="pytorch")
+    assert over.hw.attention_efficiency == 0.5
+    assert _inst("b200", kernel_stack="pytorch").hw == _inst("b200").hw
+
+
 def test_every_fsdp_run_fits(results):
-    assert all(r.report.fits for r in results)
+    """Issue 11: they ran, so none may exceed the memory limit under the model."""
+    assert all(r.report.fits for r in results), [r.id for r in results if not r.report.fits]
+
+
+def _titan(data, rid, **training):
+    run = next(r for r in data["runs"] if r["id"] == rid)
+    run = {**run, "training": {**run.get("training", {}), **training}}
+    return validate_runs({"models": data["models"], "runs": [run]})[0]
+
+
+def test_op_level_selective_checkpointing_memory_by_hand(data):
+    """torchtitan's op-level policy on Llama 2 70B (h 8192, 8 of 64 KV heads, SwiGLU f 28672,
+    micro-batch 1 of 4096 tokens, 80 layers on one stage, no dropout), bytes per token and
+    layer: kept layer input 2h and w2 output 2h, q 2h, v 2h/8, attention output 2h, w1 output
+    2f, softmax statistics 4 x 64 = 125,184; plus one layer re-materialised in the backward
+    (8h + 4h + 4h/8 + 6f + 256 = 274,688): (80 x 125,184 + 274,688) x 4096 bytes = 39.25 GiB.
+    Under Megatron-Core's core-attention rule the same run keeps 83.8 GiB and does not fit."""
+    rid = "titan2404-a100-64gpu-llama2-70b-selop"
+    op = _titan(data, rid)
+    assert op.report.memory_gib["activations"] == pytest.approx(
+        (80 * 125184 + 274688) * 4096 / 2**30, rel=1e-9)
+    core = _titan(data, rid, selective_recompute="core_attention")
+    assert core.report.memory_gib["activations"] > 80 and not core.report.fits
+
+
+def test_op_level_selective_checkpointing_time_against_torchtitan(data):
+    """torchtitan's own table (docs/performance.md @1ea476e, Llama 2 13B on 64 A100): selective
+    op 1904 WPS against 2162 without checkpointing, 13.6% slower. The op-level rule (every
+    second matmul and the element-wise ops re-run) predicts 11.6%, within 3 points; the
+    core-attention rule (one more attention pass) predicts 4.0%."""
+    noac = _titan(data, "titan2404-a100-64gpu-llama2-13b-noac")
+    selop = _titan(data, "titan2404-a100-64gpu-llama2-13b-selop")
+    measured = selop.measured_s / noac.measured_s
+    assert measured == pytest.approx(2162 / 1904, rel=1e-3)
+    assert abs(selop.predicted_s / noac.predicted_s - measured) <= 0.03
+    core = _titan(data, "titan2404-a100-64gpu-llama2-13b-selop",
+                  selective_recompute="core_attention")
+    assert measured - core.predicted_s / noac.predicted_s > 0.08
+
+
+def test_three_backends_agree_under_the_pytorch_stack_and_op_level_recompute():
+    """The kernel stack changes the GEMM and attention figures and the op-level policy the
+    recomputed GEMMs, element-wise passes and stored activations; the MIPs encode them as the
+    evaluator computes them (one instance: torchtitan on 4 H100 nodes, selective pinned)."""
+    from formulations.solve import solve
+    from tests.test_solvers import agree
+
+    doc = {"model": {"layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 4,
+                     "gated_mlp": True, "vocab": 32000, "seq_len": 4096, "dropout": False},
+           "training": {"global_batch": 64, "kernel_stack": "pytorch",
+                        "fused_cross_entropy": True},
+           "cluster": {"gpu": "h100-sxm", "gpus": 32},
+           "constraints": {"framework": "torchtitan", "recompute": "selective", "max_pp": 1}}
+    agree(doc)
+    best = solve(parse_instance(doc), solver="enumerate", explain=False).report.plan
+    assert best.recompute == "selective" and best.dp_sharding == "optim_grads_params"

@@ -140,7 +140,7 @@ from collections.abc import Callable
 
 from planner.model.errors import InputError
 from planner.model.frameworks import SHARDING_MODES, framework_violations
-from planner.model.terms import reduce_dtype
+from planner.model.terms import reduce_dtype, selective_recompute
 from planner.model.instance import Instance
 from planner.model.plan import Plan, default_placement
 from planner.model.rules import violations
@@ -656,7 +656,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "activation_checkpoint has full (every layer) or selective per layer "
                         "frequency, not a count per stage: mode = \"full\" is emitted (slower, "
                         "less memory than planned)")
-    if plan.recompute == "selective":
+    if plan.recompute == "selective" and selective_recompute(inst) != "op":
         comments.append("selective: torchtitan's per-op checkpointing saves matmul outputs and "
                         "recomputes the rest, close to but not the same as Megatron's attention-only "
                         "selective recompute")

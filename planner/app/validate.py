@@ -132,7 +132,7 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
     for run in data["runs"]:
         if only_gpu and run["gpu"] != only_gpu:
             continue
-        inst = run_instance(data, run, (overrides or {}).get(run["gpu"]))
+        inst = run_instance(data, run, (overrides or {}).get(fit_key(run)))
         plan = plan_from_spec(inst, inst.spec.plan)
         rep = evaluate(inst, plan, spec=inst.spec.plan)
         out.append(RunResult(run["id"], run["gpu"], run["precision"], plan.gpus,
@@ -164,6 +164,25 @@ KNEE_TOKENS_GRID = np.arange(0.0, 1024.0 + 1, 128.0)
 KNEE_WIDTH_GRID = np.arange(0.0, 2048.0 + 1, 64.0)
 
 
+#: The grid of a kernel stack's figures (``[kernel_stacks.*]`` in the catalog): the two knees of
+#: the GEMM size curve and the attention core's share of the peak (the asymptote is the GPU
+#: type's: the best matmul the chip runs, whatever calls it).
+STACK_KNEE_TOKENS_GRID = np.arange(0.0, 4096.0 + 1, 128.0)
+ATTENTION_GRID = np.round(np.arange(0.20, 1.0 + 1e-9, 0.01), 4)
+
+
+def stack_of(run: dict[str, Any]) -> str:
+    """The run's ``[training] kernel_stack`` (``fused`` unless it says otherwise)."""
+    return run.get("training", {}).get("kernel_stack", "fused")
+
+
+def fit_key(run: dict[str, Any]) -> str:
+    """Whose parameters a run's error depends on: its GPU type (fused kernels, the catalog's main
+    figures) or ``gpu:stack`` (the catalog's ``[kernel_stacks.stack]`` of that GPU type)."""
+    stack = stack_of(run)
+    return run["gpu"] if stack == "fused" else f"{run['gpu']}:{stack}"
+
+
 def source_of(run: dict[str, Any]) -> str:
     """The source a run comes from: its publication or benchmark release. ``source`` up to its
     version (``"MLPerf Training v3.1 n512"`` -> ``"MLPerf Training v3.1"``; the configuration
@@ -184,7 +203,21 @@ def _grid_times(data: dict[str, Any], run: dict[str, Any], fit16: dict[str, floa
     inst = run_instance(data, run)
     plan = plan_from_spec(inst, inst.spec.plan)
     hw = inst.hw
-    if run["precision"] == "fp8":
+    if stack_of(run) != "fused":
+        # a kernel stack's run: [knee_tokens, knee_width, attention_efficiency] for 16-bit,
+        # [efficiency_fp8] for FP8 (its 16-bit figures fixed at fit16)
+        if run["precision"] == "fp8":
+            f = fit16 or {}
+            hw = replace(hw, efficiency_fp8=EFF_GRID,
+                         knee_tokens=f.get("gemm_knee_tokens", hw.knee_tokens),
+                         knee_width=f.get("gemm_knee_width", hw.knee_width),
+                         attention_efficiency=f.get("attention_efficiency",
+                                                    hw.attention_efficiency))
+        else:
+            hw = replace(hw, knee_tokens=STACK_KNEE_TOKENS_GRID[:, None, None],
+                         knee_width=KNEE_WIDTH_GRID[None, :, None],
+                         attention_efficiency=ATTENTION_GRID[None, None, :])
+    elif run["precision"] == "fp8":
         f = fit16 or {}
         e16 = f.get("efficiency", hw.efficiency)
         hw = replace(hw, efficiency=e16, efficiency_fp8=EFF_GRID,
@@ -206,8 +239,18 @@ class Calibrator:
         self.runs = data["runs"]
         self.measured = [float(r["measured_step_time_s"]) for r in self.runs]
         self._grid16 = {i: _grid_times(data, r, None) for i, r in enumerate(self.runs)
-                        if r["precision"] != "fp8"}
+                        if r["precision"] != "fp8" and stack_of(r) == "fused"}
         self._grid8: dict[tuple, np.ndarray] = {}
+        # kernel-stack runs: each 16-bit run's |error| over the stack grid (float32), and their
+        # sum per GPU type and stack (a fit without a source subtracts that source's runs)
+        self._stack_err = {i: np.abs(_grid_times(data, r, None) / self.measured[i] - 1)
+                           .astype(np.float32) for i, r in enumerate(self.runs)
+                           if r["precision"] != "fp8" and stack_of(r) != "fused"
+                           and held_out(r) is None}
+        self._stack_total: dict[str, np.ndarray] = {}
+        for i, e in self._stack_err.items():
+            k = fit_key(self.runs[i])
+            self._stack_total[k] = self._stack_total.get(k, 0) + e.astype(np.float64)
 
     def fit(self, exclude_source: str | None = None) -> dict[str, dict[str, float]]:
         """The grid point minimising the mean |error| (without the runs of ``exclude_source``).
@@ -220,8 +263,9 @@ class Calibrator:
         gets no fit (the catalog stands); without FP8 runs its FP8 GEMMs are charged the
         16-bit ``efficiency``."""
         keep = [i for i, r in enumerate(self.runs)
-                if source_of(r) != exclude_source and held_out(r) is None]
-        gpus = sorted({r["gpu"] for r in self.runs})
+                if source_of(r) != exclude_source and held_out(r) is None
+                and stack_of(r) == "fused"]
+        gpus = sorted({r["gpu"] for r in self.runs if stack_of(r) == "fused"})
         err16 = {}
         for gpu in gpus:
             idx16 = [i for i in keep if self.runs[i]["gpu"] == gpu and i in self._grid16]
@@ -242,7 +286,8 @@ class Calibrator:
                        "gemm_knee_width": float(KNEE_WIDTH_GRID[kw])}
             idx8 = [i for i in keep if self.runs[i]["gpu"] == gpu
                     and self.runs[i]["precision"] == "fp8"]
-            has_fp8 = any(r["gpu"] == gpu and r["precision"] == "fp8" for r in self.runs)
+            has_fp8 = any(r["gpu"] == gpu and r["precision"] == "fp8"
+                          and stack_of(r) == "fused" for r in self.runs)
             if fit and has_fp8 and not idx8:
                 # no FP8 run to fit: FP8 GEMMs are charged the 16-bit efficiency (never a
                 # catalog value fitted on the runs left out)
@@ -257,6 +302,43 @@ class Calibrator:
                 fit["efficiency_fp8"] = float(EFF_GRID[int(np.argmin(err8))])
             if fit:
                 out[gpu] = fit
+        out.update(self._fit_stacks(exclude_source))
+        return out
+
+    def _fit_stacks(self, exclude_source: str | None) -> dict[str, dict[str, float]]:
+        """Per GPU type and kernel stack (key ``gpu:stack``): the grid point of
+        ``gemm_knee_tokens``, ``gemm_knee_width`` and ``attention_efficiency`` minimising the
+        mean |error| over the stack's 16-bit runs on that GPU type, then ``efficiency_fp8``
+        over its FP8 runs (none without FP8 runs to fit). The asymptote ``efficiency`` stays
+        the GPU type's (the catalog's): the best matmul is the chip's, the stack sets how far
+        from it GEMMs of a given size run, and what the attention kernel reaches."""
+        out: dict[str, dict[str, float]] = {}
+        runs = self.runs
+        for key, total in sorted(self._stack_total.items()):
+            err = total
+            for i, e in self._stack_err.items():
+                if fit_key(runs[i]) == key and source_of(runs[i]) == exclude_source:
+                    err = err - e
+            n = sum(1 for i in self._stack_err if fit_key(runs[i]) == key
+                    and source_of(runs[i]) != exclude_source)
+            if not n:
+                continue
+            kt, kw, a = np.unravel_index(int(np.argmin(err)), err.shape)
+            fit = {"gemm_knee_tokens": float(STACK_KNEE_TOKENS_GRID[kt]),
+                   "gemm_knee_width": float(KNEE_WIDTH_GRID[kw]),
+                   "attention_efficiency": float(ATTENTION_GRID[a])}
+            idx8 = [i for i, r in enumerate(runs) if fit_key(r) == key
+                    and r["precision"] == "fp8" and held_out(r) is None
+                    and source_of(r) != exclude_source]
+            if idx8:
+                cache = tuple(sorted(fit.items()))
+                err8 = 0.0
+                for i in idx8:
+                    if (i, cache) not in self._grid8:
+                        self._grid8[(i, cache)] = _grid_times(self.data, runs[i], fit)
+                    err8 = err8 + np.abs(self._grid8[(i, cache)] / self.measured[i] - 1)
+                fit["efficiency_fp8"] = float(EFF_GRID[int(np.argmin(err8))])
+            out[key] = fit
         return out
 
 

@@ -18,6 +18,22 @@ from planner.model.errors import InputError
 GiB = 1024**3
 
 
+class KernelStack(BaseModel):
+    """The compute figures of one kernel stack on one GPU type ([training] kernel_stack): the
+    two knees of the GEMM size curve, the attention core's share of the peak and the FP8
+    asymptote; the 16-bit asymptote is the GPU type's ``efficiency`` (the best matmul the chip
+    runs). Calibrated like the main figures (``plan validate RUNS --calibrate`` on runs of
+    that stack); ``calibration`` says how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gemm_knee_tokens: float = Field(ge=0)
+    gemm_knee_width: float = Field(ge=0)
+    attention_efficiency: float = Field(gt=0, le=1)
+    efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
+    calibration: str
+
+
 class GPU(BaseModel):
     """One GPU type and the node it sits in. Bandwidths are per GPU and per direction."""
 
@@ -51,6 +67,12 @@ class GPU(BaseModel):
         "shard N x K runs at efficiency * M/(M+kt) * N/(N+kw) * K/(K+kw); calibrated, 0 = flat")
     gemm_knee_width: float = Field(
         default=0.0, ge=0, description="GEMM size curve, weight dimensions per tensor rank (kw)")
+    attention_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="share of the 16-bit peak the fused (flash) "
+        "attention core reaches on the model's 4 b s^2 h FLOPs; default efficiency")
+    kernel_stacks: dict[str, KernelStack] = Field(
+        default_factory=dict, description="figures of other kernel stacks ([training] "
+        "kernel_stack) than the fused one the main figures are calibrated for")
     calibration: str
     sources: dict[str, str]
 
@@ -75,7 +97,7 @@ _FIGURES = (
 )
 #: Figures that need a source when the file gives them (their defaults leave the model as before).
 _OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "gemm_knee_tokens",
-                     "gemm_knee_width")
+                     "gemm_knee_width", "attention_efficiency")
 
 
 def known_gpus() -> list[str]:

@@ -55,6 +55,9 @@ class Framework:
     #: over the group: Megatron-FSDP, DeepSpeed ZeRO-3) or the fp32 master is the shard and
     #: only the gathered layers are 16-bit (16 bytes: PyTorch FSDP's MixedPrecisionPolicy)
     sharded_16bit_copy: bool = True
+    #: what recompute = "selective" recomputes: "core_attention" (Megatron-Core's default
+    #: recompute module core_attn) or "op" (torchtitan's op-level selective checkpointing)
+    selective_recompute: str = "core_attention"
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -128,7 +131,12 @@ FRAMEWORKS: dict[str, Framework] = {
                                                   "tp_comm_overlap"),
                             grad_bucket_params=1 << 40,
                             sharding_modes=("none", "optim_grads_params"), ddp_needs_1d=True,
-                            reduce_every_microbatch=True, sharded_16bit_copy=False),
+                            reduce_every_microbatch=True, sharded_16bit_copy=False,
+                            # activation_checkpoint.mode = "selective", selective_ac_option =
+                            # "op" (its train_configs): a policy that saves the outputs of mm,
+                            # the SDPA kernels and reduce-scatter, except every second mm
+                            # (torchtitan/parallelisms/parallelize_llama.py @1ea476e)
+                            selective_recompute="op"),
     "deepspeed": Framework("deepspeed", "DeepSpeed",
                            overlaps_expressible=("overlap_grad_reduce",),
                            grad_bucket_params=500_000_000,
@@ -154,6 +162,11 @@ def grad_reduce_dtype(name: str | None, precision: str) -> str:
     if fw.name == "megatron" and precision == "fp16":
         return "bf16"
     return fw.grad_reduce_dtype
+
+
+def selective_recompute_of(name: str | None) -> str:
+    """What the framework's selective recompute recomputes (:attr:`Framework.selective_recompute`)."""
+    return framework_of(name).selective_recompute
 
 
 def framework_violations(name: str | None, plan) -> list[str]:

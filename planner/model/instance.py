@@ -47,6 +47,9 @@ class Hardware:
     bw_inter: float
     lat_intra: float
     lat_inter: float
+    #: share of the 16-bit peak the fused (flash) attention core reaches, on the model's
+    #: ``4 b s^2 h`` FLOPs; None: the GEMM ``efficiency`` (see GPU.attention_efficiency)
+    attention_efficiency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -213,15 +216,23 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
                           f"{gpu.key} ({gpu.hbm_capacity_GiB:g} GiB); expected less than that"])
     host = c.gpus_per_node or c.gpus_per_host or gpu.host_size
     domain = c.gpus_per_node or c.nvlink_domain or gpu.nvlink_domain
-    eff8 = c.efficiency_fp8 or gpu.efficiency_fp8 or gpu.efficiency
+    # the kernel stack's figures where the catalog has them ([training] kernel_stack), else
+    # the main (fused-kernel) ones; instance overrides apply on top of either
+    stack = gpu.kernel_stacks.get(spec.training.kernel_stack)
+    knee_tokens = stack.gemm_knee_tokens if stack else gpu.gemm_knee_tokens
+    knee_width = stack.gemm_knee_width if stack else gpu.gemm_knee_width
+    attn_eff = stack.attention_efficiency if stack else gpu.attention_efficiency
+    eff8 = (c.efficiency_fp8 or (stack.efficiency_fp8 if stack else None) or gpu.efficiency_fp8
+            or gpu.efficiency)
     hw = Hardware(
         gpu=gpu,
         peak=gpu.peak_flops("fp16" if precision == "fp16" else "bf16"),
         peak_fp8=gpu.peak_flops("fp8"),
         efficiency=c.efficiency or gpu.efficiency,
         efficiency_fp8=eff8,
-        knee_tokens=gpu.gemm_knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
-        knee_width=gpu.gemm_knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
+        attention_efficiency=c.attention_efficiency or attn_eff,
+        knee_tokens=knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
+        knee_width=knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,
         hbm_bw=gpu.hbm_bandwidth_GBps * 1e9,
         gpus_per_host=host,

@@ -165,6 +165,24 @@ class TrainingSpec(_Strict):
         default=None, description="sharded gradients are reduce-scattered after every "
         "micro-batch (true: torchtitan, DeepSpeed, PyTorch FSDP) or once per step, accumulating "
         "unsharded in between (false: Megatron-LM, NeMo); default the framework's")
+    selective_recompute: Literal["core_attention", "op"] | None = Field(
+        default=None, description="what recompute = \"selective\" recomputes: core_attention "
+        "(Megatron-Core's recompute module core_attn: the attention core re-runs, the rest is "
+        "kept) or op (torchtitan's op-level selective checkpointing: the outputs of every "
+        "second matmul and of the attention kernel are kept, the other matmuls and the "
+        "element-wise ops re-run); default the framework's (torchtitan: op)")
+    kernel_stack: Literal["fused", "pytorch"] = Field(
+        default="fused", description="the kernels the GEMMs and the attention core run on, "
+        "with their own calibrated figures per GPU type (hardware_catalog/*.toml "
+        "[kernel_stacks.*]): fused = Megatron-Core / NeMo with Transformer Engine (the "
+        "catalog's main figures); pytorch = PyTorch eager modules (torch.nn.Linear on cuBLAS, a "
+        "Triton or SDPA flash-attention kernel), as llm-foundry's MPT benchmarks and torchtitan "
+        "without torch.compile run; a GPU type without figures for the stack uses the fused ones")
+    fused_cross_entropy: bool = Field(
+        default=False, description="the loss is a fused cross-entropy kernel that writes the "
+        "logits' gradient in place in their 16-bit dtype (flash-attn's xentropy, llm-foundry's "
+        "MPT default loss_fn = fused_crossentropy): 2 bytes per logit at the memory peak "
+        "instead of the 16-bit logits plus their fp32 softmax copy (6 bytes)")
 
     @model_validator(mode="before")
     @classmethod
@@ -211,6 +229,9 @@ class ClusterSpec(_Strict):
         default=None, description="override of the catalog's GEMM size knee in tokens")
     gemm_knee_width: Annotated[float, Field(ge=0, le=1e6)] | None = Field(
         default=None, description="override of the catalog's GEMM size knee in weight width")
+    attention_efficiency: Efficiency | None = Field(
+        default=None, description="override of the catalog's share of the 16-bit peak the "
+        "fused (flash) attention core reaches")
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSpec:

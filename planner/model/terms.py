@@ -28,7 +28,8 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
                                    quotient_excess, ring_share, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, ring_step
-from planner.model.frameworks import OVERLAP_KNOBS, framework_of, grad_reduce_dtype
+from planner.model.frameworks import (OVERLAP_KNOBS, framework_of, grad_reduce_dtype,
+                                      selective_recompute_of)
 from planner.model.instance import Hardware, Instance
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
@@ -87,6 +88,12 @@ def reduce_every_microbatch(inst: Instance) -> bool:
     pin = inst.spec.training.grad_reduce_every_microbatch
     return framework_of(inst.spec.constraints.framework).reduce_every_microbatch \
         if pin is None else pin
+
+
+def selective_recompute(inst: Instance) -> str:
+    """``[training] selective_recompute``, else the framework's (what "selective" recomputes)."""
+    return (inst.spec.training.selective_recompute
+            or selective_recompute_of(inst.spec.constraints.framework))
 
 
 def framework_bar(fw, named: str | None, mode: str, x: Degrees):
@@ -180,6 +187,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     L, h, s = sh.L, sh.h, sh.s
     full = k.recompute == "full"
     selective = k.recompute == "selective"
+    # what selective recompute recomputes ([training] selective_recompute, else the
+    # framework's): Megatron-Core's core attention, or torchtitan's op-level policy (every
+    # second matmul of the layer and the element-wise ops; the attention output is kept)
+    op_level = selective and selective_recompute(inst) == "op"
+    core_attn = selective and not op_level
     n_fwd = 2 if full else 1
     passes = n_fwd + 2
     flash = tr.flash_attention
@@ -192,14 +204,17 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- compute per layer and micro-batch ------------------------------------------------
     attn_fwd_flops = sh.attention_flops(b) / (t * c)
     if flash:
+        # the fused kernel runs at its own share of the peak (GPU.attention_efficiency)
+        peak_attn = hw.peak * (hw.efficiency if hw.attention_efficiency is None
+                               else hw.attention_efficiency)
         # selective recompute re-runs the core attention forward (Megatron-Core's default
         # recompute module "core_attn"); with fused attention it saves no memory
-        attn = (passes + 0.5 + (1 if selective else 0)) * attn_fwd_flops / peak16
+        attn = (passes + 0.5 + (1 if core_attn else 0)) * attn_fwd_flops / peak_attn
         score_bytes = 0.0
     else:
         score_elems = sh.a * b * s * s / (t * c)           # s/c query rows x s keys, a/t heads
         roof = vmax(4 * h / peak16, 2 * 2 * sh.a / hw.hbm_bw)  # per (b s^2 / (t c)): flops vs bytes
-        attn = (passes + (1 if selective else 0)) * (b * s * s / (t * c)) * roof
+        attn = (passes + (1 if core_attn else 0)) * (b * s * s / (t * c)) * roof
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
 
     kt, kw = hw.knee_tokens, hw.knee_width
@@ -238,19 +253,33 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             moe_gemms += [(tokens / t, fc1_w * sh.f_e, h, sh.shared),
                           (tokens / t, h, sh.f_e, sh.shared)]
 
-    def layer_time(gemms, mlp_bytes):
+    # torchtitan's op-level policy counts the layer's matmuls in the order they run (q, k, v,
+    # o, then w1, w3, w2 gated or w1, w2 plain) and recomputes the even ones: k, o and w3
+    # (gated) or w2 (plain); for an MoE layer the experts' matmuls stand for the MLP's
+    attn_recomputed = [(tokens, h * sh.k / sh.a / t, h, 1), (tokens, h, h / t, 1)]
+    dense_recomputed = attn_recomputed + [
+        (tokens, sh.f / t, h, 1) if sh.gated else (tokens, h, sh.f / t, 1)]
+
+    def layer_time(gemms, mlp_bytes, recomputed):
         """GEMMs + attention core + element-wise traffic of one layer and micro-batch."""
         gemm_s_ = passes * gemm_s(gemms, peak_gemm)
+        if op_level:
+            gemm_s_ = gemm_s_ + gemm_s(recomputed, peak_gemm)
         fwd = tokens * (sh.eltwise_replicated_bytes / shard + mlp_bytes / t) + score_bytes
-        elt_s = (passes * fwd + (score_bytes if selective else 0)) / hw.hbm_bw
+        elt_s = ((passes + (1 if op_level else 0)) * fwd
+                 + (score_bytes if core_attn else 0)) / hw.hbm_bw
         return gemm_s_, elt_s, gemm_s_ + attn + elt_s
 
-    gemm, eltwise, dense_compute = layer_time(dense_gemms, sh.eltwise_parallel_bytes)
+    gemm, eltwise, dense_compute = layer_time(dense_gemms, sh.eltwise_parallel_bytes,
+                                              dense_recomputed)
     logits = 3 * gemm_s([(tokens, sh.V / t, h, 1)], peak16)
     dense_share = sh.n_dense / L
     moe_share = sh.n_moe / L
     if sh.n_moe:
-        moe_gemm, _, moe_compute = layer_time(moe_gemms, sh.moe_eltwise_parallel_bytes)
+        moe_recomputed = attn_recomputed + [
+            (m_e, sh.f_e, h, local) if sh.gated else (m_e, h, sh.f_e, local)]
+        moe_gemm, _, moe_compute = layer_time(moe_gemms, sh.moe_eltwise_parallel_bytes,
+                                              moe_recomputed)
     else:
         moe_gemm, moe_compute = 0.0, 0.0
 
@@ -549,8 +578,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     units = (2 * resharded + kept * stage_layers) if mode.params else 0
     kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
-    def stored_per_layer(parallel_bytes):
-        """(stored bytes per layer and micro-batch, working set of one re-materialised layer)."""
+    def stored_per_layer(parallel_bytes, mlp_kept):
+        """(stored bytes per layer and micro-batch, working set of one re-materialised layer).
+        ``mlp_kept``: bytes per token of the MLP's first matmul output (op-level policy)."""
         none = tokens * (sh.act_replicated_bytes / shard + parallel_bytes / t)
         if flash:
             none = none + 4 * sh.a * tokens / t                  # fp32 softmax statistics
@@ -560,7 +590,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             none = none + sh.act_score_bytes_per_element * sh.a * tokens * s / t
         if full:
             return 2 * tokens * h / shard, none                   # the layer input checkpoint
-        return (sel if selective else none), 0.0
+        if op_level:
+            # torchtitan's op-level policy keeps the layer input, the outputs of the odd
+            # matmuls (q, v, the MLP's first; gated also its last, w2) and of the attention
+            # kernel (with its softmax statistics); the backward re-materialises one layer
+            kept_repl = 2 * h * (2 if sh.gated else 1)
+            kept_par = 2 * h + 2 * h * sh.k / sh.a + 2 * h + mlp_kept + 4 * sh.a
+            return tokens * (kept_repl / shard + kept_par / t), none
+        return (sel if core_attn else none), 0.0
 
     # 1F1B keeps p micro-batches of the first stage's L/p layers in flight; interleaving adds
     # (p - 1) / (p v) of that (Korthikanti et al. Sec. 4.2.3). The last stage keeps
@@ -571,7 +608,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     last_flight = ring_share(v) + 1 / (p * v)
     in_flight = p + gt1(v) * steps(p) / v                        # micro-batches, first stage
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
-    logits_buffer = 6 * tokens * sh.V / t                         # 16-bit logits + fp32 softmax
+    # 16-bit logits + their fp32 softmax; a fused cross-entropy writes the gradient in place
+    logits_buffer = (2 if tr.fused_cross_entropy else 6) * tokens * sh.V / t
 
     # every distinct stage: the first and last (their own layers), and with an uneven layout
     # the second rank, the middle stage holding most activations: (p - 1) micro-batches of
@@ -591,7 +629,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             layer_p = sh.moe_dense_params
             experts_p = stage_layers * sh.experts * sh.expert_params / x.e
             act_bytes_p = sh.moe_act_parallel_bytes
-        stored, working = stored_per_layer(act_bytes_p)
+        mlp_kept = (2 * sh.f if kind == "dense"
+                    else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
+        stored, working = stored_per_layer(act_bytes_p, mlp_kept)
         expert_opt = opt_full / expert_shards
         for stage, n_layers in stages.items():
             if stage == "first":
