@@ -276,21 +276,38 @@ def _collect(space: SearchSpace, objective: str, ties: bool = True
                 col.add((max_slot, i, a), k, arg)
 
     for k, knobs in enumerate(space.combos):
-        terms = step_terms(space.inst, deg, knobs)
-        obj = _as_sig(terms.step_time)
-        if objective == "time_per_sample":
-            obj = obj / _as_sig(sym["B"]) if isinstance(sym["B"], Sig) else obj / sym["B"]
+        obj, mems, crossing = _combo_terms(space, deg, sym, knobs, objective, ties)
         add_with_maxes("obj", "max", k, obj)
-        for stage in terms.memory:
-            mem = _as_sig(terms.memory_total(stage))
-            mem.require_linear(f"the memory of the {stage} pipeline stage (a constraint)")
+        for stage, mem in mems.items():
             col.add(("mem", stage), k, mem)
-        # on one NVLink segment nothing crosses the NIC: the goal is zero (no second evaluation)
-        if not ties:                # a model asked only for its optimum: no tie-break goal
-            continue
-        crossing = internode_bytes(space.inst, deg, knobs) if space.inst.segments > 1 else 0.0
-        add_with_maxes("bytes", "bmax", k, _as_sig(crossing))
+        if crossing is not None:
+            add_with_maxes("bytes", "bmax", k, crossing)
     return col, arity
+
+
+def _combo_terms(space: SearchSpace, deg, sym, knobs, objective: str, ties: bool):
+    """One combination's symbolic objective, memory per stage and (with ``ties``) internode
+    bytes. Kept in ``space.terms_cache``, which the narrowed spaces of one fixed-batch space
+    share (formulations/solve.py solves its sharding modes as models of their own, then the
+    tied ones again as one model): each combination is written out once."""
+    key = (knobs, objective, ties)
+    if key in space.terms_cache:
+        return space.terms_cache[key]
+    terms = step_terms(space.inst, deg, knobs)
+    obj = _as_sig(terms.step_time)
+    if objective == "time_per_sample":
+        obj = obj / _as_sig(sym["B"]) if isinstance(sym["B"], Sig) else obj / sym["B"]
+    mems = {}
+    for stage in terms.memory:
+        mems[stage] = _as_sig(terms.memory_total(stage))
+        mems[stage].require_linear(f"the memory of the {stage} pipeline stage (a constraint)")
+    crossing = None
+    if ties:                    # a model asked only for its optimum has no tie-break goal
+        # on one NVLink segment nothing crosses the NIC: the goal is zero (no second evaluation)
+        crossing = _as_sig(internode_bytes(space.inst, deg, knobs)
+                           if space.inst.segments > 1 else 0.0)
+    space.terms_cache[key] = (obj, mems, crossing)
+    return space.terms_cache[key]
 
 
 def _restrict_forms(col: _Collector, space: SearchSpace) -> None:
@@ -365,20 +382,24 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
     dims = list(space.dims)
     copies: dict[CopyKey, CopySet] = {}
 
+    # per dimension with two values or more: pairs of combinations that differ in it alone
+    # (the first of each group of equal other values, and each other member of the group)
+    pairs: dict[str, tuple[list[int], list[int]]] = {}
+    for di, dname in enumerate(dims):
+        if len({getattr(kn, dname) for kn in combos}) < 2:
+            continue
+        by_rest: dict = {}
+        for k, kn in enumerate(combos):
+            rest = tuple(getattr(kn, d2) for jj, d2 in enumerate(dims) if jj != di)
+            by_rest.setdefault(rest, []).append(k)
+        firsts = [ks[0] for ks in by_rest.values() for _ in ks[1:]]
+        others = [kk for ks in by_rest.values() for kk in ks[1:]]
+        pairs[dname] = (firsts, others)
+
     def depends(full: np.ndarray) -> tuple[str, ...]:
-        dep = []
-        for di, dname in enumerate(dims):
-            values = {getattr(kn, dname) for kn in combos}
-            if len(values) < 2:
-                continue
-            by_rest: dict = {}
-            for k, kn in enumerate(combos):
-                rest = tuple(getattr(kn, d2) for jj, d2 in enumerate(dims) if jj != di)
-                by_rest.setdefault(rest, []).append(k)
-            if any(not np.allclose(full[..., ks[0]], full[..., kk], rtol=1e-12, atol=0)
-                   for ks in by_rest.values() for kk in ks[1:]):
-                dep.append(dname)
-        return tuple(dep)
+        """The dimensions the table ``full`` (combinations last) changes along."""
+        return tuple(dname for dname, (firsts, others) in pairs.items() if others and
+                     not np.allclose(full[..., firsts], full[..., others], rtol=1e-12, atol=0))
 
     def build(slot) -> LinExpr:
         const, groups = tabulated.get(slot, (np.zeros(n), []))

@@ -209,14 +209,16 @@ def _narrow(space: SearchSpace, choices: tuple) -> SearchSpace:
     keep = tuple(ch for ch in space.dims["sharding_choice"] if ch in choices)
     return replace(space, combos=[k for k in space.combos
                                   if (k.dp_sharding, k.reshard_after_forward) in keep],
-                   dims={**space.dims, "sharding_choice": keep}, parent=space, _reach={})
+                   dims={**space.dims, "sharding_choice": keep}, parent=space, _reach={},
+                   terms_cache=space.terms_cache)
 
 
 def _batch_model(space: SearchSpace, batch: int) -> SearchSpace:
     """The space with the global batch fixed at ``batch``."""
     exps = space.base["B"].exps[space.base["B"].values.index(batch)]
     return replace(space, base={**space.base, "B": BaseVar("B", (batch,), (exps,))},
-                   fixed={**space.fixed, "B": batch}, parent=space, _reach={})
+                   fixed={**space.fixed, "B": batch}, parent=space, _reach={},
+                   terms_cache={})
 
 
 def objective_cap(inst: Instance, kind: str) -> float | None:

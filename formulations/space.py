@@ -151,6 +151,9 @@ class SearchSpace:
     #: there is a superset of what is reachable here, so presolve counts can be shared
     parent: SearchSpace | None = field(default=None, compare=False, repr=False)
     _reach: dict = field(default_factory=dict, compare=False, repr=False)
+    #: symbolic terms per knob combination (formulations/encoding.py), shared by the spaces
+    #: that narrow this one's combinations without changing its variables
+    terms_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def form_reach(self, mono: Mono) -> dict[tuple, int]:
         """The exponent vectors of ``mono`` that assignments keeping the rules reach (counted,
