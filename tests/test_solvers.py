@@ -215,3 +215,27 @@ def test_backends_agree_when_terms_span_many_orders_of_magnitude():
         assert res.objective == pytest.approx(ref.objective, rel=1e-6, abs=tolerance(res)), \
             (backend, res.report.plan.label(), ref.report.plan.label())
         assert res.report.plan == ref.report.plan
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap):
+    """The search splits a large space into one model per sharding mode (formulations/solve.py);
+    on a small one, forced to split, it returns the plan one joint model and the enumerator
+    return. With both data-parallel overlaps on, plain data parallelism and ZeRO-2 stay in the
+    space and tie with ZeRO-1 on some plans, so the ties are broken across models."""
+    import formulations.solve as fs
+
+    inst = parse_instance({
+        "model": {"layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+        "training": {"global_batch": 16},
+        "cluster": {"gpu": "h100-sxm", "nodes": 2},
+        "constraints": {"max_micro_batch": 4, "overlap_grad_reduce": overlap,
+                        "overlap_param_gather": overlap}})
+    ref = solve(inst, solver="enumerate").report.plan
+    for split_above in (0, 2**62):
+        monkeypatch.setattr(fs, "SPLIT_ABOVE", split_above)
+        for backend in ("cpsat", "highs"):
+            res = solve(inst, solver=backend)
+            assert res.status == Status.OPTIMAL
+            assert res.report.plan == ref, (backend, split_above)
+            assert ("sharding-mode models" in res.note) == (split_above == 0)
