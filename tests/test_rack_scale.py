@@ -18,10 +18,12 @@ from planner.model.schema import PlanSpec
 
 
 def inst_of(gpu: str, gpus: int, **plan):
+    """Mixtral on ``gpus`` GPUs; ZeRO-1 pinned (the placement of the groups is the point)."""
     return parse_instance({
         "model": {"preset": "mixtral-8x7b"},
         "training": {"global_batch": 576},
         "cluster": {"gpu": gpu, "gpus": gpus},
+        "constraints": {"dp_sharding": "optim"},
         **({"plan": plan} if plan else {}),
     })
 
