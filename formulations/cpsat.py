@@ -105,12 +105,18 @@ def _fits(value, what: str, q_t: float, limit: int = SAFE_INT, rounding=round) -
 
 
 def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
-          workers: int = 4) -> RawSolution:
+          workers: int | None = None) -> RawSolution:
     """CP-SAT on the one-hot MILP of :mod:`formulations.milp` in integer units (the same model
-    HiGHS solves, each product rounded up to one quantum), with the query's ``cuts``. Four
-    portfolio workers even on two cores: measured about 3x faster than two on the shipped
-    instances."""
+    HiGHS solves, each product rounded up to one quantum), with the query's ``cuts``. By
+    default four portfolio workers even on two cores (measured about 3x faster than two on the
+    shipped instances), one on a small space (:data:`formulations.space.SMALL_SPACE`: the 40
+    instances of tests/test_solvers.py::test_three_backends_agree take 24.9 s of CPU with one
+    worker, 31.4 s with two or four)."""
     from ortools.sat.python import cp_model_helper as cmh
+
+    from formulations.space import SMALL_SPACE, joint_size
+    if workers is None:
+        workers = 1 if joint_size(enc.space) <= SMALL_SPACE else 4
 
     from formulations.milp import INF, build_rows, decode
 

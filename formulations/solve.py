@@ -8,14 +8,14 @@ as an ERROR, never silently.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 
 from formulations import ties
 from formulations.encoding import Cuts, encode
 from formulations.result import RawSolution, SolveResult, Status
-from formulations.space import BaseVar, SearchSpace, build_space, candidate_batches, space_size
+from formulations.space import (SMALL_SPACE, BaseVar, SearchSpace, build_space, candidate_batches,
+                                 joint_size, space_size)
 from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
@@ -75,18 +75,12 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
     return _solve_model(space, backend, time_limit, objective, cuts)
 
 
-#: A fixed-batch space is solved as one model per sharding mode when its combinations times the
-#: product of its base domains pass this (below, one joint model costs less than the several
-#: models' builds). Measured on the 80 instances of tests/test_solvers.py's agreement tests
-#: (CP-SAT + HiGHS, CPU seconds): 112 s always joint, 83 s always split, 69 s with this rule;
-#: the shipped instances are above it (Llama 3.1 405B: 5.8e6) but the one-node 1.3B (7.4e4).
-SPLIT_ABOVE = 2**17
-
-
-def joint_size(space: SearchSpace) -> int:
-    """The knob combinations times the product of the base variables' domain sizes: the size
-    of the grid one joint model's tables span (an upper bound on its plans)."""
-    return len(space.combos) * math.prod(len(v.values) for v in space.base.values())
+#: A fixed-batch space is solved as one model per sharding mode when its
+#: :func:`~formulations.space.joint_size` passes this (below, one joint model costs less than the
+#: several models' builds). Measured on the 80 instances of tests/test_solvers.py's agreement
+#: tests (CP-SAT + HiGHS, CPU seconds): 112 s always joint, 83 s always split, 69 s with this
+#: rule; the shipped instances are above it (Llama 3.1 405B: 5.8e6) but the one-node 1.3B (7.4e4).
+SPLIT_ABOVE = SMALL_SPACE
 
 
 def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, objective: str,

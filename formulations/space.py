@@ -177,6 +177,17 @@ class SearchSpace:
         return tuple(f.get(q, 0) for q in self.primes)
 
 
+#: Grid cells (:func:`joint_size`) up to which a space is small: one joint model and one CP-SAT
+#: worker serve it best (formulations/solve.py, formulations/cpsat.py).
+SMALL_SPACE = 2**17
+
+
+def joint_size(space: SearchSpace) -> int:
+    """The knob combinations times the product of the base variables' domain sizes: the size
+    of the grid one joint model's tables span (an upper bound on its plans)."""
+    return len(space.combos) * math.prod(len(v.values) for v in space.base.values())
+
+
 def layout_key(k: Knobs) -> tuple:
     """The pipeline layout of a categorical combination."""
     return k.layout
