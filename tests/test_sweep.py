@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "instances" / "sweeps").glob("*.toml"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
+#: (ZeRO-1 pinned: these tests are about the sweeps; the search over sharding modes has its own)
 SMALL = """
 [model]
 preset = "gpt-1.3b"
@@ -28,6 +29,8 @@ tokens = 1e9
 gpu = "a100-80gb"
 nodes = 1
 price_per_gpu_hour = 2.0
+[constraints]
+dp_sharding = "optim"
 """
 
 
@@ -93,8 +96,8 @@ TP8 = { "constraints.tp" = 8, "constraints.pp" = 1 }
 """)
     s = sw.load_sweep(p)
     assert [pt.axes["case"] for pt in s.points] == ["optimum", "TP8"] * 2
-    assert "constraints" not in s.points[0].doc
-    assert s.points[1].doc["constraints"] == {"tp": 8, "pp": 1}
+    assert s.points[0].doc["constraints"] == {"dp_sharding": "optim"}
+    assert s.points[1].doc["constraints"] == {"dp_sharding": "optim", "tp": 8, "pp": 1}
 
 
 def test_a_size_axis_replaces_the_other_size_keys(tmp_path):
