@@ -65,21 +65,23 @@ def test_selective_recompute_costs_time_with_flash_attention():
     assert sel.memory_gib["activations"] == pytest.approx(none.memory_gib["activations"])
 
 
-def test_top5_lists_distinct_plans():
+def test_top5_lists_distinct_plans(tmp_path):
     """Before, selective recompute was free under flash attention: the same degrees appeared
-    twice in a row at one step time (recompute none, then selective)."""
-    res = CliRunner().invoke(app, ["solve", str(GPT3), "--top", "5", "--json"])
+    twice in a row at one step time (recompute none, then selective). (ZeRO-1 pinned: the
+    recompute modes are the point.)"""
+    toml = tmp_path / "gpt3.toml"
+    toml.write_text(GPT3.read_text().replace("[constraints]",
+                                             '[constraints]\ndp_sharding = "optim"', 1))
+    res = CliRunner().invoke(app, ["solve", str(toml), "--top", "5", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     times = [p["step_time_s"] for p in data["top"]]
     assert len(times) == 5
-    # equal step times only between sharding modes that move the same bytes (ZeRO-2 reduced
-    # once per step keeps its gradients whole over the micro-batches: ZeRO-1's time, more
-    # memory), never between recompute modes of the same degrees
+    # never equal step times between recompute modes of the same degrees
     for a, b in zip(data["top"], data["top"][1:]):
         if round(a["step_time_s"], 9) == round(b["step_time_s"], 9):
             pa, pb = a["plan"], b["plan"]
-            assert pa["recompute"] == pb["recompute"] and pa["dp_sharding"] != pb["dp_sharding"]
+            assert pa["recompute"] == pb["recompute"], (pa, pb)
 
 
 def test_cp_exchange_shows_in_the_breakdown():

@@ -126,9 +126,10 @@ def tolerance(res) -> float:
     return (res.quantum_s or 0.0) * 200 + 1e-6 * abs(res.objective)
 
 
-#: Two tests of 40 examples each (derandomized: each name draws its own instances), so that
-#: pytest-xdist runs them on two cores; one test of 120 had become the suite's critical path.
-AGREE = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+#: Two tests of 30 examples each (derandomized: each name draws its own instances), so that
+#: pytest-xdist runs them on two cores; one test of 120 had become the suite's critical path,
+#: and 2 x 40 passed the suite's 3 minutes once the sharding modes were searched.
+AGREE = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                  derandomize=True)
 
 
