@@ -114,9 +114,9 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
     """The optimum of ``space`` as the best of the proven optima of ``parts``, models that
     split it: every plan is in one of them, so the best of their optima is the optimum and the
     least of their bounds is a bound. One model per part is smaller and, summed, faster than
-    one model carrying every part: measured on the Llama 3.1 405B instance (16,384 H100),
-    the objective alone, CP-SAT 8.4 s for the whole space against 4.9 s for its three
-    sharding-mode models (this 2-core machine).
+    one model carrying every part on large spaces: on the Llama 3.1 405B instance (16,384
+    H100), the objective alone, CP-SAT 6.95 s for one joint model against 2.59 s for its
+    sharding-mode models, HiGHS 28.44 s against 14.43 s (benchmarks/sharding_parts.py).
 
     - ``kind = "fixed-batch"``: a global-batch range as one fixed-batch model per batch that
       some assignment's largest admissible batch reaches (a handful, counted by
