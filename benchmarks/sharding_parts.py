@@ -21,7 +21,7 @@ import statistics
 import time
 
 from formulations.encoding import Cuts
-from formulations.solve import _best_of_parts, _narrow, _solve_model
+from formulations.solve import _best_of_parts, _solve_model, sharding_parts
 from formulations.space import build_space
 from planner.model.instance import load_instance
 
@@ -40,7 +40,6 @@ def main() -> None:
         if len(space.base["B"].values) != 1:
             raise SystemExit(f"{path}: a fixed global batch is needed")
         choices = space.dims["sharding_choice"]
-        first = sorted(choices, key=lambda ch: ch[0] != "optim")
         cuts = Cuts(None, (), args.ties)
         for backend in args.backends.split(","):
             joint, parts, z = [], [], {}
@@ -49,9 +48,8 @@ def main() -> None:
                 z["joint"] = _solve_model(space, backend, None, "step_time", cuts)[0].objective
                 joint.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                z["parts"] = _best_of_parts(space, [_narrow(space, (ch,)) for ch in first],
-                                            backend, None, "step_time", cuts,
-                                            "sharding-mode")[0].objective
+                z["parts"] = _best_of_parts(space, sharding_parts(space), backend, None,
+                                            "step_time", cuts, "sharding-mode")[0].objective
                 parts.append(time.perf_counter() - t)
             a, b = statistics.median(joint), statistics.median(parts)
             same = abs(z["joint"] - z["parts"]) <= 1e-6 * abs(z["joint"])

@@ -114,11 +114,11 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     worker, 31.4 s with two or four)."""
     from ortools.sat.python import cp_model_helper as cmh
 
+    from formulations.milp import INF, build_rows, decode
     from formulations.space import SMALL_SPACE, joint_size
+
     if workers is None:
         workers = 1 if joint_size(enc.space) <= SMALL_SPACE else 4
-
-    from formulations.milp import INF, build_rows, decode
 
     t0 = time.perf_counter()
     q_t = quantum(enc)

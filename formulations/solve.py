@@ -65,14 +65,18 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
             return _best_of_parts(space, [_batch_model(space, b) for b in batches], backend,
                                   time_limit, objective, cuts, "fixed-batch")
         space = _batch_model(space, batches[0])
-    choices = space.dims.get("sharding_choice", ())
-    if len(choices) > 1 and joint_size(space) > SPLIT_ABOVE:
-        # the distributed optimizer (ZeRO-1) first: it wins most often, and the first part
-        # both sets the cap the others must beat and breaks its own ties
-        first = sorted(choices, key=lambda ch: ch[0] != "optim")
-        return _best_of_parts(space, [_narrow(space, (ch,)) for ch in first], backend,
-                              time_limit, objective, cuts, "sharding-mode")
+    if len(space.dims.get("sharding_choice", ())) > 1 and joint_size(space) > SPLIT_ABOVE:
+        return _best_of_parts(space, sharding_parts(space), backend, time_limit, objective,
+                              cuts, "sharding-mode")
     return _solve_model(space, backend, time_limit, objective, cuts)
+
+
+def sharding_parts(space: SearchSpace) -> list[SearchSpace]:
+    """One narrowed space per sharding choice, the distributed optimizer (ZeRO-1) first: it
+    wins most often, and the first part both sets the cap the others must beat and breaks its
+    own ties (:func:`_best_of_parts`)."""
+    first = sorted(space.dims["sharding_choice"], key=lambda ch: ch[0] != "optim")
+    return [_narrow(space, (ch,)) for ch in first]
 
 
 #: A fixed-batch space is solved as one model per sharding mode when its
@@ -130,9 +134,8 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
 
     Parts are solved in order (largest batch first: it usually wins, as the bubble and the
     per-step fixed costs shrink per sequence; the distributed optimizer first among the
-    sharding modes) and
-    every later model only has to beat the incumbent: its objective is capped at the best
-    found so far, so a part that cannot win is proven infeasible, which is cheaper than
+    sharding modes) and every later model only has to beat the incumbent: its objective is
+    capped at the best found so far, so a part that cannot win is proven infeasible, which is cheaper than
     proving its own optimum. The first part also breaks its ties at once (the solves a later
     re-solve of it would make), so when it alone holds the optimum no model is built twice
     (measured on the 40 examples of tests/test_solvers.py::test_three_backends_agree: 76 s
@@ -216,8 +219,7 @@ def _narrow(space: SearchSpace, choices: tuple) -> SearchSpace:
     """The space with only the knob combinations of the given sharding ``choices`` (values of
     its ``sharding_choice`` dimension, kept in the space's order)."""
     keep = tuple(ch for ch in space.dims["sharding_choice"] if ch in choices)
-    return replace(space, combos=[k for k in space.combos
-                                  if (k.dp_sharding, k.reshard_after_forward) in keep],
+    return replace(space, combos=[k for k in space.combos if k.sharding_choice in keep],
                    dims={**space.dims, "sharding_choice": keep}, parent=space, _reach={},
                    terms_cache=space.terms_cache)
 

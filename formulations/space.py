@@ -19,9 +19,8 @@ name      meaning                                          derived from it
 ``E``     expert-parallel degree (MoE models)              ``e_out = E / E_in``
 ``E_in``  its factor inside a node
 ``R``     replicas of the data-parallel shard group        ``dp_shard_size = dp / R``
-          (HSDP, across nodes; free only when
-          ``[constraints] dp_shard_size`` pins the group,
-          else 1 and HSDP is a categorical choice)
+          (HSDP, across nodes; 1 where the framework
+          has no HSDP or nothing is sharded)
 ========  ===============================================  ===========================
 
 Everything else (``dp = N / (T C P)``, ``dp_in = g / (T_in C_in P_in)``, the micro-batch count,
@@ -804,8 +803,9 @@ def space_size(space: SearchSpace) -> dict[str, int]:
     """The size of the space a question ranges over, counted over the rules (never listed):
     ``space_points``, the assignments of the base variables that keep the structural rules
     (every global batch of a range); ``space_combos``, the knob combinations the constraints
-    allow, counting the values the search fixes because they dominate (sequence parallelism,
-    see :func:`build_space`); ``space_plans``, the plans (an
+    allow, counting the values the search fixes or leaves out because others dominate or equal
+    them (sequence parallelism; plain data parallelism and ZeRO-2, see :func:`build_space`);
+    ``space_plans``, the plans (an
     assignment with a knob combination it admits: MoE layers with tp > 1 need sequence
     parallelism)."""
     c = space.inst.spec.constraints
