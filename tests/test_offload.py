@@ -226,3 +226,21 @@ def test_input_errors_name_the_key(constraints, cluster, key):
     with pytest.raises(InputError) as err:
         parse_instance(doc)
     assert key in str(err.value) + " ".join(err.value.problems)
+
+
+def test_activation_offload_makes_a_plan_fit_under_a_cap():
+    """GPT 1.3B at micro-batch 16 on one H100 without recompute needs 82.6 GiB: it does not
+    fit. Under ``max_offload_layers`` the search offloads the fewest layers of its set (0,
+    L/2 = 12, L - 1 = 23) that fit, 12, and every backend agrees (one-GPU space)."""
+    doc = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 16},
+           "cluster": {"gpu": "h100-sxm", "gpus": 1},
+           "constraints": {"micro_batch": 16, "recompute": "none", "optimizer_offload": False}}
+    with pytest.raises(InfeasibleError):
+        solve(parse_instance(doc), solver="enumerate", explain=False)
+    doc["constraints"]["max_offload_layers"] = 23
+    inst = parse_instance(doc)
+    results = [solve(inst, solver=s) for s in ("enumerate", "cpsat", "highs")]
+    for res in results:
+        assert res.report.plan.offload_layers == 12 and res.report.fits
+        assert res.report.breakdown_s["offload"] > 0          # PCIe: the transfers show
+        assert res.objective == pytest.approx(results[0].objective, rel=1e-5)

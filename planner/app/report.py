@@ -91,8 +91,9 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
         shard += f", reshard after forward {'on' if p.reshard_after_forward else 'off'}"
     t.add_row("sharding", shard)
     if p.optimizer_offload or p.offload_layers:
-        t.add_row("host offload", f"optimizer {'on' if p.optimizer_offload else 'off'}, "
-                  f"activations of {plural(p.offload_layers, 'layer')}")
+        acts = (f"activations of {plural(p.offload_layers, 'layer')}" if p.offload_layers
+                else "activations kept")
+        t.add_row("host offload", f"optimizer {'on' if p.optimizer_offload else 'off'}, {acts}")
     return t
 
 

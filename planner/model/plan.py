@@ -553,8 +553,8 @@ def _offload_knob(inst: Instance, fields: dict[str, Any], name: str, off: Any) -
 def offload_choices(inst: Instance) -> tuple[tuple[bool, ...], tuple[int, ...]]:
     """The host-offload values the search considers: optimizer offload off / on, and the
     offloaded layer counts ``0, L/2, L - 1`` (rounded down; Megatron-Core needs
-    ``N < L``) within ``constraints.max_offload_layers`` (the cap itself joins the set), or the
-    ``[constraints]`` pins. None where the host figures are missing (no host link or memory)
+    ``N < L``) within ``constraints.max_offload_layers`` (the cap itself joins the set; without
+    a cap activation offload is not searched), or the ``[constraints]`` pins. None where the host figures are missing (no host link or memory)
     or the framework has no such offload (:data:`planner.model.frameworks.FRAMEWORKS`)."""
     c = inst.spec.constraints
     fw = framework_of(c.framework)
@@ -565,10 +565,12 @@ def offload_choices(inst: Instance) -> tuple[tuple[bool, ...], tuple[int, ...]]:
     L = inst.model.layers
     if c.offload_layers is not None:
         layers: tuple[int, ...] = (c.offload_layers,)
-    elif not (host and fw.activation_offload):
+    elif not (host and fw.activation_offload) or not c.max_offload_layers:
+        # searched where the instance asks for it (a cap): it doubles the CP-SAT time of the
+        # quick-start instance (docs/encoding.md, "Host offload")
         layers = (0,)
     else:
-        cap = L - 1 if c.max_offload_layers is None else min(c.max_offload_layers, L - 1)
+        cap = min(c.max_offload_layers, L - 1)
         grid = {0, L // 2, L - 1, cap}
         layers = tuple(sorted(n for n in grid if 0 <= n <= cap))
     return opt, layers

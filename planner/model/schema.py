@@ -350,10 +350,12 @@ class ConstraintSpec(_Strict):
         "DeepSpeed offload_optimizer); default free where the framework runs it")
     offload_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
         default=None, description="pin the decoder layers whose activations are offloaded to "
-        "host memory (Megatron-Core --cpu-offloading-num-layers; 0: none); default: the search "
-        "picks from a small set (docs/encoding.md, \"Host offload\")")
+        "host memory (Megatron-Core --cpu-offloading-num-layers; 0: none); default: 0 unless "
+        "max_offload_layers is given")
     max_offload_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
-        default=None, description="cap on offload_layers (0: no activation offload)")
+        default=None, description="cap on offload_layers: the search picks the layer count from "
+        "0, L/2, L - 1 and the cap, below it (docs/encoding.md, \"Host offload\"); default: "
+        "activation offload is not searched")
     host_memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="host memory per host kept free of offloaded bytes; default "
         "a third of it (DeepSpeed's offload memory estimator's 1.5x buffer factor)")
