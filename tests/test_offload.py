@@ -135,8 +135,10 @@ def test_host_memory_limit_binds():
            "cluster": {"gpu": "a100-40gb", "gpus": 1, "host_memory_GiB": 64.0},
            "constraints": {"max_micro_batch": 2}}
     inst = parse_instance(doc)
-    with pytest.raises(InfeasibleError):
-        solve(inst, solver="enumerate", explain=False)
+    with pytest.raises(InfeasibleError) as err:
+        solve(inst, solver="enumerate")
+    why = err.value.explanation[0]
+    assert why.startswith("host memory binds") and "cluster.host_memory_GiB = 64" in why
     plan = plan_from_spec(inst, _spec({"micro_batch": 1, "recompute": "full",
                                        "optimizer_offload": True}))
     rep = evaluate(inst, plan)
@@ -244,3 +246,14 @@ def test_activation_offload_makes_a_plan_fit_under_a_cap():
         assert res.report.plan.offload_layers == 12 and res.report.fits
         assert res.report.breakdown_s["offload"] > 0          # PCIe: the transfers show
         assert res.objective == pytest.approx(results[0].objective, rel=1e-5)
+
+
+def test_offload_with_partial_recompute_keeps_its_host_bytes():
+    """Megatron's block recompute of some layers mixes the stages' activations; the offloaded
+    optimizer bytes on the host are the same as under full recompute."""
+    inst = parse_instance(llama8b_one_node())
+    part = evaluate(inst, llama8b_plan(inst, optimizer_offload=True, recompute_layers=4))
+    full = evaluate(inst, llama8b_plan(inst, optimizer_offload=True))
+    assert part.memory_gib["host_offload"] == pytest.approx(full.memory_gib["host_offload"])
+    assert part.memory_gib["activations"] > full.memory_gib["activations"]
+    assert part.memory_gib["optimizer_states"] == 0.0

@@ -802,6 +802,9 @@ def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     stage_n = {"first": m - k.first_short, "middle": m, "last": m - k.last_short}
     memory = {}
     for name, terms in full.memory.items():
+        if name.startswith("host"):             # (offloaded bytes: no recompute share)
+            memory[name] = dict(terms)
+            continue
         f = share(stage_n[name.partition("_")[0]])
         w = full.layer[f"working_{name}"]
         memory[name] = dict(terms)
