@@ -94,7 +94,7 @@ def instances(draw):
         cluster["host_link_bandwidth_GBps"] = draw(st.sampled_from([0.05, 2.0]))
     if draw(st.integers(0, 5)) == 0:
         constraints["optimizer_offload"] = draw(st.booleans())
-    if draw(st.integers(0, 2)) == 0:          # activation offload is searched under a cap
+    if draw(st.integers(0, 4)) == 0:          # activation offload is searched under a cap
         constraints["max_offload_layers"] = draw(st.sampled_from([1, 4]))
     reserve = constraints["memory_reserve_GiB"]
     constraints["memory_reserve_GiB"] = min(reserve, {"a100-40gb": 37.0}.get(gpu, reserve))
