@@ -8,6 +8,7 @@ The model is written once, solver-agnostically; only the option names for "prove
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -25,7 +26,9 @@ TIME_OPTION = {"appsi_highs": "time_limit", "gurobi": "TimeLimit", "cbc": "secon
                "scip": "limits/time", "glpk": "tmlim", "cplex": "timelimit"}
 
 
+@functools.lru_cache(maxsize=None)
 def available(name: str = "highs") -> bool:
+    """Whether Pyomo finds the solver (probed once per process: a probe costs ~35 ms)."""
     try:
         import pyomo.environ as pyo
     except ImportError:
