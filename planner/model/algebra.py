@@ -36,6 +36,8 @@ Example
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,6 +76,7 @@ class Unencodable(TypeError):
     module docstring for what is supported)."""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def mono_mul(a: Mono, b: Mono, sign: int = 1) -> Mono:
     """Product of two monomial forms (``sign=-1`` divides)."""
     if not b:                      # (most products have a constant factor: no new form)
