@@ -45,6 +45,13 @@ STAGES = ("first", "last")
 #: Bytes per parameter in mixed-precision Adam (Megatron-LM; Korthikanti et al. Sec. 4):
 #: 16-bit weights, fp32 gradients, fp32 master weights + two Adam moments.
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
+#: The optimizer's states per parameter by ``[training] optimizer_dtype``, and the gradient
+#: shard it steps on when gradients are 16-bit: fp32, the 12 above plus an fp32 main gradient
+#: (Megatron-LM's fp16 row, 20 bytes); bf16, two bf16 moments and the reduced bf16 gradient
+#: shard, no master copy (NeMo 2.0 megatron_base_model.setup_optimization: store_params =
+#: False when optim.dtype is the model's dtype; Apex DistributedFusedAdam StateBucket holds
+#: exp_avg / exp_avg_sq in that dtype and grads_shard in grad_sync_dtype)
+OPTIMIZER_STATE_BYTES = {"fp32": (OPTIMIZER_BYTES, GRAD_BYTES), "bf16": (4, 2)}
 #: Extra bytes per parameter under FP8 (Transformer Engine keeps an FP8 copy of each GEMM weight
 #: and of its transpose).
 FP8_WEIGHT_CACHE_BYTES = 2
@@ -111,6 +118,9 @@ def framework_bar(fw, named: str | None, mode: str, x: Degrees):
 #: HBM bytes touched per parameter by the Adam step: read fp32 master, m, v, grad (16), write
 #: master, m, v (12), write the 16-bit weight (2).
 ADAM_STEP_BYTES = 30
+#: the same with bf16 states (``optimizer_dtype = "bf16"``): read m, v, grad, weight (8),
+#: write m, v, weight (6)
+ADAM_STEP_BYTES_BF16 = 14
 
 
 def exposed(raw, window, unit, overlapped: bool):
@@ -541,7 +551,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     time["dp_comm"] = step_reduce + step_gather + m * (mb_forward + mb_backward)
     expert_shards = x.ed if mode.optim else 1
     time["optimizer"] = (params_gpu / shards
-                         + (expert_gpu / expert_shards if sh.n_moe else 0)) * ADAM_STEP_BYTES \
+                         + (expert_gpu / expert_shards if sh.n_moe else 0)) \
+        * (ADAM_STEP_BYTES if tr.optimizer_dtype == "fp32" else ADAM_STEP_BYTES_BF16) \
         / hw.hbm_bw
 
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
@@ -551,7 +562,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
     # 16-bit gradients: the optimizer keeps an fp32 main gradient of its shard besides them
     # (Megatron-LM's fp16 row: 20 bytes per parameter, 4 + 16/d distributed)
-    opt_full = OPTIMIZER_BYTES + (GRAD_BYTES if grad_bytes == WIRE_16 else 0)
+    # (with bf16 states, two bf16 moments and a bf16 gradient shard: OPTIMIZER_STATE_BYTES)
+    state_bytes, main_grad_bytes = OPTIMIZER_STATE_BYTES[tr.optimizer_dtype]
+    opt_full = state_bytes + (main_grad_bytes if grad_bytes == WIRE_16 else 0)
     opt_bytes = opt_full / shards
     # gradients reduced once per step accumulate unsharded over the micro-batches
     # Sharded gradients at the memory peak (the last backward): reduce-scattered every
