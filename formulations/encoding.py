@@ -449,16 +449,22 @@ def _undominated(tabulated: dict, n: int, forms: dict, combos) -> list[int]:
     less memory) unless a constraint pins them; the check is done on the numbers, not assumed.
     Of identical combinations the first is kept.
     """
-    def leq(a: int, b: int) -> bool:
-        for const, groups in tabulated.values():
-            if const[a] > const[b] + 1e-12 * abs(const[b]):
-                return False
-            for main, _others, _classes, _class_of, full, _cols in groups:
-                live = forms[main].allowed         # unreachable values cannot matter
-                fa, fb = full[live][..., a], full[live][..., b]
-                if np.any(fa > fb + 1e-12 * np.abs(fb)):
-                    return False
-        return True
+    # le[a, b]: no entry under a exceeds its entry under b (all pairs at once, in row chunks
+    # that keep the pairwise array small)
+    le = np.ones((n, n), dtype=bool)
+
+    def meet(x: np.ndarray) -> None:
+        x = x.reshape(-1, n)
+        step = max(1, 4_000_000 // (n * n))
+        for i in range(0, len(x), step):
+            c = x[i:i + step]
+            le[...] &= ~np.any(c[:, :, None] > c[:, None, :] + 1e-12 * np.abs(c[:, None, :]),
+                               axis=0)
+
+    for const, groups in tabulated.values():
+        meet(const)
+        for main, _others, _classes, _class_of, full, _cols in groups:
+            meet(full[forms[main].allowed])        # unreachable values cannot matter
 
     # a layout has its own rules (which pipeline degrees it allows): only combinations of the
     # same layout can dominate each other
@@ -466,7 +472,7 @@ def _undominated(tabulated: dict, n: int, forms: dict, combos) -> list[int]:
     lay = [layout_key(kn) for kn in combos]
     keep = []
     for b in range(n):
-        dominated = any(lay[a] == lay[b] and leq(a, b) and (not leq(b, a) or a < b)
+        dominated = any(lay[a] == lay[b] and le[a, b] and (not le[b, a] or a < b)
                         for a in range(n) if a != b)
         if not dominated:
             keep.append(b)

@@ -58,6 +58,8 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                 lines.append(f"nearest change: a global batch of "
                              f"{' or '.join(str(x) for x in near)}, or a GPU count whose "
                              f"data-parallel degree divides {gb}")
+        elif caps := _binding_caps(space):
+            lines += caps
         else:
             lines.append("the placement rules leave no plan: each node must hold a box of the "
                          f"process grid (tp_intra*cp_intra*dp_intra*pp_intra = "
@@ -70,6 +72,30 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                              "count that is a multiple of the node size")
     lines += _binding_rules(space)
     return InfeasibleError("no plan satisfies the structural rules", lines)
+
+
+def _binding_caps(space: SearchSpace) -> list[str]:
+    """The ``[constraints]`` pins on a derived size (``dp``, ``dp_shard_size``: caps on a
+    form of the base variables) that bind on their own, each with the values the size could
+    take with that pin lifted."""
+    out = []
+    for cap in space.form_caps:
+        name, mono, coef, lo, hi = cap
+        relaxed = dataclasses.replace(space, form_caps=[c for c in space.form_caps if c != cap],
+                                      _reach={})
+        if not count_points(relaxed):
+            continue
+        values = sorted({round(coef * float(np.prod([q ** e for q, e in zip(space.primes, key)
+                                                     ])))
+                         for key in count_points(relaxed, form=mono)})
+        pin = getattr(space.inst.spec.constraints, name, None)
+        said = f"constraints.{name} = {pin}" if pin is not None else \
+            f"constraints.max_{name} = {hi}"
+        shown = ", ".join(str(v) for v in values[:12]) + (" ..." if len(values) > 12 else "")
+        out.append(f"{said} binds: with it lifted, {name} can only be one of {shown}")
+        near = min(values, key=lambda v: (abs(v - (pin or hi)), v))
+        out.append(f"nearest change: {name} = {near}")
+    return out
 
 
 def _binding_rules(space: SearchSpace) -> list[str]:

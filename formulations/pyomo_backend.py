@@ -8,6 +8,7 @@ The model is written once, solver-agnostically; only the option names for "prove
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -25,7 +26,9 @@ TIME_OPTION = {"appsi_highs": "time_limit", "gurobi": "TimeLimit", "cbc": "secon
                "scip": "limits/time", "glpk": "tmlim", "cplex": "timelimit"}
 
 
+@functools.lru_cache(maxsize=None)
 def available(name: str = "highs") -> bool:
+    """Whether Pyomo finds the solver (probed once per process: a probe costs ~35 ms)."""
     try:
         import pyomo.environ as pyo
     except ImportError:
@@ -148,11 +151,18 @@ class _Session:
         lower = res.problem.lower_bound
         if tc in (TC.infeasible, TC.infeasibleOrUnbounded):
             return ties.Answer(False, False, None, None, None, Status.INFEASIBLE, str(tc))
+        log = logging.getLogger("pyomo")
+        level = log.level
+        # Pyomo warns, on standard output, when it loads the incumbent of a solve stopped by
+        # the time limit; the status says so already, and `--json` output must stay JSON
+        log.setLevel(logging.ERROR)
         try:
             m.solutions.load_from(res)
         except Exception:
             status = Status.NO_SOLUTION_IN_LIMIT if tc == TC.maxTimeLimit else Status.ERROR
             return ties.Answer(False, False, None, None, None, status, str(tc))
+        finally:
+            log.setLevel(level)
         x = [pyo.value(v, exception=False) or 0.0 for v in m.xs]
         value = float(pyo.value(m.goal_exprs[goal]))
         bound = float(lower) if lower is not None and abs(float(lower)) != float("inf") else None

@@ -430,3 +430,18 @@ def test_megatron_refuses_param_gather_overlap_without_grad_reduce_overlap():
     with pytest.raises(InputError) as exc:
         emit(inst, plan, "megatron")
     assert "overlap_param_gather = true needs overlap_grad_reduce = true" in str(exc.value)
+
+
+def test_bf16_optimizer_states_are_said_to_be_unwritable():
+    """``optimizer_dtype = "bf16"`` (NeMo 1's distributed_fused_adam with optim.dtype bf16)
+    has no counterpart in the four exports, which keep fp32 main parameters and moments: each
+    says so, since the plan's memory counted the bf16 states."""
+    inst = _inst("gpt3-175b-a100.toml")
+    plans = [plan_from_spec(inst, inst.spec.plan),
+             plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params")]
+    bf16 = inst.with_spec(training=inst.spec.training.model_copy(
+        update={"optimizer_dtype": "bf16"}))
+    for fmt in FORMATS:
+        plan = next(p for p in plans if not framework_violations(fmt, p))
+        assert "optimizer_dtype" not in emit(inst, plan, fmt), fmt
+        assert "optimizer_dtype bf16: cannot express" in emit(bf16, plan, fmt), fmt

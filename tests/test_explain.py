@@ -77,3 +77,15 @@ def test_the_binding_rule_is_named_from_the_rule_table():
     line = next(x for x in msg.splitlines() if "rules that bind on their own" in x)
     assert "dp*micro_batch divides the global batch" in line
     assert "tp divides heads" not in line
+
+
+def test_a_shard_group_size_no_dp_admits_is_named():
+    """constraints.dp_shard_size must divide dp: a size no plan's dp admits is the binding pin,
+    with the sizes that would do (it was explained as the placement rules)."""
+    msg = explain({"model": {"layers": 4, "hidden": 512, "heads": 8, "vocab": 1000,
+                             "seq_len": 512},
+                   "training": {"global_batch": 64}, "cluster": {"gpu": "h100-sxm", "nodes": 2},
+                   "constraints": {"dp_shard_size": 3}})
+    assert "constraints.dp_shard_size = 3 binds" in msg
+    assert "dp_shard_size can only be one of 1, 2, 4, 8, 16" in msg
+    assert "nearest change: dp_shard_size = 2" in msg

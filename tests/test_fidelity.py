@@ -68,11 +68,13 @@ def test_selective_recompute_costs_time_with_flash_attention():
 def test_top5_lists_distinct_plans(tmp_path):
     """Before, selective recompute was free under flash attention: the same degrees appeared
     twice in a row at one step time (recompute none, then selective). (ZeRO-1 pinned: the
-    recompute modes are the point.)"""
+    recompute modes are the point; the enumerator lists them: the model is the subject here,
+    the solvers' top-k is tests/test_cli.py's)"""
     toml = tmp_path / "gpt3.toml"
     toml.write_text(GPT3.read_text().replace("[constraints]",
                                              '[constraints]\ndp_sharding = "optim"', 1))
-    res = CliRunner().invoke(app, ["solve", str(toml), "--top", "5", "--json"])
+    res = CliRunner().invoke(app, ["solve", str(toml), "--top", "5", "--json",
+                                 "--solver", "enumerate"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     times = [p["step_time_s"] for p in data["top"]]

@@ -50,6 +50,25 @@ def test_meta_layout_stages_and_megatron_rule():
     assert by["middle"]["activations"] > by["first"]["activations"]
 
 
+def test_a_chunk_of_the_embedding_alone_is_a_layout():
+    """Llama 3 405B's layout (Dubey et al. 2024 Sec. 3.3.2: "the first model chunk on the first
+    stage has only the embedding"): the embedding and the loss counted as layers, (126 + 2) / 16
+    = 8 per rank in vp = 8 chunks of one, so the first chunk of rank 0 and the last of rank 15
+    build no decoder layer, which Megatron-LM allows (get_num_layers_to_build asserts
+    num_layers_to_build >= 0); a per-rank count vp does not split stays refused."""
+    inst = load_instance(LLAMA)
+    spec = inst.spec.plan.model_copy(update={
+        "first_stage_layers": None, "last_stage_layers": None, "vp": 8,
+        "account_for_embedding": True, "account_for_loss": True})
+    plan = plan_from_spec(inst, spec)
+    assert plan.stage_layers == [7] + [8] * 14 + [7]
+    assert not [v for v in evaluate(inst, plan, spec=spec).violations
+                if not v.startswith("memory")]
+    bad = spec.model_copy(update={"vp": 3})
+    assert any("the per-rank count 8 by vp=3" in v for v in evaluate(
+        inst, plan_from_spec(inst, bad), spec=bad).violations)
+
+
 def test_even_layout_numbers_do_not_move():
     # an explicit layout equal to the even split is the even plan: same step time and memory
     inst = load_instance(ROOT / "instances" / "gpt3-175b-a100.toml")

@@ -257,3 +257,15 @@ def test_offload_with_partial_recompute_keeps_its_host_bytes():
     assert part.memory_gib["host_offload"] == pytest.approx(full.memory_gib["host_offload"])
     assert part.memory_gib["activations"] > full.memory_gib["activations"]
     assert part.memory_gib["optimizer_states"] == 0.0
+
+
+def test_bf16_optimizer_states_offload_their_own_bytes():
+    """With ``optimizer_dtype = "bf16"`` (two bf16 moments, a bf16 gradient shard) the host
+    holds 6 bytes per shard parameter and the CPU step touches 14 (as the GPU's)."""
+    doc = llama8b_one_node()
+    doc["training"]["optimizer_dtype"] = "bf16"
+    inst = parse_instance(doc)
+    rep = evaluate(inst, llama8b_plan(inst, optimizer_offload=True))
+    shard = LLAMA3_8B_PARAMS / 8
+    assert rep.memory_gib["host_offload"] * GiB == pytest.approx(6 * shard, rel=5e-3)
+    assert rep.breakdown_s["optimizer"] == pytest.approx(14 * shard / (614.4e9 / 8), rel=5e-3)

@@ -93,3 +93,16 @@ def test_solver_places_groups_inside_the_72_gpu_domain(backend):
     plan = res.report.plan
     assert res.status.value == "optimal"
     assert plan.inter("tp") == 1 and plan.inter("ep") == 1
+
+
+def test_an_nvlink_domain_that_splits_hosts_unevenly_is_an_input_error():
+    """A domain joins whole hosts or part of one: 7 GPUs on hosts of 8 is no machine (it was
+    silently taken as segments of 4)."""
+    doc = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "nodes": 2, "nvlink_domain": 7}}
+    with pytest.raises(InputError) as info:
+        parse_instance(doc)
+    assert "cluster.nvlink_domain: 7 GPUs is neither a multiple nor a divisor" in str(info.value)
+    # a divisor of the host (NVLink islands of 4) and a multiple (a rack of hosts) are machines
+    for domain in (4, 16):
+        parse_instance({**doc, "cluster": {**doc["cluster"], "nvlink_domain": domain}})

@@ -23,7 +23,10 @@ def data():
 
 @pytest.fixture(scope="module")
 def ranks(data):
-    return ranking(data)
+    # the enumerator proves the same optima as the MIPs on these spaces in a twentieth of the
+    # time (1.4 s against 30 s for the 31 runs, identical ratios); the MIPs' agreement on the
+    # published runs' spaces is tests/test_published_space.py's subject
+    return ranking(data, solver="enumerate")
 
 
 def _fits(data, run) -> bool:
@@ -47,17 +50,73 @@ def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):
 
 
 def test_most_published_plans_are_near_the_optimum(ranks):
-    """Measured: 24 of the 31 ranked runs are within 10% of the model's optimum and the
-    largest ratio is 1.32 (Narayanan et al.'s 18.4B at TP8 against TP2 x PP4 VP10)."""
+    """Measured (`plan validate`): 26 of the 32 ranked runs are within 10% of the model's
+    optimum (the two Llama 3 405B runs among them with a ratio below 1: their plan does not
+    fit under the model), and the largest ratio is 1.318 (Narayanan et al.'s 18.4B at TP8
+    against TP2 x PP4 VP10)."""
     ratios = [r["ratio"] for r in ranks.values() if r.get("ratio")]
-    assert sum(x <= TARGET for x in ratios) >= 23
+    assert len(ratios) == len(ranks)
+    assert sum(x <= TARGET for x in ratios) >= 25
     assert max(ratios) <= 1.35
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 target not met: the model prefers lower tensor "
-                   "parallelism with deeper, interleaved pipelines than the A100 experts chose "
-                   "(Narayanan et al. 2021 3.6B-145.6B, Korthikanti et al. 2022 22B and 175B "
-                   "with full recompute)")
+@pytest.mark.xfail(strict=True, reason="issue 12 target not met (measured, plan validate): the "
+                   "model prefers lower tensor parallelism with deeper, interleaved pipelines "
+                   "than the A100 experts chose: Narayanan et al. 2021 7.5B 1.153, 18.4B 1.318, "
+                   "39.1B 1.282, 145.6B 1.125, Korthikanti et al. 2022 22B 1.150 and 175B 1.102 "
+                   "with full recompute. Term by term (published - optimum) the gap is the TP8 "
+                   "all-reduces (18.4B: +1.42 s of 2.30 s; 39.1B: +1.72 of 3.29) and the "
+                   "narrower GEMM shards (+1.17, +1.08), against a larger bubble and more p2p; "
+                   "without any width knee the 18.4B and 39.1B still rank 1.19 / 1.17 "
+                   "(tensor-parallel traffic alone), and the model reproduces the orderings of "
+                   "Narayanan et al.'s own sweeps (test_orderings_of_narayanan_sweeps)")
 def test_every_published_plan_within_10_percent(ranks):
     far = {k: round(r["ratio"], 3) for k, r in ranks.items() if r.get("ratio") and r["ratio"] > TARGET}
     assert not far, far
+
+
+def _narayanan_sweep(layers, hidden, heads, batch, tp, pp, dp):
+    """One point of Narayanan et al. 2021's parallel-configuration sweeps on 64 A100s
+    (Megatron-LM examples/sc21/run_figure_1{3,4,5}.sh: sequence 2048, micro-batch 1,
+    --checkpoint-activations, fp16, no interleaving; Megatron-LM of Aug 2021, so no fused
+    attention and no asynchronous tensor-parallel all-reduce): model TFLOP/s per GPU."""
+    from planner.model.instance import parse_instance
+    from planner.model.schema import PlanSpec
+    inst = parse_instance({
+        "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": 51200,
+                  "seq_len": 2048},
+        "training": {"global_batch": batch, "precision": "fp16", "flash_attention": False,
+                     "async_tensor_model_parallel_allreduce": False},
+        "cluster": {"gpu": "a100-80gb", "gpus": 64},
+        "constraints": {"tp_within_node": False}})
+    spec = PlanSpec(tp=tp, pp=pp, dp=dp, micro_batch=1, recompute="full",
+                    sequence_parallel=False, distributed_optimizer=False,
+                    overlap_grad_reduce=False, overlap_param_gather=False,
+                    tp_comm_overlap=False, overlap_p2p_comm=False)
+    rep = evaluate(inst, plan_from_spec(inst, spec), spec=spec)
+    assert rep.fits, rep.violations                  # they ran
+    return rep.model_tflops_per_gpu
+
+
+def test_orderings_of_narayanan_sweeps():
+    """The orderings Narayanan et al. 2021 measured (Sec. 5.4): Fig. 13, a 162.2B GPT (32
+    layers, hidden 20480, 128 heads) at (pipeline, tensor) = (2, 32) ... (32, 2): "peak
+    performance when the tensor-parallel size is equal to the number of GPUs in a single node"
+    (the model: the best at batch 32, within 1% of the best at 128); Fig. 14, a 5.9B GPT (32
+    layers, hidden 3840, 32 heads) at tensor 1: "the throughput decreases as the
+    pipeline-parallel size increases"; Fig. 15, the same model at pipeline 1: throughput falls
+    as the tensor-parallel size grows (Sec. 5.4.3). The batch sizes are the scripts'."""
+    splits = [(2, 32), (4, 16), (8, 8), (16, 4), (32, 2)]
+    for batch in (32, 128):
+        tput = {pt: _narayanan_sweep(32, 20480, 128, batch, pt[1], pt[0], 1) for pt in splits}
+        best = max(tput.values())
+        assert tput[(8, 8)] >= 0.99 * best, (batch, tput)
+        assert tput[(8, 8)] > max(tput[(2, 32)], tput[(32, 2)]), (batch, tput)
+        if batch == 32:
+            assert max(tput, key=tput.get) == (8, 8), tput
+    for batch in (32, 512):
+        fig14 = [_narayanan_sweep(32, 3840, 32, batch, 1, p, 64 // p) for p in (2, 4, 8, 16, 32)]
+        assert all(a > b for a, b in zip(fig14, fig14[1:])), (batch, fig14)
+    for batch in (32, 128, 512):
+        fig15 = [_narayanan_sweep(32, 3840, 32, batch, t, 1, 64 // t) for t in (2, 4, 8, 16, 32)]
+        assert all(a > b for a, b in zip(fig15, fig15[1:])), (batch, fig15)

@@ -278,7 +278,14 @@ def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> lis
         gpus,
         f"global batch {plan.global_batch} = dp {plan.dp} x micro_batch {plan.micro_batch} x "
         f"{plan.micro_batches} micro-batches per step",
-    ]
+    ] + ([_BF16_STATES] if inst.spec.training.optimizer_dtype == "bf16" else [])
+
+
+#: what the exports say of ``[training] optimizer_dtype = "bf16"``, which none of them can write
+_BF16_STATES = ("optimizer_dtype bf16: cannot express; the plan's memory counts bf16 Adam "
+                "moments and no master copy (NeMo 1's distributed_fused_adam with optim.dtype: "
+                "bf16), while this framework keeps fp32 main parameters and moments: the plan "
+                "may not fit as written")
 
 
 def _comments(lines: list[str], prefix: str = "# ") -> list[str]:
@@ -831,6 +838,8 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             # overlaps the plan costs that DeepSpeed's JSON cannot switch on
             "overlap_cannot_express": [n for n, on in _overlaps(plan).items()
                                        if on and n != "overlap_grad_reduce"],
+            **({"optimizer_dtype_how": _BF16_STATES}
+               if inst.spec.training.optimizer_dtype == "bf16" else {}),
         },
     }
     return json.dumps(doc, indent=2) + "\n"

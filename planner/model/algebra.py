@@ -36,6 +36,8 @@ Example
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,8 +76,13 @@ class Unencodable(TypeError):
     module docstring for what is supported)."""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def mono_mul(a: Mono, b: Mono, sign: int = 1) -> Mono:
     """Product of two monomial forms (``sign=-1`` divides)."""
+    if not b:                      # (most products have a constant factor: no new form)
+        return a
+    if not a and sign == 1:
+        return b
     acc = dict(a)
     for v, e in b:
         acc[v] = acc.get(v, 0) + sign * e
@@ -174,6 +181,8 @@ class Sig:
         return (-self) + other
 
     def __mul__(self, other) -> Sig:
+        if isinstance(other, (int, float, np.integer, np.floating)):
+            return self._scaled(float(other))
         o = _lift(other)
         if o is NotImplemented:
             return NotImplemented
@@ -186,13 +195,26 @@ class Sig:
         terms: dict[Key, float] = {}
         for (m1, f1), c1 in self.terms.items():
             for (m2, f2), c2 in o.terms.items():
-                k = (mono_mul(m1, m2), tuple(sorted(f1 + f2)))
+                k = (mono_mul(m1, m2), tuple(sorted(f1 + f2)) if f1 and f2 else f1 or f2)
                 terms[k] = terms.get(k, 0.0) + c1 * c2
         terms = {k: c for k, c in terms.items() if c != 0.0}
         maxes = tuple(tuple(arg * o for arg in mx) for mx in self.maxes)
         return Sig(terms, maxes)
 
     __rmul__ = __mul__
+
+    def _scaled(self, f: float) -> Sig:
+        """``self * f`` for a number ``f``: the same terms, coefficients scaled (the product
+        by a constant signomial, without forming the products of forms)."""
+        if not f:
+            if self.maxes:           # (0 * max(...) is 0: every argument scaled to 0)
+                return Sig({}, tuple(tuple(arg._scaled(0.0) for arg in mx)
+                                     for mx in self.maxes))
+            return Sig()
+        if self.maxes and f < 0:
+            raise Unencodable("a maximum cannot be scaled by a factor that may be negative")
+        return Sig({k: c * f for k, c in self.terms.items()},
+                   tuple(tuple(arg._scaled(f) for arg in mx) for mx in self.maxes))
 
     def __truediv__(self, other) -> Sig:
         if isinstance(other, Sig):

@@ -222,6 +222,15 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
                           f"{gpu.key} ({gpu.hbm_capacity_GiB:g} GiB); expected less than that"])
     host = c.gpus_per_node or c.gpus_per_host or gpu.host_size
     domain = c.gpus_per_node or c.nvlink_domain or gpu.nvlink_domain
+    if domain % host and host % domain:
+        # an NVLink domain joins whole hosts (a rack of trays) or part of one (a host's GPUs
+        # split into NVLink islands); anything else is no machine anyone builds
+        said = "cluster.nvlink_domain" if c.nvlink_domain else f"{gpu.key}'s nvlink_domain"
+        by = "cluster.gpus_per_host" if c.gpus_per_host else f"{gpu.key}'s gpus_per_host"
+        raise InputError(f"{source}: invalid instance",
+                         [f"{said}: {domain} GPUs is neither a multiple nor a divisor of the "
+                          f"host's {host} GPUs ({by}); expected a divisor or a multiple of "
+                          f"{host}"])
     # the kernel stack's figures where the catalog has them ([training] kernel_stack), else
     # the main (fused-kernel) ones; instance overrides apply on top of either
     stack = gpu.kernel_stacks.get(spec.training.kernel_stack)

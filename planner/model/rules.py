@@ -159,23 +159,23 @@ def _layers_message(v, k: Sizes, kn) -> str:
 
 
 def _ends(v, k: Sizes, kn) -> tuple:
-    """First and last chunk keep at least one layer; explicit counts are multiples of vp."""
-    if kn is None or not kn.uneven:
+    """Explicit first / last counts are positive multiples of vp. With the embedding / loss
+    counted as a layer the short chunk may build no decoder layer at all, a chunk of the
+    embedding (the loss) alone: Megatron-LM's get_num_layers_to_build asserts
+    ``num_layers_to_build >= 0`` there (megatron/core/transformer/transformer_block.py, since
+    ef490839, Feb 2025), the layout of Llama 3 405B (Dubey et al. 2024, Sec. 3.3.2: "the first
+    model chunk on the first stage has only the embedding"), so nothing is left to check once
+    the per-rank count splits into vp chunks (the ``layers`` rule)."""
+    if kn is None or not kn.explicit_layout:
         return (1,)
     m = _padded(v, k, kn) / v.pp
-    if kn.explicit_layout:
-        return tuple((m - s) / v.vp for s in (kn.first_short, kn.last_short))
-    return (m / v.vp - kn.account_for_embedding, m / v.vp - kn.account_for_loss)
+    return tuple((m - s) / v.vp for s in (kn.first_short, kn.last_short))
 
 
 def _ends_message(v, k: Sizes, kn) -> str:
     m = _padded(v, k, kn) / v.pp
-    if kn.explicit_layout:
-        return (f"first_stage_layers={_g(m - kn.first_short)} and last_stage_layers="
-                f"{_g(m - kn.last_short)} must each be > 0 and divisible by vp={v.vp}")
-    return (f"with the embedding / loss counted as a layer, each pipeline rank holds "
-            f"{_g(m / v.vp)} layer(s) per virtual stage (vp={v.vp}); the first chunk of rank 0 / "
-            "the last chunk of the last rank builds one fewer and must keep at least one")
+    return (f"first_stage_layers={_g(m - kn.first_short)} and last_stage_layers="
+            f"{_g(m - kn.last_short)} must each be > 0 and divisible by vp={v.vp}")
 
 
 #: The expert rules are reported once the grid itself is consistent (and ep = 1 on a dense model)
@@ -203,7 +203,7 @@ RULES: tuple[Rule, ...] = (
          lambda v, k, kn: "an uneven pipeline layout (first_stage_layers / last_stage_layers / "
                           "account_for_embedding / account_for_loss) needs pp > 1",
          on_knobs=True),
-    Rule("layout_ends", "integer", _ends, "the first / last stage keep layers, multiples of vp",
+    Rule("layout_ends", "integer", _ends, "explicit first / last counts: positive multiples of vp",
          _ends_message, on_knobs=True, requires=("layers", "layout_pp")),
     Rule("recompute_layers", "integer",
          lambda v, k, kn: ((_padded(v, k, kn) / (v.pp * v.vp) - kn.recompute_layers + 1)

@@ -183,6 +183,12 @@ class TrainingSpec(_Strict):
         "logits' gradient in place in their 16-bit dtype (flash-attn's xentropy, llm-foundry's "
         "MPT default loss_fn = fused_crossentropy): 2 bytes per logit at the memory peak "
         "instead of the 16-bit logits plus their fp32 softmax copy (6 bytes)")
+    optimizer_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="dtype of the optimizer's states: fp32 (fp32 master "
+        "weights and Adam moments, Megatron-LM / Megatron-Core and torchtitan) or bf16 (two "
+        "bf16 Adam moments and no master copy: NeMo's distributed_fused_adam with optim.dtype "
+        "= bf16, whose Apex DistributedFusedAdam keeps its states in that dtype and, the "
+        "optimizer dtype being the weights', stores no parameter copy)")
 
     @model_validator(mode="before")
     @classmethod
@@ -202,6 +208,13 @@ class TrainingSpec(_Strict):
         if isinstance(v, tuple) and v[0] > v[1]:
             raise ValueError(f"[lo, hi] needs lo <= hi, got [{v[0]}, {v[1]}]")
         return v
+
+    @model_validator(mode="after")
+    def _optimizer_dtype(self) -> TrainingSpec:
+        if self.optimizer_dtype == "bf16" and self.precision == "fp16":
+            raise ValueError("optimizer_dtype = \"bf16\" keeps no master copy: the weights "
+                             "must be bf16 (precision bf16 or fp8), not fp16")
+        return self
 
 
 class ClusterSpec(_Strict):

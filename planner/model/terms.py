@@ -45,6 +45,13 @@ STAGES = ("first", "last")
 #: Bytes per parameter in mixed-precision Adam (Megatron-LM; Korthikanti et al. Sec. 4):
 #: 16-bit weights, fp32 gradients, fp32 master weights + two Adam moments.
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
+#: The optimizer's states per parameter by ``[training] optimizer_dtype``, and the gradient
+#: shard it steps on when gradients are 16-bit: fp32, the 12 above plus an fp32 main gradient
+#: (Megatron-LM's fp16 row, 20 bytes); bf16, two bf16 moments and the reduced bf16 gradient
+#: shard, no master copy (NeMo 2.0 megatron_base_model.setup_optimization: store_params =
+#: False when optim.dtype is the model's dtype; Apex DistributedFusedAdam StateBucket holds
+#: exp_avg / exp_avg_sq in that dtype and grads_shard in grad_sync_dtype)
+OPTIMIZER_STATE_BYTES = {"fp32": (OPTIMIZER_BYTES, GRAD_BYTES), "bf16": (4, 2)}
 #: Extra bytes per parameter under FP8 (Transformer Engine keeps an FP8 copy of each GEMM weight
 #: and of its transpose).
 FP8_WEIGHT_CACHE_BYTES = 2
@@ -111,6 +118,9 @@ def framework_bar(fw, named: str | None, mode: str, x: Degrees):
 #: HBM bytes touched per parameter by the Adam step: read fp32 master, m, v, grad (16), write
 #: master, m, v (12), write the 16-bit weight (2).
 ADAM_STEP_BYTES = 30
+#: the same with bf16 states (``optimizer_dtype = "bf16"``): read m, v, grad, weight (8),
+#: write m, v, weight (6)
+ADAM_STEP_BYTES_BF16 = 14
 
 
 def exposed(raw, window, unit, overlapped: bool):
@@ -541,7 +551,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     time["dp_comm"] = step_reduce + step_gather + m * (mb_forward + mb_backward)
     expert_shards = x.ed if mode.optim else 1
     time["optimizer"] = (params_gpu / shards
-                         + (expert_gpu / expert_shards if sh.n_moe else 0)) * ADAM_STEP_BYTES \
+                         + (expert_gpu / expert_shards if sh.n_moe else 0)) \
+        * (ADAM_STEP_BYTES if tr.optimizer_dtype == "fp32" else ADAM_STEP_BYTES_BF16) \
         / hw.hbm_bw
     # host offload of the optimizer (docs/model.md, "Host offload"): the CPU step replaces
     # the HBM-bound one; the gradients' and parameters' transfers are the offload term
@@ -556,7 +567,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
     # 16-bit gradients: the optimizer keeps an fp32 main gradient of its shard besides them
     # (Megatron-LM's fp16 row: 20 bytes per parameter, 4 + 16/d distributed)
-    opt_full = OPTIMIZER_BYTES + (GRAD_BYTES if grad_bytes == WIRE_16 else 0)
+    # (with bf16 states, two bf16 moments and a bf16 gradient shard: OPTIMIZER_STATE_BYTES)
+    state_bytes, main_grad_bytes = OPTIMIZER_STATE_BYTES[tr.optimizer_dtype]
+    opt_full = state_bytes + (main_grad_bytes if grad_bytes == WIRE_16 else 0)
     opt_bytes = opt_full / shards
     # gradients reduced once per step accumulate unsharded over the micro-batches
     # Sharded gradients at the memory peak (the last backward): reduce-scattered every
@@ -683,7 +696,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 "logits": logit,
             }
             if stage == "first" and (k.optimizer_offload or k.offload_layers):
-                host_opt = (dense_p / shards + experts_p / expert_shards) * HOST_OPTIMIZER_BYTES
+                host_opt = (dense_p / shards + experts_p / expert_shards) \
+                    * host_optimizer_bytes(tr.optimizer_dtype)
                 memory[name.replace("first", "host")] = host_memory_row(
                     inst, (host_opt if k.optimizer_offload else 0.0) + off_acts)
                 if k.offload_layers:        # Megatron-Core: no CPU offloading with pp > 1
@@ -710,6 +724,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 #: keeps its fp32 optimizer states and gradients on the CPU (Ren et al. 2021, Sec. 4.1),
 #: Megatron-Core's HybridDeviceOptimizer its fp32 parameters, gradients and states.
 HOST_OPTIMIZER_BYTES = OPTIMIZER_BYTES + GRAD_BYTES
+
+
+def host_optimizer_bytes(optimizer_dtype: str) -> int:
+    """Host bytes per shard parameter of the offloaded optimizer: its states and the gradient
+    it steps on (:data:`OPTIMIZER_STATE_BYTES`): 16 in fp32 (:data:`HOST_OPTIMIZER_BYTES`),
+    6 with bf16 states (two bf16 moments, the bf16 gradient shard)."""
+    states, grad = OPTIMIZER_STATE_BYTES[optimizer_dtype]
+    return states + grad
 #: Layers whose compute an activation transfer hides behind: the next layer's forward (its
 #: offload) and the next layer's backward, twice the forward (its reload).
 OFFLOAD_WINDOW_PASSES = 3
@@ -739,8 +761,9 @@ def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire, hb
     """``(optimizer, offload)`` seconds of one step (docs/model.md, "Host offload").
 
     Without optimizer offload: the HBM-bound step and no transfer. With it: the Adam step
-    runs on the CPU, bound by host memory bandwidth (the same 30 bytes touched per parameter
-    as on the GPU, :data:`ADAM_STEP_BYTES`, over the host's bandwidth shared by its GPUs);
+    runs on the CPU, bound by host memory bandwidth (the same bytes touched per parameter
+    as on the GPU, :data:`ADAM_STEP_BYTES`, 14 with bf16 states, over the host's bandwidth
+    shared by its GPUs);
     the GPU's gradient shard (``grad_wire`` bytes per element) goes device -> host and the
     16-bit parameters come back host -> device, each over the host link. Megatron-Core with
     ``--overlap-cpu-optimizer-d2h-h2d`` pipelines the three over parameter groups: what stays
@@ -752,7 +775,9 @@ def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire, hb
         return hbm_step, 0.0
     hw = inst.hw
     fw = framework_of(inst.spec.constraints.framework)
-    cpu = ADAM_STEP_BYTES / (hw.host_mem_bw / hw.gpus_per_host)     # seconds per parameter
+    step = ADAM_STEP_BYTES if inst.spec.training.optimizer_dtype == "fp32" \
+        else ADAM_STEP_BYTES_BF16
+    cpu = step / (hw.host_mem_bw / hw.gpus_per_host)                # seconds per parameter
     d2h, h2d = grad_wire / hw.host_bw, WIRE_16 / hw.host_bw
     exposed = max(0.0, d2h - cpu, h2d - cpu) if fw.offload_overlap else d2h + h2d
     return local_params * cpu, local_params * exposed
