@@ -552,10 +552,11 @@ def _offload_knob(inst: Instance, fields: dict[str, Any], name: str, off: Any) -
 
 def offload_choices(inst: Instance) -> tuple[tuple[bool, ...], tuple[int, ...]]:
     """The host-offload values the search considers: optimizer offload off / on, and the
-    offloaded layer counts ``0, L/2, L - 1`` (rounded down; Megatron-Core needs
-    ``N < L``) within ``constraints.max_offload_layers`` (the cap itself joins the set; without
-    a cap activation offload is not searched), or the ``[constraints]`` pins. None where the host figures are missing (no host link or memory)
-    or the framework has no such offload (:data:`planner.model.frameworks.FRAMEWORKS`)."""
+    offloaded layer counts ``0, L/2, L - 1`` (rounded down; Megatron-Core needs ``N < L``)
+    within ``constraints.max_offload_layers`` (the cap itself joins the set; without a cap
+    activation offload is not searched), or the ``[constraints]`` pins. Off where the host
+    figures are missing (no host link or memory) or the framework has no such offload
+    (:data:`planner.model.frameworks.FRAMEWORKS`)."""
     c = inst.spec.constraints
     fw = framework_of(c.framework)
     host = inst.hw.host_bw > 0 and inst.hw.host_mem_bytes > 0
