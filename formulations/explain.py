@@ -17,7 +17,7 @@ from formulations.space import SearchSpace, build_space, count_points, divisors
 from planner.model.plan import layout_choices
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
-from planner.model.terms import memory_limit_bytes, step_terms
+from planner.model.terms import host_memory_limit_bytes, memory_limit_bytes, step_terms
 from planner.model.words import plural, toml_value
 
 
@@ -181,9 +181,46 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     else:
         lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB; "
                      f"activations and logits the other {(need - static) / GiB:.1f} GiB")
+    host = _host_binds(space)
+    if host:
+        lines.insert(0, host)
     if suggest:
         lines += _suggestions(space, limit)
     return InfeasibleError("no plan fits in GPU memory", lines)
+
+
+def _host_binds(space: SearchSpace) -> str | None:
+    """With host offload in the space: when some offloading plan fits on the GPU but none in
+    its share of the host, the sentence saying so (naming the keys), else None."""
+    inst = space.inst
+    offloading = [k for k in space.combos if k.optimizer_offload or k.offload_layers]
+    if not offloading:
+        return None
+    cols = feasible_points(space)
+    if not cols or len(next(iter(cols.values()))) == 0:
+        return None
+    deg = degrees_of(space, cols)
+    n = len(cols["T"])
+    limit, host_limit = memory_limit_bytes(inst), host_memory_limit_bytes(inst)
+    need = None
+    for knobs in offloading:
+        t = step_terms(inst, deg, knobs)
+        rows = {st: np.broadcast_to(np.asarray(t.memory_total(st), float), (n,))
+                for st in t.memory_stages()}
+        gpu = np.max([v for st, v in rows.items() if not st.startswith("host")], axis=0)
+        host = np.max([v for st, v in rows.items() if st.startswith("host")], axis=0)
+        fits = gpu <= limit
+        if fits.any():
+            low = float(np.min(host[fits])) * host_limit / limit
+            need = low if need is None else min(need, low)
+    if need is None:
+        return None
+    hs, total = inst.hw.gpus_per_host, inst.hw.host_mem_bytes / GiB
+    return (f"host memory binds: with host offload a plan fits on the GPU, but the least it "
+            f"offloads is {need / GiB:.1f} GiB per GPU, over its {host_limit / GiB:.1f} GiB "
+            f"share of the host (cluster.host_memory_GiB = {total:g} less "
+            f"constraints.host_memory_reserve_GiB = {total - host_limit * hs / GiB:.1f}, over "
+            f"{hs} GPUs per host)")
 
 
 def _suggestions(space: SearchSpace, limit: float) -> list[str]:

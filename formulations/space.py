@@ -54,7 +54,9 @@ from planner.model.instance import Instance
 from types import SimpleNamespace
 
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
-from planner.model.plan import BASE_NAMES, Grid, Knobs, layout_choices, overlap_default
+from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
+                                overlap_default)
+from planner.model.words import toml_value
 from planner.model.rules import Rule, Sizes, rules_for
 from planner.model.terms import reduce_every_microbatch
 
@@ -541,15 +543,36 @@ def build_space(inst: Instance) -> SearchSpace:
         shard_choices = [sc for sc in shard_choices if sc[0] != "optim_grads"]
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
+    # Host offload (docs/model.md, "Host offload"; docs/encoding.md): optimizer offload on /
+    # off and the offloaded layer count from a small set (plan.offload_choices), kept where
+    # the framework runs them (the optimizer with its offload modes, Megatron-Core's
+    # activation offload without recompute and, since it needs pp = 1, on the even layout
+    # only, the one layout of a single stage; pp = 1 is a row of the model, like the
+    # framework rules). Offload never saves time, so where it adds none its plans tie with
+    # the plans without it and the tie-break (memory headroom first) keeps the offloaded one.
+    opt_vals, layer_vals = offload_choices(inst)
+    fw_off = framework_of(c.framework)
+    offloads = [(o, n) for o in opt_vals for n in layer_vals]
     combos = [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
                     reshard_after_forward=rf,
                     first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
-                    account_for_loss=lay[3], paced=paced)
-              for r, s, (mode, rf), lay, *ov in itertools.product(modes, sp_vals, shard_choices,
-                                                                  lays, *overlaps.values())]
+                    account_for_loss=lay[3], paced=paced, optimizer_offload=oo,
+                    offload_layers=on, offload_maxes=any(layer_vals))
+              for r, s, (mode, rf), lay, (oo, on), *ov in itertools.product(
+                  modes, sp_vals, shard_choices, lays, offloads, *overlaps.values())
+              if not (oo and mode not in fw_off.optimizer_offload_modes)
+              and not (on and (r != "none" or lay != (0, 0, False, False)))]
+    if not combos:
+        pins = [f"constraints.{key} = {toml_value(getattr(c, key))}"
+                for key in ("optimizer_offload", "offload_layers", "recompute", "dp_sharding",
+                            "distributed_optimizer", "framework") if getattr(c, key) is not None]
+        raise InfeasibleError("the constraints leave no plan", [
+            f"host offload: {fw_off.offload_source or fw_off.label}; no allowed combination "
+            f"runs it under {', '.join(pins)}"])
     dims = {"recompute": modes, "sequence_parallel": sp_vals,
             "sharding_choice": tuple(shard_choices),
             "layout": tuple(lays),      # one dimension: its four fields vary together
+            "offload": tuple(dict.fromkeys(k.offload for k in combos)),
             **overlaps}
     caps_on_forms = []
     if c.dp is not None or c.max_dp is not None:

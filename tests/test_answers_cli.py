@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GPT13 = ROOT / "instances" / "gpt-1.3b-1node.toml"
 GPT3 = ROOT / "instances" / "gpt3-175b-a100.toml"
 LLAMA70 = ROOT / "instances" / "llama3-70b-h100.toml"
+#: host offload pinned off, for tests whose point is elsewhere (offload: tests/test_offload.py)
+NO_OFFLOAD = "[constraints]\noptimizer_offload = false\noffload_layers = 0"
 MIXTRAL = ROOT / "instances" / "mixtral-8x7b-h100.toml"
 
 
@@ -161,7 +163,9 @@ def test_json_error_from_the_installed_entry_point():
 
 def test_infeasible_with_json_carries_error_and_exit_code(runner, tmp_path):
     path = tmp_path / "small.toml"
-    path.write_text(GPT3.read_text().replace("nodes = 128", "nodes = [1, 2]"))
+    path.write_text(GPT3.read_text().replace("nodes = 128", "nodes = [1, 2]")
+                    # (with host offload 2 nodes fit: tests/test_offload.py)
+                    .replace("[constraints]", "[constraints]\noptimizer_offload = false"))
     result = runner.invoke(app, ["pareto", str(path), "--json"])
     assert result.exit_code == 3
     doc = json.loads(result.stdout)
@@ -221,7 +225,8 @@ def test_compare_on_llama3_70b_is_never_faster_than_the_baseline(runner):
 
 def test_compare_signs_read_right(runner, tmp_path):
     path = tmp_path / "l70.toml"
-    path.write_text(LLAMA70.read_text().replace("max_tp = 8", "max_tp = 2"))
+    path.write_text(LLAMA70.read_text().replace("max_tp = 8", "max_tp = 2")
+                    .replace("[constraints]", NO_OFFLOAD))     # (the signs are the point)
     cmp = queries.compare(load_instance(path), solver="enumerate")
     assert cmp.slowdown > 0 and cmp.binding
     text = runner.invoke(app, ["solve", str(path), "--compare", "--solver", "enumerate"]).stdout
@@ -238,7 +243,8 @@ def test_pareto_does_not_star_a_size_another_beats_on_days_and_cost(runner, tmp_
     the sizes no other size beats on both days and cost."""
     path = tmp_path / "g3h.toml"
     path.write_text(GPT3.read_text().replace('gpu = "a100-80gb"', 'gpu = "h100-sxm"')
-                    .replace("nodes = 128", "node_counts = [8, 16, 32]"))
+                    .replace("nodes = 128", "node_counts = [8, 16, 32]")
+                    .replace("[constraints]", NO_OFFLOAD))     # (as the figures were taken)
     d = json.loads(runner.invoke(app, ["pareto", str(path), "--json", "--solver",
                                        "enumerate"]).stdout)
     pts = {p["nodes"]: p for p in d["all"]}

@@ -68,7 +68,8 @@ def test_sequence_parallelism_is_searched_where_tensor_parallelism_spans_nodes()
 
     doc = {"model": {"preset": "gpt3-175b"}, "training": {"global_batch": 512},
            "cluster": {"gpu": "h100-sxm", "gpus": 256, "gpus_per_node": 2},
-           "constraints": {"tp_within_node": False}}
+           "constraints": {"tp_within_node": False, "optimizer_offload": False,
+                           "offload_layers": 0}}        # (host offload: test_offload.py)
     free = solve(parse_instance(doc), solver="enumerate")
     doc["constraints"]["sequence_parallel"] = True
     pinned = solve(parse_instance(doc), solver="enumerate")

@@ -135,7 +135,9 @@ def test_tp_across_infiniband_loses_on_its_collectives():
     from planner.model.schema import PlanSpec
 
     doc = {"model": {"preset": "megatron-1t"}, "training": {"global_batch": 512},
-           "cluster": {"gpu": "a100-80gb", "nodes": 32}}
+           "cluster": {"gpu": "a100-80gb", "nodes": 32},
+           # both plans without host offload (the TP32 plan is the flat model's, without it)
+           "constraints": {"optimizer_offload": False, "offload_layers": 0}}
     inst = parse_instance(doc)
     best = solve(inst).report
     assert best.plan.tp <= 8 and best.plan.tp == best.plan.tp_intra

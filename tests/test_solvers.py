@@ -86,6 +86,16 @@ def instances(draw):
             constraints[knob] = False          # (a switch the framework has not: an error)
     if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
         constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
+    # host offload (searched by default): a small host binds its memory row, a slow host link
+    # exposes the transfers (the activation offload's maximum), pins and caps
+    if draw(st.integers(0, 4)) == 0:
+        cluster["host_memory_GiB"] = draw(st.sampled_from([4.0, 64.0]))
+    if draw(st.integers(0, 4)) == 0:
+        cluster["host_link_bandwidth_GBps"] = draw(st.sampled_from([0.05, 2.0]))
+    if draw(st.integers(0, 5)) == 0:
+        constraints["optimizer_offload"] = draw(st.booleans())
+    if draw(st.integers(0, 4)) == 0:          # activation offload is searched under a cap
+        constraints["max_offload_layers"] = draw(st.sampled_from([1, 4]))
     reserve = constraints["memory_reserve_GiB"]
     constraints["memory_reserve_GiB"] = min(reserve, {"a100-40gb": 37.0}.get(gpu, reserve))
     moe = {}

@@ -165,6 +165,11 @@ def evaluate(
         "--tp-comm-overlap/--no-tp-comm-overlap")] = None,
     overlap_p2p_comm: Annotated[bool | None, typer.Option(
         "--overlap-p2p-comm/--no-overlap-p2p-comm")] = None,
+    optimizer_offload: Annotated[bool | None, typer.Option(
+        "--optimizer-offload/--no-optimizer-offload",
+        help="optimizer states in host memory, the Adam step on the CPU")] = None,
+    offload_layers: Annotated[int | None, typer.Option(
+        min=0, help="decoder layers whose activations are offloaded to host memory")] = None,
     nodes: NodesOpt = None,
     vs_optimum: Annotated[bool, typer.Option(
         "--vs-optimum", help="also solve for the optimum and print how far this plan is")
@@ -204,7 +209,9 @@ def evaluate(
                               overlap_grad_reduce=overlap_grad_reduce,
                               overlap_param_gather=overlap_param_gather,
                               tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm,
-                              dp_sharding=dp_sharding, dp_shard_size=dp_shard_size)
+                              dp_sharding=dp_sharding, dp_shard_size=dp_shard_size,
+                              optimizer_offload=optimizer_offload,
+                              offload_layers=offload_layers)
         bad_layout = layout_violations(inst, plan)
         if bad_layout:
             raise InputError("[plan]: " + "; ".join(bad_layout))

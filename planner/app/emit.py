@@ -92,6 +92,14 @@ dp_sharding (distributed_optimizer = optim), dp_shard_size, reshard_after_forwar
     ``communication_data_type``; stage 2/3 with pp > 1 and HSDP are errors. Every export says
     the mode the model costed; a mode the framework cannot run is an error naming the rule
     (:func:`planner.model.frameworks.framework_violations`).
+optimizer_offload, offload_layers (host offload)
+    ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0 --overlap-cpu-optimizer-d2h-h2d
+    --use-precision-aware-optimizer``, ``--cpu-offloading --cpu-offloading-num-layers N`` |
+    ``optim.config.optimizer_cpu_offload`` (same three companions),
+    ``model.config.cpu_offloading`` / ``cpu_offloading_num_layers`` | an error (torchtitan's
+    only CPU offload moves parameters too) | ``zero_optimization.offload_optimizer.device =
+    "cpu"`` (stages 1-3); activation offload an error. A rule broken is an error naming it
+    (:func:`planner.model.frameworks.offload_violations`).
 precision
     ``--bf16`` / ``--fp16`` / ``--bf16 --fp8-format hybrid`` | ``trainer.plugins.precision``
     (bf16-mixed / 16-mixed) and ``trainer.plugins.fp8`` (hybrid) |
@@ -139,7 +147,7 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
-from planner.model.frameworks import SHARDING_MODES, framework_violations
+from planner.model.frameworks import SHARDING_MODES, framework_violations, offload_violations
 from planner.model.terms import reduce_dtype, selective_recompute
 from planner.model.instance import Instance
 from planner.model.plan import Plan, default_placement
@@ -170,7 +178,8 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     except (KeyError, TypeError):
         raise InputError(f"unknown launch format \"{fmt}\"; expected one of: "
                          + ", ".join(FORMATS)) from None
-    problems = _launch_problems(inst, plan) + framework_violations(fmt, plan)
+    problems = (_launch_problems(inst, plan) + framework_violations(fmt, plan)
+                + offload_violations(fmt, plan))
     if problems:
         raise InputError(f"plan {plan.label()} cannot be written as a {fmt} launch", problems)
     return writer(inst, plan)
@@ -354,6 +363,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if _sp(plan):                                  # Megatron-Core: SP needs TP
         args.append("--sequence-parallel")
     args += _megatron_sharding(inst, plan, comments)
+    args += _megatron_offload(plan)
     if plan.recompute == "selective":
         args.append("--recompute-activations")
     elif plan.recompute == "full" and plan.recompute_layers:
@@ -450,6 +460,21 @@ def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[
         args.append(f"--num-distributed-optimizer-instances {plan.dp_replicate}")
     if reduce_dtype(inst) == "bf16" and inst.spec.training.precision != "fp16":
         args.append("--grad-reduce-in-bf16")
+    return args
+
+
+def _megatron_offload(plan: Plan) -> list[str]:
+    """Host offload as Megatron-LM arguments (megatron/training/arguments.py): the optimizer
+    on the CPU (``--optimizer-cpu-offload`` with all of it, ``--optimizer-offload-fraction
+    1.0``; validate_args requires ``--use-precision-aware-optimizer``; the transfers overlap
+    the CPU step as the model costs them, ``--overlap-cpu-optimizer-d2h-h2d``) and the
+    activations of N layers (``--cpu-offloading --cpu-offloading-num-layers N``)."""
+    args = []
+    if plan.optimizer_offload:
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0",
+                 "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer"]
+    if plan.offload_layers:
+        args += ["--cpu-offloading", f"--cpu-offloading-num-layers {plan.offload_layers}"]
     return args
 
 
@@ -582,6 +607,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # ModelParallelConfig overlap fields (Megatron-Core)
                 "tp_comm_overlap": _overlaps(plan)["tp_comm_overlap"],
                 "overlap_p2p_comm": _overlaps(plan)["overlap_p2p_comm"],
+                # TransformerConfig's activation offload of N layers (Megatron-Core)
+                **({"cpu_offloading": True, "cpu_offloading_num_layers": plan.offload_layers,
+                    "cpu_offloading_activations": True, "cpu_offloading_weights": False}
+                   if plan.offload_layers else {}),
                 **_nemo_moe(inst),
             },
         },
@@ -590,6 +619,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "use_distributed_optimizer": plan.distributed_optimizer,
                 "bf16": precision != "fp16",
                 "fp16": precision == "fp16",
+                # Megatron-Core OptimizerConfig's optimizer offload (as the megatron export)
+                **({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0,
+                    "overlap_cpu_optimizer_d2h_h2d": True,
+                    "use_precision_aware_optimizer": True} if plan.optimizer_offload else {}),
             },
         },
     }
@@ -758,7 +791,11 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
         # ZeRO stage = the sharding mode's index (none, optim, optim_grads, optim_grads_params);
         # overlap_comm: reduce gradients during the backward (DeepSpeed's overlap_grad_reduce)
         "zero_optimization": {"stage": SHARDING_MODES.index(plan.dp_sharding),
-                              "overlap_comm": _overlaps(plan)["overlap_grad_reduce"]},
+                              "overlap_comm": _overlaps(plan)["overlap_grad_reduce"],
+                              # ZeRO-Offload: optimizer states and the Adam step on the CPU
+                              # (DeepSpeed's CPU Adam), pinned host buffers for the transfers
+                              **({"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+                                 if plan.optimizer_offload else {})},
         "communication_data_type": "fp32" if reduce_dtype(inst) == "fp32" else (
             "fp16" if precision == "fp16" else "bf16"),
         # deepspeed/runtime/activation_checkpointing/config.py: these options shape the

@@ -28,6 +28,7 @@ TERM_LABELS = {
     "pp_comm": "pipeline p2p comm",
     "dp_comm": "data-parallel grad reduction",
     "optimizer": "optimizer step (HBM-bound)",
+    "offload": "host offload transfers (exposed)",
 }
 
 
@@ -89,6 +90,10 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     if p.dp_sharding == "optim_grads_params":
         shard += f", reshard after forward {'on' if p.reshard_after_forward else 'off'}"
     t.add_row("sharding", shard)
+    if p.optimizer_offload or p.offload_layers:
+        acts = (f"activations of {plural(p.offload_layers, 'layer')}" if p.offload_layers
+                else "activations kept")
+        t.add_row("host offload", f"optimizer {'on' if p.optimizer_offload else 'off'}, {acts}")
     return t
 
 
@@ -99,9 +104,13 @@ def time_table(rep: StepReport) -> Table:
     t.add_column("share", justify="right")
     for name in TIME_TERMS:
         v = rep.breakdown_s[name]
-        if v == 0 and name in ("cp_comm", "ep_comm"):
+        if v == 0 and name in ("cp_comm", "ep_comm", "offload") and not (
+                name == "offload" and (rep.plan.optimizer_offload or rep.plan.offload_layers)):
             continue
-        t.add_row(TERM_LABELS[name], _fmt_s(v), f"{100 * v / rep.step_time_s:.1f}%")
+        label = TERM_LABELS[name]
+        if name == "optimizer" and rep.plan.optimizer_offload:
+            label = "optimizer step (on the CPU, host-memory-bound)"
+        t.add_row(label, _fmt_s(v), f"{100 * v / rep.step_time_s:.1f}%")
     return t
 
 
@@ -118,6 +127,9 @@ def memory_table(rep: StepReport) -> Table:
               Text(f"{100 * mem['total'] / mem['limit']:.1f}%", style=style))
     t.add_row("limit", f"{mem['limit']:.2f}",
               f"capacity {mem['capacity']:.1f} - reserve {mem['reserve']:.1f}")
+    if rep.plan.optimizer_offload or rep.plan.offload_layers:
+        t.add_row("host offload", f"{mem['host_offload']:.2f}",
+                  f"of a {mem['host_limit']:.1f} GiB host share per GPU")
     return t
 
 

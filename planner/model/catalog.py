@@ -70,6 +70,15 @@ class GPU(BaseModel):
     attention_efficiency: float | None = Field(
         default=None, gt=0, le=1, description="share of the 16-bit peak the fused (flash) "
         "attention core reaches on the model's 4 b s^2 h FLOPs; default efficiency")
+    host_link_bandwidth_GBps: float | None = Field(
+        default=None, gt=0, description="GPU <-> host memory link per GPU and per direction "
+        "(PCIe or NVLink-C2C): host offload moves its bytes on it; None: no host offload")
+    host_memory_GiB: float | None = Field(
+        default=None, gt=0, description="host (CPU) memory per host, which the offloaded bytes "
+        "of its GPUs share")
+    host_memory_bandwidth_GBps: float | None = Field(
+        default=None, gt=0, description="host memory bandwidth per host (peak), which bounds "
+        "the optimizer step offloaded to the CPU")
     kernel_stacks: dict[str, KernelStack] = Field(
         default_factory=dict, description="figures of other kernel stacks ([training] "
         "kernel_stack) than the fused one the main figures are calibrated for")
@@ -97,7 +106,8 @@ _FIGURES = (
 )
 #: Figures that need a source when the file gives them (their defaults leave the model as before).
 _OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "gemm_knee_tokens",
-                     "gemm_knee_width", "attention_efficiency")
+                     "gemm_knee_width", "attention_efficiency", "host_link_bandwidth_GBps",
+                     "host_memory_GiB", "host_memory_bandwidth_GBps")
 
 
 def known_gpus() -> list[str]:

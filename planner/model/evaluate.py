@@ -15,8 +15,8 @@ from planner.model.catalog import GiB
 from planner.model.instance import Instance
 from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
-from planner.model.terms import (MEMORY_TERMS, TIME_TERMS, memory_limit_bytes,
-                                 memory_reserve_GiB, step_terms)
+from planner.model.terms import (MEMORY_TERMS, TIME_TERMS, host_memory_limit_bytes,
+                                 memory_limit_bytes, memory_reserve_GiB, step_terms)
 from planner.model.words import stage_words
 from planner.model.workload import Shape
 
@@ -81,8 +81,10 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     terms = step_terms(inst, plan.grid.degrees(), plan.knobs)
     breakdown = {name: float(terms.time[name]) for name in TIME_TERMS}
     step = sum(breakdown.values())
+    # (the host-memory rows of host offload are not GPU stages: reported below, in bytes)
+    host_rows = [st for st in terms.memory if st.startswith("host")]
     by_stage = {st: {n: float(terms.memory[st][n]) / GiB for n in MEMORY_TERMS}
-                for st in terms.memory}
+                for st in terms.memory if st not in host_rows}
     for st in by_stage:
         by_stage[st]["total"] = sum(by_stage[st][n] for n in MEMORY_TERMS)
     worst = max(by_stage, key=lambda st: by_stage[st]["total"])
@@ -93,7 +95,25 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     memory["limit"] = limit
     memory["headroom"] = limit - memory["total"]      # GiB left under the limit (< 0: over)
 
+    host_limit = host_memory_limit_bytes(inst)
+    scale = host_limit / memory_limit_bytes(inst)
+    memory["host_offload"] = max((float(terms.memory[st]["host_offload"]) * scale / GiB
+                                  for st in host_rows), default=0.0)
+    memory["host_limit"] = host_limit / GiB
+
     violations = structural_violations(inst, plan, spec) + list(extra_violations or [])
+    if host_rows and (inst.hw.host_bw <= 0 or inst.hw.host_mem_bytes <= 0):
+        violations.append(
+            f"host offload: {inst.hw.gpu.key} has no host link or host memory figure in the "
+            "catalog; give cluster.host_link_bandwidth_GBps and cluster.host_memory_GiB")
+    elif memory["host_offload"] > memory["host_limit"] * (1 + 1e-9):
+        hs = inst.hw.gpus_per_host
+        violations.append(
+            f"host memory: offloading {memory['host_offload']:.1f} GiB per GPU needs "
+            f"{memory['host_offload'] * hs:.1f} GiB on a host of {hs} GPUs, over the "
+            f"{memory['host_limit'] * hs:.1f} GiB limit (cluster.host_memory_GiB = "
+            f"{inst.hw.host_mem_bytes / GiB:g} less constraints.host_memory_reserve_GiB = "
+            f"{inst.hw.host_mem_bytes / GiB - memory['host_limit'] * hs:g})")
     if memory["total"] > limit:
         violations.append(
             f"memory: the {stage_words(worst)} needs {memory['total']:.1f} GiB per GPU, over the "

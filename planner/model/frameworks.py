@@ -58,6 +58,14 @@ class Framework:
     #: what recompute = "selective" recomputes: "core_attention" (Megatron-Core's default
     #: recompute module core_attn) or "op" (torchtitan's op-level selective checkpointing)
     selective_recompute: str = "core_attention"
+    #: host offload (docs/model.md, "Host offload"): the sharding modes it offloads the
+    #: optimizer with (empty: no optimizer offload), whether it offloads the activations of N
+    #: layers (Megatron-Core's --cpu-offloading-num-layers) and whether the gradients' and
+    #: parameters' host transfers overlap the CPU optimizer step
+    optimizer_offload_modes: tuple[str, ...] = ()
+    activation_offload: bool = False
+    offload_overlap: bool = False
+    offload_source: str = ""
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -109,13 +117,25 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #:   ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"); stage 2/3 reduce in every
 #:   backward (``reduce_ipg_grads``); ``communication_data_type`` defaults to the model dtype;
 #:   no replica groups of the ZeRO partition here (ZeRO++ hpZ is a secondary copy, not modelled).
+#: - Host offload, Megatron-Core: ``--optimizer-cpu-offload`` (validate_args asserts
+#:   ``--use-precision-aware-optimizer``, a distributed-optimizer path: ZeRO-1 here; the
+#:   exports pass ``--overlap-cpu-optimizer-d2h-h2d``, so the cost rule overlaps the transfers
+#:   with the CPU step); ``--cpu-offloading --cpu-offloading-num-layers N``: TransformerConfig
+#:   requires ``0 <= N < num_layers``, refuses it with pipeline parallelism and with any
+#:   activation recompute (megatron/core/transformer/transformer_config.py __post_init__).
+_MEGATRON_OFFLOAD = ("Megatron-Core --optimizer-cpu-offload needs the distributed optimizer "
+                     "(dp_sharding = \"optim\"); --cpu-offloading-num-layers needs pp = 1, no "
+                     "recompute and fewer layers than the model's (TransformerConfig)")
+
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
                           overlap_defaults=(("overlap_p2p_comm", True),),
                           overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=40_000_000,
                           sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                           sharding_no_pp_source="Megatron-LM's FSDP path does not run with "
-                          "pipeline parallelism (DistributedInitConfig.use_torch_fsdp2)"),
+                          "pipeline parallelism (DistributedInitConfig.use_torch_fsdp2)",
+                          optimizer_offload_modes=("optim",), activation_offload=True,
+                          offload_overlap=True, offload_source=_MEGATRON_OFFLOAD),
     "nemo": Framework("nemo", "NeMo",
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
@@ -123,7 +143,9 @@ FRAMEWORKS: dict[str, Framework] = {
                       overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=128 * 1024 * 1024,
                       sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                       sharding_no_pp_source="NeMo's FSDP (Megatron-Core) does not run with "
-                                            "pipeline parallelism"),
+                                            "pipeline parallelism",
+                      optimizer_offload_modes=("optim",), activation_offload=True,
+                      offload_overlap=True, offload_source=_MEGATRON_OFFLOAD),
     "torchtitan": Framework("torchtitan", "torchtitan",
                             overlap_defaults=(("overlap_grad_reduce", True),
                                               ("overlap_param_gather", True)),
@@ -136,14 +158,22 @@ FRAMEWORKS: dict[str, Framework] = {
                             # "op" (its train_configs): a policy that saves the outputs of mm,
                             # the SDPA kernels and reduce-scatter, except every second mm
                             # (torchtitan/parallelisms/parallelize_llama.py @1ea476e)
-                            selective_recompute="op"),
+                            selective_recompute="op",
+                            offload_source="torchtitan's only CPU offload is FSDP2's "
+                            "CPUOffloadPolicy (parameters, gradients and optimizer states "
+                            "together), which this model does not cost"),
     "deepspeed": Framework("deepspeed", "DeepSpeed",
                            overlaps_expressible=("overlap_grad_reduce",),
                            grad_bucket_params=500_000_000,
                            sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                            sharding_no_pp_source="DeepSpeed's PipelineEngine refuses ZeRO "
                            "stage 2 and 3 with pipeline parallelism",
-                           hsdp=False, reduce_every_microbatch=True, grad_reduce_dtype="bf16"),
+                           hsdp=False, reduce_every_microbatch=True, grad_reduce_dtype="bf16",
+                           optimizer_offload_modes=("optim", "optim_grads",
+                                                    "optim_grads_params"),
+                           offload_source="DeepSpeed zero_optimization.offload_optimizer "
+                           "(device cpu) is valid for ZeRO stages 1-3; it has no Megatron "
+                           "activation offload"),
 }
 
 #: the framework whose defaults apply when ``[constraints] framework`` is not given
@@ -190,4 +220,35 @@ def framework_violations(name: str | None, plan) -> list[str]:
     if not fw.hsdp and mode != "none" and plan.dp_replicate > 1:
         out.append(f"{fw.label} has no HSDP: dp_shard_size = {plan.dp_shard_size} must be "
                    f"dp = {plan.dp}")
+    return out
+
+
+def offload_violations(name: str | None, plan) -> list[str]:
+    """The host-offload rules a plan breaks, as sentences naming the rule: activation offload
+    is Megatron-Core's (``--cpu-offloading-num-layers N``: ``N`` below the model's layers, no
+    pipeline parallelism, no recompute), the optimizer offload of each framework runs with
+    some sharding modes only (without a named framework, Megatron-LM's rules)."""
+    fw = framework_of(name)
+    out = []
+    n = plan.offload_layers
+    if n:
+        if not fw.activation_offload:
+            out.append(f"offload_layers = {n}: {fw.label} has no activation offload "
+                       f"({fw.offload_source})")
+        if plan.pp > 1:
+            out.append(f"offload_layers = {n} needs pp = 1 (pp = {plan.pp}): Megatron-Core "
+                       "has no pipeline parallelism with CPU offloading (TransformerConfig)")
+        if plan.recompute != "none":
+            out.append(f"offload_layers = {n} needs recompute = \"none\" (recompute = "
+                       f"\"{plan.recompute}\"): Megatron-Core's CPU offloading does not work "
+                       "with activation recompute (TransformerConfig)")
+        if plan.layers and n >= plan.layers:
+            out.append(f"offload_layers = {n} must be below the model's {plan.layers} layers "
+                       "(Megatron-Core: CPU offloading can be done only for fewer layers "
+                       "than num_layers)")
+    if plan.optimizer_offload and plan.dp_sharding not in fw.optimizer_offload_modes:
+        runs = (f"with dp_sharding {' | '.join(fw.optimizer_offload_modes)} only"
+                if fw.optimizer_offload_modes else "not at all")
+        out.append(f"optimizer_offload = true with dp_sharding = \"{plan.dp_sharding}\": "
+                   f"{fw.label} offloads the optimizer {runs} ({fw.offload_source})")
     return out

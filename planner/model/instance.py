@@ -50,6 +50,12 @@ class Hardware:
     #: share of the 16-bit peak the fused (flash) attention core reaches, on the model's
     #: ``4 b s^2 h`` FLOPs; None: the GEMM ``efficiency`` (see GPU.attention_efficiency)
     attention_efficiency: float | None = None
+    #: host offload (docs/model.md, "Host offload"): the GPU <-> host link per GPU and
+    #: direction (B/s), host memory per host (bytes) and its bandwidth per host (B/s); 0: the
+    #: catalog has no figure (offload is then refused)
+    host_bw: float = 0.0
+    host_mem_bytes: float = 0.0
+    host_mem_bw: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -254,7 +260,17 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
                   or gpu.inter_node_bandwidth_GBps * gpu.inter_node_bus_efficiency) * 1e9,
         lat_intra=gpu.intra_node_latency_us * 1e-6,
         lat_inter=gpu.inter_node_latency_us * 1e-6,
+        host_bw=(c.host_link_bandwidth_GBps or gpu.host_link_bandwidth_GBps or 0.0) * 1e9,
+        host_mem_bytes=(c.host_memory_GiB or gpu.host_memory_GiB or 0.0) * GiB,
+        host_mem_bw=(c.host_memory_bandwidth_GBps or gpu.host_memory_bandwidth_GBps
+                     or 0.0) * 1e9,
     )
+    host_reserve = spec.constraints.host_memory_reserve_GiB
+    if host_reserve is not None and hw.host_mem_bytes and host_reserve * GiB >= hw.host_mem_bytes:
+        raise InputError(f"{source}: invalid instance", [
+            f"constraints.host_memory_reserve_GiB: {host_reserve:g} GiB leaves no host memory "
+            f"for offload ({hw.host_mem_bytes / GiB:g} GiB per host, cluster.host_memory_GiB or "
+            f"the catalog's); expected less than that"])
     if c.gpus is not None:
         if c.gpus > host and c.gpus % host:
             raise InputError(f"{source}: invalid instance",

@@ -82,6 +82,14 @@ class Knobs:
     #: data-parallel sharding (ZeRO stage; see the class docstring)
     dp_sharding: str = ""
     reshard_after_forward: bool | None = None
+    #: host offload (docs/model.md, "Host offload"): the optimizer states in host memory, and
+    #: the decoder layers whose activations are offloaded (Megatron-Core
+    #: --cpu-offloading-num-layers)
+    optimizer_offload: bool = False
+    offload_layers: int = 0
+    #: set by the search when one of its combinations offloads: every combination then
+    #: carries the offload terms' maxima (the encoders need one shape; not a choice)
+    offload_maxes: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         mode = self.dp_sharding or ("optim" if self.distributed_optimizer else "none")
@@ -96,6 +104,11 @@ class Knobs:
     def sharding_choice(self) -> tuple[str, bool]:
         """The sharding mode with its reshard policy: one categorical choice of the search."""
         return (self.dp_sharding, self.reshard_after_forward)
+
+    @property
+    def offload(self) -> tuple[bool, int]:
+        """Optimizer offload with the offloaded layer count: one categorical dimension."""
+        return (self.optimizer_offload, self.offload_layers)
 
     @property
     def layout(self) -> tuple:
@@ -343,6 +356,10 @@ class Plan:
     dp_sharding: str = ""
     dp_replicate: int = 1
     reshard_after_forward: bool | None = None
+    #: host offload: optimizer states in host memory; decoder layers whose activations go
+    #: to host memory (see :class:`Knobs`)
+    optimizer_offload: bool = False
+    offload_layers: int = 0
 
     def __post_init__(self):
         reshard = self.reshard_after_forward
@@ -380,6 +397,8 @@ class Plan:
                     account_for_loss=knobs.account_for_loss, layers=layers,
                     recompute_layers=knobs.recompute_layers, dp_sharding=knobs.dp_sharding,
                     reshard_after_forward=reshard,
+                    optimizer_offload=knobs.optimizer_offload,
+                    offload_layers=knobs.offload_layers,
                     **{o: getattr(knobs, o) for o in OVERLAP_KNOBS}, **grid)
 
     @property
@@ -399,7 +418,9 @@ class Plan:
                      account_for_embedding=self.account_for_embedding,
                      account_for_loss=self.account_for_loss,
                      **{o: getattr(self, o) for o in OVERLAP_KNOBS},
-                     recompute_layers=self.recompute_layers)
+                     recompute_layers=self.recompute_layers,
+                     optimizer_offload=self.optimizer_offload,
+                     offload_layers=self.offload_layers)
 
     @property
     def stage_layers(self) -> list[int] | None:
@@ -515,7 +536,45 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 account_for_embedding=f["account_for_embedding"],
                 account_for_loss=f["account_for_loss"], layers=inst.model.layers,
                 **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS},
-                recompute_layers=f["recompute_layers"] or 0)
+                recompute_layers=f["recompute_layers"] or 0,
+                optimizer_offload=_offload_knob(inst, f, "optimizer_offload", False),
+                offload_layers=_offload_knob(inst, f, "offload_layers", 0))
+
+
+def _offload_knob(inst: Instance, fields: dict[str, Any], name: str, off: Any) -> Any:
+    """A host-offload knob of ``plan evaluate``: the plan's (or a flag's) value, else the
+    ``[constraints]`` pin, else off (offload only costs time; the search decides it)."""
+    if fields.get(name) is not None:
+        return fields[name]
+    pin = getattr(inst.spec.constraints, name)
+    return off if pin is None else pin
+
+
+def offload_choices(inst: Instance) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    """The host-offload values the search considers: optimizer offload off / on, and the
+    offloaded layer counts ``0, L/2, L - 1`` (rounded down; Megatron-Core needs ``N < L``)
+    within ``constraints.max_offload_layers`` (the cap itself joins the set; without a cap
+    activation offload is not searched), or the ``[constraints]`` pins. Off where the host
+    figures are missing (no host link or memory) or the framework has no such offload
+    (:data:`planner.model.frameworks.FRAMEWORKS`)."""
+    c = inst.spec.constraints
+    fw = framework_of(c.framework)
+    host = inst.hw.host_bw > 0 and inst.hw.host_mem_bytes > 0
+    opt: tuple[bool, ...] = (False, True) if host and fw.optimizer_offload_modes else (False,)
+    if c.optimizer_offload is not None:
+        opt = (c.optimizer_offload,)
+    L = inst.model.layers
+    if c.offload_layers is not None:
+        layers: tuple[int, ...] = (c.offload_layers,)
+    elif not (host and fw.activation_offload) or not c.max_offload_layers:
+        # searched where the instance asks for it (a cap): it doubles the CP-SAT time of the
+        # quick-start instance (docs/encoding.md, "Host offload")
+        layers = (0,)
+    else:
+        cap = min(c.max_offload_layers, L - 1)
+        grid = {0, L // 2, L - 1, cap}
+        layers = tuple(sorted(n for n in grid if 0 <= n <= cap))
+    return opt, layers
 
 
 def reshard_default(inst: Instance, pp) -> bool:
@@ -582,6 +641,8 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
     from planner.model.frameworks import framework_violations
     out = violations(inst, plan.grid, plan.knobs)
     out += framework_violations(inst.spec.constraints.framework, plan)
+    from planner.model.frameworks import offload_violations
+    out += offload_violations(inst.spec.constraints.framework, plan)
     if spec is not None and spec.micro_batches and spec.micro_batches != plan.micro_batches:
         out.append(f"plan.micro_batches={spec.micro_batches} but global_batch/(dp*micro_batch)"
                    f" = {plan.micro_batches}")

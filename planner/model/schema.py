@@ -245,6 +245,15 @@ class ClusterSpec(_Strict):
     attention_efficiency: Efficiency | None = Field(
         default=None, description="override of the catalog's share of the 16-bit peak the "
         "fused (flash) attention core reaches")
+    host_link_bandwidth_GBps: Bandwidth | None = Field(
+        default=None, description="override of the catalog's GPU <-> host link (PCIe or "
+        "NVLink-C2C) per GPU and per direction, which host offload moves its bytes on")
+    host_memory_GiB: Annotated[float, Field(gt=0, le=1e7)] | None = Field(
+        default=None, description="override of the catalog's host (CPU) memory per host: the "
+        "offloaded bytes of its GPUs must fit in it, less constraints.host_memory_reserve_GiB")
+    host_memory_bandwidth_GBps: Bandwidth | None = Field(
+        default=None, description="override of the catalog's host memory bandwidth per host, "
+        "which bounds the optimizer step offloaded to the CPU")
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSpec:
@@ -348,6 +357,21 @@ class ConstraintSpec(_Strict):
     account_for_loss: bool | None = Field(
         default=None, description="pin Megatron-LM's account-for-loss layout on / off; "
         "default free")
+    optimizer_offload: bool | None = Field(
+        default=None, description="pin optimizer offload on / off (the optimizer states in "
+        "host memory, the Adam step on the CPU: Megatron-Core --optimizer-cpu-offload, "
+        "DeepSpeed offload_optimizer); default free where the framework runs it")
+    offload_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
+        default=None, description="pin the decoder layers whose activations are offloaded to "
+        "host memory (Megatron-Core --cpu-offloading-num-layers; 0: none); default: 0 unless "
+        "max_offload_layers is given")
+    max_offload_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
+        default=None, description="cap on offload_layers: the search picks the layer count from "
+        "0, L/2, L - 1 and the cap, below it (docs/encoding.md, \"Host offload\"); default: "
+        "activation offload is not searched")
+    host_memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="host memory per host kept free of offloaded bytes; default "
+        "a third of it (DeepSpeed's offload memory estimator's 1.5x buffer factor)")
 
     @model_validator(mode="before")
     @classmethod
@@ -379,6 +403,11 @@ class ConstraintSpec(_Strict):
         if self.distributed_optimizer is not None and self.dp_sharding is not None:
             raise ValueError("give distributed_optimizer or dp_sharding, not both "
                              "(distributed_optimizer = true is dp_sharding = \"optim\")")
+        if (self.offload_layers is not None and self.max_offload_layers is not None
+                and self.offload_layers > self.max_offload_layers):
+            raise ValueError(f"offload_layers = {self.offload_layers} exceeds "
+                             f"max_offload_layers = {self.max_offload_layers}: raise the cap "
+                             "or change the pin")
         if (self.vp or 1) > 1 and (self.pp == 1 or self.max_pp == 1):
             raise ValueError(f"vp = {self.vp} (interleaved pipeline) needs pp > 1, but "
                              + ("pp = 1" if self.pp == 1 else "max_pp = 1"))
@@ -447,6 +476,14 @@ class PlanSpec(_Strict):
         default=None, description="with recompute = \"full\": layers of each virtual stage "
         "recomputed, the rest keep their activations (Megatron-LM --recompute-method block "
         "--recompute-num-layers); default: all")
+    optimizer_offload: bool | None = Field(
+        default=None, description="optimizer states in host memory, the Adam step on the CPU "
+        "(Megatron-Core --optimizer-cpu-offload, DeepSpeed offload_optimizer); default: the "
+        "[constraints] pin, else off")
+    offload_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
+        default=None, description="decoder layers whose activations go to host memory in "
+        "forward and come back in backward (Megatron-Core --cpu-offloading-num-layers); "
+        "default: the [constraints] pin, else 0")
     ep_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of ep inside a node")
     tp_intra: upto(MAX_GPUS) | None = Field(default=None, description="factor of tp inside a node")
     cp_intra: upto(MAX_GPUS) | None = None

@@ -36,7 +36,7 @@ from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
 
 TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-              "optimizer")
+              "optimizer", "offload")
 #: The communication terms of the step time (each a collective or transfer on its links).
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits")
@@ -554,6 +554,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                          + (expert_gpu / expert_shards if sh.n_moe else 0)) \
         * (ADAM_STEP_BYTES if tr.optimizer_dtype == "fp32" else ADAM_STEP_BYTES_BF16) \
         / hw.hbm_bw
+    # host offload of the optimizer (docs/model.md, "Host offload"): the CPU step replaces
+    # the HBM-bound one; the gradients' and parameters' transfers are the offload term
+    opt_local = params_gpu / shards + (expert_gpu / expert_shards if sh.n_moe else 0)
+    time["optimizer"], time["offload"] = optimizer_offload_time(inst, k, opt_local, gw,
+                                                                time["optimizer"])
 
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
     # A stage is checked as if all its L/p layers were of one kind, for each kind the model
@@ -635,6 +640,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     memory = {}
     layer_info: dict[str, Any] = {}
+    stored_by_kind: dict[str, Any] = {}
     for kind in kinds:
         if kind == "dense":
             layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
@@ -668,27 +674,134 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             working_w = (units * one_layer + head) * WIRE_16 if mode.params else 0.0
             # (gradients accumulated whole hold it already)
             working_g = one_layer * grad_bytes * working_layer if mode.grads else 0.0
+            # host offload: the optimizer states leave the GPU; the offloaded layers'
+            # stored activations too (pp = 1, else barred: one micro-batch of the L layers in
+            # flight, L - N of them kept), written with the complementary indicators so that
+            # every term stays >= 0 (the memory rows are capped term by term)
+            off_acts = 0.0
+            if k.offload_layers and stage != "middle":
+                off_acts = eq1(p) * k.offload_layers * stored
+                flight = first_flight if stage == "first" else last_flight
+                acts = (gt1(p) * p * n_layers * stored * flight
+                        + eq1(p) * (L - k.offload_layers) * stored + working
+                        + (embed_mask if stage == "first" else 0.0))
+            opt_gpu = dense_p * opt_bytes + experts_p * expert_opt
             memory[name] = {
                 "weights": (dense_p * weight_share + experts_p * expert_weight_share)
                 * WEIGHT_BYTES + (dense_p + experts_p) * fp8_cache + working_w,
                 "gradients": (dense_p * grad_share + experts_p * expert_grad_share) * grad_bytes
                 + working_g,
-                "optimizer_states": dense_p * opt_bytes + experts_p * expert_opt,
+                "optimizer_states": 0.0 if k.optimizer_offload else opt_gpu,
                 "activations": acts,
                 "logits": logit,
             }
+            if stage == "first" and (k.optimizer_offload or k.offload_layers):
+                host_opt = (dense_p / shards + experts_p / expert_shards) \
+                    * host_optimizer_bytes(tr.optimizer_dtype)
+                memory[name.replace("first", "host")] = host_memory_row(
+                    inst, (host_opt if k.optimizer_offload else 0.0) + off_acts)
+                if k.offload_layers:        # Megatron-Core: no CPU offloading with pp > 1
+                    memory[name]["offload_rule"] = gt1(p) * 2 * memory_limit_bytes(inst)
+                stored_by_kind[kind] = stored
             # a sharding mode the named framework does not run with this grid: memory no GPU
             # has, so the search leaves it (the search's only way to say "not under this
             # mode"); evaluate reports the rule itself (framework_violations)
             bar = framework_bar(fw, inst.spec.constraints.framework, k.dp_sharding, x)
             if not is_zero(bar):
                 memory[name]["framework_rule"] = bar * 2 * memory_limit_bytes(inst)
+    time["offload"] = time["offload"] + activation_offload_time(
+        inst, k, m, stored_by_kind, dense_share, moe_share, layer_compute)
     return Terms(time=time, memory=memory,
                  layer={**layer_info, "compute": layer_compute, "dense_compute": dense_compute,
                         "moe_compute": moe_compute, "stage_moe_layers": stage_moe,
                         "tp_comm_moe": tp_moe, "cp_comm": cp_layer,
                         "gemm": gemm, "attention": attn,
                         "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer})
+
+
+#: Host bytes per parameter of the offloaded optimizer: the fp32 master weight and the two
+#: Adam moments (12), and the fp32 gradient the CPU step reads (4): DeepSpeed's ZeRO-Offload
+#: keeps its fp32 optimizer states and gradients on the CPU (Ren et al. 2021, Sec. 4.1),
+#: Megatron-Core's HybridDeviceOptimizer its fp32 parameters, gradients and states.
+HOST_OPTIMIZER_BYTES = OPTIMIZER_BYTES + GRAD_BYTES
+
+
+def host_optimizer_bytes(optimizer_dtype: str) -> int:
+    """Host bytes per shard parameter of the offloaded optimizer: its states and the gradient
+    it steps on (:data:`OPTIMIZER_STATE_BYTES`): 16 in fp32 (:data:`HOST_OPTIMIZER_BYTES`),
+    6 with bf16 states (two bf16 moments, the bf16 gradient shard)."""
+    states, grad = OPTIMIZER_STATE_BYTES[optimizer_dtype]
+    return states + grad
+#: Layers whose compute an activation transfer hides behind: the next layer's forward (its
+#: offload) and the next layer's backward, twice the forward (its reload).
+OFFLOAD_WINDOW_PASSES = 3
+
+
+def host_memory_limit_bytes(inst: Instance) -> float:
+    """Host memory one GPU's offloaded bytes may use: the host's memory less
+    ``constraints.host_memory_reserve_GiB`` (default a third of it: DeepSpeed's estimator of
+    offload memory, ``estimate_zero2_model_states_mem_needs``, budgets 1.5x the offloaded
+    states), shared evenly by the GPUs of the host."""
+    reserve = inst.spec.constraints.host_memory_reserve_GiB
+    total = inst.hw.host_mem_bytes
+    kept = total / 3 if reserve is None else reserve * GiB
+    return (total - kept) / inst.hw.gpus_per_host
+
+
+def host_memory_row(inst: Instance, host_bytes):
+    """The host-memory limit as one more memory row of the search: the offloaded bytes of one
+    GPU scaled so that the GPU limit stands for the host's share (``host_bytes <=
+    host_memory_limit_bytes`` iff the row is ``<= memory_limit_bytes``); the terms of
+    :data:`MEMORY_TERMS` are zero. ``plan evaluate`` reports it in bytes itself."""
+    scale = memory_limit_bytes(inst) / max(host_memory_limit_bytes(inst), 1.0)
+    return {**{n: 0.0 for n in MEMORY_TERMS}, "host_offload": host_bytes * scale}
+
+
+def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire, hbm_step):
+    """``(optimizer, offload)`` seconds of one step (docs/model.md, "Host offload").
+
+    Without optimizer offload: the HBM-bound step and no transfer. With it: the Adam step
+    runs on the CPU, bound by host memory bandwidth (the same bytes touched per parameter
+    as on the GPU, :data:`ADAM_STEP_BYTES`, 14 with bf16 states, over the host's bandwidth
+    shared by its GPUs);
+    the GPU's gradient shard (``grad_wire`` bytes per element) goes device -> host and the
+    16-bit parameters come back host -> device, each over the host link. Megatron-Core with
+    ``--overlap-cpu-optimizer-d2h-h2d`` pipelines the three over parameter groups: what stays
+    exposed beyond the CPU step is the longer transfer's excess over it,
+    ``max(0, d2h - cpu, h2d - cpu)``; a framework without that overlap (DeepSpeed here)
+    exposes both transfers. All three are the local parameters times a per-instance rate, so
+    the maximum is one number per instance (no maximum of the search's forms)."""
+    if not k.optimizer_offload:
+        return hbm_step, 0.0
+    hw = inst.hw
+    fw = framework_of(inst.spec.constraints.framework)
+    step = ADAM_STEP_BYTES if inst.spec.training.optimizer_dtype == "fp32" \
+        else ADAM_STEP_BYTES_BF16
+    cpu = step / (hw.host_mem_bw / hw.gpus_per_host)                # seconds per parameter
+    d2h, h2d = grad_wire / hw.host_bw, WIRE_16 / hw.host_bw
+    exposed = max(0.0, d2h - cpu, h2d - cpu) if fw.offload_overlap else d2h + h2d
+    return local_params * cpu, local_params * exposed
+
+
+def activation_offload_time(inst: Instance, k: Knobs, m, stored: dict, dense_share,
+                            moe_share, layer_compute):
+    """Seconds of one step the activation offload of ``k.offload_layers`` layers leaves
+    exposed (docs/model.md, "Host offload"). Per micro-batch and offloaded layer its stored
+    activations (``x`` seconds on the host link) go to the host while the next layer runs
+    its forward (``f``) and come back while the next layer runs its backward (``2 f``), as
+    Megatron-Core's offload handler overlaps them: exposed ``max(0, x - f) + max(0, x - 2 f)``,
+    written as one maximum ``max(0, x - f, 2 x - 3 f)`` (equal for ``f >= 0``)."""
+    if not k.offload_layers:
+        if k.offload_maxes and isinstance(layer_compute, Sig):
+            zero = Sig.const(0.0)                    # the same maximum, identically 0
+            return vmax(zero, zero, zero)
+        return 0.0
+    per_layer = sum(share * stored[kind] for kind, share in (("dense", dense_share),
+                                                              ("moe", moe_share))
+                    if kind in stored and not is_zero(share))
+    x = per_layer / inst.hw.host_bw
+    f = layer_compute / OFFLOAD_WINDOW_PASSES
+    return m * k.offload_layers * vmax(0.0, x - f, 2 * x - 3 * f)
 
 
 def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
@@ -714,6 +827,9 @@ def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     stage_n = {"first": m - k.first_short, "middle": m, "last": m - k.last_short}
     memory = {}
     for name, terms in full.memory.items():
+        if name.startswith("host"):             # (offloaded bytes: no recompute share)
+            memory[name] = dict(terms)
+            continue
         f = share(stage_n[name.partition("_")[0]])
         w = full.layer[f"working_{name}"]
         memory[name] = dict(terms)
