@@ -48,9 +48,11 @@ def test_optimizer_offload_by_hand():
     8.03e9 / 8 parameters. Offloaded: the optimizer states (fp32 master and two moments, 12
     bytes; bf16 training keeps fp32 gradients) leave the GPU; the host holds them and an fp32
     gradient, 16 bytes per shard parameter; the CPU
-    step touches 30 bytes per parameter at the host's 614.4 GB/s shared by 8 GPUs; the
-    gradients (fp32, 4 bytes) go over PCIe Gen5 at 64 GB/s, the 16-bit parameters come back,
-    both hidden behind the CPU step (Megatron's --overlap-cpu-optimizer-d2h-h2d)."""
+    step touches 30 bytes per parameter at the host's 614.4 GB/s shared by 8 GPUs, of which
+    Megatron's CPU AdamW (torch.optim.AdamW) reaches a sixth (DeepSpeed's ZeRO-Offload
+    tutorial: its DeepSpeedCPUAdam is 5-7x faster than PyTorch's); the gradients (fp32, 4
+    bytes) go over PCIe Gen5 at 64 GB/s, the 16-bit parameters come back, both hidden behind
+    the CPU step (Megatron's --overlap-cpu-optimizer-d2h-h2d)."""
     inst = parse_instance(llama8b_one_node())
     off = evaluate(inst, llama8b_plan(inst))
     on = evaluate(inst, llama8b_plan(inst, optimizer_offload=True))
@@ -60,7 +62,7 @@ def test_optimizer_offload_by_hand():
     saved = (off.memory_gib["total"] - on.memory_gib["total"]) * GiB
     assert saved == pytest.approx(12 * shard, rel=5e-3)
     assert on.memory_gib["host_offload"] * GiB == pytest.approx(16 * shard, rel=5e-3)
-    cpu = 30 * shard / (614.4e9 / 8)                          # 0.392 s
+    cpu = 30 * shard / (614.4e9 / 8 / 6)                      # 2.35 s
     assert on.breakdown_s["optimizer"] == pytest.approx(cpu, rel=5e-3)
     assert 4 * shard / 64e9 < cpu                             # the transfers hide
     assert on.breakdown_s["offload"] == 0.0
@@ -68,12 +70,14 @@ def test_optimizer_offload_by_hand():
         on.breakdown_s["optimizer"] - off.breakdown_s["optimizer"], rel=1e-9)
     # a host link slower than the CPU step: the longer transfer's excess is exposed
     slow = parse_instance({**llama8b_one_node(), "cluster": {
-        "gpu": "h100-sxm", "nodes": 1, "host_link_bandwidth_GBps": 8.0}})
+        "gpu": "h100-sxm", "nodes": 1, "host_link_bandwidth_GBps": 1.0}})
     rep = evaluate(slow, llama8b_plan(slow, optimizer_offload=True))
-    assert rep.breakdown_s["offload"] == pytest.approx(4 * shard / 8e9 - cpu, rel=5e-3)
+    assert rep.breakdown_s["offload"] == pytest.approx(4 * shard / 1e9 - cpu, rel=5e-3)
+    # DeepSpeed's DeepSpeedCPUAdam is taken at the host's bandwidth: a sixth of the time
     # DeepSpeed's transfers are costed unoverlapped: both directions exposed
     ds = parse_instance(llama8b_one_node(framework="deepspeed"))
     rep = evaluate(ds, llama8b_plan(ds, optimizer_offload=True))
+    assert rep.breakdown_s["optimizer"] == pytest.approx(cpu / 6, rel=5e-3)
     # (DeepSpeed reduces gradients in bf16 by default: 2 bytes down, 2 up)
     assert rep.breakdown_s["offload"] == pytest.approx((2 + 2) * shard / 64e9, rel=5e-3)
 
@@ -268,4 +272,5 @@ def test_bf16_optimizer_states_offload_their_own_bytes():
     rep = evaluate(inst, llama8b_plan(inst, optimizer_offload=True))
     shard = LLAMA3_8B_PARAMS / 8
     assert rep.memory_gib["host_offload"] * GiB == pytest.approx(6 * shard, rel=5e-3)
-    assert rep.breakdown_s["optimizer"] == pytest.approx(14 * shard / (614.4e9 / 8), rel=5e-3)
+    assert rep.breakdown_s["optimizer"] == pytest.approx(14 * shard / (614.4e9 / 8 / 6),
+                                                         rel=5e-3)

@@ -66,6 +66,13 @@ class Framework:
     activation_offload: bool = False
     offload_overlap: bool = False
     offload_source: str = ""
+    #: the share of the host's peak memory bandwidth its CPU Adam step reaches (the step's
+    #: bytes over peak bandwidth is a lower bound on its time): DeepSpeed's DeepSpeedCPUAdam
+    #: is taken at the bound (1.0, optimistic); Megatron-Core's HybridDeviceOptimizer runs
+    #: torch.optim.AdamW on the CPU (megatron/core/optimizer/__init__.py imports it as
+    #: CPUAdam), which DeepSpeed's ZeRO-Offload tutorial puts 5-7x slower than its
+    #: DeepSpeedCPUAdam: 1/6 of DeepSpeed's rate
+    cpu_adam_share: float = 1.0
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -135,7 +142,8 @@ FRAMEWORKS: dict[str, Framework] = {
                           sharding_no_pp_source="Megatron-LM's FSDP path does not run with "
                           "pipeline parallelism (DistributedInitConfig.use_torch_fsdp2)",
                           optimizer_offload_modes=("optim",), activation_offload=True,
-                          offload_overlap=True, offload_source=_MEGATRON_OFFLOAD),
+                          offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
+                          cpu_adam_share=1 / 6),
     "nemo": Framework("nemo", "NeMo",
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
@@ -145,7 +153,8 @@ FRAMEWORKS: dict[str, Framework] = {
                       sharding_no_pp_source="NeMo's FSDP (Megatron-Core) does not run with "
                                             "pipeline parallelism",
                       optimizer_offload_modes=("optim",), activation_offload=True,
-                      offload_overlap=True, offload_source=_MEGATRON_OFFLOAD),
+                      offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
+                      cpu_adam_share=1 / 6),
     "torchtitan": Framework("torchtitan", "torchtitan",
                             overlap_defaults=(("overlap_grad_reduce", True),
                                               ("overlap_param_gather", True)),

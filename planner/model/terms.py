@@ -777,7 +777,9 @@ def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire, hb
     fw = framework_of(inst.spec.constraints.framework)
     step = ADAM_STEP_BYTES if inst.spec.training.optimizer_dtype == "fp32" \
         else ADAM_STEP_BYTES_BF16
-    cpu = step / (hw.host_mem_bw / hw.gpus_per_host)                # seconds per parameter
+    # seconds per parameter: the step's bytes at the framework's share of the host's memory
+    # bandwidth, shared by its GPUs
+    cpu = step / (fw.cpu_adam_share * hw.host_mem_bw / hw.gpus_per_host)
     d2h, h2d = grad_wire / hw.host_bw, WIRE_16 / hw.host_bw
     exposed = max(0.0, d2h - cpu, h2d - cpu) if fw.offload_overlap else d2h + h2d
     return local_params * cpu, local_params * exposed
