@@ -61,8 +61,10 @@ def test_optimum_is_at_least_as_fast_as_published(run):
 @pytest.mark.parametrize("rid, backend", [
     ("korthikanti22-22b-selective-sp", "cpsat"), ("korthikanti22-22b-selective-sp", "highs"),
     ("narayanan21-1.7b", "cpsat"), ("narayanan21-1.7b", "highs"),
-    # 2,520 GPUs = TP8 x PP35 x DP9, a non-power-of-two plan
-    ("narayanan21-529.6b", "highs"), ("narayanan21-529.6b", "cpsat"),
+    # 2,520 GPUs = TP8 x PP35 x DP9, a non-power-of-two plan (CP-SAT only: HiGHS took 23 s
+    # of the suite's 3 minutes here, and agrees with it on the two instances above and on
+    # every shipped one, tests/test_one_answer.py)
+    ("narayanan21-529.6b", "cpsat"),
 ])
 def test_mip_backends_prove_the_same_optimum_on_published_instances(rid, backend):
     run = next(r for r in RUNS if r["id"] == rid)
