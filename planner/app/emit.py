@@ -94,7 +94,7 @@ dp_sharding (distributed_optimizer = optim), dp_shard_size, reshard_after_forwar
     (:func:`planner.model.frameworks.framework_violations`).
 optimizer_offload, offload_layers (host offload)
     ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0 --overlap-cpu-optimizer-d2h-h2d
-    --use-precision-aware-optimizer``, ``--cpu-offloading --cpu-offloading-num-layers N`` |
+    --use-precision-aware-optimizer``, ``--cpu-offloading-num-layers N`` |
     ``optim.config.optimizer_cpu_offload`` (same three companions),
     ``model.config.cpu_offloading`` / ``cpu_offloading_num_layers`` | an error (torchtitan's
     only CPU offload moves parameters too) | ``zero_optimization.offload_optimizer.device =
@@ -468,13 +468,16 @@ def _megatron_offload(plan: Plan) -> list[str]:
     on the CPU (``--optimizer-cpu-offload`` with all of it, ``--optimizer-offload-fraction
     1.0``; validate_args requires ``--use-precision-aware-optimizer``; the transfers overlap
     the CPU step as the model costs them, ``--overlap-cpu-optimizer-d2h-h2d``) and the
-    activations of N layers (``--cpu-offloading --cpu-offloading-num-layers N``)."""
+    activations of N layers (``--cpu-offloading-num-layers N``: Megatron-LM has no
+    ``--cpu-offloading`` flag, validate_args switches offloading on from the layer count and
+    TransformerConfig offloads activations, not weights, by default; checked with
+    tools/check_exports.py against Megatron-LM d98e8a64)."""
     args = []
     if plan.optimizer_offload:
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0",
                  "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer"]
     if plan.offload_layers:
-        args += ["--cpu-offloading", f"--cpu-offloading-num-layers {plan.offload_layers}"]
+        args += [f"--cpu-offloading-num-layers {plan.offload_layers}"]
     return args
 
 
