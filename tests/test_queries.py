@@ -17,8 +17,9 @@ BACKENDS = ("enumerate", "cpsat", "highs")
 
 def doc(**over):
     """A small dense model on 1-4 H100 nodes. The sharding mode is pinned to ZeRO-1 (the
-    distributed optimizer) unless a test sets it: these tests are about the queries, and
-    tests/test_solvers.py and tests/test_sharding.py cover the search over the modes."""
+    distributed optimizer) and the optimizer kept on the GPU unless a test sets them: these
+    tests are about the queries, and tests/test_solvers.py, tests/test_sharding.py and
+    tests/test_offload.py cover the search over the modes and the offload."""
     d = {
         "model": {"layers": 8, "hidden": 1024, "heads": 8, "kv_heads": 4, "gated_mlp": True,
                   "vocab": 32000, "seq_len": 2048, "position_embedding": "rope",
@@ -31,6 +32,8 @@ def doc(**over):
         d[section] = {**d.get(section, {}), **values}
     if not {"dp_sharding", "distributed_optimizer"} & set(d["constraints"]):
         d["constraints"]["dp_sharding"] = "optim"
+    if "optimizer_offload" not in d["constraints"]:
+        d["constraints"]["optimizer_offload"] = False
     return d
 
 

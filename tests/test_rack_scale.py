@@ -18,12 +18,13 @@ from planner.model.schema import PlanSpec
 
 
 def inst_of(gpu: str, gpus: int, **plan):
-    """Mixtral on ``gpus`` GPUs; ZeRO-1 pinned (the placement of the groups is the point)."""
+    """Mixtral on ``gpus`` GPUs; ZeRO-1 pinned and the optimizer kept on the GPU (the placement
+    of the groups is the point)."""
     return parse_instance({
         "model": {"preset": "mixtral-8x7b"},
         "training": {"global_batch": 576},
         "cluster": {"gpu": gpu, "gpus": gpus},
-        "constraints": {"dp_sharding": "optim"},
+        "constraints": {"dp_sharding": "optim", "optimizer_offload": False},
         **({"plan": plan} if plan else {}),
     })
 

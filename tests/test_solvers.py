@@ -196,13 +196,14 @@ def agree(doc):
         assert res.report.plan == ref.report.plan, (backend, res.report.plan, ref.report.plan)
 
 
-#: (ZeRO-1 pinned: the batch models are the point here; the sharding-mode models within each
-#: batch model are tested by test_sharding_mode_models_give_the_joint_models_answer)
+#: (ZeRO-1 pinned and no host offload: the batch models are the point here; the sharding-mode
+#: models within each batch model are tested by
+#: test_sharding_mode_models_give_the_joint_models_answer)
 BATCH_RANGE = {
     "model": {"preset": "gpt3-175b"},
     "training": {"global_batch": [512, 8192]},
     "cluster": {"gpu": "h100-sxm", "gpus": 4096},
-    "constraints": {"dp_sharding": "optim"},
+    "constraints": {"dp_sharding": "optim", "optimizer_offload": False},
 }
 
 
