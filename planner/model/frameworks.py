@@ -127,7 +127,8 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #: - Host offload, Megatron-Core: ``--optimizer-cpu-offload`` (validate_args asserts
 #:   ``--use-precision-aware-optimizer``, a distributed-optimizer path: ZeRO-1 here; the
 #:   exports pass ``--overlap-cpu-optimizer-d2h-h2d``, so the cost rule overlaps the transfers
-#:   with the CPU step); ``--cpu-offloading --cpu-offloading-num-layers N``: TransformerConfig
+#:   with the CPU step); ``--cpu-offloading-num-layers N`` (switches ``cpu_offloading`` on, which
+#:   has no flag of its own): TransformerConfig
 #:   requires ``0 <= N < num_layers``, refuses it with pipeline parallelism and with any
 #:   activation recompute (megatron/core/transformer/transformer_config.py __post_init__).
 _MEGATRON_OFFLOAD = ("Megatron-Core --optimizer-cpu-offload needs the distributed optimizer "

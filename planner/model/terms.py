@@ -550,15 +550,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                        + exposed(bwd_reduce, backward, rs_layer + rs_head, og))
     time["dp_comm"] = step_reduce + step_gather + m * (mb_forward + mb_backward)
     expert_shards = x.ed if mode.optim else 1
-    time["optimizer"] = (params_gpu / shards
-                         + (expert_gpu / expert_shards if sh.n_moe else 0)) \
-        * (ADAM_STEP_BYTES if tr.optimizer_dtype == "fp32" else ADAM_STEP_BYTES_BF16) \
-        / hw.hbm_bw
-    # host offload of the optimizer (docs/model.md, "Host offload"): the CPU step replaces
-    # the HBM-bound one; the gradients' and parameters' transfers are the offload term
+    # the Adam step on this GPU's shard, HBM-bound, or with host offload of the optimizer
+    # (docs/model.md, "Host offload") on the CPU, the gradients' and parameters' transfers
+    # then the offload term
     opt_local = params_gpu / shards + (expert_gpu / expert_shards if sh.n_moe else 0)
-    time["optimizer"], time["offload"] = optimizer_offload_time(inst, k, opt_local, gw,
-                                                                time["optimizer"])
+    time["optimizer"], time["offload"] = optimizer_offload_time(inst, k, opt_local, gw)
 
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
     # A stage is checked as if all its L/p layers were of one kind, for each kind the model
@@ -719,19 +715,22 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                         "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer})
 
 
-#: Host bytes per parameter of the offloaded optimizer: the fp32 master weight and the two
-#: Adam moments (12), and the fp32 gradient the CPU step reads (4): DeepSpeed's ZeRO-Offload
-#: keeps its fp32 optimizer states and gradients on the CPU (Ren et al. 2021, Sec. 4.1),
-#: Megatron-Core's HybridDeviceOptimizer its fp32 parameters, gradients and states.
-HOST_OPTIMIZER_BYTES = OPTIMIZER_BYTES + GRAD_BYTES
-
-
 def host_optimizer_bytes(optimizer_dtype: str) -> int:
     """Host bytes per shard parameter of the offloaded optimizer: its states and the gradient
-    it steps on (:data:`OPTIMIZER_STATE_BYTES`): 16 in fp32 (:data:`HOST_OPTIMIZER_BYTES`),
-    6 with bf16 states (two bf16 moments, the bf16 gradient shard)."""
+    it steps on (:data:`OPTIMIZER_STATE_BYTES`). In fp32, 16: the fp32 master weight and the
+    two Adam moments (12) and the fp32 gradient the CPU step reads (4), as DeepSpeed's
+    ZeRO-Offload keeps its fp32 optimizer states and gradients on the CPU (Ren et al. 2021,
+    Sec. 4.1) and Megatron-Core's HybridDeviceOptimizer its fp32 parameters, gradients and
+    states; with bf16 states, 6 (two bf16 moments, the bf16 gradient shard)."""
     states, grad = OPTIMIZER_STATE_BYTES[optimizer_dtype]
     return states + grad
+
+
+def adam_step_bytes(optimizer_dtype: str) -> int:
+    """Bytes the Adam step touches per parameter, on the GPU or the CPU alike."""
+    return ADAM_STEP_BYTES if optimizer_dtype == "fp32" else ADAM_STEP_BYTES_BF16
+
+
 #: Layers whose compute an activation transfer hides behind: the next layer's forward (its
 #: offload) and the next layer's backward, twice the forward (its reload).
 OFFLOAD_WINDOW_PASSES = 3
@@ -757,13 +756,13 @@ def host_memory_row(inst: Instance, host_bytes):
     return {**{n: 0.0 for n in MEMORY_TERMS}, "host_offload": host_bytes * scale}
 
 
-def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire, hbm_step):
+def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire):
     """``(optimizer, offload)`` seconds of one step (docs/model.md, "Host offload").
 
-    Without optimizer offload: the HBM-bound step and no transfer. With it: the Adam step
-    runs on the CPU, bound by host memory bandwidth (the same bytes touched per parameter
-    as on the GPU, :data:`ADAM_STEP_BYTES`, 14 with bf16 states, over the host's bandwidth
-    shared by its GPUs);
+    Without optimizer offload: the Adam step bound by HBM bandwidth (:func:`adam_step_bytes`
+    per parameter of the GPU's shard, ``local_params``) and no transfer. With it: the Adam
+    step runs on the CPU, bound by host memory bandwidth (the same bytes touched per
+    parameter, over the framework's share of the host's bandwidth shared by its GPUs);
     the GPU's gradient shard (``grad_wire`` bytes per element) goes device -> host and the
     16-bit parameters come back host -> device, each over the host link. Megatron-Core with
     ``--overlap-cpu-optimizer-d2h-h2d`` pipelines the three over parameter groups: what stays
@@ -771,12 +770,11 @@ def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire, hb
     ``max(0, d2h - cpu, h2d - cpu)``; a framework without that overlap (DeepSpeed here)
     exposes both transfers. All three are the local parameters times a per-instance rate, so
     the maximum is one number per instance (no maximum of the search's forms)."""
-    if not k.optimizer_offload:
-        return hbm_step, 0.0
     hw = inst.hw
+    step = adam_step_bytes(inst.spec.training.optimizer_dtype)
+    if not k.optimizer_offload:
+        return local_params * step / hw.hbm_bw, 0.0
     fw = framework_of(inst.spec.constraints.framework)
-    step = ADAM_STEP_BYTES if inst.spec.training.optimizer_dtype == "fp32" \
-        else ADAM_STEP_BYTES_BF16
     # seconds per parameter: the step's bytes at the framework's share of the host's memory
     # bandwidth, shared by its GPUs
     cpu = step / (fw.cpu_adam_share * hw.host_mem_bw / hw.gpus_per_host)
