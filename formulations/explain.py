@@ -114,19 +114,38 @@ def _binding_rules(space: SearchSpace) -> list[str]:
             f"{'; '.join(out)}"]
 
 
-def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
+def _points(space: SearchSpace) -> tuple[dict, object] | None:
+    """The assignments that keep the structural rules, as columns, and their degrees; None
+    when there are none."""
     if not count_points(space):                  # structural: counted, not listed
         return None
     cols = feasible_points(space)
     if not cols or len(next(iter(cols.values()))) == 0:
         return None
-    deg = degrees_of(space, cols)
+    return cols, degrees_of(space, cols)
+
+
+def _stage_memory(t, n: int) -> dict[str, np.ndarray]:
+    """Each memory row of the terms ``t`` (GPU stages and host rows) over the ``n`` points."""
+    return {st: np.broadcast_to(np.asarray(t.memory_total(st), float), (n,))
+            for st in t.memory_stages()}
+
+
+def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
+    return _min_memory_at(space, _points(space))
+
+
+def _min_memory_at(space: SearchSpace, points) -> tuple[float, dict, object] | None:
+    """The least per-GPU need over the ``points`` (:func:`_points`) and every combination:
+    (bytes, the point, its knobs, the worst row's terms)."""
+    if points is None:
+        return None
+    cols, deg = points
+    n = len(cols["T"])
     best = None
     for knobs in space.combos:
         t = step_terms(space.inst, deg, knobs)
-        n = len(cols["T"])
-        per_stage = {st: np.broadcast_to(np.asarray(t.memory_total(st), float), (n,))
-                     for st in t.memory_stages()}
+        per_stage = _stage_memory(t, n)
         mem = np.max(np.stack(list(per_stage.values())), axis=0)
         i = int(np.argmin(mem))
         if best is None or mem[i] < best[0]:
@@ -141,7 +160,8 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
                        kind: str = "step_time", suggest: bool = True) -> InfeasibleError:
     """An :class:`InfeasibleError` whose lines say what binds and what would help."""
     inst = space.inst
-    found = _min_memory(space)
+    points = _points(space)
+    found = _min_memory_at(space, points)
     if found is None:
         return _structural(space)
     if found[0] <= memory_limit_bytes(inst) and max_objective is not None:
@@ -181,7 +201,7 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     else:
         lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB; "
                      f"activations and logits the other {(need - static) / GiB:.1f} GiB")
-    host = _host_binds(space)
+    host = _host_binds(space, points)
     if host:
         lines.insert(0, host)
     if suggest:
@@ -189,24 +209,20 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     return InfeasibleError("no plan fits in GPU memory", lines)
 
 
-def _host_binds(space: SearchSpace) -> str | None:
-    """With host offload in the space: when some offloading plan fits on the GPU but none in
-    its share of the host, the sentence saying so (naming the keys), else None."""
+def _host_binds(space: SearchSpace, points) -> str | None:
+    """With host offload in the space: when some offloading plan at the ``points``
+    (:func:`_points`) fits on the GPU but none in its share of the host, the sentence saying
+    so (naming the keys), else None."""
     inst = space.inst
     offloading = [k for k in space.combos if k.optimizer_offload or k.offload_layers]
-    if not offloading:
+    if not offloading or points is None:
         return None
-    cols = feasible_points(space)
-    if not cols or len(next(iter(cols.values()))) == 0:
-        return None
-    deg = degrees_of(space, cols)
+    cols, deg = points
     n = len(cols["T"])
     limit, host_limit = memory_limit_bytes(inst), host_memory_limit_bytes(inst)
     need = None
     for knobs in offloading:
-        t = step_terms(inst, deg, knobs)
-        rows = {st: np.broadcast_to(np.asarray(t.memory_total(st), float), (n,))
-                for st in t.memory_stages()}
+        rows = _stage_memory(step_terms(inst, deg, knobs), n)
         gpu = np.max([v for st, v in rows.items() if not st.startswith("host")], axis=0)
         host = np.max([v for st, v in rows.items() if st.startswith("host")], axis=0)
         fits = gpu <= limit
