@@ -102,10 +102,13 @@ def time_table(rep: StepReport) -> Table:
     t.add_column("term")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
+    # (context, expert parallelism and host offload are shown where the plan has them)
+    absent = {"cp_comm", "ep_comm"}
+    if not (rep.plan.optimizer_offload or rep.plan.offload_layers):
+        absent.add("offload")
     for name in TIME_TERMS:
         v = rep.breakdown_s[name]
-        if v == 0 and name in ("cp_comm", "ep_comm", "offload") and not (
-                name == "offload" and (rep.plan.optimizer_offload or rep.plan.offload_layers)):
+        if v == 0 and name in absent:
             continue
         label = TERM_LABELS[name]
         if name == "optimizer" and rep.plan.optimizer_offload:
