@@ -49,7 +49,7 @@ def main() -> None:
                 joint.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 z["parts"] = _best_of_parts(space, sharding_parts(space), backend, None,
-                                            "step_time", cuts, "sharding-mode")[0].objective
+                                            "step_time", cuts, "sharding-mode and layout")[0].objective
                 parts.append(time.perf_counter() - t)
             a, b = statistics.median(joint), statistics.median(parts)
             same = abs(z["joint"] - z["parts"]) <= 1e-6 * abs(z["joint"])

@@ -290,7 +290,8 @@ def _combo_terms(space: SearchSpace, deg, sym, knobs, objective: str, ties: bool
     bytes. Kept in ``space.terms_cache``, which the narrowed spaces of one fixed-batch space
     share (formulations/solve.py solves its sharding modes as models of their own, then the
     tied ones again as one model): each combination is written out once."""
-    key = (knobs, objective, ties)
+    # (the maxima flags do not take part in comparing knobs, but they change the terms)
+    key = (knobs, knobs.paced, knobs.offload_maxes, objective, ties)
     if key in space.terms_cache:
         return space.terms_cache[key]
     terms = step_terms(space.inst, deg, knobs)

@@ -19,7 +19,7 @@ from formulations.space import (SMALL_SPACE, BaseVar, SearchSpace, build_space, 
 from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
-from planner.model.plan import Plan
+from planner.model.plan import Knobs, Plan
 
 BACKENDS = ("highs", "cpsat", "enumerate")
 
@@ -65,18 +65,34 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
             return _best_of_parts(space, [_batch_model(space, b) for b in batches], backend,
                                   time_limit, objective, cuts, "fixed-batch")
         space = _batch_model(space, batches[0])
-    if len(space.dims.get("sharding_choice", ())) > 1 and joint_size(space) > SPLIT_ABOVE:
-        return _best_of_parts(space, sharding_parts(space), backend, time_limit, objective,
-                              cuts, "sharding-mode")
+    size = joint_size(space)
+    if size > SPLIT_ABOVE and len(part_keys(space, size > SPLIT_LAYOUTS_ABOVE)) > 1:
+        return _best_of_parts(space, sharding_parts(space, size > SPLIT_LAYOUTS_ABOVE), backend,
+                              time_limit, objective, cuts, "sharding-mode and layout")
     return _solve_model(space, backend, time_limit, objective, cuts)
 
 
-def sharding_parts(space: SearchSpace) -> list[SearchSpace]:
-    """One narrowed space per sharding choice, the distributed optimizer (ZeRO-1) first: it
-    wins most often, and the first part both sets the cap the others must beat and breaks its
-    own ties (:func:`_best_of_parts`)."""
-    first = sorted(space.dims["sharding_choice"], key=lambda ch: ch[0] != "optim")
-    return [_narrow(space, (ch,)) for ch in first]
+def part_key(k: Knobs, layouts: bool = True) -> tuple:
+    """What a fixed-batch space is split on: the data-parallel sharding choice and (with
+    ``layouts``) the pipeline layout of a combination."""
+    return (k.sharding_choice, k.layout if layouts else None)
+
+
+def part_keys(space: SearchSpace, layouts: bool = True) -> list[tuple]:
+    """The space's distinct :func:`part_key` values, in the order of its combinations."""
+    return list(dict.fromkeys(part_key(k, layouts) for k in space.combos))
+
+
+def sharding_parts(space: SearchSpace, layouts: bool = True) -> list[SearchSpace]:
+    """One narrowed space per sharding choice and (with ``layouts``) pipeline layout: the distributed optimizer
+    (ZeRO-1) first, it wins most often, and within it the even layout first; the first part
+    both sets the cap the others must beat and breaks its own ties (:func:`_best_of_parts`).
+    A part of layouts without a short last stage carries no pace maximum, and one without
+    offloaded layers no offload maxima (:func:`_narrow`): the maxima the joint model needs
+    for one shape over its combinations weaken a part's relaxation for nothing."""
+    keys = sorted(part_keys(space, layouts),
+                  key=lambda pk: (pk[0][0] != "optim", pk[1] is not None and any(pk[1])))
+    return [_narrow(space, (pk,), layouts) for pk in keys]
 
 
 #: A fixed-batch space is solved as one model per sharding mode when its
@@ -85,6 +101,14 @@ def sharding_parts(space: SearchSpace) -> list[SearchSpace]:
 #: tests (CP-SAT + HiGHS, CPU seconds): 112 s always joint, 83 s always split, 69 s with this
 #: rule; the shipped instances are above it (Llama 3.1 405B: 5.8e6) but the one-node 1.3B (7.4e4).
 SPLIT_ABOVE = SMALL_SPACE
+#: ... and one model per pipeline layout too when it passes this. Below it the layouts' models
+#: cost more to build than they save: on the agreement tests' instances of 1.3e5 to 2.8e5
+#: cells with three layouts (tests/test_solvers.py), splitting them too took 5-10% more CPU
+#: over all 48 examples; on Mixtral 8x7B on 144 GB200 (1.2e7 cells, three layouts) CP-SAT
+#: went from 2.9 s to 1.2 s and HiGHS from 10.1 s to 4.0 s, on Llama 3.1 405B (1.1e7 cells,
+#: two layouts) from 17.8 s to 7.6 s and 110 s to 68 s (whole solve, medians of 3 under a
+#: load of about 6).
+SPLIT_LAYOUTS_ABOVE = 2**20
 
 
 def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
@@ -127,8 +151,12 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
       :func:`formulations.space.candidate_batches` from the rules, without listing the
       assignments); carrying the batch inside every form makes one model many times larger.
       Ties are broken within the largest batch that holds a tie (formulations/ties.py).
-    - ``kind = "sharding-mode"``: one model per data-parallel sharding choice (the terms of
-      ZeRO-3's per-micro-batch collectives make a joint model hard to prove). Ties are broken
+    - ``kind = "sharding-mode and layout"``: one model per data-parallel sharding choice
+      and pipeline layout (the terms of ZeRO-3's per-micro-batch collectives make a joint
+      model hard to prove, and so do the layouts' allowed pipeline shapes and the pace
+      maximum of a short last stage: Mixtral 8x7B on 144 GB200 with ZeRO-1, CP-SAT's
+      objective solve 10.8 s as one model, 0.85 + 0.97 + 0.50 s as its three layouts'
+      models, measured once under load). Ties are broken
       as in one model: among the plans of every part that ties with the optimum, re-solved as
       one model of those parts (usually one).
 
@@ -198,7 +226,7 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
     if cuts.break_ties and not settled:
         # break the ties once, within the tied parts
         sub = parts[i_best] if len(tied) == 1 else _narrow(space, tuple(
-            ch for i, _ in tied for ch in parts[i].dims["sharding_choice"]))
+            pk for i, _ in tied for pk in part_keys(parts[i])))   # (keys with the layout)
         cap = tie if cuts.max_objective is None else min(cuts.max_objective, tie)
         rest = None if time_limit is None else max(left(), 1e-3)
         if len(tied) == 1:
@@ -215,12 +243,24 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
                    note=note), q
 
 
-def _narrow(space: SearchSpace, choices: tuple) -> SearchSpace:
-    """The space with only the knob combinations of the given sharding ``choices`` (values of
-    its ``sharding_choice`` dimension, kept in the space's order)."""
-    keep = tuple(ch for ch in space.dims["sharding_choice"] if ch in choices)
-    return replace(space, combos=[k for k in space.combos if k.sharding_choice in keep],
-                   dims={**space.dims, "sharding_choice": keep}, parent=space, _reach={},
+def _narrow(space: SearchSpace, keys: tuple, layouts: bool = True) -> SearchSpace:
+    """The space with only the knob combinations of the given :func:`part_key` ``keys`` (kept
+    in the space's order). The maxima every combination of the whole space carries for one
+    shape (``Knobs.paced``: a short last stage somewhere; ``Knobs.offload_maxes``: offloaded
+    layers somewhere) are dropped where no combination left needs them; the terms cache,
+    shared by the parts, is keyed on both flags. ``layouts=False``: the keys leave the layout
+    out (``None``)."""
+    combos = [k for k in space.combos if part_key(k, layouts) in keys]
+    paced = any(k.last_short for k in combos)
+    offload_maxes = any(k.offload_layers for k in combos)
+    combos = [replace(k, paced=k.paced and paced, offload_maxes=k.offload_maxes and offload_maxes)
+              for k in combos]
+    dims = dict(space.dims)
+    for dim, of in (("sharding_choice", lambda k: k.sharding_choice), ("layout", Knobs.layout.fget),
+                    ("offload", Knobs.offload.fget)):
+        if dim in dims:
+            dims[dim] = tuple(v for v in dims[dim] if any(of(k) == v for k in combos))
+    return replace(space, combos=combos, dims=dims, parent=space, _reach={},
                    terms_cache=space.terms_cache)
 
 

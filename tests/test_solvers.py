@@ -257,26 +257,30 @@ def test_backends_agree_when_terms_span_many_orders_of_magnitude():
         assert res.report.plan == ref.report.plan
 
 
-@pytest.mark.parametrize("overlap, batch", [(True, 16), (False, [8, 16])])
-def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap, batch):
-    """The search splits a large space into one model per sharding mode (formulations/solve.py);
-    on a small one, forced to split, it returns the plan one joint model and the enumerator
-    return. With both data-parallel overlaps on, plain data parallelism and ZeRO-2 stay in the
+@pytest.mark.parametrize("overlap, batch, layers", [(True, 16, 4), (False, [8, 16], 4),
+                                                    (False, 16, 5)])
+def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap, batch, layers):
+    """The search splits a large space into one model per sharding mode and pipeline layout
+    (formulations/solve.py); on a small one, forced to split, it returns the plan one joint
+    model and the enumerator return. With both data-parallel overlaps on, plain data parallelism and ZeRO-2 stay in the
     space and tie with ZeRO-1 on some plans, so the ties are broken across models; a batch
-    range splits each batch model."""
+    range splits each batch model; 5 layers have three pipeline layouts (even, the embedding
+    or the loss counted as a layer), each a model of its own."""
     import formulations.solve as fs
 
     inst = parse_instance({
-        "model": {"layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+        "model": {"layers": layers, "hidden": 1024, "heads": 8, "vocab": 32000,
+                  "seq_len": 2048},
         "training": {"global_batch": batch},
         "cluster": {"gpu": "h100-sxm", "nodes": 2},
         "constraints": {"max_micro_batch": 4, "overlap_grad_reduce": overlap,
                         "overlap_param_gather": overlap}})
     ref = solve(inst, solver="enumerate").report.plan     # (the joint model's answer too:
     monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)               # the agreement tests above)
+    monkeypatch.setattr(fs, "SPLIT_LAYOUTS_ABOVE", 0)       # (and per pipeline layout)
     for backend in ("cpsat", "highs"):
         res = solve(inst, solver=backend)
         assert res.status == Status.OPTIMAL
         assert res.report.plan == ref, backend
         if isinstance(batch, int):     # (a range's note counts its batch models)
-            assert "sharding-mode models" in res.note
+            assert "sharding-mode and layout models" in res.note
