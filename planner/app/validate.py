@@ -106,6 +106,7 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         raise InputError(f"run {rid}: plan.tp, plan.pp, plan.dp and plan.cp must be positive "
                          "whole numbers")
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
+    code_date(run)                       # (checked with every run, ranked or not)
     # a run on one of the frameworks the planner knows runs under its rules and defaults
     framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
     cons = {"framework": framework} if framework in FRAMEWORKS else {}
