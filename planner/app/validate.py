@@ -106,6 +106,7 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         raise InputError(f"run {rid}: plan.tp, plan.pp, plan.dp and plan.cp must be positive "
                          "whole numbers")
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
+    code_date(run)                       # (checked with every run, ranked or not)
     # a run on one of the frameworks the planner knows runs under its rules and defaults
     framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
     cons = {"framework": framework} if framework in FRAMEWORKS else {}
@@ -363,6 +364,47 @@ def out_of_sample(data: dict[str, Any], cal: Calibrator | None = None) -> dict[s
     return out
 
 
+#: Features of Megatron-LM that the ranking's knob space keeps to when a run's code predates
+#: them (the run's ``code_date``, the date of the Megatron-LM code it ran; issue 12: "the same
+#: feature set as the run had"). Each is the date of the Megatron-LM commit that brought it:
+#: - interleaving with pp = 2: commit 3ee489d (2024-05-31, "Enable virtual pipelining ... at
+#:   PP=2"); before it, megatron/arguments.py asserted "pipeline-model-parallel size should be
+#:   greater than 2 with interleaved schedule" (since 182841f, 2021-03-20);
+#: - an overlapped gradient reduction with pipeline parallelism: --overlap-grad-reduce, commit
+#:   2d5220a (2023-08-16); before it the only overlapped reduction was PyTorch DDP's
+#:   (--DDP-impl torch), which Megatron-LM ran once per step only without pipelining
+#:   (megatron/schedules.py @3d718bf: model.no_sync in forward_backward_no_pipelining alone; the
+#:   pipelined schedules would all-reduce after every micro-batch), so pp = 1 only.
+INTERLEAVE_PP2_SINCE = "2024-05-31"
+GRAD_OVERLAP_WITH_PP_SINCE = "2023-08-16"
+
+
+def code_date(run: dict[str, Any]) -> str | None:
+    """The run's ``code_date`` (``YYYY-MM-DD`` or ``YYYY-MM``), None when not given (today's
+    features)."""
+    date = run.get("code_date")
+    if date is not None and not (isinstance(date, str)
+                                 and re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", date)):
+        raise InputError(f"run {run.get('id', '?')}: code_date must be a date YYYY-MM-DD")
+    return date
+
+
+def _before(date: str | None, since: str) -> bool:
+    return date is not None and date < since
+
+
+def ranking_spaces(run: dict[str, Any], pins: dict[str, Any]) -> list[dict[str, Any]]:
+    """The constraint pins of the knob spaces whose union is the run's ranking space: its own
+    pins, and where its code predates the overlapped reduction with pipelining
+    (:data:`GRAD_OVERLAP_WITH_PP_SINCE`), PyTorch DDP's overlap at pp = 1 and none with a
+    pipeline. (Interleaving at pp = 2, :data:`INTERLEAVE_PP2_SINCE`, is checked on each
+    space's optimum by :func:`ranking`.)"""
+    if not _before(code_date(run), GRAD_OVERLAP_WITH_PP_SINCE):
+        return [pins]
+    return [{**pins, "pp": 1, "overlap_grad_reduce": True},
+            {**pins, "overlap_grad_reduce": False}]
+
+
 def ranking(data: dict[str, Any], solver: str = "cpsat",
             time_limit: float | None = 60.0) -> dict[str, dict[str, Any]]:
     """Per run id: the model's optimum in the run's own knob space and the published plan's
@@ -371,9 +413,23 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
     The knob space pins what the run pinned: recompute mode, sequence parallelism, the
     distributed optimizer, the overlap switches, precision and attention kernel
     (``[training]``), the GPU count and the global batch; degrees, interleaving and
-    micro-batch are free within the default caps."""
+    micro-batch are free within the default caps, and within what the run's code could run
+    (``code_date``: :func:`ranking_spaces`; no interleaving at pp = 2 before
+    :data:`INTERLEAVE_PP2_SINCE`: a space whose optimum has it is split into vp = 1 and
+    each pp >= 3)."""
     from formulations.solve import solve
     from planner.model.errors import InfeasibleError
+
+    def best_of(free: Instance, updates: list[dict[str, Any]]):
+        found, notes = [], []
+        for upd in updates:
+            cons = free.spec.constraints.model_copy(update=upd)
+            try:
+                found.append(solve(free.with_spec(constraints=cons), solver=solver,
+                                   time_limit=time_limit, explain="brief"))
+            except InfeasibleError as exc:
+                notes.append(str(exc))
+        return found, notes
 
     out: dict[str, dict[str, Any]] = {}
     for run in data["runs"]:
@@ -383,16 +439,33 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
         pins = {"recompute": plan.recompute, "sequence_parallel": plan.sequence_parallel,
                 "distributed_optimizer": plan.distributed_optimizer,
                 **{o: getattr(plan, o) for o in OVERLAP_KNOBS}}
-        cons = inst.spec.constraints.model_copy(update=pins)
-        free = inst.with_spec(constraints=cons, plan=None)
-        try:
-            res = solve(free, solver=solver, time_limit=time_limit, explain="brief")
-        except InfeasibleError as exc:
-            out[run["id"]] = {"optimum_s": None, "ratio": None, "note": str(exc)}
+        free = inst.with_spec(plan=None)
+        found, notes = [], []
+        for upd in ranking_spaces(run, pins):
+            got, why = best_of(free, [upd])
+            notes += why
+            res = got[0] if got else None
+            if (res and res.report and _before(code_date(run), INTERLEAVE_PP2_SINCE)
+                    and res.report.plan.vp > 1 and res.report.plan.pp == 2):
+                # interleaving at pp = 2, which the run's code refused: the space without
+                # it is vp = 1 or pp >= 3 (pp dividing the GPUs, and the layers when split
+                # evenly)
+                even = not LAYOUT_KEYS & set(run["plan"])
+                pps = [q for q in range(3, plan.gpus + 1) if plan.gpus % q == 0
+                       and (not even or inst.model.layers % q == 0)]
+                got, why = best_of(free, [{**upd, "vp": 1}] + [{**upd, "pp": q} for q in pps])
+                notes += why
+            found += got
+        found = [r for r in found if r.report]
+        if not found:
+            out[run["id"]] = {"optimum_s": None, "ratio": None, "note": "; ".join(notes)}
             continue
-        best = res.report.step_time_s if res.report else None
+        res = min(found, key=lambda r: r.report.step_time_s)
+        best = res.report.step_time_s
+        status = ("optimal" if all(r.status.value == "optimal" for r in found)
+                  else res.status.value)
         out[run["id"]] = {"optimum_s": best, "published_s": published,
                           "ratio": published / best if best else None,
-                          "optimum_plan": res.report.plan.label() if res.report else None,
-                          "status": res.status.value}
+                          "optimum_plan": res.report.plan.label(),
+                          "status": status}
     return out
