@@ -47,6 +47,7 @@ def available(name: str = "highs") -> bool:
 def build_model(enc: Encoding, cuts: Cuts = NO_CUTS):
     """The Pyomo model of an encoding and a query's cuts, and the rows it was built from."""
     import pyomo.environ as pyo
+    from pyomo.core.expr.numeric_expr import LinearExpression
 
     r = build_rows(enc, cuts)
     m = pyo.ConcreteModel(name="plan")
@@ -65,17 +66,24 @@ def build_model(enc: Encoding, cuts: Cuts = NO_CUTS):
 
     m.x = pyo.Var(names, bounds=bounds, domain=domain)
     xs = [m.x[n] for n in names]
+
+    def linear(coefs: dict[int, float], constant: float = 0.0):
+        # a flat LinearExpression, not a sum of products: Pyomo reads its terms off directly
+        # instead of walking a nested expression tree for every row
+        return LinearExpression(constant=constant, linear_coefs=list(coefs.values()),
+                                linear_vars=[xs[i] for i in coefs])
+
     m.rows = pyo.ConstraintList()
     for coefs, lo, hi, _name in r.rows:
-        body = sum(c * xs[i] for i, c in coefs.items())
+        body = linear(coefs)
         if lo == hi:
             m.rows.add(body == lo)
         else:
             m.rows.add(pyo.inequality(None if lo == -INF else lo, body, None if hi == INF else hi))
     m.goals = pyo.ObjectiveList(sense=pyo.minimize)
     m.caps = pyo.ConstraintList()
-    m.goal_exprs = {g: sum(c * xs[i] for i, c in coefs.items())
-                    + (r.obj_const if g == "objective" else 0.0) for g, coefs in r.goals.items()}
+    m.goal_exprs = {g: linear(coefs, r.obj_const if g == "objective" else 0.0)
+                    for g, coefs in r.goals.items()}
     m.xs = xs
     return m, r
 
