@@ -291,7 +291,7 @@ def _combo_terms(space: SearchSpace, deg, sym, knobs, objective: str, ties: bool
     share (formulations/solve.py solves its sharding modes as models of their own, then the
     tied ones again as one model): each combination is written out once."""
     # (the maxima flags do not take part in comparing knobs, but they change the terms)
-    key = (knobs, knobs.paced, knobs.offload_maxes, objective, ties)
+    key = (knobs, knobs.paced, knobs.offload_maxes, knobs.recompute_maxes, objective, ties)
     if key in space.terms_cache:
         return space.terms_cache[key]
     terms = step_terms(space.inst, deg, knobs)

@@ -74,8 +74,10 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
 
 def part_key(k: Knobs, layouts: bool = True) -> tuple:
     """What a fixed-batch space is split on: the data-parallel sharding choice and (with
-    ``layouts``) the pipeline layout of a combination."""
-    return (k.sharding_choice, k.layout if layouts else None)
+    ``layouts``) the pipeline layout of a combination with its recomputed share (partial
+    recompute, ``Knobs.recompute_share``: its (P, V) pairs are a layout's, and its second copy
+    of the time terms' maxima leaves the parts without it)."""
+    return (k.sharding_choice, (k.layout, k.recompute_share) if layouts else None)
 
 
 def part_keys(space: SearchSpace, layouts: bool = True) -> list[tuple]:
@@ -91,7 +93,8 @@ def sharding_parts(space: SearchSpace, layouts: bool = True) -> list[SearchSpace
     offloaded layers no offload maxima (:func:`_narrow`): the maxima the joint model needs
     for one shape over its combinations weaken a part's relaxation for nothing."""
     keys = sorted(part_keys(space, layouts),
-                  key=lambda pk: (pk[0][0] != "optim", pk[1] is not None and any(pk[1])))
+                  key=lambda pk: (pk[0][0] != "optim", pk[1] is not None and any(pk[1][0]),
+                                  pk[1] is not None and pk[1][1] > 0))
     return [_narrow(space, (pk,), layouts) for pk in keys]
 
 
@@ -247,17 +250,20 @@ def _narrow(space: SearchSpace, keys: tuple, layouts: bool = True) -> SearchSpac
     """The space with only the knob combinations of the given :func:`part_key` ``keys`` (kept
     in the space's order). The maxima every combination of the whole space carries for one
     shape (``Knobs.paced``: a short last stage somewhere; ``Knobs.offload_maxes``: offloaded
-    layers somewhere) are dropped where no combination left needs them; the terms cache,
-    shared by the parts, is keyed on both flags. ``layouts=False``: the keys leave the layout
+    layers somewhere; ``Knobs.recompute_maxes``: a partial recompute somewhere) are dropped
+    where no combination left needs them; the terms cache, shared by the parts, is keyed on
+    the flags. ``layouts=False``: the keys leave the layout
     out (``None``)."""
     combos = [k for k in space.combos if part_key(k, layouts) in keys]
     paced = any(k.last_short for k in combos)
     offload_maxes = any(k.offload_layers for k in combos)
-    combos = [replace(k, paced=k.paced and paced, offload_maxes=k.offload_maxes and offload_maxes)
-              for k in combos]
+    recompute_maxes = any(k.recompute_share for k in combos)
+    combos = [replace(k, paced=k.paced and paced, offload_maxes=k.offload_maxes and offload_maxes,
+                      recompute_maxes=k.recompute_maxes and recompute_maxes) for k in combos]
     dims = dict(space.dims)
     for dim, of in (("sharding_choice", lambda k: k.sharding_choice), ("layout", Knobs.layout.fget),
-                    ("offload", Knobs.offload.fget)):
+                    ("offload", Knobs.offload.fget),
+                    ("recompute_share", lambda k: k.recompute_share)):
         if dim in dims:
             dims[dim] = tuple(v for v in dims[dim] if any(of(k) == v for k in combos))
     return replace(space, combos=combos, dims=dims, parent=space, _reach={},

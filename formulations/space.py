@@ -55,7 +55,7 @@ from types import SimpleNamespace
 
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
-                                overlap_default)
+                                overlap_default, recompute_share_choices)
 from planner.model.words import toml_value
 from planner.model.rules import Rule, Sizes, rules_for
 from planner.model.terms import reduce_every_microbatch
@@ -190,15 +190,18 @@ def joint_size(space: SearchSpace) -> int:
 
 
 def layout_key(k: Knobs) -> tuple:
-    """The pipeline layout of a categorical combination."""
-    return k.layout
+    """The pipeline layout of a categorical combination with its partial-recompute count: the
+    knobs whose rules act on the pipeline degree and the virtual-stage count alone
+    (:attr:`SearchSpace.layout_pairs`)."""
+    return k.layout + (k.recompute_share,)
 
 
 def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: list[int]
                   ) -> tuple[dict[tuple, frozenset], list[str]]:
-    """Per layout, the (P, V) pairs that keep the layout rules (the rules that read the knobs,
-    checked on numbers: they involve only ``pp``, ``vp`` and the layout) and the
-    ``[constraints]`` pins on the first / last stage counts; and, when no pair is left, why."""
+    """Per layout (with its partial-recompute share, :func:`layout_key`), the (P, V) pairs that
+    keep the layout rules (the rules that read the knobs, checked on numbers: they involve only
+    ``pp``, ``vp`` and the layout) and the ``[constraints]`` pins on the first / last stage
+    counts; and, when no pair is left, why."""
     sizes, c = Sizes.of(inst), inst.spec.constraints
     out, why = {}, []
     for lay in layouts:
@@ -209,6 +212,8 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
             for v in V:
                 g = SimpleNamespace(pp=p, vp=v)
                 if not all(r.holds(g, sizes, kn) for r in rules):
+                    continue
+                if lay[4] and not _recompute_fits(lay, p, v, sizes.layers, c):
                     continue
                 if p == 2 and lay[0] and lay[1]:
                     # two stages both short of m: the same stages as a layout with one
@@ -227,13 +232,19 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
     # pairs the other also allows adds no plan (explicit 1 / 1 is the account-for-embedding-
     # and-loss layout at vp = 1)
     for lay in list(out):
-        if any(o != lay and o[:2] == lay[:2] and out[lay] <= out[o]
+        if any(o != lay and o[:2] == lay[:2] and o[4:] == lay[4:] and out[lay] <= out[o]
                and (out[lay] != out[o] or o > lay) for o in out):
             del out[lay]
     if not out:
         pins = [f"constraints.{key} = {getattr(c, key)}" for key in
                 ("first_stage_layers", "last_stage_layers", "account_for_embedding",
-                 "account_for_loss", "pp", "vp", "max_pp", "max_vp") if getattr(c, key) is not None]
+                 "account_for_loss", "recompute_layers", "pp", "vp", "max_pp", "max_vp")
+                if getattr(c, key) is not None]
+        if c.recompute_layers:
+            why.append(f"constraints.recompute_layers = {c.recompute_layers} needs more layers "
+                       "in each virtual stage (layers / (pp*vp), of a short first / last stage "
+                       f"too) than it recomputes: no pipeline degree in {P} with virtual stages "
+                       f"in {V} has them")
         for key in ("first_stage_layers", "last_stage_layers"):
             pin = getattr(c, key)
             if pin is None:
@@ -250,6 +261,22 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                    f"last stage up to constraints.max_stage_shortfall = {c.max_stage_shortfall} "
                    f"layers short)" + (f" under {', '.join(pins)}" if pins else ""))
     return out, why
+
+
+def _recompute_fits(lay: tuple, p: int, v: int, layers: int, c) -> bool:
+    """Whether the partial-recompute share ``lay[4]`` of a layout holds at ``(p, v)``: the
+    share of a middle virtual stage is a whole count ``N`` (``recompute_layers``) of at least
+    one layer, within ``constraints.max_recompute_layers`` (equal to the pin
+    ``recompute_layers``), and the ``N v`` layers each stage recomputes are no more than a
+    short first / last stage holds (so every stage recomputes ``N v``: the model's search
+    form, planner/model/terms.py)."""
+    m = Fraction(layers + lay[0] + lay[1], p)
+    n = lay[4] * m / v
+    if n.denominator != 1 or n < 1 or n * v > m - max(lay[0], lay[1]):
+        return False
+    if c.recompute_layers is not None and n != c.recompute_layers:
+        return False
+    return c.max_recompute_layers is None or n <= c.max_recompute_layers
 
 
 def _vec(f: dict[int, int], primes: tuple[int, ...]) -> tuple[int, ...]:
@@ -417,6 +444,12 @@ def build_space(inst: Instance) -> SearchSpace:
     # the layout rules split layers + shortfalls over pp * vp: both divide one of those counts
     layouts = layout_choices(inst)
     split = sorted({d for lay in layouts for d in divisors(m.layers + lay[0] + lay[1])})
+    # each with the partial-recompute shares: their rule, too, acts on pp and vp alone (the
+    # virtual-stage sizes are the padded counts' divisors)
+    shares = recompute_share_choices(inst, {(m.layers + lay[0] + lay[1]) // d
+                                            for lay in layouts for d in split
+                                            if (m.layers + lay[0] + lay[1]) % d == 0})
+    layouts = [lay + (f,) for lay in layouts for f in shares]
     start["P"], start["V"] = list(split), list(split)
     caps = {"T": (c.tp, None, c.max_tp), "C": (c.cp, None, c.max_cp),
             "P": (c.pp, None, c.max_pp), "V": (c.vp, None, c.max_vp),
@@ -465,6 +498,10 @@ def build_space(inst: Instance) -> SearchSpace:
     if not modes:
         why.append("constraints.recompute allows no mode")
     fw = framework_of(c.framework) if c.framework else None
+    if c.recompute_layers and fw is not None and not fw.partial_recompute:
+        why.append(f"constraints.recompute_layers = {c.recompute_layers}, but constraints."
+                   f"framework = \"{fw.name}\": {fw.label} recomputes every layer or none (no "
+                   "count per stage)")
     shardings = c.sharding_modes
     if fw is not None:
         refused = [m for m in shardings if m not in fw.sharding_modes]
@@ -543,6 +580,7 @@ def build_space(inst: Instance) -> SearchSpace:
         shard_choices = [sc for sc in shard_choices if sc[0] != "optim_grads"]
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
+    partial = any(lay[4] for lay in lays)
     # Host offload (docs/model.md, "Host offload"; docs/encoding.md): optimizer offload on /
     # off and the offloaded layer count from a small set (plan.offload_choices), kept where
     # the framework runs them (the optimizer with its offload modes, Megatron-Core's
@@ -557,11 +595,13 @@ def build_space(inst: Instance) -> SearchSpace:
                     reshard_after_forward=rf,
                     first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
                     account_for_loss=lay[3], paced=paced, optimizer_offload=oo,
-                    offload_layers=on, offload_maxes=any(layer_vals))
+                    offload_layers=on, offload_maxes=any(layer_vals), recompute_share=lay[4],
+                    recompute_maxes=partial)
               for r, s, (mode, rf), lay, (oo, on), *ov in itertools.product(
                   modes, sp_vals, shard_choices, lays, offloads, *overlaps.values())
               if not (oo and mode not in fw_off.optimizer_offload_modes)
-              and not (on and (r != "none" or lay != (0, 0, False, False)))]
+              and not (on and (r != "none" or lay[:4] != (0, 0, False, False)))
+              and not (lay[4] and r != "full")]
     if not combos:
         pins = [f"constraints.{key} = {toml_value(getattr(c, key))}"
                 for key in ("optimizer_offload", "offload_layers", "recompute", "dp_sharding",
@@ -571,7 +611,9 @@ def build_space(inst: Instance) -> SearchSpace:
             f"runs it under {', '.join(pins)}"])
     dims = {"recompute": modes, "sequence_parallel": sp_vals,
             "sharding_choice": tuple(shard_choices),
-            "layout": tuple(lays),      # one dimension: its four fields vary together
+            # one dimension: its four fields vary together
+            "layout": tuple(dict.fromkeys(lay[:4] for lay in lays)),
+            "recompute_share": tuple(dict.fromkeys(lay[4] for lay in lays)),
             "offload": tuple(dict.fromkeys(k.offload for k in combos)),
             **overlaps}
     caps_on_forms = []

@@ -9,7 +9,7 @@ import pytest
 
 from formulations.encoding import encode, evaluate_encoding
 from formulations.enumerate import degrees_of, feasible_points
-from formulations.space import build_space
+from formulations.space import build_space, layout_key
 from planner.model.terms import step_terms
 from planner.model.instance import load_instance, parse_instance
 
@@ -34,10 +34,17 @@ CASES = [
                     "training": {"global_batch": 64},
                     "cluster": {"gpu": "h100-sxm", "nodes": 4},
                     "constraints": {"framework": "nemo", "tp_comm_overlap": True}}),
+    # partial recompute searched (shares of each virtual stage; mixed maxima), uneven layouts
+    parse_instance({"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 16},
+                    "cluster": {"gpu": "a100-80gb", "nodes": 1},
+                    "constraints": {"max_recompute_layers": 8, "overlap_grad_reduce": True,
+                                    "recompute": ["none", "full"], "dp_sharding": "optim",
+                                    "optimizer_offload": False}}),
 ]
 
 
-@pytest.mark.parametrize("inst", CASES, ids=["gpt3", "llama70b", "mixtral", "tiny-moe-cp", "overlaps"])
+@pytest.mark.parametrize("inst", CASES, ids=["gpt3", "llama70b", "mixtral", "tiny-moe-cp", "overlaps",
+                                         "partial"])
 def test_tables_reproduce_the_evaluator(inst):
     space = build_space(inst)
     points = feasible_points(space)
@@ -48,7 +55,7 @@ def test_tables_reproduce_the_evaluator(inst):
     for k, knobs in enumerate(enc.combos):
         terms = step_terms(inst, deg, knobs)
         step = np.broadcast_to(np.asarray(terms.step_time, float), (len(points["T"]),))
-        allowed = space.layout_pairs[knobs.layout]      # the plans of this layout
+        allowed = space.layout_pairs[layout_key(knobs)]      # the plans of this layout
         for i in rows:
             choice = {name: int(col[i]) for name, col in points.items()}
             if (choice["P"], choice["V"]) not in allowed:

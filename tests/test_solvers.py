@@ -97,6 +97,11 @@ def instances(draw):
         constraints["optimizer_offload"] = draw(st.booleans())
     if draw(st.integers(0, 4)) == 0:          # activation offload is searched under a cap
         constraints["max_offload_layers"] = draw(st.sampled_from([1, 4]))
+    if draw(st.integers(0, 3)) == 0 and "full" in str(constraints.get("recompute", "full")):
+        # partial recompute: searched under a cap (shares of each virtual stage), or a pin
+        key = draw(st.sampled_from(["max_recompute_layers", "max_recompute_layers",
+                                    "recompute_layers"]))
+        constraints[key] = draw(st.sampled_from([1, 2, 4]))
     reserve = constraints["memory_reserve_GiB"]
     constraints["memory_reserve_GiB"] = min(reserve, {"a100-40gb": 37.0}.get(gpu, reserve))
     moe = {}

@@ -73,6 +73,11 @@ class Framework:
     #: CPUAdam), which DeepSpeed's ZeRO-Offload tutorial puts 5-7x slower than its
     #: DeepSpeedCPUAdam: 1/6 of DeepSpeed's rate
     cpu_adam_share: float = 1.0
+    #: whether it recomputes a count of layers per virtual stage (``recompute_layers``:
+    #: Megatron-LM / NeMo ``--recompute-method block --recompute-num-layers N``; DeepSpeed's
+    #: Megatron-based model code takes the same flags); torchtitan's activation_checkpoint has
+    #: full or per-layer-frequency selective checkpointing, no count per stage
+    partial_recompute: bool = True
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -168,7 +173,7 @@ FRAMEWORKS: dict[str, Framework] = {
                             # "op" (its train_configs): a policy that saves the outputs of mm,
                             # the SDPA kernels and reduce-scatter, except every second mm
                             # (torchtitan/parallelisms/parallelize_llama.py @1ea476e)
-                            selective_recompute="op",
+                            selective_recompute="op", partial_recompute=False,
                             offload_source="torchtitan's only CPU offload is FSDP2's "
                             "CPUOffloadPolicy (parameters, gradients and optimizer states "
                             "together), which this model does not cost"),

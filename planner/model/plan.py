@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from fractions import Fraction
 from typing import Any
 
 from planner.model.errors import InputError
@@ -78,6 +79,10 @@ class Knobs:
     #: with recompute = "full": layers of each virtual stage recomputed (Megatron-LM's block
     #: method, --recompute-num-layers); 0: all of them
     recompute_layers: int = 0
+    #: the search's partial recompute (docs/encoding.md, "Partial recompute"): with recompute =
+    #: "full", the share of each virtual stage's layers recomputed (a Fraction below 1; 0: not
+    #: a share); the plan's recompute_layers is that share of its virtual stage
+    recompute_share: Any = 0
 
     #: data-parallel sharding (ZeRO stage; see the class docstring)
     dp_sharding: str = ""
@@ -90,6 +95,10 @@ class Knobs:
     #: set by the search when one of its combinations offloads: every combination then
     #: carries the offload terms' maxima (the encoders need one shape; not a choice)
     offload_maxes: bool = field(default=False, compare=False)
+    #: set by the search when one of its combinations recomputes part of the layers: every
+    #: combination then carries two copies of the time terms' maxima (a partial recompute mixes
+    #: the no-recompute and the full-recompute ones; the encoders need one shape; not a choice)
+    recompute_maxes: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         mode = self.dp_sharding or ("optim" if self.distributed_optimizer else "none")
@@ -395,7 +404,9 @@ class Plan:
                     first_stage_layers=first, last_stage_layers=last,
                     account_for_embedding=knobs.account_for_embedding,
                     account_for_loss=knobs.account_for_loss, layers=layers,
-                    recompute_layers=knobs.recompute_layers, dp_sharding=knobs.dp_sharding,
+                    recompute_layers=knobs.recompute_layers or int(
+                        knobs.recompute_share * (layers + knobs.padded_layers)
+                        / (grid["pp"] * grid["vp"])), dp_sharding=knobs.dp_sharding,
                     reshard_after_forward=reshard,
                     optimizer_offload=knobs.optimizer_offload,
                     offload_layers=knobs.offload_layers,
@@ -575,6 +586,33 @@ def offload_choices(inst: Instance) -> tuple[tuple[bool, ...], tuple[int, ...]]:
         grid = {0, L // 2, L - 1, cap}
         layers = tuple(sorted(n for n in grid if 0 <= n <= cap))
     return opt, layers
+
+
+#: The shares of a virtual stage's layers the search may recompute (with recompute = "full";
+#: docs/encoding.md, "Partial recompute"): a share is one categorical value whose time and
+#: memory are the no-recompute and full-recompute tables mixed by a constant, so it adds no
+#: form to the encoding; the plan's recompute_layers is that share of its virtual stage
+RECOMPUTE_SHARES = (Fraction(1, 4), Fraction(1, 2), Fraction(3, 4))
+
+
+def recompute_share_choices(inst: Instance, chunks) -> tuple[Any, ...]:
+    """The partial-recompute values the search considers, as shares of a virtual stage's
+    layers (0: every layer under full recompute, or none / selective): with
+    ``[constraints] max_recompute_layers`` (1 or more) also :data:`RECOMPUTE_SHARES`; with the
+    pin ``recompute_layers = N > 0`` only the shares ``N / c`` of the virtual-stage sizes
+    ``chunks`` above ``N``. Which pipeline degrees and virtual-stage counts a share holds at
+    (a whole count within the cap, below the stage's layers) is decided per pair
+    (formulations/space.py). Only 0 where full recompute is not allowed, the framework has no
+    count per stage (torchtitan) or no cap is given: searched where the instance asks for it,
+    since it costs the MIPs several times their time (docs/encoding.md)."""
+    c = inst.spec.constraints
+    if c.recompute_layers is not None:
+        n = c.recompute_layers
+        return (0,) if not n else tuple(sorted({Fraction(n, k) for k in chunks if k > n}))
+    if ("full" not in c.recompute_modes or not framework_of(c.framework).partial_recompute
+            or not c.max_recompute_layers):
+        return (0,)
+    return (0,) + RECOMPUTE_SHARES
 
 
 def reshard_default(inst: Instance, pp) -> bool:

@@ -369,6 +369,15 @@ class ConstraintSpec(_Strict):
         default=None, description="cap on offload_layers: the search picks the layer count from "
         "0, L/2, L - 1 and the cap, below it (docs/encoding.md, \"Host offload\"); default: "
         "activation offload is not searched")
+    recompute_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
+        default=None, description="pin the layers of each virtual stage recomputed under "
+        "recompute = \"full\" (Megatron-LM --recompute-method block --recompute-num-layers; "
+        "0: every layer, plain full recompute or none / selective); default searched")
+    max_recompute_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
+        default=None, description="cap on recompute_layers: the search picks the count from "
+        "0 and the powers of two below the layers (docs/encoding.md, \"Partial recompute\"), "
+        "up to the cap, which joins the set; 0: partial recompute is not searched; default: "
+        "the model's layers")
     host_memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="host memory per host kept free of offloaded bytes; default "
         "a third of it (DeepSpeed's offload memory estimator's 1.5x buffer factor)")
@@ -408,6 +417,15 @@ class ConstraintSpec(_Strict):
             raise ValueError(f"offload_layers = {self.offload_layers} exceeds "
                              f"max_offload_layers = {self.max_offload_layers}: raise the cap "
                              "or change the pin")
+        if (self.recompute_layers is not None and self.max_recompute_layers is not None
+                and self.recompute_layers > self.max_recompute_layers):
+            raise ValueError(f"recompute_layers = {self.recompute_layers} exceeds "
+                             f"max_recompute_layers = {self.max_recompute_layers}: raise the cap "
+                             "or change the pin")
+        if self.recompute_layers and "full" not in self.recompute_modes:
+            raise ValueError(f"recompute_layers = {self.recompute_layers} needs recompute = "
+                             f"\"full\", which constraints.recompute = "
+                             f"{list(self.recompute_modes)} does not allow")
         if (self.vp or 1) > 1 and (self.pp == 1 or self.max_pp == 1):
             raise ValueError(f"vp = {self.vp} (interleaved pipeline) needs pp > 1, but "
                              + ("pp = 1" if self.pp == 1 else "max_pp = 1"))

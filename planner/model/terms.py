@@ -187,7 +187,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     the layers' worth, Korthikanti et al. Sec. 4.2.3) and on the last (output layer and
     logits).
     """
-    if k.recompute == "full" and k.recompute_layers:
+    if k.recompute == "full" and (k.recompute_layers or k.recompute_share):
         return _partial_recompute(inst, x, k)
     sh = Shape.of(inst.model)
     hw: Hardware = inst.hw
@@ -653,17 +653,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 dense_p = (n_layers * layer_p + sh.embedding_params
                            + eq1(p) * (untied_extra + 2 * h)) / t
                 acts = p * n_layers * stored * first_flight + working + embed_mask
+                held, kept_working = p * first_flight, working
                 logit = eq1(p) * logits_buffer
             elif stage == "middle":
                 dense_p = gt2(p) * n_layers * layer_p / t
                 acts = gt2(p) * (n_layers * stored * mid_flight + working)
+                held, kept_working = gt2(p) * mid_flight, gt2(p) * working
                 logit = 0.0
             else:
                 dense_p = (n_layers * layer_p + sh.V * h + 2 * h) / t
                 acts = p * n_layers * stored * last_flight + working
+                held, kept_working = p * last_flight, working
                 logit = logits_buffer
             name = stage if len(kinds) == 1 else f"{stage}_{kind}"
-            layer_info[f"working_{name}"] = working
             one_layer = layer_p / t + (experts_p / stage_layers if kind == "moe" else 0.0)
             # (the root unit: the embedding on the first stage, the output layer on the last)
             head = 0.0 if stage == "middle" else (sh.V * h + 2 * h) / t
@@ -681,6 +683,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 acts = (gt1(p) * p * n_layers * stored * flight
                         + eq1(p) * (L - k.offload_layers) * stored + working
                         + (embed_mask if stage == "first" else 0.0))
+                held = gt1(p) * p * flight + eq1(p) * (L - k.offload_layers) / n_layers
+            # what a partial recompute mixes (_partial_recompute): the stored bytes of one
+            # layer, the micro-batches' worth of them the stage holds per layer, the working
+            # set as it enters acts and the rest (acts = held x layers x stored + working +
+            # extra)
+            layer_info[f"stored_{name}"] = stored
+            layer_info[f"held_{name}"] = held
+            layer_info[f"working_{name}"] = kept_working
+            layer_info[f"extra_{name}"] = embed_mask if stage == "first" else 0.0
             opt_gpu = dense_p * opt_bytes + experts_p * expert_opt
             memory[name] = {
                 "weights": (dense_p * weight_share + experts_p * expert_weight_share)
@@ -707,6 +718,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 memory[name]["framework_rule"] = bar * 2 * memory_limit_bytes(inst)
     time["offload"] = time["offload"] + activation_offload_time(
         inst, k, m, stored_by_kind, dense_share, moe_share, layer_compute)
+    if k.recompute_maxes:
+        # the search mixes two evaluations in its partial-recompute combinations, each with its
+        # own maxima (_partial_recompute): the others carry a zero copy of theirs (one shape)
+        time = {n: t + Sig({}, t.maxes)._scaled(0.0) if isinstance(t, Sig) and t.maxes else t
+                for n, t in time.items()}
     return Terms(time=time, memory=memory,
                  layer={**layer_info, "compute": layer_compute, "dense_compute": dense_compute,
                         "moe_compute": moe_compute, "stage_moe_layers": stage_moe,
@@ -806,36 +822,59 @@ def activation_offload_time(inst: Instance, k: Knobs, m, stored: dict, dense_sha
 
 def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     """Full recompute of ``N = k.recompute_layers`` layers of each virtual stage (Megatron-LM's
-    block method), the others keeping their activations. Each recomputed layer costs what it
-    costs under full recompute, each other one what it costs without: every time term is the
-    no-recompute one plus the recomputed share ``f = min(N, n/v) / (n/v)`` of the difference
-    (``n`` the layers of a middle stage, the pace of the pipeline); each stage's activations
-    mix the same way with its own share (its own ``n``), and the working set of the one
-    re-materialised layer is kept whenever a layer is recomputed. Numbers and arrays only
-    (``plan evaluate``; the search recomputes all layers or none)."""
-    full = step_terms(inst, x, replace(k, recompute_layers=0))
-    none = step_terms(inst, x, replace(k, recompute="none", recompute_layers=0))
-    n_rec = k.recompute_layers
-    m = (inst.model.layers + k.padded_layers) / x.p
+    block method), the others keeping their activations (docs/model.md, "Recompute"). Each
+    recomputed layer costs what it costs under full recompute, each other one what it costs
+    without: every time term is the no-recompute one plus the recomputed share of the
+    difference, ``f = min(N p v / (L + shortfalls), 1)`` (the share of a middle stage's
+    layers, the pace of the pipeline). A stage of ``n`` layers recomputes ``r = min(N v, n)``
+    of them: its activations hold ``n - r`` layers' stored bytes without recompute and ``r``
+    layer inputs, plus the working set of the one re-materialised layer.
 
-    def share(n_layers):
-        chunk = n_layers / x.v                 # layers of one virtual stage of that stage
-        return np.minimum(n_rec, chunk) / chunk
+    The search (symbols) gives the share itself, ``f = k.recompute_share``, a constant of its
+    combination, at the (P, V) pairs where ``f`` of a virtual stage is a whole count no larger
+    than a short first / last stage's chunk (formulations/space.py): then ``r = f n_mid`` and
+    ``n - r = (1 - f) n_mid - shortfall``, and every term is the no-recompute or the
+    full-recompute one times a constant (a maximum is scaled apart: ``(1 - f) max(none) + f
+    max(full)``), every memory term >= 0 on an even layout."""
+    base = replace(k, recompute_layers=0, recompute_share=0, recompute_maxes=False)
+    full = step_terms(inst, x, base)
+    none = step_terms(inst, x, replace(base, recompute="none"))
+    padded = inst.model.layers + k.padded_layers
+    m = padded / x.p                           # layers of a middle stage
+    share = k.recompute_share
+    if share:
+        f = float(share)
+    elif any(isinstance(z, Sig) for z in (x.p, x.v)):
+        raise ValueError("the search recomputes a share of each virtual stage "
+                         "(Knobs.recompute_share), not a count")
+    else:
+        f = np.minimum(k.recompute_layers * x.p * x.v / padded, 1.0)
 
-    f_mid = share(m)
-    time = {n: none.time[n] + f_mid * (full.time[n] - none.time[n]) for n in full.time}
-    stage_n = {"first": m - k.first_short, "middle": m, "last": m - k.last_short}
+    def mix(a, b):
+        """``(1 - f) a + f b``: the terms as ``a + f (b - a)``, the maxima scaled apart."""
+        if not (isinstance(a, Sig) and a.maxes or isinstance(b, Sig) and b.maxes):
+            return a + f * (b - a)
+        a, b = (z if isinstance(z, Sig) else Sig.const(z) for z in (a, b))
+        return (Sig(a.terms) + f * (Sig(b.terms) - Sig(a.terms))
+                + Sig({}, a.maxes)._scaled(1.0 - f) + Sig({}, b.maxes)._scaled(f))
+
+    time = {n: mix(none.time[n], full.time[n]) for n in full.time}
+    short = {"first": k.first_short, "middle": 0, "last": k.last_short}
     memory = {}
     for name, terms in full.memory.items():
-        if name.startswith("host"):             # (offloaded bytes: no recompute share)
-            memory[name] = dict(terms)
-            continue
-        f = share(stage_n[name.partition("_")[0]])
-        w = full.layer[f"working_{name}"]
         memory[name] = dict(terms)
-        memory[name]["activations"] = (none.memory[name]["activations"]
-                                       + f * (terms["activations"] - w
-                                              - none.memory[name]["activations"]) + w)
+        if name.startswith("host"):             # (offloaded bytes: no recompute share)
+            continue
+        s = short[name.partition("_")[0]]
+        if share:
+            r, kept = f * m, (1.0 - f) * m - s
+        else:
+            r = np.minimum(k.recompute_layers * x.v, m - s)
+            kept = m - s - r
+        layers = kept * none.layer[f"stored_{name}"] + r * full.layer[f"stored_{name}"]
+        memory[name]["activations"] = (full.layer[f"held_{name}"] * layers
+                                       + full.layer[f"working_{name}"]
+                                       + full.layer[f"extra_{name}"])
     return Terms(time=time, memory=memory, layer=full.layer)
 
 

@@ -1,0 +1,117 @@
+"""Partial recompute as a decision of the search (docs/encoding.md, "Partial recompute"): the
+shares the search walks, their (P, V) pairs, the count it decodes, and the three backends on an
+instance where recomputing part of each virtual stage is the one optimum."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from formulations.enumerate import degrees_of, feasible_points
+from formulations.solve import solve
+from formulations.space import build_space, layout_key, space_size
+from planner.model.errors import InfeasibleError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.terms import step_terms
+
+#: GPT-1.3B (24 layers) on one DGX A100 at PP2 and micro-batch 8: with a 50 GiB reserve its
+#: activations do not fit without recompute, and recomputing a quarter of each stage (3 of 12
+#: layers) fits and is faster than recomputing them all
+TIGHT = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 64, "tokens": 1e9},
+         "cluster": {"gpu": "a100-80gb", "nodes": 1},
+         "constraints": {"max_recompute_layers": 24, "tp": 1, "pp": 2, "vp": 1,
+                         "micro_batch": 8, "dp_sharding": "optim", "memory_reserve_GiB": 50.0}}
+
+
+def _inst(**constraints):
+    doc = json.loads(json.dumps(TIGHT))
+    doc["constraints"].update(constraints)
+    return parse_instance(doc)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_partial_recompute_is_the_one_optimum_of_every_backend(monkeypatch, split):
+    """Also with the space split as a large one is, one model per sharding mode, layout and
+    recomputed share (formulations/solve.py)."""
+    import formulations.solve as fs
+
+    if split:
+        monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)
+        monkeypatch.setattr(fs, "SPLIT_LAYOUTS_ABOVE", 0)
+    inst = _inst()
+    results = {b: solve(inst, solver=b, explain=False) for b in ("enumerate", "highs", "cpsat")}
+    if split:
+        assert all("layout models" in results[b].note for b in ("highs", "cpsat"))
+    plans = {b: r.report.plan for b, r in results.items()}
+    assert {(p.recompute, p.recompute_layers) for p in plans.values()} == {("full", 3)}
+    assert len(set(plans.values())) == 1
+    for r in results.values():              # the evaluator reproduces each objective
+        assert r.report.step_time_s == pytest.approx(r.objective, rel=1e-6)
+    best = plans["enumerate"]
+    none = evaluate(inst, replace(best, recompute="none", recompute_layers=0))
+    full = evaluate(inst, replace(best, recompute_layers=0))
+    assert not none.fits and full.fits
+    assert results["enumerate"].objective < full.step_time_s * (1 - 1e-3)
+
+
+def test_search_form_is_the_evaluator_on_every_point():
+    # each share of the search, at every point its (P, V) pairs allow, gives the figures of the
+    # plan with the count it decodes to (the evaluator's own rule for recompute_layers)
+    inst = parse_instance({
+        "model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 64},
+        "cluster": {"gpu": "a100-80gb", "nodes": 2},
+        "constraints": {"max_recompute_layers": 8, "max_stage_shortfall": 1}})
+    space = build_space(inst)
+    assert set(space.dims["recompute_share"]) == {0, Fraction(1, 4), Fraction(1, 2),
+                                                  Fraction(3, 4)}
+    cols = feasible_points(space)
+    deg = degrees_of(space, cols)
+    checked = 0
+    for k in space.combos:
+        if not k.recompute_share:
+            continue
+        pairs = space.layout_pairs[layout_key(k)]
+        at = np.array([(p, v) in pairs for p, v in zip(cols["P"], cols["V"])])
+        padded = inst.model.layers + k.padded_layers
+        counts = k.recompute_share * padded / (cols["P"] * cols["V"])
+        search = step_terms(inst, deg, k)
+        for n in np.unique(counts[at]):
+            assert float(n).is_integer() and 1 <= n <= 8
+            sel = at & (counts == n)
+            plain = step_terms(inst, deg, replace(k, recompute_share=0, recompute_layers=int(n)))
+            assert np.allclose(np.asarray(search.step_time)[sel],
+                               np.asarray(plain.step_time)[sel], rtol=1e-12)
+            for stage in search.memory:
+                assert np.allclose(np.broadcast_to(search.memory_total(stage), sel.shape)[sel],
+                                   np.broadcast_to(plain.memory_total(stage), sel.shape)[sel],
+                                   rtol=1e-12)
+            checked += int(sel.sum())
+    assert checked > 100
+
+
+def test_shares_are_counted_and_only_where_asked():
+    plain, capped = (space_size(build_space(_inst(**c))) for c in (
+        {"max_recompute_layers": 0}, {}))
+    assert capped["space_combos"] > plain["space_combos"]
+    assert capped["space_plans"] > plain["space_plans"]
+    titan = build_space(_inst(framework="torchtitan", dp_sharding="optim_grads_params"))
+    assert titan.dims["recompute_share"] == (0,)            # no count per stage there
+
+
+def test_pins_and_caps():
+    pinned = solve(_inst(recompute_layers=6, max_recompute_layers=None), solver="enumerate",
+                   explain=False)
+    assert pinned.report.plan.recompute_layers == 6 and pinned.report.plan.recompute == "full"
+    with pytest.raises(InfeasibleError) as err:       # 13 > the 12 layers of a stage at PP2
+        build_space(_inst(recompute_layers=13, max_recompute_layers=None))
+    assert "constraints.recompute_layers = 13" in " ".join(err.value.explanation)
+    for bad, key in (({"recompute_layers": 4, "max_recompute_layers": 2}, "max_recompute_layers"),
+                     ({"recompute_layers": 4, "recompute": "none"}, "recompute_layers")):
+        with pytest.raises(Exception) as err:
+            _inst(**bad)
+        assert key in str(err.value)
