@@ -86,8 +86,9 @@ def part_keys(space: SearchSpace, layouts: bool = True) -> list[tuple]:
 
 
 def sharding_parts(space: SearchSpace, layouts: bool = True) -> list[SearchSpace]:
-    """One narrowed space per sharding choice and (with ``layouts``) pipeline layout: the distributed optimizer
-    (ZeRO-1) first, it wins most often, and within it the even layout first; the first part
+    """One narrowed space per sharding choice and (with ``layouts``) pipeline layout and
+    recomputed share: the distributed optimizer (ZeRO-1) first, it wins most often, and within
+    it the even layout first, then no partial recompute first; the first part
     both sets the cap the others must beat and breaks its own ties (:func:`_best_of_parts`).
     A part of layouts without a short last stage carries no pace maximum, and one without
     offloaded layers no offload maxima (:func:`_narrow`): the maxima the joint model needs
