@@ -90,8 +90,9 @@ def sharding_parts(space: SearchSpace, layouts: bool = True) -> list[SearchSpace
     recomputed share: the distributed optimizer (ZeRO-1) first, it wins most often, and within
     it the even layout first, then no partial recompute first; the first part
     both sets the cap the others must beat and breaks its own ties (:func:`_best_of_parts`).
-    A part of layouts without a short last stage carries no pace maximum, and one without
-    offloaded layers no offload maxima (:func:`_narrow`): the maxima the joint model needs
+    A part of layouts without a short last stage carries no pace maximum, one without
+    offloaded layers no offload maxima, one without partial recompute no second copy of the
+    maxima (:func:`_narrow`): the maxima the joint model needs
     for one shape over its combinations weaken a part's relaxation for nothing."""
     keys = sorted(part_keys(space, layouts),
                   key=lambda pk: (pk[0][0] != "optim", pk[1] is not None and any(pk[1][0]),
@@ -253,8 +254,7 @@ def _narrow(space: SearchSpace, keys: tuple, layouts: bool = True) -> SearchSpac
     shape (``Knobs.paced``: a short last stage somewhere; ``Knobs.offload_maxes``: offloaded
     layers somewhere; ``Knobs.recompute_maxes``: a partial recompute somewhere) are dropped
     where no combination left needs them; the terms cache, shared by the parts, is keyed on
-    the flags. ``layouts=False``: the keys leave the layout
-    out (``None``)."""
+    the flags. ``layouts=False``: the keys leave the layout out (``None``)."""
     combos = [k for k in space.combos if part_key(k, layouts) in keys]
     paced = any(k.last_short for k in combos)
     offload_maxes = any(k.offload_layers for k in combos)
@@ -262,11 +262,9 @@ def _narrow(space: SearchSpace, keys: tuple, layouts: bool = True) -> SearchSpac
     combos = [replace(k, paced=k.paced and paced, offload_maxes=k.offload_maxes and offload_maxes,
                       recompute_maxes=k.recompute_maxes and recompute_maxes) for k in combos]
     dims = dict(space.dims)
-    for dim, of in (("sharding_choice", lambda k: k.sharding_choice), ("layout", Knobs.layout.fget),
-                    ("offload", Knobs.offload.fget),
-                    ("recompute_share", lambda k: k.recompute_share)):
+    for dim in ("sharding_choice", "layout", "offload", "recompute_share"):   # (Knobs' names)
         if dim in dims:
-            dims[dim] = tuple(v for v in dims[dim] if any(of(k) == v for k in combos))
+            dims[dim] = tuple(v for v in dims[dim] if any(getattr(k, dim) == v for k in combos))
     return replace(space, combos=combos, dims=dims, parent=space, _reach={},
                    terms_cache=space.terms_cache)
 
