@@ -42,11 +42,13 @@ def test_plans_count_every_knob_value_and_the_moe_rule():
     """3 recompute modes x 4 sharding modes x sequence parallelism per pipeline layout (the
     values the search leaves out by dominance counted too: sequence parallelism, plain data
     parallelism and ZeRO-2 where ZeRO-1 equals it); on a MoE model sequence parallelism off is
-    a plan only at tp = 1. Host offload pinned off: its combinations exist for some sharding
-    modes only, which this count of the left-out modes does not follow (docs/encoding.md)."""
+    a plan only at tp = 1. Host offload and partial recompute pinned off: their combinations
+    exist for some sharding or recompute modes only, which this count of the left-out modes
+    does not follow (docs/encoding.md)."""
     inst = parse_instance({**TINY_MOE, "constraints": {**TINY_MOE["constraints"],
                                                        "optimizer_offload": False,
-                                                       "offload_layers": 0}})
+                                                       "offload_layers": 0,
+                                                       "max_recompute_layers": 0}})
     space = build_space(inst)
     every = feasible_points(space, dominant_batch=False)
     size = space_size(space)

@@ -72,7 +72,10 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
               f"DP {p.inter('dp'):g}  PP {p.inter('pp'):g})")
     t.add_row("batch", f"global {p.global_batch} = DP {p.dp} x micro-batch {p.micro_batch} x "
               f"{_count(p.micro_batches)} micro-batches")
-    t.add_row("memory knobs", f"recompute {p.recompute}, sequence parallel "
+    rc = p.recompute + (f" of {p.recompute_layers} layer{'s' * (p.recompute_layers > 1)} per "
+                        "virtual stage (block method)"
+                        if p.recompute == "full" and p.recompute_layers else "")
+    t.add_row("memory knobs", f"recompute {rc}, sequence parallel "
               f"{'on' if p.sequence_parallel else 'off'}, distributed optimizer "
               f"{'on' if p.distributed_optimizer else 'off'}")
     on = [k for k in OVERLAP_KNOBS if getattr(p, k)]

@@ -410,7 +410,8 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
     """Per run id: the model's optimum in the run's own knob space and the published plan's
     predicted step time over it (``ratio`` >= 1; 1 = the experts' plan is the model's optimum).
 
-    The knob space pins what the run pinned: recompute mode, sequence parallelism, the
+    The knob space pins what the run pinned: recompute mode (and its recomputed layers per
+    virtual stage, 0 for every one: partial recompute is another mode), sequence parallelism, the
     distributed optimizer, the overlap switches, precision and attention kernel
     (``[training]``), the GPU count and the global batch; degrees, interleaving and
     micro-batch are free within the default caps, and within what the run's code could run
@@ -436,7 +437,8 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
         inst = run_instance(data, run)
         plan = plan_from_spec(inst, inst.spec.plan)
         published = evaluate(inst, plan, spec=inst.spec.plan).step_time_s
-        pins = {"recompute": plan.recompute, "sequence_parallel": plan.sequence_parallel,
+        pins = {"recompute": plan.recompute, "recompute_layers": plan.recompute_layers,
+                "sequence_parallel": plan.sequence_parallel,
                 "distributed_optimizer": plan.distributed_optimizer,
                 **{o: getattr(plan, o) for o in OVERLAP_KNOBS}}
         free = inst.with_spec(plan=None)

@@ -597,20 +597,21 @@ RECOMPUTE_SHARES = (Fraction(1, 4), Fraction(1, 2), Fraction(3, 4))
 
 def recompute_share_choices(inst: Instance, chunks) -> tuple[Any, ...]:
     """The partial-recompute values the search considers, as shares of a virtual stage's
-    layers (0: every layer under full recompute, or none / selective): with
-    ``[constraints] max_recompute_layers`` (1 or more) also :data:`RECOMPUTE_SHARES`; with the
-    pin ``recompute_layers = N > 0`` only the shares ``N / c`` of the virtual-stage sizes
-    ``chunks`` above ``N``. Which pipeline degrees and virtual-stage counts a share holds at
+    layers (0: every layer under full recompute, or none / selective), and
+    :data:`RECOMPUTE_SHARES` unless ``[constraints] max_recompute_layers = 0``; with the pin
+    ``recompute_layers = N > 0`` only the shares ``N / c`` of the virtual-stage sizes ``chunks``
+    above ``N``. Which pipeline degrees and virtual-stage counts a share holds at
     (a whole count within the cap, below the stage's layers) is decided per pair
-    (formulations/space.py). Only 0 where full recompute is not allowed, the framework has no
-    count per stage (torchtitan) or no cap is given: searched where the instance asks for it,
-    since it costs the MIPs several times their time (docs/encoding.md)."""
+    (formulations/space.py). Searched by default (no cap: any whole count below the stage's
+    layers); only 0 where full recompute is not allowed, the framework has no count per stage
+    (torchtitan) or the cap is 0. Since each share is a model of its own (formulations/solve.py,
+    parts) it costs the shipped instances 0.3-0.7 s of CP-SAT (docs/encoding.md)."""
     c = inst.spec.constraints
     if c.recompute_layers is not None:
         n = c.recompute_layers
         return (0,) if not n else tuple(sorted({Fraction(n, k) for k in chunks if k > n}))
     if ("full" not in c.recompute_modes or not framework_of(c.framework).partial_recompute
-            or not c.max_recompute_layers):
+            or c.max_recompute_layers == 0):
         return (0,)
     return (0,) + RECOMPUTE_SHARES
 

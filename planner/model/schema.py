@@ -372,13 +372,12 @@ class ConstraintSpec(_Strict):
     recompute_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
         default=None, description="pin the layers of each virtual stage recomputed under "
         "recompute = \"full\" (Megatron-LM --recompute-method block --recompute-num-layers; "
-        "0: every layer, plain full recompute or none / selective); default: searched only "
-        "under max_recompute_layers")
+        "0: every layer, plain full recompute or none / selective); default: searched")
     max_recompute_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
         default=None, description="cap on recompute_layers: with it the search also "
         "recomputes 1/4, 1/2 or 3/4 of each virtual stage's layers under recompute = \"full\", "
         "wherever that is a whole count from 1 to the cap (docs/encoding.md, \"Partial "
-        "recompute\"); 0 or absent: partial recompute is not searched")
+        "recompute\"); absent: no cap; 0: partial recompute is not searched")
     host_memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="host memory per host kept free of offloaded bytes; default "
         "a third of it (DeepSpeed's offload memory estimator's 1.5x buffer factor)")
