@@ -145,9 +145,13 @@ class SearchSpace:
     implications: list[Implication] = field(default_factory=list)
     #: per pipeline layout (:func:`layout_key`), the (P, V) pairs its layout rules allow
     layout_pairs: dict[tuple, frozenset] = field(default_factory=dict)
-    #: the sharding modes the constraints allow, before the dominated ones are left out
-    #: (:func:`build_space`); :func:`space_size` counts them all
-    sharding_values: int = 1
+    #: per :func:`layout_key` and "the data-parallel states are sharded" (plain data
+    #: parallelism has no shard group, so its plans are those at ``R = 1``), the knob
+    #: combinations the constraints allow with sequence parallelism on and off, counting those
+    #: the search leaves out because others dominate or equal them (:func:`build_space`): what
+    #: :func:`space_size` counts. Made for the space :func:`build_space` returns; the parts a
+    #: solve narrows it to keep it unchanged
+    counted_combos: dict[tuple, tuple[int, int]] = field(default_factory=dict)
     #: the space this one narrows (a fixed-batch model of a batch range): what is reachable
     #: there is a superset of what is reachable here, so presolve counts can be shared
     parent: SearchSpace | None = field(default=None, compare=False, repr=False)
@@ -566,8 +570,9 @@ def build_space(inst: Instance) -> SearchSpace:
     # (none) is left out where the distributed optimizer dominates it: without overlap of the
     # data-parallel collectives, its reduce-scatter + all-gather at R = 1 move no more bytes in
     # the same ring steps and it holds less memory (tests/test_dominance.py).
-    shard_choices = [(mode, c.reshard_after_forward if mode == "optim_grads_params" else False)
-                     for mode in shardings]
+    shard_choices = every_choice = [
+        (mode, c.reshard_after_forward if mode == "optim_grads_params" else False)
+        for mode in shardings]
     overlapped = any(overlaps[o][0] for o in ("overlap_grad_reduce", "overlap_param_gather"))
     if not overlapped and "optim" in shardings and c.distributed_optimizer is None:
         shard_choices = [sc for sc in shard_choices if sc[0] != "none"]
@@ -591,17 +596,29 @@ def build_space(inst: Instance) -> SearchSpace:
     opt_vals, layer_vals = offload_choices(inst)
     fw_off = framework_of(c.framework)
     offloads = [(o, n) for o in opt_vals for n in layer_vals]
-    combos = [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
-                    reshard_after_forward=rf,
-                    first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
-                    account_for_loss=lay[3], paced=paced, optimizer_offload=oo,
-                    offload_layers=on, offload_maxes=any(layer_vals), recompute_share=lay[4],
-                    recompute_maxes=partial)
-              for r, s, (mode, rf), lay, (oo, on), *ov in itertools.product(
-                  modes, sp_vals, shard_choices, lays, offloads, *overlaps.values())
-              if not (oo and mode not in fw_off.optimizer_offload_modes)
-              and not (on and (r != "none" or lay[:4] != (0, 0, False, False)))
-              and not (lay[4] and r != "full")]
+
+    def knob_combos(sps, choices) -> list[Knobs]:
+        return [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
+                      reshard_after_forward=rf,
+                      first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
+                      account_for_loss=lay[3], paced=paced, optimizer_offload=oo,
+                      offload_layers=on, offload_maxes=any(layer_vals), recompute_share=lay[4],
+                      recompute_maxes=partial)
+                for r, s, (mode, rf), lay, (oo, on), *ov in itertools.product(
+                    modes, sps, choices, lays, offloads, *overlaps.values())
+                if not (oo and mode not in fw_off.optimizer_offload_modes)
+                and not (on and (r != "none" or lay[:4] != (0, 0, False, False)))
+                and not (lay[4] and r != "full")]
+    combos = knob_combos(sp_vals, shard_choices)
+    # what solver.space counts: the same combinations with the values the search leaves out
+    # (sequence parallelism off where it is free; plain data parallelism, ZeRO-2), each mode
+    # with the offload and recompute choices its framework runs
+    counted: dict[tuple, tuple[int, int]] = {}
+    sp_all = (c.sequence_parallel,) if c.sequence_parallel is not None else (True, False)
+    for k in knob_combos(sp_all, every_choice):
+        key = (layout_key(k), k.dp_sharding != "none")
+        on, off = counted.get(key, (0, 0))
+        counted[key] = (on + k.sequence_parallel, off + (not k.sequence_parallel))
     if not combos:
         pins = [f"constraints.{key} = {toml_value(getattr(c, key))}"
                 for key in ("optimizer_offload", "offload_layers", "recompute", "dp_sharding",
@@ -624,7 +641,7 @@ def build_space(inst: Instance) -> SearchSpace:
         mono, coef = symbols(inst).dp_shard.single_form()
         caps_on_forms.append(("dp_shard_size", mono, coef, c.dp_shard_size, c.dp_shard_size))
     return SearchSpace(inst, primes, base, fixed, cons, combos, dims, caps_on_forms,
-                       implications, layout_pairs=pairs, sharding_values=len(shardings))
+                       implications, layout_pairs=pairs, counted_combos=counted)
 
 
 # ------------------------------------------------------------------------------------------
@@ -874,30 +891,23 @@ def space_size(space: SearchSpace) -> dict[str, int]:
     assignment with a knob combination it admits: MoE layers with tp > 1 need sequence
     parallelism)."""
     c = space.inst.spec.constraints
-    # a knob free in the constraints but fixed by dominance counts both of its values
-    free_sp = c.sequence_parallel is None and len(space.dims["sequence_parallel"]) == 1
-    kept = len(space.dims["sharding_choice"])
-    combos = len(space.combos) // kept * space.sharding_values * (2 if free_sp else 1)
+    combos = sum(on + off for on, off in space.counted_combos.values())
     needs_sp = c.sequence_parallel is None and any(
         r.kind == "needs_knob" and r.knob == "sequence_parallel" for r in rules_for(space.inst))
-    # one count by (T, P, V) serves all three figures: the layouts' pairs and the tp = 1 rule
-    # are read off its keys (the counter lists tracked variables in BASE_NAMES order)
-    T, P, V = (space.base[n].values for n in ("T", "P", "V"))
-    rows = [(T[t], (P[p], V[v]), n)
-            for (t, p, v), n in _count_points(space, track=("T", "P", "V")).items()]
+    # one count by (T, P, V, R) serves all three figures: the layouts' pairs, the tp = 1 rule
+    # and plain data parallelism's R = 1 are read off its keys (the counter lists tracked
+    # variables in BASE_NAMES order)
+    T, P, V, R = (space.base[n].values for n in ("T", "P", "V", "R"))
+    rows = [(T[t], (P[p], V[v]), R[r], n)
+            for (t, p, v, r), n in _count_points(space, track=("T", "P", "V", "R")).items()]
     union = frozenset().union(*space.layout_pairs.values()) if space.layout_pairs else None
-    points = sum(n for _, pv, n in rows if union is None or pv in union)
-    per_combo = combos // len(space.combos)     # the values of the dominated knobs
+    points = sum(n for _, pv, _, n in rows if union is None or pv in union)
     plans = 0
-    layouts = [layout_key(k) for k in space.combos] if space.layout_pairs else [None]
-    for lay in dict.fromkeys(layouts):          # each layout: its own (P, V) pairs
-        n_combos = layouts.count(lay) * per_combo
-        pairs = space.layout_pairs[lay] if lay is not None else None
-        laid = [(t, n) for t, pv, n in rows if pairs is None or pv in pairs]
+    for (lay, sharded), (on, off) in space.counted_combos.items():   # a layout: its (P, V)
+        pairs = space.layout_pairs[lay] if space.layout_pairs else None
+        laid = [(t, n) for t, pv, r, n in rows if (pairs is None or pv in pairs)
+                and (sharded or r == 1)]
         total = sum(n for _, n in laid)
-        if needs_sp:                              # sequence parallelism off only at tp = 1
-            tp1 = sum(n for t, n in laid if t == 1)
-            plans += tp1 * n_combos + (total - tp1) * (n_combos // 2)
-        else:
-            plans += total * n_combos
+        # sequence parallelism off is a plan only at tp = 1 where MoE layers need it
+        plans += total * on + (sum(n for t, n in laid if t == 1) if needs_sp else total) * off
     return {"space_points": points, "space_combos": combos, "space_plans": plans}

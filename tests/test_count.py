@@ -5,9 +5,9 @@ can win on equal what the enumerator's list of feasible points gives."""
 from __future__ import annotations
 
 import collections
+import itertools
 
 import numpy as np
-
 import pytest
 
 from formulations.enumerate import feasible_points
@@ -23,6 +23,28 @@ CASES = [
     load_instance("instances/mixtral-8x7b-h100.toml"),
     parse_instance(TINY_MOE),
 ]
+
+
+@pytest.mark.parametrize("inst", [CASES[0], parse_instance(
+    {**TINY_MOE, "constraints": {**TINY_MOE["constraints"], "max_offload_layers": 5}})],
+    ids=["gpt3", "tiny-moe-offload"])
+def test_the_count_is_the_sum_over_pinned_sharding_modes_and_sequence_parallelism(inst):
+    """The space with every knob free is the disjoint union of the spaces with the sharding
+    mode and sequence parallelism pinned, so its plans and knob combinations are their sums:
+    also where the free search leaves modes out by dominance, where host offload exists for
+    one mode only (the optimizer offload with Megatron's distributed optimizer), where partial
+    recompute exists for full recompute only, and where plain data parallelism has no shard
+    group (R = 1)."""
+    free = space_size(build_space(inst))
+    parts = {"space_combos": 0, "space_plans": 0}
+    for mode, sp in itertools.product(("none", "optim", "optim_grads", "optim_grads_params"),
+                                      (True, False)):
+        cons = inst.spec.constraints.model_copy(update={"dp_sharding": mode,
+                                                        "sequence_parallel": sp})
+        size = space_size(build_space(inst.with_spec(constraints=cons)))
+        for key in parts:
+            parts[key] += size[key]
+    assert {k: free[k] for k in parts} == parts
 
 
 @pytest.mark.parametrize("inst", CASES, ids=["gpt3", "mixtral", "tiny-moe-range-dpcap"])
@@ -59,12 +81,14 @@ def test_plans_count_every_knob_value_and_the_moe_rule():
     assert size["space_points"] == len(every["T"])
     assert size["space_combos"] == 3 * 4 * 2 * len(layouts)
     expected = 0
-    for k in space.combos:                        # each: sp on / off, and the left-out modes
-        pairs = space.layout_pairs[layout_key(k)]
-        pv = zip(every["P"].tolist(), every["V"].tolist())
-        ok = np.array([(p, v) in pairs for p, v in pv])
-        tp1 = int((ok & (every["T"] == 1)).sum())
-        expected += (tp1 * 2 + (int(ok.sum()) - tp1)) * 4 // kept
+    for lay in layouts:            # each: the 3 modes x 4 sharding modes x sp on / off
+        pairs = space.layout_pairs[lay]
+        ok = np.array([(p, v) in pairs for p, v in zip(every["P"].tolist(),
+                                                       every["V"].tolist())])
+        for sharded, sp in itertools.product((False, True, True, True), (True, False)):
+            # plain data parallelism has no shard group: its plans are those at R = 1
+            expected += 3 * int((ok & (sharded | (every["R"] == 1))
+                                 & (sp | (every["T"] == 1))).sum())
     assert size["space_plans"] == expected
 
 

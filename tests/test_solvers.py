@@ -269,8 +269,9 @@ def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap,
     (formulations/solve.py); on a small one, forced to split, it returns the plan one joint
     model and the enumerator return. With both data-parallel overlaps on, plain data
     parallelism and ZeRO-2 stay in the space and tie with ZeRO-1 on some plans, so the ties
-    are broken across models; a batch range splits each batch model; 5 layers have three pipeline layouts (even, the embedding
-    or the loss counted as a layer), each a model of its own."""
+    are broken across models; a batch range splits each batch model; 5 layers have three
+    pipeline layouts (even, the embedding or the loss counted as a layer), each a model of its
+    own."""
     import formulations.solve as fs
 
     inst = parse_instance({

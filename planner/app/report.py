@@ -192,7 +192,7 @@ def solver_panel(res) -> Panel:
         t.add_row("search space", f"{res.space_points:,} degree assignments that satisfy the "
                   f"structural rules x {res.space_combos} knob combinations"
                   + (" = " if res.space_plans == res.space_points * res.space_combos else
-                     " (MoE layers with tp > 1 need sequence parallelism): ")
+                     ", each at the assignments it admits: ")
                   + f"{res.space_plans:,} plans (counted over the rules, not listed)")
     t.add_row("ties", "plans within 0.01% of the optimum are ties, broken by the most memory "
               "headroom, then the fewest bytes across nodes, then the simplest plan (the same in "
