@@ -64,9 +64,9 @@ def test_plans_count_every_knob_value_and_the_moe_rule():
     """3 recompute modes x 4 sharding modes x sequence parallelism per pipeline layout (the
     values the search leaves out by dominance counted too: sequence parallelism, plain data
     parallelism and ZeRO-2 where ZeRO-1 equals it); on a MoE model sequence parallelism off is
-    a plan only at tp = 1. Host offload and partial recompute pinned off: their combinations
-    exist for some sharding or recompute modes only, which this count of the left-out modes
-    does not follow (docs/encoding.md)."""
+    a plan only at tp = 1, plain data parallelism only at R = 1. Host offload and partial
+    recompute pinned off, so that every mode has the same combinations; with them, see
+    test_the_count_is_the_sum_over_pinned_sharding_modes_and_sequence_parallelism."""
     inst = parse_instance({**TINY_MOE, "constraints": {**TINY_MOE["constraints"],
                                                        "optimizer_offload": False,
                                                        "offload_layers": 0,
