@@ -214,7 +214,7 @@ def _host_binds(space: SearchSpace, points) -> str | None:
     (:func:`_points`) fits on the GPU but none in its share of the host, the sentence saying
     so (naming the keys), else None."""
     inst = space.inst
-    offloading = [k for k in space.combos if k.optimizer_offload or k.offload_layers]
+    offloading = [k for k in space.combos if k.offloads]
     if not offloading or points is None:
         return None
     cols, deg = points

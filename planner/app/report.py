@@ -93,7 +93,7 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     if p.dp_sharding == "optim_grads_params":
         shard += f", reshard after forward {'on' if p.reshard_after_forward else 'off'}"
     t.add_row("sharding", shard)
-    if p.optimizer_offload or p.offload_layers:
+    if p.knobs.offloads:
         acts = (f"activations of {plural(p.offload_layers, 'layer')}" if p.offload_layers
                 else "activations kept")
         t.add_row("host offload", f"optimizer {'on' if p.optimizer_offload else 'off'}, {acts}")
@@ -107,7 +107,7 @@ def time_table(rep: StepReport) -> Table:
     t.add_column("share", justify="right")
     # (context, expert parallelism and host offload are shown where the plan has them)
     absent = {"cp_comm", "ep_comm"}
-    if not (rep.plan.optimizer_offload or rep.plan.offload_layers):
+    if not rep.plan.knobs.offloads:
         absent.add("offload")
     for name in TIME_TERMS:
         v = rep.breakdown_s[name]
@@ -133,7 +133,7 @@ def memory_table(rep: StepReport) -> Table:
               Text(f"{100 * mem['total'] / mem['limit']:.1f}%", style=style))
     t.add_row("limit", f"{mem['limit']:.2f}",
               f"capacity {mem['capacity']:.1f} - reserve {mem['reserve']:.1f}")
-    if rep.plan.optimizer_offload or rep.plan.offload_layers:
+    if rep.plan.knobs.offloads:
         t.add_row("host offload", f"{mem['host_offload']:.2f}",
                   f"of a {mem['host_limit']:.1f} GiB host share per GPU")
     return t

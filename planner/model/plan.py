@@ -120,6 +120,11 @@ class Knobs:
         return (self.optimizer_offload, self.offload_layers)
 
     @property
+    def offloads(self) -> bool:
+        """Something goes to host memory: the optimizer states or some layers' activations."""
+        return bool(self.optimizer_offload or self.offload_layers)
+
+    @property
     def layout(self) -> tuple:
         """The four layout fields, one categorical dimension of the search."""
         return (self.first_short, self.last_short, self.account_for_embedding,

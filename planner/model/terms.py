@@ -702,7 +702,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 "activations": acts,
                 "logits": logit,
             }
-            if stage == "first" and (k.optimizer_offload or k.offload_layers):
+            if stage == "first" and k.offloads:
                 host_opt = (dense_p / shards + experts_p / expert_shards) \
                     * host_optimizer_bytes(tr.optimizer_dtype)
                 memory[name.replace("first", "host")] = host_memory_row(
