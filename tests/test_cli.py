@@ -300,8 +300,10 @@ def test_solve_json_contract(runner, solver):
 
 
 def test_solve_top_compare_emit_json(runner):
+    # (the enumerator: the subject is the JSON of the three answers, not the solver)
     d = run_json(runner, ["solve", str(ROOT / "instances" / "gpt-1.3b-1node.toml"), "--top",
-                          "3", "--compare", "--emit", "megatron", "--json"])
+                          "3", "--compare", "--emit", "megatron", "--json",
+                          "--solver", "enumerate"])
     assert len(d["top"]) == 3 and d["top"][0]["gap_to_optimum"] == 0
     assert [t["step_time_s"] for t in d["top"]] == sorted(t["step_time_s"] for t in d["top"])
     assert {"constrained", "unconstrained", "slowdown", "binding"} <= set(d["compare"])
@@ -312,7 +314,7 @@ def test_pareto_and_capacity_json(runner, tmp_path):
     path = tmp_path / "range.toml"
     path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 256\n'
                     'tokens = 2e10\n[cluster]\ngpu = "h100-sxm"\nnodes = [1, 3]\n'
-                    'price_per_gpu_hour = 2.0\n')
+                    'price_per_gpu_hour = 2.0\n[constraints]\nmax_recompute_layers = 0\n')
     front = run_json(runner, ["pareto", str(path), "--json"])
     assert front["points"] and all(p["on_front"] for p in front["points"])
     for p in front["points"]:

@@ -33,7 +33,8 @@ CASES = [
                               "first_dense_layers": 2},
                     "training": {"global_batch": 64},
                     "cluster": {"gpu": "h100-sxm", "nodes": 4},
-                    "constraints": {"framework": "nemo", "tp_comm_overlap": True}}),
+                    "constraints": {"framework": "nemo", "tp_comm_overlap": True,
+                                    "max_recompute_layers": 0}}),
     # partial recompute searched (shares of each virtual stage; mixed maxima), uneven layouts
     parse_instance({"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 16},
                     "cluster": {"gpu": "a100-80gb", "nodes": 1},

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("cpsat", "highs", "enumerate")
 CPSAT = ("cpsat",)
 BASE = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 512},
-        "cluster": {"gpu": "a100-80gb", "nodes": 1}}
+        "cluster": {"gpu": "a100-80gb", "nodes": 1},
+        "constraints": {"max_recompute_layers": 0}}     # (the subject is numbers, not knobs)
 # widest and deepest the schema allows: 1e20-byte weights, layer counts near 1e5 as factors
 HUGE_MODEL = {"hidden": 4194304, "heads": 16, "layers": 100000}
 

@@ -17,9 +17,10 @@ BACKENDS = ("enumerate", "cpsat", "highs")
 
 def doc(**over):
     """A small dense model on 1-4 H100 nodes. The sharding mode is pinned to ZeRO-1 (the
-    distributed optimizer) and the optimizer kept on the GPU unless a test sets them: these
-    tests are about the queries, and tests/test_solvers.py, tests/test_sharding.py and
-    tests/test_offload.py cover the search over the modes and the offload."""
+    distributed optimizer), the optimizer kept on the GPU and partial recompute off unless a
+    test sets them: these tests are about the queries, and tests/test_solvers.py,
+    tests/test_sharding.py, tests/test_offload.py and tests/test_partial_recompute.py cover
+    the search over the modes, the offload and the recomputed share."""
     d = {
         "model": {"layers": 8, "hidden": 1024, "heads": 8, "kv_heads": 4, "gated_mlp": True,
                   "vocab": 32000, "seq_len": 2048, "position_embedding": "rope",
@@ -34,6 +35,7 @@ def doc(**over):
         d["constraints"]["dp_sharding"] = "optim"
     if "optimizer_offload" not in d["constraints"]:
         d["constraints"]["optimizer_offload"] = False
+    d["constraints"].setdefault("max_recompute_layers", 0)
     return d
 
 

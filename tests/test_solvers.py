@@ -98,10 +98,14 @@ def instances(draw):
     if draw(st.integers(0, 4)) == 0:          # activation offload is searched under a cap
         constraints["max_offload_layers"] = draw(st.sampled_from([1, 4]))
     if draw(st.integers(0, 3)) == 0 and "full" in str(constraints.get("recompute", "full")):
-        # partial recompute: searched under a cap (shares of each virtual stage), or a pin
-        key = draw(st.sampled_from(["max_recompute_layers", "max_recompute_layers",
+        # partial recompute (shares of each virtual stage): searched by default, under a cap,
+        # or a pin; off in the other draws, where it would only multiply the models to solve
+        key = draw(st.sampled_from([None, "max_recompute_layers", "max_recompute_layers",
                                     "recompute_layers"]))
-        constraints[key] = draw(st.sampled_from([1, 2, 4]))
+        if key is not None:
+            constraints[key] = draw(st.sampled_from([1, 2, 4]))
+    else:
+        constraints["max_recompute_layers"] = 0
     reserve = constraints["memory_reserve_GiB"]
     constraints["memory_reserve_GiB"] = min(reserve, {"a100-40gb": 37.0}.get(gpu, reserve))
     moe = {}
@@ -213,7 +217,8 @@ BATCH_RANGE = {          # (12 batch models, as GPT-3 175B on 4,096 H100 has, at
     "model": {"preset": "gpt-1.3b"},
     "training": {"global_batch": [64, 1024]},
     "cluster": {"gpu": "h100-sxm", "gpus": 64},
-    "constraints": {"dp_sharding": "optim", "optimizer_offload": False},
+    "constraints": {"dp_sharding": "optim", "optimizer_offload": False,
+                    "max_recompute_layers": 0},
 }
 
 
@@ -247,7 +252,8 @@ WIDE_RANGE = {
     "model": {"preset": "llama3-405b", "layers": 128},
     "training": {"global_batch": 16384},
     "cluster": {"gpu": "h100-sxm", "gpus": 256, "gpus_per_node": 8},
-    "constraints": {"tp_within_node": False, "max_cp": 2, "overlap_p2p_comm": True},
+    "constraints": {"tp_within_node": False, "max_cp": 2, "overlap_p2p_comm": True,
+                    "max_recompute_layers": 0},
 }
 
 
@@ -280,7 +286,7 @@ def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap,
         "training": {"global_batch": batch},
         "cluster": {"gpu": "h100-sxm", "nodes": 2},
         "constraints": {"max_micro_batch": 4, "overlap_grad_reduce": overlap,
-                        "overlap_param_gather": overlap}})
+                        "overlap_param_gather": overlap, "max_recompute_layers": 0}})
     ref = solve(inst, solver="enumerate").report.plan     # (the joint model's answer too:
     monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)               # the agreement tests above)
     monkeypatch.setattr(fs, "SPLIT_LAYOUTS_ABOVE", 0)       # (and per pipeline layout)
