@@ -54,13 +54,13 @@ def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):
 
 
 def test_most_published_plans_are_near_the_optimum(ranks):
-    """Measured (`plan validate`): 26 of the 32 ranked runs are within 10% of the model's
-    optimum (the two Llama 3 405B runs among them with a ratio below 1: their plan does not
-    fit under the model), and the largest ratio is 1.282 (Narayanan et al.'s 39.1B at TP8 x
-    PP2 against TP2 x PP8 VP6)."""
+    """Measured (`plan validate`): 36 of the 44 ranked runs are within 10% of the model's
+    optimum (the two Llama 3 405B runs and six of the held-out NeMo 24.07 FP8 runs among them
+    with a ratio below 1: their plans do not fit under the model), and the largest ratio is
+    1.282 (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2 x PP8 VP6)."""
     ratios = [r["ratio"] for r in ranks.values() if r.get("ratio")]
     assert len(ratios) == len(ranks)
-    assert sum(x <= TARGET for x in ratios) >= 25
+    assert sum(x <= TARGET for x in ratios) >= 35
     assert max(ratios) <= 1.30
 
 
@@ -90,7 +90,9 @@ def test_the_ranking_keeps_to_what_the_runs_code_could_run(data, ranks):
                    "of one layer per chunk) than the A100 experts chose: Narayanan et al. 2021 "
                    "7.5B 1.130 (TP2 mb2 at pp 1), 18.4B 1.247, 39.1B 1.282, 145.6B 1.125, "
                    "Korthikanti et al. 2022 22B 1.150 and 175B 1.102 with full recompute, in "
-                   "the feature set of the runs' Megatron-LM (code_date). Term by term "
+                   "the feature set of the runs' Megatron-LM (code_date); on H100 at FP8 "
+                   "(NeMo 24.07, held out) Llama 2 13B 1.144 and Nemotron-3 22B 1.202, costed "
+                   "with the p2p overlap they ran switched off. Term by term "
                    "(published - optimum) the gap is the TP8 all-reduces (18.4B: +1.42 s; "
                    "39.1B: +1.72 s) and the narrower GEMM shards (+1.17, +1.08), against a "
                    "larger bubble and more p2p; the model reproduces the orderings of "

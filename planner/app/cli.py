@@ -339,6 +339,10 @@ def validate(
         if r.held_out:
             out.print(f"[dim]{r.id} is held out of the fit and the figures above "
                       f"(error {100 * r.error:+.1f}%): {r.held_out}[/]")
+    if summ["held_out"]:
+        out.print(f"held out ({summ['held_out']} runs, never fitted): mean |error| "
+                  f"{100 * summ['mean_abs_error_held_out']:.1f}%, max "
+                  f"{100 * summ['max_abs_error_held_out']:.1f}%")
     if ratios:
         out.print(f"ranking (published plan's predicted step / the model's optimum in the run's "
                   f"knob space): max {summ['max_ranking_ratio']:.3f}, "
