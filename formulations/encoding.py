@@ -67,15 +67,21 @@ def _reachable(space: SearchSpace, mono: Mono) -> set[tuple[int, ...]]:
 
 
 def make_form(space: SearchSpace, mono: Mono) -> Form:
-    if len(mono) == 1 and mono[0][1] == 1:      # a base variable: keep its value order
-        tuples = list(space.base[mono[0][0]].exps)
-    else:
-        tuples = sorted(_reachable(space, mono))
-    primes = np.array(space.primes, dtype=float)
-    arr = np.array(tuples, dtype=float)
-    values = np.prod(primes ** arr, axis=1)
-    lo = tuple(int(x) for x in arr.min(axis=0))
-    hi = tuple(int(x) for x in arr.max(axis=0))
+    """The form ``mono`` with every value allowed. Its values depend on the domains of its
+    variables alone, so they are computed once for all the models of a batch range and their
+    parts (:meth:`SearchSpace.shared`: the fixed global batch is in no form)."""
+    def make():
+        if len(mono) == 1 and mono[0][1] == 1:      # a base variable: keep its value order
+            tuples = list(space.base[mono[0][0]].exps)
+        else:
+            tuples = sorted(_reachable(space, mono))
+        primes = np.array(space.primes, dtype=float)
+        arr = np.array(tuples, dtype=float)
+        values = np.prod(primes ** arr, axis=1)
+        lo = tuple(int(x) for x in arr.min(axis=0))
+        hi = tuple(int(x) for x in arr.max(axis=0))
+        return tuples, values, lo, hi
+    tuples, values, lo, hi = space.shared(("form", mono), make)
     return Form(mono, tuples, values, lo, hi, np.ones(len(tuples), dtype=bool))
 
 
@@ -327,8 +333,7 @@ def _restrict_forms(col: _Collector, space: SearchSpace) -> None:
     # batch models of a range); without it HiGHS took 15x longer on Narayanan's 530B run (89 s,
     # not 6 s)
     for mono, f in col.forms.items():
-        reach = space.form_reach(mono)
-        f.allowed &= np.fromiter((t in reach for t in map(tuple, f.tuples)), bool, f.size)
+        f.allowed &= space.reach_mask(mono, f.tuples)
 
     # caps on derived forms (dp <= max_dp ...)
     for _name, mono, coef, lo, hi in space.form_caps:
@@ -400,7 +405,7 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
     def depends(full: np.ndarray) -> tuple[str, ...]:
         """The dimensions the table ``full`` (combinations last) changes along."""
         return tuple(dname for dname, (firsts, others) in pairs.items() if others and
-                     not np.allclose(full[..., firsts], full[..., others], rtol=1e-12, atol=0))
+                     not _all_close(full[..., firsts], full[..., others]))
 
     def build(slot) -> LinExpr:
         const, groups = tabulated.get(slot, (np.zeros(n), []))
@@ -428,6 +433,14 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
         exprs[max_slot] = [[build((max_slot, i, a)) for a in range(n_args)]
                            for i, n_args in enumerate(arity.get(max_slot, []))]
     return exprs, copies
+
+
+def _all_close(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.allclose(a, b, rtol=1e-12, atol=0)`` (equal infinities close, NaN never), without
+    its overhead: it runs once per table and dimension of every model."""
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+        return bool(np.all((a == b) | ((d <= 1e-12 * np.abs(b)) & (d != np.inf))))
 
 
 def _magnitude(objective_expr: LinExpr) -> float:

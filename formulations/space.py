@@ -168,9 +168,7 @@ class SearchSpace:
         of that set, so exact), and the capped models of smaller batches lose the near-ties
         that made them slow to prove: GPT-3 175B on 512 A100 with batches [256, 16384]
         (/work/briefs/inst/a512.toml), its 25 capped models 7.46 s -> 0.57 s of CP-SAT."""
-        root = self
-        while root.parent is not None:
-            root = root.parent
+        root = self.root()
         batch = self.fixed.get("B") if len(root.base["B"].values) > 1 else None
         if batch is None:
             if mono not in root._reach:
@@ -185,6 +183,34 @@ class SearchSpace:
                 by_batch.setdefault(values[k[0]], {})[k[1:]] = n
             root._reach[key] = by_batch
         return root._reach[key].get(batch, {})
+
+    def root(self) -> SearchSpace:
+        """The widest space this one narrows (itself when it narrows none)."""
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        return root
+
+    def reach_mask(self, mono: Mono, tuples: list[tuple[int, ...]]):
+        """:meth:`form_reach` as a mask over the form's exponent vectors ``tuples`` (which
+        depend on the form alone), kept on the root for the other parts of the same model."""
+        import numpy as np
+
+        key = ("mask", mono, self.fixed.get("B"))
+        cache = self.root()._reach
+        if key not in cache:
+            reach = self.form_reach(mono)
+            cache[key] = np.fromiter((t in reach for t in tuples), bool, len(tuples))
+        return cache[key]
+
+    def shared(self, key, make):
+        """``make()``, computed once per root space: what depends only on the base variables'
+        domains, which the spaces narrowing a root share (their ``fixed`` global batch appears
+        in no form)."""
+        cache = self.root()._reach
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
 
     @property
     def N(self) -> int:
