@@ -51,9 +51,35 @@ def quantum(enc: Encoding) -> float:
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
-def _run(model, time_limit: float | None, workers: int, probing: bool = True):
+def _run(model, time_limit: float | None, workers: int, probing: bool = False,
+         presolve: bool = True):
     """Solve a CP-SAT model (a ``CpModelProto``): the response, its status in our terms, the
     seconds it took and CP-SAT's own status name.
+
+    Presolve probing is off (``probing=False``, ``cp_model_probing_level = 0``) for every
+    goal. Measured on every model ``plan solve`` builds for 13 instances (the shipped
+    gpt3-175b-a100, llama3.1-405b-h100, mixtral-8x7b-h100, llama3-70b-h100, deepseek-v3-h800
+    and the batch-range and fixed-batch GPT-3 175B / 405B-shaped instances at 512 and 131,072
+    GPUs), each model re-solved as dumped, medians of 3 interleaved runs, under a load of 5-7
+    on this 2-core machine: 104.3 s of CP-SAT with probing everywhere, 77.0 s as it was (on
+    for the memory tie goal and for a first solve capped at an incumbent), 70.1 s on for the
+    memory goal only, 68.6 s off everywhere (at commit 5c79b20, by the procedure of
+    ``python benchmarks/cpsat_params.py FILE --repeat 3``). Against the mixed rule, off is slower
+    on seven of the 13, by 0.6-0.8 s on four (GPT-3 175B on 512 A100 with a batch range,
+    11.18 -> 11.90 s) and under 0.1 s on three, and faster on six by 0.25-4.1 s (the
+    405B-shaped fixed-batch model on 131,072 H100, 9.66 -> 5.52 s; GPT-3 175B with a batch
+    range on 131,072 A100, 13.68 -> 10.11 s). Runs vary a lot (four portfolio workers on two
+    shared cores): the same model solved twice can differ by 3x.
+
+    The memory and lexicographic tie goals are solved without presolve (``presolve=False``):
+    re-measured the same way on eight of those instances (af131072, bg131072, b131k, a512,
+    a131k of the brief, gpt3-175b-a100, llama3-70b-h100, llama3.1-405b-h100; load 1.5-3), the
+    memory goal took 4.38 s summed with presolve, 3.94 s without (faster on six, slower on
+    one), the lexicographic goal 1.54 s and 0.79 s (faster on seven, the same on one); the
+    internode goal 2.71 s and 2.75 s (slower on two by 0.2-0.3 s), and the objective solves
+    mixed, so both keep it. Which optimal solution a goal returns does not change the plan:
+    each goal caps the next at its optimal value, and the last (lexicographic) goal has one
+    optimum.
 
     The model is built and solved through OR-Tools' C++ helper (``cp_model_helper``) rather than
     ``cp_model``: the Python layer imports pandas (measured 1.06 s against 0.08 s to import, on
@@ -69,6 +95,8 @@ def _run(model, time_limit: float | None, workers: int, probing: bool = True):
     params.presolve_inclusion_work_limit = 0
     if not probing:
         params.cp_model_probing_level = 0
+    if not presolve:
+        params.cp_model_presolve = False
     if time_limit:
         params.max_time_in_seconds = float(time_limit)
     t1 = time.perf_counter()
@@ -131,47 +159,58 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     span = []                                   # |lo| + |hi| of each variable
     # bounds derived in build_rows are exact Python ints (table entries are <= SAFE_INT there),
     # so only int64 safety is checked for them; right-hand sides come from floats: <= SAFE_INT
+    variables = model.variables
     for name, lb, ub in zip(r.names, r.lb, r.ub):
-        lo = -big if lb == -INF else _fits(lb, f"the bound of {name}", q_t, RANGE, math.floor)
-        hi = big if ub == INF else _fits(ub, f"the bound of {name}", q_t, RANGE, math.ceil)
+        if lb == 0 and ub == 1:                 # a binary (most variables): no checks needed
+            lo, hi = 0, 1
+        else:
+            lo = -big if lb == -INF else _fits(lb, f"the bound of {name}", q_t, RANGE, math.floor)
+            hi = big if ub == INF else _fits(ub, f"the bound of {name}", q_t, RANGE, math.ceil)
         span.append(abs(lo) + abs(hi))
         if lo == 0 and hi == 0:
             xs.append(-1)                       # a value the encoding rules out
         else:
-            xs.append(len(model.variables))
-            v = model.variables.add()
+            xs.append(len(variables))
+            v = variables.add()
             v.name = name
-            v.domain.extend([lo, hi])
+            v.domain.extend((lo, hi))
 
     def int_expr(coefs: dict[int, float], name: str) -> tuple[list[int], list[int]]:
         """The row's live terms as (CP-SAT variables, integer coefficients)."""
         vs, cs, reach = [], [], 0
         for i, c in coefs.items():               # one pass: the common case
-            if not abs(c) <= RANGE:               # (True for NaN) names the coefficient
+            if not -RANGE <= c <= RANGE:          # (True for NaN) names the coefficient
                 _fits(c, f"a coefficient of row {name}", q_t, RANGE)
             c = int(round(c))
             reach += abs(c) * span[i]
-            if c and xs[i] >= 0:
-                vs.append(xs[i])
+            x = xs[i]
+            if c and x >= 0:
+                vs.append(x)
                 cs.append(c)
-        _fits(reach, f"the range of row {name}", q_t, RANGE)
+        if reach > RANGE:
+            _fits(reach, f"the range of row {name}", q_t, RANGE)
         return vs, cs
+
+    def side(x: float, rounding, name: str) -> int:
+        """A row's bound as an int (:func:`_fits`, its message formatted only when needed)."""
+        if -SAFE_INT <= x <= SAFE_INT:
+            return int(rounding(x))
+        return _fits(x, f"the bound of row {name}", q_t, rounding=rounding)
 
     for coefs, lo, hi, name in r.rows:
         vs, cs = int_expr(coefs, name)
-        what = f"the bound of row {name}"
         if not vs:                              # every variable of the row is ruled out
             if not lo - 1e-9 <= 0 <= hi + 1e-9:
                 return _infeasible(t0, f"violated: {name}")
             continue
         if lo == hi:
-            dom = [_fits(lo, what, q_t)] * 2
+            dom = [side(lo, round, name)] * 2
         else:
-            dom = [_INT_MIN if lo == -INF else _fits(lo - 1e-9, what, q_t, rounding=math.ceil),
-                   _INT_MAX if hi == INF else _fits(hi + 1e-9, what, q_t, rounding=math.floor)]
+            dom = [_INT_MIN if lo == -INF else side(lo - 1e-9, math.ceil, name),
+                   _INT_MAX if hi == INF else side(hi + 1e-9, math.floor, name)]
         _add_linear(model, vs, cs, dom)
     goals = {g: int_expr(c, f"goal {g}") for g, c in r.goals.items()}
-    session = _Session(model, xs, goals, r, workers, probe_first=cuts.max_objective is not None)
+    session = _Session(model, xs, goals, r, workers)
     build_s = time.perf_counter() - t0
     first, last, note = ties.run(session, time_limit, cuts.break_ties)
     if not first.ok:
@@ -196,19 +235,9 @@ class _Session:
     """One CP-SAT model re-solved for each tie-break goal (:mod:`formulations.ties`), the
     previous solution given as a hint."""
 
-    def __init__(self, model, xs, goals, rows, workers: int, probe_first: bool = True):
+    def __init__(self, model, xs, goals, rows, workers: int):
         self.model, self.xs, self.exprs, self.rows, self.workers = model, xs, goals, rows, workers
         self.solve_s = 0.0
-        # Presolve probing, measured per goal on this shared 2-core machine (medians of 3):
-        # without a cap it slows the search for the optimum (1.55 s -> 1.10 s without it on
-        # the Llama-405B-shaped model, 131,072 H100, its largest batch; 1.50 s -> 0.98 s on
-        # GPT-3 175B, 1,024 A100), while a batch model capped at the incumbent is proven
-        # infeasible faster with it (0.05 s against 0.21 s, 0.40 s against 0.58 s on two of
-        # those batch models); of the tie goals, memory is faster with it on two of three
-        # models (0.22 s / 0.40 s, 0.34 s / 0.66 s; 0.68 s / 0.50 s on the third), internode
-        # and lex faster without it on all three (0.17 / 0.19, 0.26 / 0.20, 0.93 / 0.24 s;
-        # 0.17 / 0.13, 0.21 / 0.14, 0.28 / 0.09 s)
-        self.probe_first = probe_first
 
     def goals(self) -> list[str]:
         return list(self.exprs)
@@ -228,9 +257,9 @@ class _Session:
             live = [(v, int(val)) for v, val in zip(self.xs, hint) if v >= 0]
             self.model.solution_hint.vars.extend([v for v, _ in live])
             self.model.solution_hint.values.extend([val for _, val in live])
-        response, status, solve_s, name = _run(self.model, time_limit, self.workers,
-                                               probing=self.probe_first if goal == "objective"
-                                               else goal == "memory")
+        response, status, solve_s, name = _run(
+            self.model, time_limit, self.workers,
+            presolve=not (goal == "memory" or goal.startswith("lex")))   # (see _run)
         self.solve_s += solve_s
         if status not in (Status.OPTIMAL, Status.FEASIBLE):
             return ties.Answer(False, False, None, None, None, status, name)

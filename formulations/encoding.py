@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formulations.space import SearchSpace
-from planner.model.algebra import FUNCTIONS, Mono, Sig
+from planner.model.algebra import FUNCTIONS, Fn, Mono, Sig
 from planner.model.plan import Degrees, Grid, Knobs
 from planner.model.terms import internode_bytes, memory_limit_bytes, step_terms
 
@@ -67,15 +67,21 @@ def _reachable(space: SearchSpace, mono: Mono) -> set[tuple[int, ...]]:
 
 
 def make_form(space: SearchSpace, mono: Mono) -> Form:
-    if len(mono) == 1 and mono[0][1] == 1:      # a base variable: keep its value order
-        tuples = list(space.base[mono[0][0]].exps)
-    else:
-        tuples = sorted(_reachable(space, mono))
-    primes = np.array(space.primes, dtype=float)
-    arr = np.array(tuples, dtype=float)
-    values = np.prod(primes ** arr, axis=1)
-    lo = tuple(int(x) for x in arr.min(axis=0))
-    hi = tuple(int(x) for x in arr.max(axis=0))
+    """The form ``mono`` with every value allowed. Its values depend on the domains of its
+    variables alone, so they are computed once for all the models of a batch range and their
+    parts (:meth:`SearchSpace.shared`: the fixed global batch is in no form)."""
+    def make():
+        if len(mono) == 1 and mono[0][1] == 1:      # a base variable: keep its value order
+            tuples = list(space.base[mono[0][0]].exps)
+        else:
+            tuples = sorted(_reachable(space, mono))
+        primes = np.array(space.primes, dtype=float)
+        arr = np.array(tuples, dtype=float)
+        values = np.prod(primes ** arr, axis=1)
+        lo = tuple(int(x) for x in arr.min(axis=0))
+        hi = tuple(int(x) for x in arr.max(axis=0))
+        return tuples, values, lo, hi
+    tuples, values, lo, hi = space.shared(("form", mono), make)
     return Form(mono, tuples, values, lo, hi, np.ones(len(tuples), dtype=bool))
 
 
@@ -289,10 +295,27 @@ def _combo_terms(space: SearchSpace, deg, sym, knobs, objective: str, ties: bool
     """One combination's symbolic objective, memory per stage and (with ``ties``) internode
     bytes. Kept in ``space.terms_cache``, which the narrowed spaces of one fixed-batch space
     share (formulations/solve.py solves its sharding modes as models of their own, then the
-    tied ones again as one model): each combination is written out once."""
+    tied ones again as one model): each combination is written out once. A batch model of a
+    range takes the range's terms, written once per combination with the batch as a symbol,
+    and substitutes its batch (:func:`_substitute`): measured on GPT-3 175B / the 405B-shaped
+    model on 512 GPUs with batches [256, 16384] (/work/briefs/inst/a512.toml, b512.toml, 26
+    models each), the summed build 2.25 -> 1.86 s and 2.41 -> 2.11 s (medians of 3, in-process
+    ``solve``, load 0.2-1.8), the same answers to the last bit."""
     # (the maxima flags do not take part in comparing knobs, but they change the terms)
     key = (knobs, knobs.paced, knobs.offload_maxes, knobs.recompute_maxes, objective, ties)
     if key in space.terms_cache:
+        return space.terms_cache[key]
+    root = space.root()
+    if SHARE_BATCH_TERMS and "B" in space.fixed and "B" not in root.fixed:
+        # a batch model of a range: the range's terms with the batch as a symbol, written out
+        # once per combination for all the batch models, the batch substituted here
+        rdeg, rsym = root.shared(("symbolic degrees",), lambda: symbolic_degrees(root))
+        obj, mems, crossing = _combo_terms(root, rdeg, rsym, knobs, objective, ties)
+        batch = space.fixed["B"]
+        space.terms_cache[key] = (
+            _substitute(obj, "B", batch),
+            {stage: _substitute(mem, "B", batch) for stage, mem in mems.items()},
+            None if crossing is None else _substitute(crossing, "B", batch))
         return space.terms_cache[key]
     terms = step_terms(space.inst, deg, knobs)
     obj = _as_sig(terms.step_time)
@@ -311,6 +334,45 @@ def _combo_terms(space: SearchSpace, deg, sym, knobs, objective: str, ties: bool
     return space.terms_cache[key]
 
 
+#: Write a range's terms once with the batch as a symbol (:func:`_combo_terms`); off, each
+#: batch model runs ``step_terms`` with its batch as a number.
+SHARE_BATCH_TERMS = True
+
+
+def _substitute(sig: Sig, name: str, value: float) -> Sig:
+    """``sig`` with the variable ``name`` set to ``value``: the signomial ``step_terms`` gives
+    when that variable is the number ``value`` from the start. Each monomial loses the
+    variable into its coefficient, each function factor into its scale (a factor left without
+    a form is evaluated into the coefficient), and terms that meet are added. The terms are the
+    same; a coefficient can differ in its last bit (the products are taken in another order),
+    far below the 1e-12 the encoding compares tables at and the 1e-7 quantum of CP-SAT."""
+    terms: dict = {}
+    v = float(value)
+    for (mono, fns), c in sig.terms.items():
+        e = dict(mono).get(name, 0)
+        if e:
+            mono = tuple((x, k) for x, k in mono if x != name)
+            c = c * v ** e
+        kept = []
+        for f in fns:
+            ef = dict(f.form).get(name, 0)
+            if not ef:
+                kept.append(f)
+                continue
+            form = tuple((x, k) for x, k in f.form if x != name)
+            scale = f.scale * v ** ef
+            if form:
+                kept.append(Fn(f.name, form, scale))
+            else:
+                c = c * FUNCTIONS[f.name](scale)
+        if c == 0.0:
+            continue
+        k = (mono, tuple(sorted(kept)))
+        terms[k] = terms.get(k, 0.0) + c
+    return Sig({k: c for k, c in terms.items() if c != 0.0},
+               tuple(tuple(_substitute(a, name, value) for a in mx) for mx in sig.maxes))
+
+
 def _restrict_forms(col: _Collector, space: SearchSpace) -> None:
     """Step 2: mark the form values no plan can take as not allowed (the model stays exact and
     gets smaller and tighter)."""
@@ -327,8 +389,7 @@ def _restrict_forms(col: _Collector, space: SearchSpace) -> None:
     # batch models of a range); without it HiGHS took 15x longer on Narayanan's 530B run (89 s,
     # not 6 s)
     for mono, f in col.forms.items():
-        reach = space.form_reach(mono)
-        f.allowed &= np.fromiter((t in reach for t in map(tuple, f.tuples)), bool, f.size)
+        f.allowed &= space.reach_mask(mono, f.tuples)
 
     # caps on derived forms (dp <= max_dp ...)
     for _name, mono, coef, lo, hi in space.form_caps:
@@ -400,7 +461,7 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
     def depends(full: np.ndarray) -> tuple[str, ...]:
         """The dimensions the table ``full`` (combinations last) changes along."""
         return tuple(dname for dname, (firsts, others) in pairs.items() if others and
-                     not np.allclose(full[..., firsts], full[..., others], rtol=1e-12, atol=0))
+                     not _all_close(full[..., firsts], full[..., others]))
 
     def build(slot) -> LinExpr:
         const, groups = tabulated.get(slot, (np.zeros(n), []))
@@ -428,6 +489,14 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
         exprs[max_slot] = [[build((max_slot, i, a)) for a in range(n_args)]
                            for i, n_args in enumerate(arity.get(max_slot, []))]
     return exprs, copies
+
+
+def _all_close(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.allclose(a, b, rtol=1e-12, atol=0)`` (equal infinities close, NaN never), without
+    its overhead: it runs once per table and dimension of every model."""
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+        return bool(np.all((a == b) | ((d <= 1e-12 * np.abs(b)) & (d != np.inf))))
 
 
 def _magnitude(objective_expr: LinExpr) -> float:

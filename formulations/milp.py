@@ -14,6 +14,7 @@ literally the same model; only the scaling to integers (CP-SAT) differs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -198,6 +199,13 @@ class _RealUnits:
         return sum(c * b for c, b in terms)
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _ratio(h: float) -> Fraction:
+    """A class factor as the fraction :class:`_IntegerUnits` multiplies by (cached: the same
+    few factors recur in every table of every model)."""
+    return Fraction(h).limit_denominator(10**6)
+
+
 class _IntegerUnits(_RealUnits):
     """The same rows for a pure integer solver (CP-SAT): every entry rounded to its unit, every
     variable integer, and multiplying a running value ``w`` by a class factor ``h = H / D``
@@ -218,7 +226,7 @@ class _IntegerUnits(_RealUnits):
     def scale(self, rb: _RowBuilder, ws: list[int], classes, lo, hi, tag: int):
         r = rb.r
         acc = {}
-        qs = [Fraction(float(h)).limit_denominator(10**6) for h in classes]
+        qs = [_ratio(float(h)) for h in classes]
         for c, (w, q) in enumerate(zip(ws, qs)):
             if q == 0:
                 continue

@@ -100,3 +100,36 @@ def test_no_plan_counts_zero():
                            "constraints": {"max_tp": 1, "max_pp": 1}})
     space = build_space(inst)
     assert count_points(space) == {} and len(feasible_points(space)["T"]) == 0
+
+
+def test_batch_models_presolve_to_their_dominant_assignments():
+    """Each fixed-batch model of a range keeps the form values of the assignments whose largest
+    admissible batch is its own (``SearchSpace.form_reach``): every value the enumerator's
+    points at that batch take (so the presolve is exact), only values of assignments admitting
+    the batch, and on some model fewer than those (the near-ties the capped models lose)."""
+    from formulations.encoding import encode
+    from formulations.solve import _batch_model
+
+    space = build_space(parse_instance(TINY_MOE))
+    every = feasible_points(space, dominant_batch=False)
+    dominant = feasible_points(space)
+
+    def exps(points, mono, batch):
+        at = points["B"] == batch
+        out = np.zeros((int(at.sum()), len(space.primes)), dtype=np.int64)
+        for v, e in mono:
+            vals = space.base[v].values
+            table = np.array([space.base[v].exps[vals.index(x)] for x in points[v][at].tolist()],
+                             dtype=np.int64).reshape(-1, len(space.primes))
+            out += e * table
+        return {tuple(r) for r in out.tolist()}
+    narrower = 0
+    for batch in candidate_batches(space):
+        model = _batch_model(space, batch)
+        for mono in encode(model, "time_per_sample", ties=False).forms:
+            reach = set(model.form_reach(mono))
+            admitting = set(count_points(model, form=mono))    # (the layouts left out too)
+            assert exps(dominant, mono, batch) <= reach <= admitting, (batch, mono)
+            narrower += reach < admitting
+            assert exps(every, mono, batch) <= admitting
+    assert narrower

@@ -67,3 +67,50 @@ def test_tables_reproduce_the_evaluator(inst):
                 mem = np.broadcast_to(np.asarray(terms.memory_total(stage), float),
                                       (len(points["T"]),))
                 assert got[f"memory_{stage}"] == pytest.approx(mem[i], rel=1e-9)
+
+
+RANGES = [
+    {"model": {"preset": "gpt3-175b"}, "training": {"global_batch": [256, 16384]},
+     "cluster": {"gpu": "a100-80gb", "gpus": 512}, "constraints": {"tp_within_node": False}},
+    {"model": {"layers": 6, "hidden": 768, "heads": 12, "kv_heads": 4, "vocab": 32000,
+               "seq_len": 4096, "experts": 4, "top_k": 2, "first_dense_layers": 2},
+     "training": {"global_batch": [24, 384]}, "cluster": {"gpu": "b200", "nodes": 3},
+     "constraints": {"max_cp": 2, "tp_within_node": False}},
+]
+
+
+@pytest.mark.parametrize("spec", RANGES, ids=["gpt3-512-range", "tiny-moe-range"])
+def test_batch_models_share_the_ranges_symbolic_terms(spec):
+    """A batch model of a range takes the range's terms, written once with the batch as a
+    symbol, with its batch substituted (encoding._combo_terms): the same terms as running
+    ``step_terms`` with the batch as a number, each coefficient equal to the last bits."""
+    from formulations import encoding
+    from formulations.solve import _batch_model
+    from formulations.space import candidate_batches
+
+    space = build_space(parse_instance(spec))
+
+    def same(a, b):
+        assert set(a.terms) == set(b.terms)
+        for k, c in a.terms.items():
+            assert c == pytest.approx(b.terms[k], rel=1e-14, abs=0)
+        assert [len(m) for m in a.maxes] == [len(m) for m in b.maxes]
+        for ma, mb in zip(a.maxes, b.maxes):
+            for x, y in zip(ma, mb):
+                same(x, y)
+    for batch in candidate_batches(space)[:3]:
+        model = _batch_model(space, batch)
+        deg, sym = encoding.symbolic_degrees(model)
+        for knobs in model.combos[:12]:
+            shared = encoding._combo_terms(model, deg, sym, knobs, "time_per_sample", True)
+            model.terms_cache.clear()
+            try:
+                encoding.SHARE_BATCH_TERMS = False
+                own = encoding._combo_terms(model, deg, sym, knobs, "time_per_sample", True)
+            finally:
+                encoding.SHARE_BATCH_TERMS = True
+            same(shared[0], own[0])
+            same(shared[2], own[2])
+            assert set(shared[1]) == set(own[1])
+            for stage in own[1]:
+                same(shared[1][stage], own[1][stage])

@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""CP-SAT parameters measured on the very models ``plan solve`` builds (formulations/cpsat.py,
+``_run``, where the choice of presolve probing is recorded).
+
+For each instance: ``formulations.solve.solve`` is run once with CP-SAT while every model it
+hands to CP-SAT (each goal of each part, with its caps and hint) is copied; then each copy is
+re-solved with every variant, the variants interleaved, ``--repeat`` times, and the medians are
+printed per model and summed. A line says MISMATCH when the variants end in different statuses
+or objectives. ``probe`` is the default probing level, ``noprobe`` probing off; ``--variant
+NAME=param:value;param:value`` adds one (CP-SAT ``SatParameters`` fields).
+
+Example::
+
+    python benchmarks/cpsat_params.py instances/gpt3-175b-a100.toml --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+from formulations import cpsat
+from formulations.solve import solve
+from planner.model.instance import load_instance
+
+
+def record(path: str) -> list[dict]:
+    """The models CP-SAT solves for one instance, in order, with their goal and workers."""
+    seen: list[dict] = []
+    goal = {}
+    minimize, run = cpsat._Session.minimize, cpsat._run
+
+    def spy_minimize(self, name, time_limit, hint):
+        goal["name"] = name
+        return minimize(self, name, time_limit, hint)
+
+    def spy_run(model, time_limit, workers, *args, **kwargs):
+        out = run(model, time_limit, workers, *args, **kwargs)
+        seen.append({"model": copy.deepcopy(model), "goal": goal["name"], "workers": workers,
+                     "status": out[3]})
+        return out
+    cpsat._Session.minimize, cpsat._run = spy_minimize, spy_run
+    try:
+        solve(load_instance(path), "cpsat")
+    finally:
+        cpsat._Session.minimize, cpsat._run = minimize, run
+    return seen
+
+
+def solve_with(model, workers: int, extra: dict) -> tuple[float, str, float]:
+    from ortools.sat.python import cp_model_helper as cmh
+
+    params = cmh.SatParameters()
+    params.num_workers = workers
+    params.presolve_inclusion_work_limit = 0          # as formulations/cpsat.py (issue #5293)
+    for key, value in extra.items():
+        setattr(params, key, value)
+    wrapper = cmh.SolveWrapper()
+    wrapper.set_parameters(params)
+    t = time.perf_counter()
+    response = wrapper.solve(model)
+    return time.perf_counter() - t, response.status.name, response.objective_value
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    name, body = spec.split("=", 1)
+    out = {}
+    for item in body.split(";"):
+        key, value = item.split(":")
+        out[key] = int(value) if value.lstrip("-").isdigit() else (
+            value == "True" if value in ("True", "False") else float(value))
+    return name, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("instances", nargs="+")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--variant", action="append", default=[])
+    args = ap.parse_args()
+    variants = {"probe": {}, "noprobe": {"cp_model_probing_level": 0}}
+    variants.update(parse_variant(v) for v in args.variant)
+    for path in args.instances:
+        models = record(path)
+        print(path, len(models), "models", flush=True)
+        total = dict.fromkeys(variants, 0.0)
+        for i, m in enumerate(models):
+            times = {n: [] for n in variants}
+            ends = {}
+            for _ in range(args.repeat):
+                for n, extra in variants.items():
+                    t, status, obj = solve_with(m["model"], m["workers"], extra)
+                    times[n].append(t)
+                    ends[n] = (status, round(obj))
+            med = {n: statistics.median(v) for n, v in times.items()}
+            for n, v in med.items():
+                total[n] += v
+            same = len(set(ends.values())) == 1
+            print(i, m["goal"], m["status"], " ".join(f"{n}={v:.3f}" for n, v in med.items()),
+                  "" if same else f"MISMATCH {ends}", flush=True)
+        print("TOTAL", " ".join(f"{n}={v:.2f}" for n, v in total.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
