@@ -72,14 +72,14 @@ def _run(model, time_limit: float | None, workers: int, probing: bool = False,
     shared cores): the same model solved twice can differ by 3x.
 
     The memory and lexicographic tie goals are solved without presolve (``presolve=False``):
-    re-measured the same way on eight of those instances (af131072, bg131072, b131k, a512,
-    a131k of the brief, gpt3-175b-a100, llama3-70b-h100, llama3.1-405b-h100; load 1.5-3), the
-    memory goal took 4.38 s summed with presolve, 3.94 s without (faster on six, slower on
-    one), the lexicographic goal 1.54 s and 0.79 s (faster on seven, the same on one); the
-    internode goal 2.71 s and 2.75 s (slower on two by 0.2-0.3 s), and the objective solves
-    mixed, so both keep it. Which optimal solution a goal returns does not change the plan:
-    each goal caps the next at its optimal value, and the last (lexicographic) goal has one
-    optimum.
+    re-measured the same way on eight of those instances (af131072, bg131072, b131k, a512 and
+    a131k as benchmarks/README.md names them, gpt3-175b-a100, llama3-70b-h100,
+    llama3.1-405b-h100; load 1.5-3), the memory goal took 4.38 s summed with presolve, 3.94 s
+    without (faster on six, slower on one), the lexicographic goal 1.54 s and 0.79 s (faster
+    on seven, the same on one); the internode goal 2.71 s and 2.75 s (slower on two by 0.2-0.3
+    s), and the objective solves mixed, so both keep it. Which optimal solution a goal returns
+    does not change the plan: each goal caps the next at its optimal value, and the last
+    (lexicographic) goal has one optimum.
 
     The model is built and solved through OR-Tools' C++ helper (``cp_model_helper``) rather than
     ``cp_model``: the Python layer imports pandas (measured 1.06 s against 0.08 s to import, on

@@ -298,9 +298,10 @@ def _combo_terms(space: SearchSpace, deg, sym, knobs, objective: str, ties: bool
     tied ones again as one model): each combination is written out once. A batch model of a
     range takes the range's terms, written once per combination with the batch as a symbol,
     and substitutes its batch (:func:`_substitute`): measured on GPT-3 175B / the 405B-shaped
-    model on 512 GPUs with batches [256, 16384] (/work/briefs/inst/a512.toml, b512.toml, 26
-    models each), the summed build 2.25 -> 1.86 s and 2.41 -> 2.11 s (medians of 3, in-process
-    ``solve``, load 0.2-1.8), the same answers to the last bit."""
+    model on 512 GPUs with batches [256, 16384] (models A and B of
+    benchmarks/solve_scaling.py with --batch-range --batch-factor 8, 26 models each), the
+    summed build 2.25 -> 1.86 s and 2.41 -> 2.11 s (medians of 3, in-process ``solve``, load
+    0.2-1.8), the same answers to the last bit."""
     # (the maxima flags do not take part in comparing knobs, but they change the terms)
     key = (knobs, knobs.paced, knobs.offload_maxes, knobs.recompute_maxes, objective, ties)
     if key in space.terms_cache:

@@ -170,23 +170,22 @@ class SearchSpace:
         per sequence here than there (docs/encoding.md, "Global-batch ranges"), and the
         enumerator leaves it out too. Every kept plan's forms keep their values (a projection
         of that set, so exact), and the capped models of smaller batches lose the near-ties
-        that made them slow to prove: GPT-3 175B on 512 A100 with batches [256, 16384]
-        (/work/briefs/inst/a512.toml), its 25 capped models 7.46 s -> 0.57 s of CP-SAT."""
+        that made them slow to prove: GPT-3 175B on 512 A100 with batches [256, 16384] (model
+        A of benchmarks/solve_scaling.py with --batch-range --batch-factor 8), its 25 capped
+        models 7.46 s -> 0.57 s of CP-SAT."""
         root = self.root()
         batch = self.fixed.get("B") if len(root.base["B"].values) > 1 else None
         if batch is None:
-            if mono not in root._reach:
-                root._reach[mono] = count_points(root, form=mono)
-            return root._reach[mono]
-        key = ("dominant", mono)
-        if key not in root._reach:
-            by_batch: dict[int, dict[tuple, int]] = {}
+            return self.shared(mono, lambda: count_points(root, form=mono))
+
+        def by_batch() -> dict[int, dict[tuple, int]]:
+            out: dict[int, dict[tuple, int]] = {}
             values = root.base["B"].values
             for k, n in _count_points(root, track=("B",), form=mono,
                                       dominant_batch=True).items():
-                by_batch.setdefault(values[k[0]], {})[k[1:]] = n
-            root._reach[key] = by_batch
-        return root._reach[key].get(batch, {})
+                out.setdefault(values[k[0]], {})[k[1:]] = n
+            return out
+        return self.shared(("dominant", mono), by_batch).get(batch, {})
 
     def root(self) -> SearchSpace:
         """The widest space this one narrows (itself when it narrows none)."""
@@ -200,17 +199,15 @@ class SearchSpace:
         depend on the form alone), kept on the root for the other parts of the same model."""
         import numpy as np
 
-        key = ("mask", mono, self.fixed.get("B"))
-        cache = self.root()._reach
-        if key not in cache:
+        def mask():
             reach = self.form_reach(mono)
-            cache[key] = np.fromiter((t in reach for t in tuples), bool, len(tuples))
-        return cache[key]
+            return np.fromiter((t in reach for t in tuples), bool, len(tuples))
+        return self.shared(("mask", mono, self.fixed.get("B")), mask)
 
     def shared(self, key, make):
-        """``make()``, computed once per root space: what depends only on the base variables'
-        domains, which the spaces narrowing a root share (their ``fixed`` global batch appears
-        in no form)."""
+        """``make()``, computed once per root space under ``key``: what the spaces narrowing
+        a root share (the forms depend on the base variables' domains alone: a narrowing's
+        fixed global batch appears in no form); a key that depends on that batch names it."""
         cache = self.root()._reach
         if key not in cache:
             cache[key] = make()
@@ -932,9 +929,9 @@ def space_size(space: SearchSpace) -> dict[str, int]:
     (every global batch of a range); ``space_combos``, the knob combinations the constraints
     allow, counting the values the search fixes or leaves out because others dominate or equal
     them (sequence parallelism; plain data parallelism and ZeRO-2, see :func:`build_space`);
-    ``space_plans``, the plans (an
-    assignment with a knob combination it admits: MoE layers with tp > 1 need sequence
-    parallelism)."""
+    ``space_plans``, the plans (an assignment with a knob combination it admits: a pipeline
+    layout its own (P, V) pairs, sequence parallelism off only at tp = 1 where MoE layers need
+    it, plain data parallelism only at R = 1; :attr:`SearchSpace.counted_combos`)."""
     c = space.inst.spec.constraints
     combos = sum(on + off for on, off in space.counted_combos.values())
     needs_sp = c.sequence_parallel is None and any(
