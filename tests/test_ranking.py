@@ -54,13 +54,15 @@ def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):
 
 
 def test_most_published_plans_are_near_the_optimum(ranks):
-    """Measured (`plan validate`): 36 of the 44 ranked runs are within 10% of the model's
+    """Measured (`plan validate`): 34 of the 44 ranked runs are within 10% of the model's
     optimum (the two Llama 3 405B runs and six of the held-out NeMo 24.07 FP8 runs among them
     with a ratio below 1: their plans do not fit under the model), and the largest ratio is
-    1.282 (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2 x PP8 VP6)."""
+    1.282 (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2 x PP8 VP6). (36 while overlap was
+    free: the price of the hidden backward all-reduce, GPU.overlap_slowdown, moves the two
+    DGX Cloud Nemotron-4 15B runs at TP4 from 1.099 and 1.097 to 1.103 and 1.101.)"""
     ratios = [r["ratio"] for r in ranks.values() if r.get("ratio")]
     assert len(ratios) == len(ranks)
-    assert sum(x <= TARGET for x in ratios) >= 35
+    assert sum(x <= TARGET for x in ratios) >= 34
     assert max(ratios) <= 1.30
 
 

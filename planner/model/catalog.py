@@ -70,6 +70,10 @@ class GPU(BaseModel):
     attention_efficiency: float | None = Field(
         default=None, gt=0, le=1, description="share of the 16-bit peak the fused (flash) "
         "attention core reaches on the model's 4 b s^2 h FLOPs; default efficiency")
+    overlap_slowdown: float = Field(
+        default=0.0, ge=0, le=1, description="how much slower compute runs while a collective "
+        "runs beside it (its kernels take SMs and HBM bandwidth from the GEMMs): 0.189 = 18.9% "
+        "longer; 0 = overlap is free")
     host_link_bandwidth_GBps: float | None = Field(
         default=None, gt=0, description="GPU <-> host memory link per GPU and per direction "
         "(PCIe or NVLink-C2C): host offload moves its bytes on it; None: no host offload")
@@ -106,7 +110,8 @@ _FIGURES = (
 )
 #: Figures that need a source when the file gives them (their defaults leave the model as before).
 _OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "gemm_knee_tokens",
-                     "gemm_knee_width", "attention_efficiency", "host_link_bandwidth_GBps",
+                     "gemm_knee_width", "attention_efficiency", "overlap_slowdown",
+                     "host_link_bandwidth_GBps",
                      "host_memory_GiB", "host_memory_bandwidth_GBps")
 
 

@@ -50,6 +50,9 @@ class Hardware:
     #: share of the 16-bit peak the fused (flash) attention core reaches, on the model's
     #: ``4 b s^2 h`` FLOPs; None: the GEMM ``efficiency`` (see GPU.attention_efficiency)
     attention_efficiency: float | None = None
+    #: how much slower compute runs beside a collective (GPU.overlap_slowdown; docs/model.md,
+    #: "Overlap")
+    overlap_slowdown: float = 0.0
     #: host offload (docs/model.md, "Host offload"): the GPU <-> host link per GPU and
     #: direction (B/s), host memory per host (bytes) and its bandwidth per host (B/s); 0: the
     #: catalog has no figure (offload is then refused)
@@ -246,6 +249,8 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         efficiency=c.efficiency or gpu.efficiency,
         efficiency_fp8=eff8,
         attention_efficiency=c.attention_efficiency or attn_eff,
+        overlap_slowdown=(gpu.overlap_slowdown if c.overlap_slowdown is None
+                          else c.overlap_slowdown),
         knee_tokens=knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
         knee_width=knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,

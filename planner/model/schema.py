@@ -245,6 +245,9 @@ class ClusterSpec(_Strict):
     attention_efficiency: Efficiency | None = Field(
         default=None, description="override of the catalog's share of the 16-bit peak the "
         "fused (flash) attention core reaches")
+    overlap_slowdown: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None, description="override of the catalog's share by which compute runs "
+        "slower while a collective runs beside it (0.189: 18.9% longer; 0: overlap is free)")
     host_link_bandwidth_GBps: Bandwidth | None = Field(
         default=None, description="override of the catalog's GPU <-> host link (PCIe or "
         "NVLink-C2C) per GPU and per direction, which host offload moves its bytes on")

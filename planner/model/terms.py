@@ -123,13 +123,27 @@ ADAM_STEP_BYTES = 30
 ADAM_STEP_BYTES_BF16 = 14
 
 
-def exposed(raw, window, unit, overlapped: bool):
-    """What a run of buckets or of prefetched layers leaves exposed when it overlaps
-    ``window`` seconds of compute (docs/model.md, "Overlap"): the transfers beyond the window,
-    and never less than the one ``unit`` (bucket, layer) that has nothing to hide behind; all
-    of ``raw`` when not overlapped. The one owner of this rule: the data-parallel buckets of
-    Megatron-Core and FSDP2's per-layer prefetch both go through it."""
-    return vmax(raw - window, unit) if overlapped else raw
+def hidden_cost(raw, shown, slowdown: float):
+    """What a transfer of ``raw`` seconds costs when all but ``shown`` of it runs beside compute
+    (docs/model.md, "Overlap"): the part left exposed, plus ``slowdown`` seconds of compute per
+    second hidden, since the collective's kernels take SMs and HBM bandwidth from the compute
+    it runs beside (``slowdown = s / (1 + s)`` for Hardware.overlap_slowdown ``s``). Written ``(1 - slowdown) shown + slowdown raw``,
+    each term >= 0, as the encoders need. The one owner of the price of overlap: every
+    overlapped transfer of the model (data-parallel buckets and prefetch, tensor-parallel,
+    pipeline and context-parallel exchanges) goes through it."""
+    if is_zero(slowdown):
+        return shown
+    return (1 - slowdown) * shown + slowdown * raw
+
+
+def exposed(raw, window, unit, overlapped: bool, slowdown: float = 0.0):
+    """What a run of buckets or of prefetched layers costs when it overlaps ``window`` seconds
+    of compute (docs/model.md, "Overlap"): the transfers beyond the window, and never less than
+    the one ``unit`` (bucket, layer) that has nothing to hide behind, plus the price of the
+    hidden rest (:func:`hidden_cost`); all of ``raw`` when not overlapped. The one owner of
+    this rule: the data-parallel buckets of Megatron-Core and FSDP2's per-layer prefetch both
+    go through it."""
+    return hidden_cost(raw, vmax(raw - window, unit), slowdown) if overlapped else raw
 
 
 @dataclass
@@ -228,6 +242,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
 
     kt, kw = hw.knee_tokens, hw.knee_width
+    # compute lost per second of hidden communication: compute of w seconds takes w (1 + s)
+    # beside a collective (Hardware.overlap_slowdown = s), so a collective hidden for
+    # H = w (1 + s) seconds costs s w = H s / (1 + s)
+    slow = hw.overlap_slowdown / (1 + hw.overlap_slowdown)
 
     def gemm_s(shapes, rate):
         """Forward seconds of GEMMs given as per-GPU ``(M, N, K, count)`` (M tokens, N x K the
@@ -308,9 +326,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # all-gather / reduce-scatter is split into tp chunks pipelined with the chunks of its
         # GEMM; one chunk's transfer has no GEMM to hide behind, and no more than the layer's
         # GEMM time can be hidden (docs/model.md, "Overlap")
-        tp_layer = vmax(tp_layer / t, tp_layer - gemm)
+        tp_layer = hidden_cost(tp_layer, vmax(tp_layer / t, tp_layer - gemm), slow)
         if sh.n_moe:
-            tp_moe = vmax(tp_moe / t, tp_moe - moe_gemm)
+            tp_moe = hidden_cost(tp_moe, vmax(tp_moe / t, tp_moe - moe_gemm), slow)
     elif tr.async_tensor_model_parallel_allreduce and not is_one(t):
         # the backward collective of each block (attention, MLP) is its column-parallel
         # linear's input gradient (QKV, FC1): an all-reduce, issued asynchronously and run
@@ -320,8 +338,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # Korthikanti et al. 2022, Sec. 5, Table 4). The recomputed forward's are exposed.
         def backward_exposed(wgrad):
             if sp:
-                return tp_one / 2 + vmax(0.0, tp_one / 2 - wgrad)
-            return vmax(0.0, tp_one - wgrad)
+                return tp_one / 2 + hidden_cost(tp_one / 2, vmax(0.0, tp_one / 2 - wgrad), slow)
+            return hidden_cost(tp_one, vmax(0.0, tp_one - wgrad), slow)
         wgrad_qkv = gemm_s([attn_gemms[0]], peak_gemm)
         exposed_qkv = backward_exposed(wgrad_qkv)
         tp_layer = ((n_allreduce - 2) * tp_one + exposed_qkv
@@ -342,7 +360,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # c > 1, and each term carries one indicator, as the encoders handle best)
         hop_in = kv_bytes / hw.bw_intra + hw.lat_intra
         hop_out = kv_bytes / hw.bw_inter + hw.lat_inter
-        cp_layer = vmax(0.0, cp_raw - attn) + gt1(c) * hop_in + gt1(x.c_out) * (hop_out - hop_in)
+        cp_layer = (hidden_cost(cp_raw, vmax(0.0, cp_raw - attn), slow) + gt1(c) * hop_in
+                    + gt1(x.c_out) * (hop_out - hop_in))
 
     # ---- mixture of experts: MoE layers replace the MLP by routed + shared experts ----------
     # Expert tensor parallelism is 1 (Megatron-Core MoE parallel folding): the ep ranks of a
@@ -423,8 +442,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # receive overlaps the next chunk's compute except on the pipeline fill and flush, the
         # p - 1 forward sends before the last stage starts and the p - 1 backward sends after
         # the first stage's last chunk waits (<= the raw transfers: interleaving needs m >= p)
-        time["pp_comm"] = (eq1(v) * 2 * m * ring_share(p) * pp_step
-                           + gt1(v) * 2 * steps(p) * pp_step)
+        time["pp_comm"] = hidden_cost(time["pp_comm"], eq1(v) * 2 * m * ring_share(p) * pp_step
+                                      + gt1(v) * 2 * steps(p) * pp_step, slow)
 
     # ---- parameters of the most loaded stage ------------------------------------------------
     # dense parameters (everything but routed experts) are split over tp and reduced over
@@ -533,21 +552,21 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             bucket_rs = allreduce(gw * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
                                   hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
             bucket_ag = 0.0
-        step_reduce = exposed(reduce_raw, backward, bucket_rs, og)
-        step_gather = exposed(gather_raw, forward, bucket_ag, opg)
+        step_reduce = exposed(reduce_raw, backward, bucket_rs, og, slow)
+        step_gather = exposed(gather_raw, forward, bucket_ag, opg, slow)
     else:
         step_reduce, step_gather = reduce_raw, gather_raw
     n_units = stage_layers
     fwd_raw = n_units * ag_layer + ag_head
     bwd_gather = regather * (n_units * ag_layer + ag_head)
     bwd_reduce = n_units * rs_layer + rs_head
-    mb_forward = exposed(fwd_raw, forward, ag_layer + ag_head, opg)
+    mb_forward = exposed(fwd_raw, forward, ag_layer + ag_head, opg, slow)
     if og and opg:
         mb_backward = exposed(bwd_gather + bwd_reduce, backward,
-                              regather * ag_layer + rs_layer + rs_head, True)
+                              regather * ag_layer + rs_layer + rs_head, True, slow)
     else:
-        mb_backward = (exposed(bwd_gather, backward, regather * ag_layer, opg)
-                       + exposed(bwd_reduce, backward, rs_layer + rs_head, og))
+        mb_backward = (exposed(bwd_gather, backward, regather * ag_layer, opg, slow)
+                       + exposed(bwd_reduce, backward, rs_layer + rs_head, og, slow))
     time["dp_comm"] = step_reduce + step_gather + m * (mb_forward + mb_backward)
     expert_shards = x.ed if mode.optim else 1
     # the Adam step on this GPU's shard, HBM-bound, or with host offload of the optimizer
