@@ -128,9 +128,10 @@ def hidden_cost(raw, shown, slowdown: float):
     (docs/model.md, "Overlap"): the part left exposed, plus ``slowdown`` seconds of compute per
     second hidden, since the collective's kernels take SMs and HBM bandwidth from the compute
     it runs beside (``slowdown = s / (1 + s)`` for Hardware.overlap_slowdown ``s``). Written
-    ``(1 - slowdown) shown + slowdown raw``, each term >= 0, as the encoders need. The one owner of the price of overlap: every
-    overlapped transfer of the model (data-parallel buckets and prefetch, tensor-parallel,
-    pipeline and context-parallel exchanges) goes through it."""
+    ``(1 - slowdown) shown + slowdown raw``, each term >= 0, as the encoders need. The one
+    owner of the price of overlap: every overlapped transfer of the model (data-parallel
+    buckets and prefetch, tensor-parallel, pipeline and context-parallel exchanges) goes
+    through it."""
     if is_zero(slowdown):
         return shown
     return (1 - slowdown) * shown + slowdown * raw
