@@ -123,27 +123,29 @@ ADAM_STEP_BYTES = 30
 ADAM_STEP_BYTES_BF16 = 14
 
 
-def hidden_cost(raw, shown, slowdown: float):
+def hidden_cost(raw, shown, slowdown):
     """What a transfer of ``raw`` seconds costs when all but ``shown`` of it runs beside compute
-    (docs/model.md, "Overlap"): the part left exposed, plus ``slowdown`` seconds of compute per
-    second hidden, since the collective's kernels take SMs and HBM bandwidth from the compute
-    it runs beside (``slowdown = s / (1 + s)`` for Hardware.overlap_slowdown ``s``). Written
-    ``(1 - slowdown) shown + slowdown raw``, each term >= 0, as the encoders need. The one
-    owner of the price of overlap: every overlapped transfer of the model (data-parallel
-    buckets and prefetch, tensor-parallel, pipeline and context-parallel exchanges) goes
-    through it."""
+    (docs/model.md, "Overlap"): the part left exposed, plus the compute the hidden rest slowed.
+    The collective's kernels take SMs and HBM bandwidth from the compute beside it, which then
+    runs ``slowdown`` (Hardware.overlap_slowdown, ``s``) slower: compute of ``w`` seconds takes
+    ``w (1 + s)``, so a transfer hidden for ``H = w (1 + s)`` seconds costs ``s w = H f`` with
+    ``f = s / (1 + s)``. Written ``(1 - f) shown + f raw``, each term >= 0, as the encoders
+    need. The one owner of the price of overlap: every overlapped transfer of the model
+    (data-parallel buckets and prefetch, tensor-parallel, pipeline and context-parallel
+    exchanges) goes through it."""
     if is_zero(slowdown):
         return shown
-    return (1 - slowdown) * shown + slowdown * raw
+    f = slowdown / (1 + slowdown)
+    return (1 - f) * shown + f * raw
 
 
-def exposed(raw, window, unit, overlapped: bool, slowdown: float = 0.0):
+def exposed(raw, window, unit, overlapped: bool, slowdown):
     """What a run of buckets or of prefetched layers costs when it overlaps ``window`` seconds
     of compute (docs/model.md, "Overlap"): the transfers beyond the window, and never less than
     the one ``unit`` (bucket, layer) that has nothing to hide behind, plus the price of the
-    hidden rest (:func:`hidden_cost`); all of ``raw`` when not overlapped. The one owner of
-    this rule: the data-parallel buckets of Megatron-Core and FSDP2's per-layer prefetch both
-    go through it."""
+    hidden rest at ``slowdown`` (:func:`hidden_cost`); all of ``raw`` when not overlapped. The
+    one owner of this rule: the data-parallel buckets of Megatron-Core and FSDP2's per-layer
+    prefetch both go through it."""
     return hidden_cost(raw, vmax(raw - window, unit), slowdown) if overlapped else raw
 
 
@@ -243,10 +245,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
 
     kt, kw = hw.knee_tokens, hw.knee_width
-    # compute lost per second of hidden communication: compute of w seconds takes w (1 + s)
-    # beside a collective (Hardware.overlap_slowdown = s), so a collective hidden for
-    # H = w (1 + s) seconds costs s w = H s / (1 + s)
-    slow = hw.overlap_slowdown / (1 + hw.overlap_slowdown)
+    slow = hw.overlap_slowdown     # the price of overlap (hidden_cost)
 
     def gemm_s(shapes, rate):
         """Forward seconds of GEMMs given as per-GPU ``(M, N, K, count)`` (M tokens, N x K the
