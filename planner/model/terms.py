@@ -247,20 +247,36 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     kt, kw = hw.knee_tokens, hw.knee_width
     slow = hw.overlap_slowdown     # the price of overlap (hidden_cost)
 
+    def rate_ratio(rate):
+        """``rate / peak16`` (numbers or calibration grids); 1 for a 16-bit GEMM and where
+        the rates are free (:func:`internode_bytes`: inf / inf)."""
+        if rate is peak16:
+            return 1.0
+        with np.errstate(invalid="ignore"):
+            ratio = np.where(np.isfinite(rate) & np.isfinite(peak16), np.divide(rate, peak16), 1.0)
+        return float(ratio) if np.ndim(ratio) == 0 else ratio
+
     def gemm_s(shapes, rate):
         """Forward seconds of GEMMs given as per-GPU ``(M, N, K, count)`` (M tokens, N x K the
         weight shard): ``2 M N K / rate`` at the size curve
-        ``eff = e_max M/(M+kt) N/(N+kw) K/(K+kw)`` (two knees per GPU type, calibrated). The
+        ``eff = e_max M/(M+kt) N/(N+kw) K/(K+kw')`` (two knees per GPU type, calibrated). The
         backward GEMMs (dgrad ``M x K`` over N, wgrad ``N x K`` over M) touch the same weight
         shard and tokens and are charged the forward's efficiency. Expanded, each GEMM is a
-        plain signomial: ``2MNK/rate * (1 + kt/M)(1 + kw/N)(1 + kw/K)``."""
+        plain signomial: ``2MNK/rate * (1 + kt/M)(1 + kw/N)(1 + kw'/K)``.
+
+        Read as a roofline, each knee is a cost per element of one operand over the GEMM's
+        rate: ``kw/K`` is the ``M x N`` output written per ``K``-long dot product, ``kw/N``
+        and ``kt/M`` the input and weight read. An FP8 GEMM runs at ``rate`` above the 16-bit
+        ``peak16`` but still writes a 16-bit output, while its FP8 operands are half the
+        bytes: so its output knee is ``kw' = kw rate / peak16`` and the other two stay
+        (docs/model.md, "FP8"); for a 16-bit GEMM ``kw' = kw``."""
         total = 0.0
         for M, N, K, count in shapes:
             f = count * 2 * M * N * K / rate
             if not is_zero(kt):
                 f = f * (1 + kt / M)
             if not is_zero(kw):
-                f = f * (1 + kw / N) * (1 + kw / K)
+                f = f * (1 + kw / N) * (1 + kw * rate_ratio(rate) / K)
             total = total + f
         return total
 
@@ -288,18 +304,40 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     dense_recomputed = attn_recomputed + [
         (tokens, sh.f / t, h, 1) if sh.gated else (tokens, h, sh.f / t, 1)]
 
-    def layer_time(gemms, mlp_bytes, recomputed):
-        """GEMMs + attention core + element-wise traffic of one layer and micro-batch."""
+    # FP8 casts, bytes per token (docs/model.md, "FP8"): an FP8 GEMM takes FP8 operands, so
+    # each linear layer's input is cast (and transposed for the weight gradient) in the
+    # forward and its output gradient in the backward, Transformer Engine's kernels: a plain
+    # cast_transpose reads 2 bytes and writes 1 + 1 (4 per element: the projection input,
+    # the output gradients); the norms and the activation write their output in FP8 (1 byte
+    # fewer than the 16-bit write counted above) and it is transposed later (read 1, write
+    # 1: +1), under sequence parallelism on the gathered tensor (2 h) after the cast of the
+    # rank's tokens; the activation's backward casts its own output (fused, +0).
+    if tr.precision == "fp8":
+        norm_fed = h + (h * ring_share(t) if sp else 0)     # the QKV / fc1 input: 2h - h/t
+        row_grad = 2 * h + 2 * h / shard              # the projection's / fc2's output gradient
+        attn_cast = (norm_fed + 4 * h / t, 4 * qkv_w / t + row_grad)
+        dense_cast = (attn_cast[0] + norm_fed + sh.f / t, attn_cast[1] + row_grad)
+        copies = (sh.top_k + sh.shared) / t if sh.n_moe else 0.0
+        # an MoE layer's experts: the permuted tokens cast whole, the activation fused, the
+        # fc2 output gradient cast whole, per routed copy and shared expert
+        moe_cast = (attn_cast[0] + copies * (4 * h + sh.f_e), attn_cast[1] + copies * 4 * h)
+    else:
+        dense_cast = moe_cast = None
+
+    def layer_time(gemms, mlp_bytes, recomputed, cast):
+        """GEMMs + attention core + element-wise traffic of one layer and micro-batch
+        (``cast``: the FP8 casts' forward and backward bytes per token, or None)."""
         gemm_s_ = passes * gemm_s(gemms, peak_gemm)
         if op_level:
             gemm_s_ = gemm_s_ + gemm_s(recomputed, peak_gemm)
         fwd = tokens * (sh.eltwise_replicated_bytes / shard + mlp_bytes / t) + score_bytes
         elt_s = ((passes + (1 if op_level else 0)) * fwd
-                 + (score_bytes if core_attn else 0)) / hw.hbm_bw
+                 + (score_bytes if core_attn else 0)
+                 + (tokens * (n_fwd * cast[0] + cast[1]) if cast else 0)) / hw.hbm_bw
         return gemm_s_, elt_s, gemm_s_ + attn + elt_s
 
     gemm, eltwise, dense_compute = layer_time(dense_gemms, sh.eltwise_parallel_bytes,
-                                              dense_recomputed)
+                                              dense_recomputed, dense_cast)
     logits = 3 * gemm_s([(tokens, sh.V / t, h, 1)], peak16)
     dense_share = sh.n_dense / L
     moe_share = sh.n_moe / L
@@ -307,7 +345,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         moe_recomputed = attn_recomputed + [
             (m_e, sh.f_e, h, local) if sh.gated else (m_e, h, sh.f_e, local)]
         moe_gemm, _, moe_compute = layer_time(moe_gemms, sh.moe_eltwise_parallel_bytes,
-                                              moe_recomputed)
+                                              moe_recomputed, moe_cast)
     else:
         moe_gemm, moe_compute = 0.0, 0.0
 
@@ -611,10 +649,17 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     units = (2 * resharded + kept * stage_layers) if mode.params else 0
     kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
+    # Transformer Engine keeps the linear layers' inputs for the backward in FP8 (the fused
+    # stack only: torchao's float8 keeps them in 16 bits and casts again)
+    fp8_held = tr.precision == "fp8" and tr.kernel_stack == "fused"
+    replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes if fp8_held
+                                                  else 0)
+
     def stored_per_layer(parallel_bytes, mlp_kept):
         """(stored bytes per layer and micro-batch, working set of one re-materialised layer).
+        ``parallel_bytes``: the tensor-parallel stored bytes per token (FP8-held included);
         ``mlp_kept``: bytes per token of the MLP's first matmul output (op-level policy)."""
-        none = tokens * (sh.act_replicated_bytes / shard + parallel_bytes / t)
+        none = tokens * (replicated_bytes / shard + parallel_bytes / t)
         if flash:
             none = none + 4 * sh.a * tokens / t                  # fp32 softmax statistics
             sel = none
@@ -659,10 +704,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     for kind in kinds:
         if kind == "dense":
             layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
+            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash) if fp8_held else 0
         else:
             layer_p = sh.moe_dense_params
             experts_p = stage_layers * sh.experts * sh.expert_params / x.e
             act_bytes_p = sh.moe_act_parallel_bytes
+            act_bytes_p -= sh.moe_fp8_saved_parallel_bytes(flash) if fp8_held else 0
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
         stored, working = stored_per_layer(act_bytes_p, mlp_kept)

@@ -186,6 +186,30 @@ class Shape:
         return (4 * self.h + 4 * self.h * self.k / self.a
                 + self.top_k * (2 * self.h + mlp) + self.shared * mlp)
 
+    # FP8 under Transformer Engine -----------------------------------------------------------
+    # A linear layer casts its input to FP8 and keeps, for the weight gradient, only that FP8
+    # copy (TE module/linear.py: ``saved_inputmat_t`` / ``saved_inputmat``, 1 byte per
+    # element); the norms' and the activation's backward still need their 16-bit inputs.
+    @property
+    def fp8_saved_replicated_bytes(self) -> float:
+        """The QKV and fc1 inputs (the norms' outputs), 1 byte each instead of 2: ``2 h`` fewer
+        of :attr:`act_replicated_bytes`."""
+        return 2 * self.h
+
+    def fp8_saved_parallel_bytes(self, flash: bool) -> float:
+        """The fc2 input (the activation's output) in FP8, ``f`` fewer bytes of
+        :attr:`act_parallel_bytes`; the projection input ``h`` fewer, except under fused
+        attention, whose backward keeps its output (the projection input) in 16 bits: the
+        FP8 copy is ``h`` more."""
+        return self.f + (-self.h if flash else self.h)
+
+    def moe_fp8_saved_parallel_bytes(self, flash: bool) -> float:
+        """An MoE layer: the projection input as in :meth:`fp8_saved_parallel_bytes`, and per
+        routed copy the experts' fc1 input (the permuted hidden state) and fc2 input, per
+        shared expert its fc2 input."""
+        return ((-self.h if flash else self.h) + self.top_k * (self.h + self.f_e)
+                + self.shared * self.f_e)
+
     @property
     def act_score_bytes_per_element(self) -> float:
         """Unfused attention stores the softmax output (2), its dropout mask (1) and dropout
