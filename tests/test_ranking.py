@@ -54,16 +54,16 @@ def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):
 
 
 def test_most_published_plans_are_near_the_optimum(ranks):
-    """Measured (`plan validate`): 34 of the 44 ranked runs are within 10% of the model's
-    optimum (the two Llama 3 405B runs and six of the held-out NeMo 24.07 FP8 runs among them
+    """Measured (`plan validate`): 38 of the 44 ranked runs are within 10% of the model's
+    optimum (the two Llama 3 405B runs and two of the held-out NeMo 24.07 FP8 runs among them
     with a ratio below 1: their plans do not fit under the model), and the largest ratio is
-    1.282 (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2 x PP8 VP6). (36 while overlap was
-    free: the price of the hidden backward all-reduce, GPU.overlap_slowdown, moves the two
-    DGX Cloud Nemotron-4 15B runs at TP4 from 1.099 and 1.097 to 1.103 and 1.101.)"""
+    1.257 (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2 x PP8 VP6). (34 while the H100
+    runs were costed with their overlaps off: the NeMo and DGX Cloud plans hide collectives
+    that the optimum's cannot, and the H100 efficiencies were fitted without them.)"""
     ratios = [r["ratio"] for r in ranks.values() if r.get("ratio")]
     assert len(ratios) == len(ranks)
-    assert sum(x <= TARGET for x in ratios) >= 34
-    assert max(ratios) <= 1.30
+    assert sum(x <= TARGET for x in ratios) >= 38
+    assert max(ratios) <= 1.26
 
 
 def test_the_ranking_keeps_to_what_the_runs_code_could_run(data, ranks):
@@ -90,15 +90,14 @@ def test_the_ranking_keeps_to_what_the_runs_code_could_run(data, ranks):
 @pytest.mark.xfail(strict=True, reason="issue 12 target not met (measured, plan validate): the "
                    "model prefers lower tensor parallelism (with deeper, interleaved pipelines "
                    "of one layer per chunk) than the A100 experts chose: Narayanan et al. 2021 "
-                   "7.5B 1.130 (TP2 mb2 at pp 1), 18.4B 1.247, 39.1B 1.282, 145.6B 1.125, "
-                   "Korthikanti et al. 2022 22B 1.150 and 175B 1.102 with full recompute, in "
-                   "the feature set of the runs' Megatron-LM (code_date); on H100 at FP8 "
-                   "(NeMo 24.07, held out) Llama 2 13B 1.144 and Nemotron-3 22B 1.202, costed "
-                   "with the p2p overlap they ran switched off. Term by term "
-                   "(published - optimum) the gap is the TP8 all-reduces (18.4B: +1.42 s; "
-                   "39.1B: +1.72 s) and the narrower GEMM shards (+1.17, +1.08), against a "
-                   "larger bubble and more p2p; the model reproduces the orderings of "
-                   "Narayanan et al.'s own sweeps (test_orderings_of_narayanan_sweeps)")
+                   "7.5B 1.128 (TP2 mb2 at pp 1), 18.4B 1.228, 39.1B 1.257, 145.6B 1.110, "
+                   "Korthikanti et al. 2022 22B 1.156 with full recompute, in the feature set "
+                   "of the runs' Megatron-LM (code_date); on H100 at FP8 (NeMo 24.07, held "
+                   "out) Nemotron-3 22B 1.189 (TP2 PP2 VP2 against TP4 PP1). Term by term "
+                   "(published - optimum) the A100 gap is the TP8 all-reduces and the narrower "
+                   "GEMM shards, against a larger bubble and more p2p; the model reproduces "
+                   "the orderings of Narayanan et al.'s own sweeps "
+                   "(test_orderings_of_narayanan_sweeps)")
 def test_every_published_plan_within_10_percent(ranks):
     far = {k: round(r["ratio"], 3) for k, r in ranks.items() if r.get("ratio") and r["ratio"] > TARGET}
     assert not far, far
