@@ -44,8 +44,10 @@ def objective_value(report, kind: str) -> float:
 
 def run_backend(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
                 max_objective: float | None = None, exclude: list | None = None,
-                break_ties: bool = True) -> tuple[RawSolution, float | None]:
-    """Raw answer of one backend and its objective quantum (CP-SAT), encoding included."""
+                break_ties: bool = True, split: bool = True) -> tuple[RawSolution, float | None]:
+    """Raw answer of one backend and its objective quantum (CP-SAT), encoding included.
+    ``split=False``: a fixed-batch space is solved as one model, not one per sharding mode and
+    layout (:func:`_best_of_parts` for the capped batch models of a range under CP-SAT)."""
     from formulations.pyomo_backend import SOLVER_NAMES
 
     cuts = Cuts(max_objective, tuple(exclude or ()), break_ties)
@@ -66,7 +68,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
                                   time_limit, objective, cuts, "fixed-batch")
         space = _batch_model(space, batches[0])
     size = joint_size(space)
-    if size > SPLIT_ABOVE and len(part_keys(space, size > SPLIT_LAYOUTS_ABOVE)) > 1:
+    if split and size > SPLIT_ABOVE and len(part_keys(space, size > SPLIT_LAYOUTS_ABOVE)) > 1:
         return _best_of_parts(space, sharding_parts(space, size > SPLIT_LAYOUTS_ABOVE), backend,
                               time_limit, objective, cuts, "sharding-mode and layout")
     return _solve_model(space, backend, time_limit, objective, cuts)
@@ -114,6 +116,13 @@ SPLIT_ABOVE = SMALL_SPACE
 #: two layouts) from 17.8 s to 7.6 s and 110 s to 68 s (whole solve, medians of 3 under a
 #: load of about 6).
 SPLIT_LAYOUTS_ABOVE = 2**20
+#: Under CP-SAT the batch models of a range after the first that holds a plan, each capped at
+#: the best found, are solved as one model each instead of one per sharding mode and layout:
+#: they are nearly always proven infeasible, and the split's Python builds (encode, rows,
+#: CP-SAT proto, about 0.1 s per part) cost more than the joint proof. Measured (whole process,
+#: single runs, load below 1.5; benchmarks/README.md, "Issue 10 at d8878a8"): 1.2-1.6x faster
+#: on the four batch-range instances there, the same optima and plans.
+CAPPED_JOINT = True
 
 
 def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
@@ -198,8 +207,13 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
         if found:                                   # beat the best so far, or tie with it
             tie = ties.objective_cap(min(optimum(r) for _, r in found))
             cap = tie if cap is None else min(cap, tie)
+        # a capped batch model of a range only has to be proven unable to beat the best:
+        # CP-SAT does that on one model of it faster than on its parts, whose Python builds
+        # dominate (CAPPED_JOINT)
         raw, q_b = run_backend(sub, backend, left(), objective, cap, excluded(sub),
-                               break_ties=cuts.break_ties and i == 0)
+                               break_ties=cuts.break_ties and i == 0,
+                               split=not (CAPPED_JOINT and kind == "fixed-batch" and found
+                                          and backend == "cpsat"))
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
         build_s += raw.build_s
