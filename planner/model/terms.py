@@ -224,7 +224,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     flash = tr.flash_attention
     sp = k.sequence_parallel
     peak16 = hw.peak * hw.efficiency
-    peak_gemm = hw.peak_fp8 * hw.efficiency_fp8 if tr.precision == "fp8" else peak16
+    fp8 = tr.precision == "fp8"
+    peak_gemm = hw.peak_fp8 * hw.efficiency_fp8 if fp8 else peak16
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -271,12 +272,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         bytes: so its output knee is ``kw' = kw rate / peak16`` and the other two stay
         (docs/model.md, "FP8"); for a 16-bit GEMM ``kw' = kw``."""
         total = 0.0
+        kw_out = kw * rate_ratio(rate) if not is_zero(kw) else 0.0
         for M, N, K, count in shapes:
             f = count * 2 * M * N * K / rate
             if not is_zero(kt):
                 f = f * (1 + kt / M)
             if not is_zero(kw):
-                f = f * (1 + kw / N) * (1 + kw * rate_ratio(rate) / K)
+                f = f * (1 + kw / N) * (1 + kw_out / K)
             total = total + f
         return total
 
@@ -312,7 +314,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # fewer than the 16-bit write counted above) and it is transposed later (read 1, write
     # 1: +1), under sequence parallelism on the gathered tensor (2 h) after the cast of the
     # rank's tokens; the activation's backward casts its own output (fused, +0).
-    if tr.precision == "fp8":
+    if fp8:
         norm_fed = h + (h * ring_share(t) if sp else 0)     # the QKV / fc1 input: 2h - h/t
         row_grad = 2 * h + 2 * h / shard              # the projection's / fc2's output gradient
         attn_cast = (norm_fed + 4 * h / t, 4 * qkv_w / t + row_grad)
@@ -616,7 +618,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
     # A stage is checked as if all its L/p layers were of one kind, for each kind the model
     # has: a stage mixing dense and MoE layers needs no more than the larger of the two.
-    fp8_cache = FP8_WEIGHT_CACHE_BYTES if tr.precision == "fp8" else 0
+    fp8_cache = FP8_WEIGHT_CACHE_BYTES if fp8 else 0
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
     # 16-bit gradients: the optimizer keeps an fp32 main gradient of its shard besides them
     # (Megatron-LM's fp16 row: 20 bytes per parameter, 4 + 16/d distributed)
@@ -651,7 +653,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     # Transformer Engine keeps the linear layers' inputs for the backward in FP8 (the fused
     # stack only: torchao's float8 keeps them in 16 bits and casts again)
-    fp8_held = tr.precision == "fp8" and tr.kernel_stack == "fused"
+    fp8_held = fp8 and tr.kernel_stack == "fused"
     replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes if fp8_held
                                                   else 0)
 

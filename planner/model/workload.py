@@ -196,18 +196,22 @@ class Shape:
         of :attr:`act_replicated_bytes`."""
         return 2 * self.h
 
+    def fp8_saved_projection_bytes(self, flash: bool) -> float:
+        """The projection input in FP8: ``h`` fewer bytes, except under fused attention, whose
+        backward keeps its output (the projection input) in 16 bits: the FP8 copy is ``h``
+        more."""
+        return -self.h if flash else self.h
+
     def fp8_saved_parallel_bytes(self, flash: bool) -> float:
-        """The fc2 input (the activation's output) in FP8, ``f`` fewer bytes of
-        :attr:`act_parallel_bytes`; the projection input ``h`` fewer, except under fused
-        attention, whose backward keeps its output (the projection input) in 16 bits: the
-        FP8 copy is ``h`` more."""
-        return self.f + (-self.h if flash else self.h)
+        """Fewer bytes of :attr:`act_parallel_bytes` in FP8: the projection input
+        (:meth:`fp8_saved_projection_bytes`) and the fc2 input (the activation's output,
+        ``f``)."""
+        return self.fp8_saved_projection_bytes(flash) + self.f
 
     def moe_fp8_saved_parallel_bytes(self, flash: bool) -> float:
-        """An MoE layer: the projection input as in :meth:`fp8_saved_parallel_bytes`, and per
-        routed copy the experts' fc1 input (the permuted hidden state) and fc2 input, per
-        shared expert its fc2 input."""
-        return ((-self.h if flash else self.h) + self.top_k * (self.h + self.f_e)
+        """An MoE layer: the projection input, and per routed copy the experts' fc1 input (the
+        permuted hidden state) and fc2 input, per shared expert its fc2 input."""
+        return (self.fp8_saved_projection_bytes(flash) + self.top_k * (self.h + self.f_e)
                 + self.shared * self.f_e)
 
     @property
