@@ -19,6 +19,7 @@ is what the backends read, and a query's :class:`Cuts` travel beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -185,6 +186,7 @@ class _Collector:
         # slot -> {"const": array, "groups": {(main, other, other_fns): {combo: [terms]}}}
         self.slots: dict = {}
         self.degree_args: set = set()   # (form, sign, scale) used as a function's argument
+        self.seen: set = set()          # the terms added so far (their forms are registered)
 
     def form(self, mono: Mono) -> Form:
         if mono not in self.forms:
@@ -193,28 +195,47 @@ class _Collector:
 
     def add(self, slot, k: int, sig: Sig) -> None:
         entry = self.slots.setdefault(slot, {"const": np.zeros(self.n), "groups": {}})
-        for (mono, fns), coef in sig.terms.items():
-            main, msign = canon(mono)
-            by_form: dict[Mono, list] = {}
-            for f in fns:
-                fm, fs = canon(f.form)
-                by_form.setdefault(fm, []).append((f.name, fs, f.scale))
-            if not main and by_form:                 # a pure function term: its form is the axis
-                main = max(by_form, key=lambda fm: self.form(fm).size)
-                msign = 0
-            if not main:
+        shapes = self.space.shared(("term shapes",), dict)
+        for term, coef in sig.terms.items():
+            shape = shapes.get(term)
+            if shape is None:
+                shapes[term] = shape = self._shape(*term)
+            touch, group, msign, main_fns, args = shape
+            if term not in self.seen:                # its forms, in the order they are read
+                self.seen.add(term)
+                for fm in touch:
+                    self.form(fm)
+                self.degree_args.update(args)
+            if group is None:
                 entry["const"][k] += coef
                 continue
-            self.form(main)
-            main_fns = tuple(sorted(by_form.pop(main, [])))
-            others = tuple(sorted((fm, tuple(sorted(fl))) for fm, fl in by_form.items()))
-            for fm, _ in others:
-                self.form(fm)
-            for fm, fl in [(main, main_fns)] + list(others):
-                for _name, sgn, scale in fl:
-                    self.degree_args.add((fm, sgn, scale))
-            entry["groups"].setdefault((main, others), {}).setdefault(k, []).append(
+            entry["groups"].setdefault(group, {}).setdefault(k, []).append(
                 (coef, msign, main_fns))
+
+    def _shape(self, mono: Mono, fns) -> tuple:
+        """Where a term ``(mono, fns)`` goes: the forms it reads (in reading order), its group
+        ``(main form, secondary axes)`` (None: a constant), the main form's sign and functions,
+        and the (form, sign, scale) arguments of its functions. It depends on the term alone
+        (and the forms' sizes, shared by every model of a root space), so it is worked out once
+        per term for all of them: the same terms recur in every combination and batch model."""
+        main, msign = canon(mono)
+        by_form: dict[Mono, list] = {}
+        for f in fns:
+            fm, fs = canon(f.form)
+            by_form.setdefault(fm, []).append((f.name, fs, f.scale))
+        touch = []
+        if not main and by_form:                 # a pure function term: its form is the axis
+            touch = list(by_form)
+            main = max(by_form, key=lambda fm: self.form(fm).size)
+            msign = 0
+        if not main:
+            return tuple(touch), None, 0, (), ()
+        main_fns = tuple(sorted(by_form.pop(main, [])))
+        others = tuple(sorted((fm, tuple(sorted(fl))) for fm, fl in by_form.items()))
+        touch += [main] + [fm for fm, _ in others]
+        args = tuple((fm, sgn, scale) for fm, fl in [(main, main_fns)] + list(others)
+                     for _name, sgn, scale in fl)
+        return tuple(touch), (main, others), msign, main_fns, args
 
 
 def _fn_values(values: np.ndarray, fns, sign: int = 1) -> np.ndarray:
@@ -350,17 +371,15 @@ def _substitute(sig: Sig, name: str, value: float) -> Sig:
     terms: dict = {}
     v = float(value)
     for (mono, fns), c in sig.terms.items():
-        e = dict(mono).get(name, 0)
+        mono, e = _without(mono, name)
         if e:
-            mono = tuple((x, k) for x, k in mono if x != name)
             c = c * v ** e
         kept = []
         for f in fns:
-            ef = dict(f.form).get(name, 0)
+            form, ef = _without(f.form, name)
             if not ef:
                 kept.append(f)
                 continue
-            form = tuple((x, k) for x, k in f.form if x != name)
             scale = f.scale * v ** ef
             if form:
                 kept.append(Fn(f.name, form, scale))
@@ -372,6 +391,14 @@ def _substitute(sig: Sig, name: str, value: float) -> Sig:
         terms[k] = terms.get(k, 0.0) + c
     return Sig({k: c for k, c in terms.items() if c != 0.0},
                tuple(tuple(_substitute(a, name, value) for a in mx) for mx in sig.maxes))
+
+
+@lru_cache(maxsize=2**16)
+def _without(mono: Mono, name: str) -> tuple[Mono, int]:
+    """``mono`` without the variable ``name``, and its exponent there (0: ``mono`` itself).
+    Cached: every batch model of a range substitutes its batch into the same monomials."""
+    e = dict(mono).get(name, 0)
+    return (tuple((x, k) for x, k in mono if x != name), e) if e else (mono, 0)
 
 
 def _restrict_forms(col: _Collector, space: SearchSpace) -> None:
@@ -410,14 +437,29 @@ def _tabulate(col: _Collector) -> dict:
     the classes of each secondary form x every combination (and the main factor alone)."""
     n = col.n
     tabulated: dict = {}
+    fn_vals: dict = {}                  # (form, sign, functions) -> values, within this model
+
+    def main_values(main: Mono, msign: int, mfns) -> np.ndarray:
+        key = (main, msign, mfns)
+        if key not in fn_vals:
+            fn_vals[key] = _fn_values(col.forms[main].values, mfns, msign)
+        return fn_vals[key]
+
+    def axis_classes(fm: Mono, fns) -> tuple[np.ndarray, np.ndarray]:
+        # a secondary axis' classes depend on its form's values alone: shared by the models
+        # of a root space
+        def make():
+            vals = _fn_values(col.forms[fm].values, fns, 0)
+            return np.unique(np.round(vals, 12), return_inverse=True)
+        return col.space.shared(("axis classes", fm, fns), make)
+
     for slot, entry in col.slots.items():
         groups = []
         for (main, others), by_combo in entry["groups"].items():
             fmain = col.forms[main]
             classes, class_of = [], []
             for fm, fns in others:
-                vals = _fn_values(col.forms[fm].values, fns, 0)
-                cl, inv = np.unique(np.round(vals, 12), return_inverse=True)
+                cl, inv = axis_classes(fm, fns)
                 classes.append(cl)
                 class_of.append(inv)
             outer = np.ones(())                 # outer product of the secondary classes
@@ -427,8 +469,10 @@ def _tabulate(col: _Collector) -> dict:
             main_cols = np.zeros((fmain.size, n))
             for k, items in by_combo.items():
                 for coef, msign, mfns in items:
-                    main_cols[:, k] += coef * _fn_values(fmain.values, mfns, msign)
-                full[..., k] = np.multiply.outer(main_cols[:, k], outer)
+                    main_cols[:, k] += coef * main_values(main, msign, mfns)
+            ks = list(by_combo)                 # full[..., k] = outer(main_cols[:, k], outer)
+            full[..., ks] = (main_cols[:, ks].reshape((fmain.size,) + (1,) * outer.ndim
+                                                     + (len(ks),)) * outer[None, ..., None])
             groups.append((main, others, classes, class_of, full, main_cols))
         tabulated[slot] = (entry["const"], groups)
     return tabulated
@@ -442,6 +486,7 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
     term that does not change with recompute shares its cells across the recompute modes."""
     n = len(space.combos)
     combos = [space.combos[k] for k in keep]
+    every = keep == list(range(n))              # (no combination dropped: no copies to take)
     dims = list(space.dims)
     copies: dict[CopyKey, CopySet] = {}
 
@@ -459,29 +504,33 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
         others = [kk for ks in by_rest.values() for kk in ks[1:]]
         pairs[dname] = (firsts, others)
 
+    index = {d: (np.array(f, dtype=np.intp), np.array(o, dtype=np.intp))
+             for d, (f, o) in pairs.items() if o}
+
     def depends(full: np.ndarray) -> tuple[str, ...]:
         """The dimensions the table ``full`` (combinations last) changes along."""
-        return tuple(dname for dname, (firsts, others) in pairs.items() if others and
-                     not _all_close(full[..., firsts], full[..., others]))
+        if not index:
+            return ()
+        by_combo = np.ascontiguousarray(np.moveaxis(full, -1, 0))   # (a combination per row)
+        return tuple(d for d, (f, o) in index.items()
+                     if not _all_close(by_combo[f], by_combo[o]))
 
     def build(slot) -> LinExpr:
         const, groups = tabulated.get(slot, (np.zeros(n), []))
         expr = LinExpr(const[keep].copy())
         for main, others, classes, class_of, full_all, cols_all in groups:
-            full = full_all[..., keep]
-            cols = cols_all[:, keep]
+            full = full_all if every else full_all[..., keep]
+            cols = cols_all if every else cols_all[:, keep]
             key = CopyKey(main, others, depends(full))
             if key not in copies:
                 subs = sorted({tuple(getattr(kn, d) for d in key.dims) for kn in combos}, key=str)
                 combo_sub = [subs.index(tuple(getattr(kn, d) for d in key.dims)) for kn in combos]
                 copies[key] = CopySet(key, classes, class_of, subs, combo_sub)
             cs = copies[key]
-            table = np.zeros(full.shape[:-1] + (len(cs.subcombos),))
-            main_table = np.zeros((full.shape[0], len(cs.subcombos)))
-            for k in range(len(combos)):
-                table[..., cs.combo_sub[k]] = full[..., k]
-                main_table[:, cs.combo_sub[k]] = cols[:, k]
-            expr.usages.append(Usage(key, table, main_table))
+            # each sub-choice's column is that of its last combination (they are all close)
+            last = {sub: k for k, sub in enumerate(cs.combo_sub)}
+            pick = [last[sub] for sub in range(len(cs.subcombos))]
+            expr.usages.append(Usage(key, full[..., pick], cols[:, pick]))
         return expr
 
     exprs = {"obj": build("obj"), "bytes": build("bytes"),
@@ -495,6 +544,8 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
 def _all_close(a: np.ndarray, b: np.ndarray) -> bool:
     """``np.allclose(a, b, rtol=1e-12, atol=0)`` (equal infinities close, NaN never), without
     its overhead: it runs once per table and dimension of every model."""
+    if np.array_equal(a, b):                    # (most tables, along most dimensions)
+        return True
     with np.errstate(invalid="ignore"):
         d = np.abs(a - b)
         return bool(np.all((a == b) | ((d <= 1e-12 * np.abs(b)) & (d != np.inf))))
@@ -520,27 +571,34 @@ def _undominated(tabulated: dict, n: int, forms: dict, combos) -> list[int]:
     less memory) unless a constraint pins them; the check is done on the numbers, not assumed.
     Of identical combinations the first is kept.
     """
-    # le[a, b]: no entry under a exceeds its entry under b (all pairs at once, in row chunks
-    # that keep the pairwise array small)
-    le = np.ones((n, n), dtype=bool)
-
-    def meet(x: np.ndarray) -> None:
-        x = x.reshape(-1, n)
-        step = max(1, 4_000_000 // (n * n))
-        for i in range(0, len(x), step):
-            c = x[i:i + step]
-            le[...] &= ~np.any(c[:, :, None] > c[:, None, :] + 1e-12 * np.abs(c[:, None, :]),
-                               axis=0)
-
-    for const, groups in tabulated.values():
-        meet(const)
-        for main, _others, _classes, _class_of, full, _cols in groups:
-            meet(full[forms[main].allowed])        # unreachable values cannot matter
-
     # a layout has its own rules (which pipeline degrees it allows): only combinations of the
     # same layout can dominate each other
     from formulations.space import layout_key
     lay = [layout_key(kn) for kn in combos]
+    # the pairs (a, b) where no entry under a exceeds its entry under b so far: every pair of
+    # one layout at first, fewer after each table (in row chunks that keep the array small),
+    # none left long before the last table on most models
+    pa, pb = np.nonzero([[a != b and lay[a] == lay[b] for b in range(n)] for a in range(n)])
+
+    def meet(x: np.ndarray) -> None:
+        nonlocal pa, pb
+        x = x.reshape(-1, n)
+        i = 0
+        while i < len(x) and len(pa):
+            c = x[i:i + max(1, 4_000_000 // len(pa))]
+            i += len(c)
+            ca, cb = c[:, pa], c[:, pb]
+            ok = ~np.any(ca > cb + 1e-12 * np.abs(cb), axis=0)
+            pa, pb = pa[ok], pb[ok]
+
+    for const, groups in tabulated.values():
+        meet(const)
+        for main, _others, _classes, _class_of, full, _cols in groups:
+            if not len(pa):
+                break
+            meet(full[forms[main].allowed])        # unreachable values cannot matter
+    le = np.zeros((n, n), dtype=bool)
+    le[pa, pb] = True
     keep = []
     for b in range(n):
         dominated = any(lay[a] == lay[b] and le[a, b] and (not le[b, a] or a < b)

@@ -206,6 +206,16 @@ def _ratio(h: float) -> Fraction:
     return Fraction(h).limit_denominator(10**6)
 
 
+def _ceil_mul(x: int, q: Fraction) -> int:
+    """``ceil(x q)`` for an integer ``x``, in integers (Fraction arithmetic is slow here)."""
+    return -((-x * q.numerator) // q.denominator)
+
+
+def _floor_mul(x: int, q: Fraction) -> int:
+    """``floor(x q)`` for an integer ``x``."""
+    return (x * q.numerator) // q.denominator
+
+
 class _IntegerUnits(_RealUnits):
     """The same rows for a pure integer solver (CP-SAT): every entry rounded to its unit, every
     variable integer, and multiplying a running value ``w`` by a class factor ``h = H / D``
@@ -233,14 +243,15 @@ class _IntegerUnits(_RealUnits):
             if q.denominator == 1:
                 acc[w] = float(q.numerator)
                 continue
-            big, small = (math.ceil(max(0, hi * q, lo * q)), math.floor(min(0, hi * q, lo * q)))
+            big = max(0, _ceil_mul(hi, q), _ceil_mul(lo, q))
+            small = min(0, _floor_mul(hi, q), _floor_mul(lo, q))
             uv = r.var(f"u{tag}[{c}]", lb=small, ub=big, integer=True)
             # D u - H w in [0, D - 1]: u = ceil(h w)
             r.row({uv: float(q.denominator), w: -float(q.numerator)}, 0.0,
                   float(q.denominator - 1), f"prod{tag}[{c}]")
             acc[uv] = 1.0
         # the next running value is some ceil(q w), w in [lo, hi] (or 0): exact range
-        ends = [math.ceil(q * x) for q in qs for x in (lo, hi)]
+        ends = [_ceil_mul(x, q) for q in qs for x in (lo, hi)]
         return acc, min(ends), max(ends)
 
     def total(self, terms) -> int:
@@ -438,9 +449,9 @@ class _RowBuilder:
         if units.integral:
             vals = np.rint(vals)
         acc: dict[int, float] = {}
-        for v, c in zip(grid.ravel().tolist(), vals.ravel().tolist()):
-            if c and v >= 0:
-                _add(acc, v, c)
+        live_cells = (vals != 0) & (grid >= 0)
+        for v, c in zip(grid[live_cells].tolist(), vals[live_cells].tolist()):
+            _add(acc, v, c)
         if not u.copy.others:
             return acc
         live = vals[allowed] if allowed.any() else vals
@@ -463,8 +474,12 @@ class _RowBuilder:
             for v, c in acc.items():
                 _add(row, v, -c)
             r.row(row, 0, 0, f"split{tag}")
+            of_class: dict[int, list[int]] = {}       # class -> its values' binaries
+            for z, cl in zip(r.form_vars[fm], class_of.tolist()):
+                if z >= 0:
+                    of_class.setdefault(cl, []).append(z)
             for c, w in enumerate(ws):
-                ind = {z: 1.0 for z, cl in zip(r.form_vars[fm], class_of) if cl == c and z >= 0}
+                ind = dict.fromkeys(of_class.get(c, ()), 1.0)
                 r.row({w: 1.0, **{z: -hi for z in ind}}, -INF, 0.0, f"split{tag}_hi[{c}]")
                 r.row({w: 1.0, **{z: -lo for z in ind}}, 0.0, INF, f"split{tag}_lo[{c}]")
             acc, lo, hi = units.scale(self, ws, classes, lo, hi, tag)
