@@ -276,11 +276,14 @@ def test_first_stage_holds_l_layers_korthikanti_sec_4_2_3(recompute, sp, vp):
 
 def states_bytes_per_param(precision: str, dp: int, distopt: bool) -> float:
     """Weights + gradients + optimizer states per GPU over the parameter count, on dp GPUs
-    holding the whole model (t = p = 1), for the Table 1 1.7B model."""
+    holding the whole model (t = p = 1), for the Table 1 1.7B model, at the optimizer step:
+    Megatron-LM's table counts the fp32 main gradients of 16-bit ones, which exist only
+    there (the model's ``first_step`` row; with fp32 gradients there is no such row)."""
     row = TABLE1["rows"][0]
     inst = instance(table1_model(row), gpus=dp, training={"precision": precision},
                     global_batch=dp)
-    mem = terms(inst, plan_of(inst, dp=dp, distopt=distopt)).memory["first"]
+    memory = terms(inst, plan_of(inst, dp=dp, distopt=distopt)).memory
+    mem = memory.get("first_step", memory["first"])
     states = mem["weights"] + mem["gradients"] + mem["optimizer_states"]
     return states / Shape.of(inst.model).total_params
 

@@ -620,12 +620,17 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # has: a stage mixing dense and MoE layers needs no more than the larger of the two.
     fp8_cache = FP8_WEIGHT_CACHE_BYTES if fp8 else 0
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
-    # 16-bit gradients: the optimizer keeps an fp32 main gradient of its shard besides them
-    # (Megatron-LM's fp16 row: 20 bytes per parameter, 4 + 16/d distributed)
-    # (with bf16 states, two bf16 moments and a bf16 gradient shard: OPTIMIZER_STATE_BYTES)
+    # 16-bit gradients: the optimizer steps on a main-gradient copy of its shard (fp32: Megatron-LM's
+    # fp16 row, 20 bytes per parameter, 4 + 16/d distributed; with bf16 states a bf16 shard:
+    # OPTIMIZER_STATE_BYTES). The copy lives only through the optimizer step: Megatron-Core makes
+    # it in the step (DistributedOptimizer._copy_model_grads_to_main_grads:
+    # ``shard_main_param.grad = shard_model_grad.float()``) and frees it with zero_grad
+    # (set_to_none) before the next forward, so it is not held with the activations: the
+    # forward / backward peak counts the states alone, and a second row per stage, the step
+    # peak (``<stage>_step``), counts the copy with no activations
     state_bytes, main_grad_bytes = OPTIMIZER_STATE_BYTES[tr.optimizer_dtype]
-    opt_full = state_bytes + (main_grad_bytes if grad_bytes == WIRE_16 else 0)
-    opt_bytes = opt_full / shards
+    step_copy = main_grad_bytes if grad_bytes == WIRE_16 else 0
+    opt_bytes = state_bytes / shards
     # gradients reduced once per step accumulate unsharded over the micro-batches
     # Sharded gradients at the memory peak (the last backward): reduce-scattered every
     # micro-batch, a shard plus one layer's; reduced once per step, whole (the accumulation
@@ -715,7 +720,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
         stored, working = stored_per_layer(act_bytes_p, mlp_kept)
-        expert_opt = opt_full / expert_shards
+        expert_opt = state_bytes / expert_shards
         for stage, n_layers in stages.items():
             if stage == "first":
                 dense_p = (n_layers * layer_p + sh.embedding_params
@@ -761,15 +766,26 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             layer_info[f"working_{name}"] = kept_working
             layer_info[f"extra_{name}"] = embed_mask if stage == "first" else 0.0
             opt_gpu = dense_p * opt_bytes + experts_p * expert_opt
+            # the FP8 weight copies are of the layers' GEMM weights only: the embedding is a
+            # lookup and Megatron-Core's output layer a tensor_parallel.ColumnParallelLinear,
+            # outside Transformer Engine's FP8 modules (gpt_model.py)
+            layers_p = (gt2(p) if stage == "middle" else 1) * n_layers * layer_p / t
             memory[name] = {
                 "weights": (dense_p * weight_share + experts_p * expert_weight_share)
-                * WEIGHT_BYTES + (dense_p + experts_p) * fp8_cache + working_w,
+                * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache + working_w,
                 "gradients": (dense_p * grad_share + experts_p * expert_grad_share) * grad_bytes
                 + working_g,
                 "optimizer_states": 0.0 if k.optimizer_offload else opt_gpu,
                 "activations": acts,
                 "logits": logit,
             }
+            if step_copy and not k.optimizer_offload:
+                # the optimizer step: the same weights, gradients and states, the main-gradient
+                # copy of the shard, no activations (freed after the last backward)
+                memory[f"{name}_step"] = {
+                    **memory[name], "activations": 0.0, "logits": 0.0,
+                    "optimizer_states": opt_gpu + step_copy * (dense_p / shards
+                                                               + experts_p / expert_shards)}
             if stage == "first" and k.offloads:
                 host_opt = (dense_p / shards + experts_p / expert_shards) \
                     * host_optimizer_bytes(tr.optimizer_dtype)
@@ -931,7 +947,7 @@ def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     memory = {}
     for name, terms in full.memory.items():
         memory[name] = dict(terms)
-        if name.startswith("host"):             # (offloaded bytes: no recompute share)
+        if name.startswith("host") or name.endswith("_step"):   # (no activations held)
             continue
         s = short[name.partition("_")[0]]
         if share:

@@ -65,7 +65,10 @@ def number(x: float, digits: int = 3) -> str:
 
 def stage_words(name: str) -> str:
     """A pipeline stage key of the memory breakdown (``first``, ``last_moe``) as words: the
-    stage and, for an MoE model, which layer kind its layers were counted as."""
+    stage and, for an MoE model, which layer kind its layers were counted as; ``first_step``:
+    the optimizer step's peak on the first stage."""
+    if name.endswith("_step"):          # the optimizer step's peak on that stage
+        return f"optimizer step on the {stage_words(name[:-len('_step')])}"
     stage, _, kind = name.partition("_")
     out = f"{stage} pipeline stage"
     if kind:
