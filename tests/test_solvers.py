@@ -296,3 +296,26 @@ def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap,
         assert res.report.plan == ref, backend
         if isinstance(batch, int):     # (a range's note counts its batch models)
             assert "sharding-mode and layout models" in res.note
+
+
+def test_backends_agree_where_the_optimizer_step_row_decides():
+    """16-bit gradients without the distributed optimizer: each stage has an optimizer-step
+    memory row (the fp32 main-gradient copy, no activations; docs/model.md "Memory"). With a
+    reserve that leaves 60 GiB, the plan that is best at 61 GiB fits its forward / backward
+    row but not its step row: every backend must leave it for the same next-best plan."""
+    doc = {"model": {"layers": 40, "hidden": 5120, "heads": 40, "vocab": 32000,
+                     "seq_len": 2048},
+           "training": {"global_batch": 16, "precision": "bf16", "grad_reduce_dtype": "bf16"},
+           "cluster": {"gpu": "a100-80gb", "nodes": 1},
+           "constraints": {"dp_sharding": "none", "recompute": "full"}}
+    loose = outcome(parse_instance({**doc, "constraints": {**doc["constraints"],
+                                                           "memory_reserve_GiB": 19.0}}),
+                    "enumerate")
+    by_stage = loose.report.memory_by_stage_gib
+    limit = loose.report.memory_gib["capacity"] - 20.0
+    assert max(v["total"] for k, v in by_stage.items() if not k.endswith("_step")) < limit
+    assert max(v["total"] for k, v in by_stage.items() if k.endswith("_step")) > limit
+    tight = {**doc, "constraints": {**doc["constraints"], "memory_reserve_GiB": 20.0}}
+    _agree(tight)
+    res = outcome(parse_instance(tight), "cpsat")
+    assert res.report.plan != loose.report.plan and res.report.memory_gib["total"] <= limit
