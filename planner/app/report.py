@@ -126,8 +126,12 @@ def memory_table(rep: StepReport) -> Table:
     t.add_column("component")
     t.add_column("GiB", justify="right")
     t.add_column("of limit", justify="right")
+    at_step = rep.most_loaded_stage.endswith("_step")   # the optimizer step's peak
     for name in MEMORY_TERMS:
-        t.add_row(name.replace("_", " "), f"{mem[name]:.2f}", f"{100 * mem[name] / mem['limit']:.1f}%")
+        label = name.replace("_", " ")
+        if at_step and name == "optimizer_states":
+            label += " + main-gradient copy"
+        t.add_row(label, f"{mem[name]:.2f}", f"{100 * mem[name] / mem['limit']:.1f}%")
     style = "bold red" if mem["total"] > mem["limit"] else "bold green"
     t.add_row(Text("total", style=style), Text(f"{mem['total']:.2f}", style=style),
               Text(f"{100 * mem['total'] / mem['limit']:.1f}%", style=style))
