@@ -135,9 +135,11 @@ def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
     return _min_memory_at(space, _points(space))
 
 
-def _min_memory_at(space: SearchSpace, points) -> tuple[float, dict, object] | None:
+def _min_memory_at(space: SearchSpace, points) -> tuple | None:
     """The least per-GPU need over the ``points`` (:func:`_points`) and every combination:
-    (bytes, the point, its knobs, the worst row's terms)."""
+    (bytes, the point, its knobs, the terms of its most loaded GPU row, the name of its most
+    loaded row (a ``host`` row when the host's share binds: its bytes are scaled to the GPU
+    limit, :func:`~planner.model.terms.host_memory_row`), the bytes of that GPU row)."""
     if points is None:
         return None
     cols, deg = points
@@ -150,9 +152,12 @@ def _min_memory_at(space: SearchSpace, points) -> tuple[float, dict, object] | N
         i = int(np.argmin(mem))
         if best is None or mem[i] < best[0]:
             worst = max(per_stage, key=lambda st: per_stage[st][i])
+            gpu = max((st for st in per_stage if not st.startswith("host")),
+                      key=lambda st: per_stage[st][i])
             parts = {name: float(np.broadcast_to(np.asarray(v, float), (n,))[i])
-                     for name, v in t.memory[worst].items()}
-            best = (float(mem[i]), {k: int(c[i]) for k, c in cols.items()}, knobs, parts)
+                     for name, v in t.memory[gpu].items()}
+            best = (float(mem[i]), {k: int(c[i]) for k, c in cols.items()}, knobs, parts,
+                    worst, float(per_stage[gpu][i]))
     return best
 
 
@@ -175,16 +180,29 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
                 f"constraints.min_mfu = {mfu:.3f} binds: the fastest plan that fits reaches "
                 f"an MFU of {reach:.3f}",
                 f"nearest change: min_mfu <= {reach:.3f}"])
-    need, point, knobs, parts = found
+    need, point, knobs, parts, worst, gpu_need = found
     limit = memory_limit_bytes(inst)
     static = parts["weights"] + parts["gradients"] + parts["optimizer_states"]
-    lines = [
-        f"memory: the least any allowed plan needs is {need / GiB:.1f} GiB per GPU "
-        f"(tp={point['T']}, pp={point['P']}, cp={point['C']}, micro_batch={point['b']}, "
-        f"recompute={knobs.recompute}, distributed optimizer "
-        f"{'on' if knobs.distributed_optimizer else 'off'}), over the {limit / GiB:.1f} GiB limit "
-        f"by {(need - limit) / GiB:.1f} GiB",
-    ]
+    plan_words = (f"tp={point['T']}, pp={point['P']}, cp={point['C']}, "
+                  f"micro_batch={point['b']}, recompute={knobs.recompute}, distributed "
+                  f"optimizer {'on' if knobs.distributed_optimizer else 'off'}"
+                  + (", optimizer states offloaded to the host" if knobs.optimizer_offload
+                     else "")
+                  + (f", {plural(knobs.offload_layers, 'layer')}' activations offloaded"
+                     if knobs.offload_layers else ""))
+    if worst.startswith("host"):         # the closest plan offloads more than the host holds
+        host_limit = host_memory_limit_bytes(inst)
+        lines = [
+            f"memory: no allowed plan fits both the GPU and its share of the host; the closest "
+            f"({plan_words}) needs {gpu_need / GiB:.1f} GiB per GPU (limit {limit / GiB:.1f} "
+            f"GiB) and offloads {need * host_limit / limit / GiB:.1f} GiB per GPU to the host, "
+            f"over its {host_limit / GiB:.1f} GiB share (cluster.host_memory_GiB less "
+            "constraints.host_memory_reserve_GiB, over the GPUs of a host)"]
+    else:
+        lines = [
+            f"memory: the least any allowed plan needs is {need / GiB:.1f} GiB per GPU "
+            f"({plan_words}), over the {limit / GiB:.1f} GiB limit by "
+            f"{(need - limit) / GiB:.1f} GiB"]
     if static > limit:
         lines.append(f"weights + gradients + optimizer states alone need {static / GiB:.1f} GiB "
                      f"per GPU even at the largest model-parallel degree the constraints allow")
@@ -199,8 +217,9 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
             lines.append(f"on {inst.gpus} GPUs pp can only be {pps}: it must divide the "
                          f"{inst.model.layers} layers{plus} and the GPUs left by tp*cp")
     else:
-        lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB; "
-                     f"activations and logits the other {(need - static) / GiB:.1f} GiB")
+        lines.append(f"weights + gradients + optimizer states take {static / GiB:.1f} GiB on "
+                     f"the GPU; activations and logits the other "
+                     f"{(gpu_need - static) / GiB:.1f} GiB")
     host = _host_binds(space, points)
     if host:
         lines.insert(0, host)

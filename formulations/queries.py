@@ -154,6 +154,9 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
     """
     if not inst.spec.training.tokens:
         raise InputError(f"{inst.source}: capacity needs training.tokens (the token budget)")
+    if budget_usd is not None and inst.spec.cluster.price_per_gpu_hour is None:
+        raise InputError(f"{inst.source}: a budget (--budget-usd, budget_usd) needs "
+                         "cluster.price_per_gpu_hour (dollars per GPU-hour) to cost the plans")
     t0 = time.perf_counter()
     options = sorted(inst.node_options)
     ans = CapacityAnswer(deadline_days, None, None)
@@ -168,7 +171,7 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
                         explain=False)
         except InfeasibleError as exc:
             ans.checked.append({"nodes": n, "feasible": False, "reason": str(exc)})
-            last_miss = {"nodes": n, "feasible": False, "proof": "no plan fits"}
+            last_miss = {"nodes": n, "feasible": False, "proof": exc.args[0]}
             continue
         days = res.report.total_days if res.report else None
         ans.checked.append({"nodes": n, "days": days, "status": res.status.value})

@@ -132,22 +132,39 @@ def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, obj
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
     enc = encode(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
     enc_s = time.perf_counter() - t0
+    missing = not_installed(backend)
+    if missing:     # a solver that is not installed is a bad --solver value (exit 2), not a failure
+        raise InputError(f"--solver: {missing}")
     if backend == "cpsat":
         from formulations import cpsat
 
-        if not cpsat.available():
-            # a solver that is not installed is a bad --solver value (exit 2), not a failure
-            raise InputError("--solver: OR-Tools CP-SAT is not installed (pip install ortools)")
         raw, q = cpsat.solve(enc, cuts, time_limit), cpsat.quantum(enc)
     else:
         from formulations import pyomo_backend
 
-        name = "highs" if backend in ("highs", "pyomo") else backend
-        if not pyomo_backend.available(name):
-            raise InputError(f"--solver: Pyomo cannot find the MILP solver \"{name}\" (not "
-                             "installed); install it or use --solver cpsat, highs or enumerate")
-        raw, q = pyomo_backend.solve(enc, cuts, time_limit, name), None
+        raw, q = pyomo_backend.solve(enc, cuts, time_limit, _pyomo_name(backend)), None
     return replace(raw, build_s=raw.build_s + enc_s), q
+
+
+def _pyomo_name(backend: str) -> str:
+    return "highs" if backend in ("highs", "pyomo") else backend
+
+
+def not_installed(backend: str) -> str | None:
+    """Why the MIP ``backend`` cannot run here (its solver is not installed), or None."""
+    if backend == "enumerate":
+        return None
+    if backend == "cpsat":
+        from formulations import cpsat
+
+        return None if cpsat.available() else \
+            "OR-Tools CP-SAT is not installed (pip install ortools)"
+    from formulations import pyomo_backend
+
+    name = _pyomo_name(backend)
+    return None if pyomo_backend.available(name) else (
+        f"Pyomo cannot find the MILP solver \"{name}\" (not installed); install it or use "
+        "cpsat, highs or enumerate")
 
 
 def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,

@@ -460,6 +460,36 @@ def _caps_text(var: str, caps: dict[str, tuple], inst: Instance) -> str:
     return (" within " + " and ".join(parts)) if parts else ""
 
 
+def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins) -> None:
+    """A ``[constraints]`` pin of a degree that no value of the rules allows (``pp = 16`` on 8
+    GPUs) empties the other degrees' domains too; say the pin alone, with the values the rules
+    leave once it is lifted, and stop (raises :class:`InfeasibleError`). ``start_pins``: pins
+    made by a variable's candidates (the micro-batch), with its candidates when unpinned."""
+    lines = []
+    pins = {var: (pin, lambda var=var, lo=lo, hi=hi: _domains(
+                rows, start, {**caps, var: (None, lo, hi)})[0])
+            for var, (pin, lo, hi) in caps.items()}
+    pins |= {var: (pin, lambda var=var, cand=cand: _domains(
+                rows, {**start, var: cand}, caps)[0])
+             for var, (pin, cand) in start_pins.items()}
+    for var, (pin, lifted) in pins.items():
+        if pin is None or dom[var]:
+            continue
+        free = lifted()
+        key = LABELS[var][1]
+        rules = "; ".join(dict.fromkeys(bounded_by[var]))
+        if free[var]:
+            lines.append(f"constraints.{key} = {pin} binds: the {LABELS[var][0]} must satisfy "
+                         f"{rules}, and the rules leave only {key} in {free[var]}")
+            near = min(free[var], key=lambda x: (abs(x - pin), x))
+            lines.append(f"nearest change: {key} = {near} (or lift constraints.{key})")
+        else:
+            lines.append(f"constraints.{key} = {pin}: no {LABELS[var][0]} satisfies {rules}, "
+                         "pinned or not")
+    if lines:
+        raise InfeasibleError("the constraints leave no plan", lines)
+
+
 def build_space(inst: Instance) -> SearchSpace:
     """The search space of an instance under its ``[constraints]`` (pins and caps are domains)."""
     m = inst.model
@@ -526,6 +556,10 @@ def build_space(inst: Instance) -> SearchSpace:
         bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
                                "shortfalls (constraints.max_stage_shortfall = "
                                f"{c.max_stage_shortfall})")
+    if B:
+        free_b = smooth_in_range(c.min_micro_batch, min(c.max_micro_batch, max(B)), primes)
+        _pins_that_bind(rows, start, caps, dom, bounded_by,
+                        {"b": (c.micro_batch, free_b)} if c.micro_batch is not None else {})
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]
     pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
     layout_binds = bool(layout_why and dom["P"] and dom["V"])

@@ -198,6 +198,12 @@ def evaluate(
 
             raise InputError(f"--dp-sharding: expected one of {', '.join(SHARDING_MODES)}, "
                              f"got \"{dp_sharding}\"")
+        if (distributed_optimizer is not None and dp_sharding is not None
+                and (dp_sharding != "none") != distributed_optimizer):
+            # the same rule as [plan] (schema.PlanSpec): the two flags name one choice
+            raise InputError(f"--{'' if distributed_optimizer else 'no-'}distributed-optimizer "
+                             f"contradicts --dp-sharding {dp_sharding} (the distributed "
+                             "optimizer is any dp_sharding but none); give one of the two")
         if distributed_optimizer is not None and dp_sharding is None:
             dp_sharding = "optim" if distributed_optimizer else "none"
         inst = _load(file, nodes)
@@ -221,7 +227,9 @@ def evaluate(
             from formulations.solve import solve as run_solve
 
             best = run_solve(inst, solver=solver)
-        launch = _emit_text(inst, plan, emit) if emit else None
+        # a plan that breaks a rule or does not fit gets no launch configuration: it would not
+        # run as written (a fractional replica count, an out-of-memory job)
+        launch = _emit_text(inst, plan, emit) if emit and not rep.violations else None
         if launch is not None and (emit_to is not None or not as_json):
             _write_launch(launch, emit_to)
     except PlanError as exc:
@@ -239,7 +247,7 @@ def evaluate(
                        exit_code=3)
         _emit_json(doc)
     else:
-        console = err if (launch is not None and emit_to is None) else out
+        console = err if (emit is not None and emit_to is None) else out   # stdout: the config alone
         print_step(rep, inst, console)
         if best and not best.report:
             err.print(f"note: the optimum could not be computed ({best.status.value}"
@@ -252,6 +260,9 @@ def evaluate(
             console.print(f"launch configuration ({emit}) written to {emit_to}", markup=False,
                           highlight=False)
     if rep.violations:            # the report says which rules or limits the plan breaks
+        if emit:
+            err.print(f"no launch configuration ({emit}) written: the plan breaks the limits "
+                      "listed in the report", markup=False, highlight=False)
         raise typer.Exit(3)
 
 
@@ -399,6 +410,13 @@ def solve(
     except PlanError as exc:
         _fail(exc, as_json)
     failed = res.report is None or res.status == Status.ERROR
+    if failed:
+        why = (f"the solver returned no usable plan ({res.status.value}"
+               + (f": {res.note}" if res.note else "") + ")")
+        if res.status == Status.NO_SOLUTION_IN_LIMIT:
+            why += (f"; raise --time-limit (it was {time_limit:g} s)" if time_limit
+                    else "; give it more time with --time-limit S")
+        err.print(f"error: {why}", markup=False, highlight=False)
     if as_json:
         doc = res.to_dict()
         if ranked:
@@ -408,8 +426,7 @@ def solve(
         if launch:
             doc["launch"] = {"format": emit, "text": launch}
         if failed:
-            doc.update(error=f"the solver returned no usable plan ({res.status.value}"
-                       + (f": {res.note}" if res.note else "") + ")", exit_code=4)
+            doc.update(error=why, exit_code=4)
         _emit_json(doc)
     else:
         console = err if (launch is not None and emit_to is None) else out
@@ -493,7 +510,8 @@ def capacity(
     deadline_days: Annotated[float, typer.Option(
         min=1e-9, help="train the token budget within this many days")],
     budget_usd: Annotated[float | None, typer.Option(
-        min=0, help="also find the cheapest plan meeting the deadline and check this budget")
+        min=0, help="also find the cheapest plan meeting the deadline and check this budget "
+        "(solves every larger size of the range too: slower)")
     ] = None,
     solver: SolverOpt = "cpsat",
     time_limit: TimeOpt = None,

@@ -67,8 +67,11 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}"
               + (f"  EP {p.ep} (inside a node {p.ep_intra}, expert DP {p.expert_dp:g})"
                  if p.ep > 1 else ""))
-    t.add_row("inside a node", f"TP {p.tp_intra}  CP {p.cp_intra}  DP {p.dp_intra}  "
-              f"PP {p.pp_intra}   (across nodes: TP {p.inter('tp'):g}  CP {p.inter('cp'):g}  "
+    # the model's "node" is the NVLink segment; on rack-scale systems it spans several hosts
+    unit = "node" if inst.node_size == inst.hw.gpus_per_host else "NVLink segment"
+    t.add_row(f"inside a {unit}" if unit == "node" else "inside a segment",
+              f"TP {p.tp_intra}  CP {p.cp_intra}  DP {p.dp_intra}  "
+              f"PP {p.pp_intra}   (across {unit}s: TP {p.inter('tp'):g}  CP {p.inter('cp'):g}  "
               f"DP {p.inter('dp'):g}  PP {p.inter('pp'):g})")
     t.add_row("batch", f"global {p.global_batch} = DP {p.dp} x micro-batch {p.micro_batch} x "
               f"{_count(p.micro_batches)} micro-batches")
@@ -188,7 +191,9 @@ def solver_panel(res) -> Panel:
     if res.bound is not None:
         t.add_row("bound", f"{res.bound:.9g} {unit}")
     if res.gap is not None:
-        t.add_row("gap", f"{100 * res.gap:.4f}%")
+        tie = (" (a tie: the plan the tie-break goals chose, within 0.01% of the proven "
+               "optimum, the bound)" if res.status.value == "optimal" and res.gap > 1e-6 else "")
+        t.add_row("gap", f"{100 * res.gap:.4f}%{tie}")
     t.add_row("time", f"{res.wall_s:.3f} s wall ({res.solve_s:.3f} s in the solver, "
               f"{res.build_s:.3f} s building)")
     t.add_row("backend", res.backend)
@@ -220,19 +225,34 @@ def print_step(rep: StepReport, inst: Instance, console: Console | None = None,
     (console or Console()).print(render_step(rep, inst, extra))
 
 
+#: plan keys the top table shows in its own columns (or derives from them)
+_TOP_SHOWN = {"tp", "pp", "dp", "cp", "vp", "ep", "micro_batch", "micro_batches", "recompute",
+              "sequence_parallel", "distributed_optimizer", "gpus", "nodes", "expert_dp",
+              "nvlink_domain", "dp_replicate"}
+
+
+def _differs(plan, first) -> str:
+    """What sets ``plan`` apart from ``first`` beyond the table's columns (the plans of a top
+    list are distinct, but may differ only in, e.g., the HSDP shard group or an overlap)."""
+    a, b = plan.to_dict(), first.to_dict()
+    keys = [k for k in a if k not in _TOP_SHOWN and not k.endswith(("_intra", "_inter"))
+            and a[k] != b.get(k)]
+    return ", ".join(f"{k} {toml_value(a[k])}" for k in keys)
+
+
 def top_table(results) -> Table:
     """The K best distinct plans with their gap to the optimum."""
     t = Table(title="Best distinct plans (each proven optimal once the better ones are excluded)")
-    for col in ("rank", "plan", "inside a node (TP/CP/DP/PP)", "recompute", "SP", "dist-opt",
-                "step s", "gap"):
-        t.add_column(col)
-    best = results[0].objective
+    for col in ("rank", "plan", "in a node TP/CP/DP/PP", "recompute", "SP", "dist-opt",
+                "also differs (vs 1) in", "step s", "gap"):
+        t.add_column(col, no_wrap=col in ("plan", "step s", "gap"))
+    best, first = results[0].objective, results[0].report.plan
     for i, r in enumerate(results, 1):
         p = r.report.plan
         t.add_row(str(i), p.label(), f"{p.tp_intra}/{p.cp_intra}/{p.dp_intra}/{p.pp_intra}",
                   p.recompute, "on" if p.sequence_parallel else "off",
-                  "on" if p.distributed_optimizer else "off", f"{r.report.step_time_s:.4f}",
-                  f"{100 * (r.objective / best - 1):+.3f}%")
+                  "on" if p.distributed_optimizer else "off", _differs(p, first),
+                  f"{r.report.step_time_s:.4f}", f"{100 * (r.objective / best - 1):+.3f}%")
     return t
 
 
@@ -309,7 +329,7 @@ def capacity_panel(ans) -> Panel:
             lines.append(f"One node fewer ({ns['nodes']}): at least "
                          f"{ns['days_lower_bound']:.2f} days ({ns['proof']}).")
         else:
-            lines.append(f"One node fewer ({ns['nodes']}): no plan fits.")
+            lines.append(f"One node fewer ({ns['nodes']}): {ns.get('proof', 'no plan fits')}.")
     if ans.cheapest:
         ch = ans.cheapest
         lines.append(f"Cheapest plan meeting the deadline: {plural(ch['nodes'], 'node')}, "

@@ -338,12 +338,13 @@ def _number(opts: dict, key: str, problems: list[str], allow_zero: bool = False)
 
 def _check_solver(solver: Any) -> list[str]:
     from formulations.pyomo_backend import SOLVER_NAMES
-    from formulations.solve import BACKENDS
+    from formulations.solve import BACKENDS, not_installed
 
     names = BACKENDS + tuple(n for n in SOLVER_NAMES if n != "highs")
     if solver not in names:
         return [f"sweep.solver: expected one of {', '.join(names)}, got {solver!r}"]
-    return []
+    missing = not_installed(solver)
+    return [f"sweep.solver: {missing}"] if missing else []
 
 
 def _check_plot(plot: Any, axis_keys: list[str]) -> list[str]:
@@ -418,6 +419,9 @@ def _query_problems(sw: Sweep, inst) -> list[str]:
                 "query = \"pareto\" or \"capacity\", or sweep \"cluster.nodes\" over counts)"]
     if sw.query == "capacity" and not inst.spec.training.tokens:
         return ["training.tokens: required with query = \"capacity\" (the token budget)"]
+    if (sw.query == "capacity" and sw.budget_usd is not None
+            and inst.spec.cluster.price_per_gpu_hour is None):
+        return ["cluster.price_per_gpu_hour: required with budget_usd (the cost of a plan)"]
     if sw.query == "pareto" and len(inst.node_options) > 512:
         return [f"cluster.nodes: {len(inst.node_options):,} sizes; pareto takes at most 512"]
     return []

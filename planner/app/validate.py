@@ -20,6 +20,7 @@ predicted step time over the model's optimum in the run's own knob space (:func:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.model.catalog import known_gpus
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS
@@ -74,7 +76,51 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     data = read_toml(p)
     if "runs" not in data or "models" not in data:
         raise InputError(f"{p}: expected [models.*] tables and [[runs]] entries")
+    problems = run_problems(data)
+    if problems:
+        raise InputError(f"{p}: invalid runs file", problems)
     return data
+
+
+#: the keys of a [[runs]] entry (docs/contract.md, "Runs files"): what the planner reads, and what it
+#: carries as provenance (``source``, ``reported``, ``note``, ``assumed``, ``config``)
+RUN_KEYS = ("id", "model", "gpu", "precision", "plan", "measured_step_time_s", "training",
+            "framework", "code_date", "held_out", "source", "reported", "note", "assumed",
+            "config")
+
+
+def run_problems(data: dict[str, Any]) -> list[str]:
+    """What is wrong with the runs of a runs file, each named by the run's id and key (the
+    per-run plan and instance keys are checked when the run is evaluated)."""
+    out, seen = [], set()
+    if not isinstance(data["runs"], list) or not isinstance(data["models"], dict):
+        return ["expected [models.*] tables and [[runs]] entries"]
+    for i, run in enumerate(data["runs"]):
+        rid = run.get("id")
+        if not isinstance(rid, str) or not rid:
+            out.append(f"runs[{i}].id: expected a name (a non-empty string)")
+            rid = f"#{i}"
+        elif rid in seen:
+            out.append(f"run {rid}: id given twice (each run's id names one run)")
+        seen.add(rid)
+        unknown = sorted(set(run) - set(RUN_KEYS))
+        if unknown:
+            out.append(f"run {rid}: unknown key{'s' if len(unknown) > 1 else ''} "
+                       f"{', '.join(unknown)}; expected among {', '.join(RUN_KEYS)}")
+        t = run.get("measured_step_time_s")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or not math.isfinite(t) or t <= 0):
+            out.append(f"run {rid}: measured_step_time_s: expected a positive number of "
+                       f"seconds, got {t!r}")
+        gpu = run.get("gpu")
+        if gpu is not None and gpu not in known_gpus():
+            out.append(f"run {rid}: gpu = {gpu!r} is not in the catalog; expected one of: "
+                       f"{', '.join(known_gpus())}")
+        model = run.get("model")
+        if model is not None and model not in data["models"]:
+            out.append(f"run {rid}: model = {model!r} is not one of the file's [models.*] "
+                       f"tables")
+    return out
 
 
 #: the [plan] keys of an uneven pipeline layout (planner/model/schema.py PlanSpec)
@@ -396,7 +442,8 @@ def code_date(run: dict[str, Any]) -> str | None:
     date = run.get("code_date")
     if date is not None and not (isinstance(date, str)
                                  and re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", date)):
-        raise InputError(f"run {run.get('id', '?')}: code_date must be a date YYYY-MM-DD")
+        raise InputError(f"run {run.get('id', '?')}: code_date must be a date, YYYY-MM-DD or "
+                         "YYYY-MM")
     return date
 
 

@@ -128,19 +128,58 @@ def _fmt_loc(loc: tuple) -> str:
     return ".".join(keep) or "<file>"
 
 
+def _section_model(loc: tuple):
+    """The pydantic model of the TOML table that holds the key at ``loc`` (None if unknown)."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    def as_model(tp):
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            return tp
+        return next((m for a in get_args(tp) if (m := as_model(a)) is not None), None)
+
+    cls = InstanceSpec
+    for part in loc[:-1]:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        cls = as_model(field.annotation) if field is not None else None
+        if cls is None:
+            return None
+    return cls
+
+
+def _unknown_key(loc: tuple) -> str:
+    from difflib import get_close_matches
+
+    cls = _section_model(loc)
+    near = get_close_matches(str(loc[-1]), list(cls.model_fields), n=1) if cls else []
+    hint = f"did you mean {near[0]}?" if near else "check the spelling"
+    return f"unknown key ({hint} see the README instance reference)"
+
+
 def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
-    """One line per key path; for a union (a number or a [lo, hi] pair) the first member's
-    message stands for the key."""
+    """One line per key path, unknown keys first (a misspelt key also makes its section's
+    required keys "missing"); for a union (a number or a [lo, hi] pair) the first member's
+    message stands for the key, and an element's message for a list."""
     out: dict[str, str] = {}
-    for err in exc.errors():
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    for err in errors:
         key = f"{prefix}{_fmt_loc(err['loc'])}"
-        if key in out:
+        parent = key.rsplit(".", 1)[0]
+        if key in out or any(k.startswith(key + ".") for k in out):
             continue
+        if parent in out and key.rsplit(".", 1)[-1].isdigit():
+            if err["type"] not in ("literal_error", "enum"):
+                continue            # (a pair's missing member: the whole value's line stands)
+            del out[parent]         # a list's bad element says more than the list as a whole
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see the README instance reference)"
+            msg = _unknown_key(tuple(p for p in err["loc"] if isinstance(p, (str, int))))
         elif err["type"] == "missing":
             msg = "required key is missing"
+        elif err["type"] in ("model_type", "dict_type", "model_attributes_type"):
+            # pydantic's wording names the class ("instance of ModelSpec"); the user wrote TOML
+            msg = f"expected a table of keys (a [section]), got {toml_value(err.get('input'))}"
         elif "input" in err and err["type"] != "value_error":
             msg = f"{msg} (got {toml_value(err['input'])})"
         out[key] = msg
@@ -165,7 +204,12 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
         ref = Path(model["hf_config"])
         if not ref.is_absolute() and base_dir is not None:
             ref = base_dir / ref
-        keys, max_context = read_hf_config_with_context(ref)
+        try:
+            keys, max_context = read_hf_config_with_context(ref)
+        except InputError as exc:   # name the key that pointed there, and where it was looked for
+            raise InputError(f"{source}: invalid instance",
+                             [f"model.hf_config = {toml_value(model['hf_config'])}: {exc.args[0]}"]
+                             + exc.problems) from None
         if "seq_len" not in model:
             known = (f" (its max_position_embeddings = {max_context:,} is the longest context "
                      "the model supports, not the length it trains at)" if max_context else "")

@@ -153,6 +153,12 @@ def _layers_message(v, k: Sizes, kn) -> str:
     given = " and ".join(f"{n}_stage_layers={_g(c)}" for n, c in ends)
     middles = v.pp - len(ends)
     left = k.layers - sum(c for _, c in ends)
+    others = f"the {middles} other pipeline stage{'s' if middles != 1 else ''}"
+    if left < 0:
+        return (f"{given}: {_g(k.layers - left)} layers on the end stages, more than the "
+                f"model's {k.layers}")
+    if left == 0 and middles > 0:
+        return f"{given} take all {k.layers} layers, leaving none for {others}"
     return (f"the {_g(left)} layers left after {given} must split evenly over the {middles} "
             f"other pipeline stage{'s' if middles != 1 else ''}, each a multiple of vp={v.vp} "
             f"(got {_g(m)} per stage)")
@@ -269,7 +275,7 @@ RULES: tuple[Rule, ...] = (
     # HSDP: the shard group spans the data-parallel ranks inside a node and dp_shard_size /
     # dp_intra nodes' worth across them; its dp / dp_shard_size replicas sit across nodes
     # (torchtitan's mesh puts dp_replicate outside dp_shard)
-    Rule("dp_shard", "integer", lambda v, k: (v.inter("dp") / v.dp_replicate,),
+    Rule("dp_shard", "integer", lambda v, k: (v.dp_replicate, v.inter("dp") / v.dp_replicate),
          "dp_shard_size is dp_intra times a divisor of the data-parallel ranks across nodes",
          lambda v, k: f"dp_shard_size = {_g(v.dp_shard)} must be a divisor of dp = {v.dp} and "
                       f"a multiple of dp_intra = {v.dp_intra} (the replicas of the shard group "

@@ -1,0 +1,174 @@
+"""What a new user ran into (the CLI audit of 2026-12-03), each as the answer the contract
+promises: a plan that cannot run is refused, not exported; a bad key, flag or runs file is an
+input error (exit 2) naming it; an empty space says which pin binds and the nearest change; a
+report row says what it means."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from formulations.solve import not_installed
+from planner.app.cli import app
+from planner.app.report import top_table
+from planner.model.instance import load_instance
+from planner.model.plan import plan_from_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT13 = ROOT / "instances" / "gpt-1.3b-1node.toml"
+GPT3 = ROOT / "instances" / "gpt3-175b-a100.toml"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return CliRunner()
+
+
+def _instance(tmp_path: Path, extra: str, base: Path = GPT13) -> Path:
+    f = tmp_path / "i.toml"
+    f.write_text(base.read_text() + "\n" + extra + "\n")
+    return f
+
+
+def test_a_shard_group_that_does_not_divide_dp_is_a_violation_and_gets_no_export(runner):
+    """dp_shard_size 3 of dp 16 would be 5.33 replicas: the plan breaks the HSDP rule (exit 3),
+    and no launch configuration is written (stdout stays empty)."""
+    for size in ("3", "32"):                # 32 > dp: half a replica
+        r = runner.invoke(app, ["evaluate", str(GPT3), "--dp-shard-size", size,
+                                "--emit", "megatron"])
+        assert r.exit_code == 3, r.output
+        assert r.stdout == ""
+        assert f"dp_shard_size = {size} must be a divisor of dp = 16" in r.stderr
+        assert "no launch configuration (megatron) written" in r.stderr
+    ok = runner.invoke(app, ["evaluate", str(GPT3), "--dp-shard-size", "8", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["plan"]["dp_replicate"] == 2
+
+
+def test_contradictory_sharding_flags_are_an_input_error(runner):
+    r = runner.invoke(app, ["evaluate", str(GPT13), "--no-distributed-optimizer",
+                            "--dp-sharding", "optim_grads"])
+    assert r.exit_code == 2
+    assert "--no-distributed-optimizer contradicts --dp-sharding optim_grads" in r.stderr
+
+
+def test_a_budget_without_a_price_is_an_input_error(runner, tmp_path):
+    f = tmp_path / "noprice.toml"
+    f.write_text(GPT13.read_text().replace("price_per_gpu_hour = 2.0\n", ""))
+    for extra in ([], ["--json"]):
+        r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "5",
+                                "--budget-usd", "100", *extra])
+        assert r.exit_code == 2, r.output
+        assert "cluster.price_per_gpu_hour" in r.stderr and "Traceback" not in r.output
+
+
+def test_a_time_limit_without_a_plan_says_to_raise_it(runner):
+    r = runner.invoke(app, ["solve", str(GPT3), "--time-limit", "0.001"])
+    if r.exit_code == 0:                       # (a very fast machine found a plan in 1 ms)
+        pytest.skip("a plan within 1 ms")
+    assert r.exit_code == 4
+    assert "error: the solver returned no usable plan" in r.stderr
+    assert "raise --time-limit (it was 0.001 s)" in " ".join(r.stderr.split())
+
+
+def test_a_sweep_naming_a_solver_that_is_not_installed_runs_no_point(runner, tmp_path):
+    if not_installed("gurobi") is None:
+        pytest.skip("gurobi is installed here")
+    f = tmp_path / "s.toml"
+    f.write_text(f'base = "{GPT13}"\n[sweep]\nsolver = "gurobi"\n"cluster.nodes" = [1]\n')
+    r = runner.invoke(app, ["sweep", str(f)])
+    assert r.exit_code == 2
+    assert "sweep.solver: Pyomo cannot find the MILP solver \"gurobi\"" in r.stderr
+    assert "nothing was run" in r.stderr or "invalid sweep" in r.stderr
+
+
+@pytest.mark.parametrize("pin, says, near", [
+    ("pp = 16", "constraints.pp = 16 binds", "nearest change: pp = 8"),
+    ("tp = 3", "constraints.tp = 3 binds", "nearest change: tp = 2"),
+    ("micro_batch = 3", "constraints.micro_batch = 3 binds", "nearest change: micro_batch = 2"),
+])
+def test_a_pin_no_value_of_the_rules_allows_is_named_with_the_nearest_change(
+        runner, tmp_path, pin, says, near):
+    """Such a pin empties the other degrees too; the answer names the pin alone (not the
+    expert or intra-node factors it emptied) and the allowed value nearest to it."""
+    r = runner.invoke(app, ["solve", str(_instance(tmp_path, f"[constraints]\n{pin}"))])
+    assert r.exit_code == 3
+    assert says in r.stderr and near in r.stderr
+    assert "expert" not in r.stderr and "intra-node" not in r.stderr
+
+
+def test_an_offloading_space_that_the_host_cannot_hold_is_not_explained_as_zero_bytes(runner):
+    """Llama 3 405B on one A100 node: the plan closest to fitting offloads its optimizer states,
+    so its largest memory row is the host's; the explanation says so, with the GPU's own need,
+    and never that weights, gradients and states take 0.0 GiB."""
+    f = ROOT / "tests" / "data" / "l405_one_node.toml"
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 3
+    text = " ".join(r.stderr.split())
+    assert "take 0.0 GiB" not in text
+    assert "no allowed plan fits both the GPU and its share of the host" in text
+    assert "offloads" in text and "share" in text
+
+
+def test_a_runs_file_is_checked_key_by_key(runner, tmp_path):
+    good = ('[models.m]\npreset = "gpt-1.3b"\n[[runs]]\nid = "r1"\nmodel = "m"\n'
+            'gpu = "a100-80gb"\nprecision = "bf16"\nmeasured_step_time_s = 3.5\n'
+            'source = "test"\nplan = { tp = 1, pp = 1, dp = 8, global_batch = 512 }\n')
+    cases = {
+        "id given twice": good + good[good.index("[[runs]]"):],
+        "measured_step_time_s: expected a positive number": good.replace("= 3.5", "= -1"),
+        "got '3.5'": good.replace("= 3.5", '= "3.5"'),
+        "unknown key extra": good + 'extra = 1\n',
+        "model = 'zz' is not one of the file's [models.*] tables":
+            good.replace('model = "m"', 'model = "zz"'),
+        "gpu = 'v100' is not in the catalog": good.replace("a100-80gb", "v100"),
+    }
+    for says, text in cases.items():
+        f = tmp_path / "runs.toml"
+        f.write_text(text)
+        r = runner.invoke(app, ["validate", str(f), "--no-ranking"])
+        assert r.exit_code == 2, (says, r.output)
+        assert says in r.stderr, (says, r.stderr)
+    f.write_text(good)
+    assert runner.invoke(app, ["validate", str(f), "--no-ranking"]).exit_code == 0
+
+
+def test_messages_name_the_users_keys(runner, tmp_path):
+    f = tmp_path / "i.toml"
+    f.write_text(GPT13.read_text().replace("preset =", "presett ="))
+    r = runner.invoke(app, ["solve", str(f)])
+    first = r.stderr.splitlines()[1]
+    assert r.exit_code == 2 and "model.presett: unknown key (did you mean preset?" in first
+    f.write_text(GPT13.read_text().replace('preset = "gpt-1.3b"', 'hf_config = "none.json"\n'
+                                           'seq_len = 2048'))
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2 and 'model.hf_config = "none.json":' in r.stderr
+    f.write_text(GPT13.read_text() + "\n[constraints]\ndp_sharding = [\"optim\", \"zero\"]\n")
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2
+    assert [ln for ln in r.stderr.splitlines() if "dp_sharding" in ln] == \
+        [ln for ln in r.stderr.splitlines() if "dp_sharding.1" in ln and '"zero"' in ln]
+    f.write_text(GPT13.read_text().replace("pp = 1\ndp = 8", "pp = 2\ndp = 4\n"
+                                           "first_stage_layers = 30"))
+    r = runner.invoke(app, ["evaluate", str(f)])
+    assert r.exit_code == 2 and "more than the model's 24" in r.stderr
+
+
+def test_the_top_list_says_what_sets_equal_looking_plans_apart():
+    """Distinct plans may differ only in a knob the table has no column for (the HSDP shard
+    group): the row says which."""
+    inst = load_instance(GPT3)
+    p = plan_from_spec(inst, inst.spec.plan)
+    q = replace(p, dp_replicate=2)
+    rows = [SimpleNamespace(objective=t, report=SimpleNamespace(plan=x, step_time_s=t))
+            for x, t in ((p, 17.8), (q, 17.9))]
+    console = Console(width=200, record=True)
+    console.print(top_table(rows))
+    text = console.export_text()
+    assert "dp_shard_size 8" in text.splitlines()[-2] and "dp_shard_size" not in \
+        text.splitlines()[-3]
