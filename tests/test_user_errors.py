@@ -172,3 +172,10 @@ def test_the_top_list_says_what_sets_equal_looking_plans_apart():
     text = console.export_text()
     assert "dp_shard_size 8" in text.splitlines()[-2] and "dp_shard_size" not in \
         text.splitlines()[-3]
+
+
+def test_an_absurd_price_is_refused_rather_than_printed_as_a_300_digit_cost(runner, tmp_path):
+    f = tmp_path / "i.toml"
+    f.write_text(GPT13.read_text().replace("price_per_gpu_hour = 2.0", "price_per_gpu_hour = 1e300"))
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2 and "cluster.price_per_gpu_hour" in r.stderr

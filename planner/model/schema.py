@@ -233,7 +233,8 @@ class ClusterSpec(_Strict):
         default=None, description="GPUs per host, the scheduling node that `nodes` counts")
     nvlink_domain: upto(MAX_GPUS) | None = Field(
         default=None, description="GPUs joined by NVLink (72 on GB200 NVL72)")
-    price_per_gpu_hour: PositiveFloat | None = None
+    # (a cap far above any price, so that costs stay printable numbers)
+    price_per_gpu_hour: Annotated[float, Field(gt=0, le=1e6)] | None = None
     intra_node_bandwidth_GBps: Bandwidth | None = None
     inter_node_bandwidth_GBps: Bandwidth | None = None
     efficiency: Efficiency | None = None
