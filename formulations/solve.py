@@ -104,9 +104,10 @@ def sharding_parts(space: SearchSpace, layouts: bool = True) -> list[SearchSpace
 
 #: A fixed-batch space is solved as one model per sharding mode when its
 #: :func:`~formulations.space.joint_size` passes this (below, one joint model costs less than the
-#: several models' builds). Measured on the 80 instances of tests/test_solvers.py's agreement
-#: tests (CP-SAT + HiGHS, CPU seconds): 112 s always joint, 83 s always split, 69 s with this
-#: rule; the shipped instances are above it (Llama 3.1 405B: 5.8e6) but the one-node 1.3B (7.4e4).
+#: several models' builds). Measured on the 80 instances tests/test_solvers.py's agreement
+#: tests drew then (2 x 40; now 3 x 16 = 48; CP-SAT + HiGHS, CPU seconds): 112 s always joint,
+#: 83 s always split, 69 s with this rule; the shipped instances are above it (Llama 3.1 405B:
+#: 5.8e6) but the one-node 1.3B (7.4e4).
 SPLIT_ABOVE = SMALL_SPACE
 #: ... and one model per pipeline layout too when it passes this. Below it the layouts' models
 #: cost more to build than they save: on the agreement tests' instances of 1.3e5 to 2.8e5

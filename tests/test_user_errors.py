@@ -179,3 +179,14 @@ def test_an_absurd_price_is_refused_rather_than_printed_as_a_300_digit_cost(runn
     f.write_text(GPT13.read_text().replace("price_per_gpu_hour = 2.0", "price_per_gpu_hour = 1e300"))
     r = runner.invoke(app, ["solve", str(f)])
     assert r.exit_code == 2 and "cluster.price_per_gpu_hour" in r.stderr
+
+
+@pytest.mark.parametrize("n", [19, 20])
+def test_recompute_layers_need_full_recompute_whatever_their_count(runner, tmp_path, n):
+    """(an odd remainder of layers once slipped through the rule)"""
+    f = tmp_path / "i.toml"
+    f.write_text(GPT13.read_text().replace(
+        "distributed_optimizer = true",
+        f'distributed_optimizer = true\nrecompute = "selective"\nrecompute_layers = {n}'))
+    r = runner.invoke(app, ["evaluate", str(f)])
+    assert r.exit_code == 2 and 'needs recompute = "full", not "selective"' in r.stderr

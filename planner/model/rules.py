@@ -211,9 +211,11 @@ RULES: tuple[Rule, ...] = (
          on_knobs=True),
     Rule("layout_ends", "integer", _ends, "explicit first / last counts: positive multiples of vp",
          _ends_message, on_knobs=True, requires=("layers", "layout_pp")),
+    # (0, never a positive integer, when the mode is not full: a factor of 1/2 let an even
+    # remainder through, recompute = "selective" with 19 of 24 layers)
     Rule("recompute_layers", "integer",
          lambda v, k, kn: ((_padded(v, k, kn) / (v.pp * v.vp) - kn.recompute_layers + 1)
-                           * (1 if kn.recompute == "full" else 0.5),)
+                           * (1 if kn.recompute == "full" else 0),)
          if kn is not None and kn.recompute_layers else (1,),
          "recompute_layers needs full recompute and at most a virtual stage's layers",
          lambda v, k, kn: (f"recompute_layers={kn.recompute_layers} needs recompute = "
