@@ -140,9 +140,12 @@ def test_megatron(case):
     assert a.get("--use-megatron-fsdp", False) is fsdp
     assert a.get("--num-distributed-optimizer-instances") == (
         str(plan.dp_replicate) if plan.distributed_optimizer and plan.dp_replicate > 1 else None)
+    # Megatron-LM validate_args: Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != "1" and
+    # --ckpt-format fsdp_dtensor; without it, tensor / context parallelism asserts it is "1"
+    assert a.get("--ckpt-format") == ("fsdp_dtensor" if fsdp else None)
     text = emit(inst, plan, "megatron")
     env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text.splitlines()
-    assert env is (plan.tp > 1 or plan.cp > 1)
+    assert env is ((plan.tp > 1 or plan.cp > 1) and not fsdp)
     assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in comment_text(text)) is env
     recompute = {"none": {}, "selective": {"--recompute-activations": True},
                  "full": {"--recompute-granularity": "full", "--recompute-method": "uniform",
@@ -186,7 +189,7 @@ def test_nemo(case):
     m, prec = inst.model, inst.spec.training.precision
     y = parse_yaml(emit(inst, plan, "nemo"))
     assert y["trainer.num_nodes"] == plan.nodes
-    assert y["trainer.devices"] == inst.node_size
+    assert y["trainer.num_nodes"] * y["trainer.devices"] == plan.gpus
     s = "trainer.strategy."
     assert y[s + "tensor_model_parallel_size"] == plan.tp
     assert y[s + "pipeline_model_parallel_size"] == plan.pp
@@ -296,7 +299,7 @@ def test_deepspeed(case):
     assert pp["sequence_parallel"] is (plan.sequence_parallel and plan.tp > 1)
     assert pp["recompute"] == plan.recompute
     assert pp["precision"] == prec
-    assert (pp["nodes"], pp["gpus_per_node"], pp["gpus"]) == (plan.nodes, inst.node_size, plan.gpus)
+    assert pp["nodes"] * pp["gpus_per_node"] == pp["gpus"] == plan.gpus and pp["nodes"] == plan.nodes
     assert pp["intra_node"] == {"tp": plan.tp_intra, "cp": plan.cp_intra, "dp": plan.dp_intra,
                                 "pp": plan.pp_intra}
 
@@ -382,15 +385,17 @@ def test_moe_other_formats():
     t = tomllib.loads(emit(inst, fsdp, "torchtitan"))
     assert t["parallelism"]["expert_parallel_degree"] == plan.ep
     assert t["parallelism"]["expert_tensor_parallel_degree"] == 1
-    d = json.loads(emit(inst, plan, "deepspeed"))
+    flat = dataclasses.replace(plan, vp=1)          # DeepSpeed runs no interleaving
+    d = json.loads(emit(inst, flat, "deepspeed"))
     assert d["plan_parallelism"]["expert"] == plan.ep
 
 
 def test_dense_model_has_no_expert_keys():
     inst = _inst("gpt3-175b-a100.toml")
     plan = plan_from_spec(inst, inst.spec.plan)
-    fsdp = dataclasses.replace(plan, dp_sharding="optim_grads_params")  # what torchtitan runs
-    text = "\n".join(emit(inst, fsdp if f == "torchtitan" else plan, f) for f in FORMATS)
+    runs = {"torchtitan": dataclasses.replace(plan, dp_sharding="optim_grads_params"),
+            "deepspeed": dataclasses.replace(plan, vp=1)}   # what each runs
+    text = "\n".join(emit(inst, runs.get(f, plan), f) for f in FORMATS)
     assert "expert" not in text.lower()
 
 
@@ -417,10 +422,11 @@ def test_exports_carry_the_overlaps_the_model_costs(on):
                                       dp_sharding="optim_grads_params"), "torchtitan")
     assert tomllib.loads(titan)["parallelism"]["enable_async_tensor_parallel"] is on
     assert ("overlap_p2p_comm: cannot express" in comment_text(titan)) == on
-    ds = json.loads(emit(inst, plan, "deepspeed"))
+    # (DeepSpeed has no interleaving: the same plan without it, so no p2p overlap is costed)
+    ds = json.loads(emit(inst, plan_from_spec(inst, inst.spec.plan, **knobs, vp=1), "deepspeed"))
     assert ds["zero_optimization"]["overlap_comm"] is on
     assert ds["plan_parallelism"]["overlap_cannot_express"] == (
-        ["overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm"] if on else [])
+        ["overlap_param_gather", "tp_comm_overlap"] if on else [])
 
 
 def test_megatron_refuses_param_gather_overlap_without_grad_reduce_overlap():
@@ -438,10 +444,164 @@ def test_bf16_optimizer_states_are_said_to_be_unwritable():
     says so, since the plan's memory counted the bf16 states."""
     inst = _inst("gpt3-175b-a100.toml")
     plans = [plan_from_spec(inst, inst.spec.plan),
-             plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params")]
+             plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params"),
+             plan_from_spec(inst, inst.spec.plan, vp=1)]
     bf16 = inst.with_spec(training=inst.spec.training.model_copy(
         update={"optimizer_dtype": "bf16"}))
     for fmt in FORMATS:
         plan = next(p for p in plans if not framework_violations(fmt, p))
         assert "optimizer_dtype" not in emit(inst, plan, fmt), fmt
         assert "optimizer_dtype bf16: cannot express" in emit(bf16, plan, fmt), fmt
+
+
+# ------------------------------------------------------------- what the frameworks assert
+
+@pytest.mark.parametrize("mode", ["optim_grads", "optim_grads_params"])
+def test_megatron_fsdp_exports_pass_megatrons_fsdp_asserts(mode):
+    """Megatron-LM validate_args with --use-megatron-fsdp asserts CUDA_DEVICE_MAX_CONNECTIONS
+    is not "1" and --ckpt-format fsdp_dtensor (TP8 here, where the plain export sets the env
+    line); NeMo raises for another save_ckpt_format, and runs without gradient-accumulation
+    fusion as the Megatron export does."""
+    inst = _inst("llama3-70b-h100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, pp=1, vp=1, dp=64, dp_sharding=mode)
+    text = emit(inst, plan, "megatron")
+    assert not any(ln.startswith("export CUDA_DEVICE_MAX_CONNECTIONS=1") for ln in text.splitlines())
+    a = parse_megatron(text)
+    assert a["--ckpt-format"] == "fsdp_dtensor"
+    assert a["--no-gradient-accumulation-fusion"] is True
+    y = parse_yaml(emit(inst, plan, "nemo"))
+    assert y["trainer.strategy.fsdp"] == "megatron"
+    assert y["trainer.strategy.save_ckpt_format"] == "fsdp_dtensor"
+    assert y["model.config.gradient_accumulation_fusion"] is False
+    # the distributed optimizer alone keeps Megatron's checkpoint format and the env line
+    zero1 = plan_from_spec(inst, inst.spec.plan, pp=1, vp=1, dp=64, dp_sharding="optim")
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in emit(inst, zero1, "megatron").splitlines()
+    assert "--ckpt-format" not in parse_megatron(emit(inst, zero1, "megatron"))
+    assert "trainer.strategy.save_ckpt_format" not in parse_yaml(emit(inst, zero1, "nemo"))
+
+
+def test_nemo_devices_are_the_gpus_of_a_host_not_the_nvlink_domain():
+    """GB200 NVL72: 4 GPUs per host, 72 per NVLink domain; Lightning starts trainer.devices
+    processes on each of trainer.num_nodes hosts."""
+    from planner.model.instance import parse_instance
+
+    inst = parse_instance({
+        "model": {"preset": "llama3-70b"},
+        "training": {"global_batch": 576, "tokens": 15e12},
+        "cluster": {"gpu": "gb200", "nodes": 36},
+        "plan": {"tp": 4, "pp": 4, "dp": 9, "micro_batch": 1, "recompute": "full"}})
+    plan = plan_from_spec(inst, inst.spec.plan)
+    assert plan.gpus == 144 and plan.node_size == 72
+    y = parse_yaml(emit(inst, plan, "nemo"))
+    assert (y["trainer.num_nodes"], y["trainer.devices"]) == (36, 4)
+    assert json.loads(emit(inst, plan, "deepspeed"))["plan_parallelism"]["gpus_per_node"] == 4
+
+
+def test_nemo_hsdp_replicas_are_a_strategy_argument():
+    """MegatronStrategy copies its own num_distributed_optimizer_instances (default 1) into
+    the ddp config, so a value under trainer.strategy.ddp is overwritten."""
+    name, precision, overrides = CASES["gpt3-175b-hsdp"]
+    inst = _inst(name, precision)
+    plan = plan_from_spec(inst, inst.spec.plan, **overrides)
+    assert plan.dp_replicate == 8
+    y = parse_yaml(emit(inst, plan, "nemo"))
+    assert y["trainer.strategy.num_distributed_optimizer_instances"] == 8
+    assert "trainer.strategy.ddp.num_distributed_optimizer_instances" not in y
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_nemo_gradient_reduction_dtype_is_set_on_the_precision_plugin_too(dtype):
+    """MegatronMixedPrecision(grad_reduce_in_fp32=True) overrides the ddp config's value in
+    MegatronStrategy.connect: both carry the plan's reduction dtype."""
+    inst = _inst("gpt3-175b-a100.toml")
+    inst = inst.with_spec(training=inst.spec.training.model_copy(
+        update={"grad_reduce_dtype": dtype}))
+    y = parse_yaml(emit(inst, plan_from_spec(inst, inst.spec.plan), "nemo"))
+    assert y["trainer.plugins.grad_reduce_in_fp32"] is (dtype == "fp32")
+    assert y["trainer.strategy.ddp.grad_reduce_in_fp32"] is (dtype == "fp32")
+
+
+def test_nemo_uses_the_tp_pp_dp_rank_order_as_megatron_does():
+    name, precision, overrides = CASES["gpt3-175b-pp16"]
+    inst = _inst(name, precision)
+    plan = plan_from_spec(inst, inst.spec.plan, **overrides)
+    assert parse_megatron(emit(inst, plan, "megatron"))["--use-tp-pp-dp-mapping"] is True
+    assert parse_yaml(emit(inst, plan, "nemo"))["trainer.strategy.use_tp_pp_dp_mapping"] is True
+    default = plan_from_spec(inst, inst.spec.plan)
+    assert "trainer.strategy.use_tp_pp_dp_mapping" not in parse_yaml(emit(inst, default, "nemo"))
+
+
+def test_megatron_refuses_interleaving_on_two_stages_without_p2p_overlap():
+    """Megatron-LM validate_args: interleaved without p2p overlap needs pp > 2."""
+    inst = _inst("llama3-70b-h100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, pp=2, dp=32, vp=5, overlap_p2p_comm=False)
+    with pytest.raises(InputError) as exc:
+        emit(inst, plan, "megatron")
+    assert "overlap_p2p_comm = false needs pp > 2" in str(exc.value)
+    overlapped = plan_from_spec(inst, inst.spec.plan, pp=2, dp=32, vp=5, overlap_p2p_comm=True)
+    assert "--no-overlap-p2p-communication" not in parse_megatron(emit(inst, overlapped, "megatron"))
+    four = plan_from_spec(inst, inst.spec.plan, overlap_p2p_comm=False)       # pp = 4
+    assert parse_megatron(emit(inst, four, "megatron"))["--no-overlap-p2p-communication"] is True
+
+
+def test_op_level_selective_recompute_is_said_to_be_unwritable_for_megatron_code():
+    """``[training] selective_recompute = "op"`` is torchtitan's policy; Megatron-Core's
+    selective recompute is the attention core only: the Megatron-based exports say so."""
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, vp=1)
+    assert plan.recompute == "selective"
+    op = inst.with_spec(training=inst.spec.training.model_copy(
+        update={"selective_recompute": "op"}))
+    for fmt in ("megatron", "nemo"):
+        assert "selective recompute \"op\": cannot express" in comment_text(emit(op, plan, fmt))
+        assert "selective recompute \"op\"" not in comment_text(emit(inst, plan, fmt))
+    how = json.loads(emit(op, plan, "deepspeed"))["plan_parallelism"]["recompute_how"]
+    assert how.startswith("selective") and "cannot express" in how
+    assert "cannot express" not in json.loads(emit(inst, plan, "deepspeed"))[
+        "plan_parallelism"]["recompute_how"]
+
+
+def test_torchtitan_fp8_keeps_the_output_layer_16_bit_and_passes_the_converter_asserts():
+    """The model costs the output layer in 16 bits (torchtitan's llama3_405b config filters it
+    too); Float8LinearConverter asserts enable_fsdp_float8_all_gather is off when recipe_name
+    is given (torchtitan 0.2.2 components/quantization/float8.py)."""
+    inst = _inst("llama3-70b-h100.toml", "fp8")
+    plan = plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params")
+    f8 = tomllib.loads(emit(inst, plan, "torchtitan"))["quantize"]["linear"]["float8"]
+    assert f8["filter_fqns"] == ["output"]
+    assert not (f8.get("recipe_name") and f8["enable_fsdp_float8_all_gather"])
+
+
+@pytest.mark.parametrize("pp", [1, 4])
+def test_torchtitan_fp8_experts_are_said_to_be_unwritable(pp):
+    """Float8Linear does not convert GroupedExperts, and the grouped-GEMM FP8 prototype
+    refuses pipeline parallelism: a plan costing FP8 experts says what torchtitan runs."""
+    inst, plan = _moe_case()
+    inst = inst.with_spec(training=inst.spec.training.model_copy(update={"precision": "fp8"}))
+    plan = plan_from_spec(inst, inst.spec.plan, ep=8, pp=pp, vp=1, dp=64 // pp,
+                          dp_sharding="optim_grads_params")
+    comments = comment_text(emit(inst, plan, "torchtitan"))
+    assert "fp8 experts: cannot express" in comments
+    assert ("refuses pipeline" in comments) is (pp > 1)
+    dense = _inst("llama3-70b-h100.toml", "fp8")
+    dense_plan = plan_from_spec(dense, dense.spec.plan, dp_sharding="optim_grads_params")
+    assert "fp8 experts" not in comment_text(emit(dense, dense_plan, "torchtitan"))
+
+
+def test_torchtitan_uneven_interleaved_layout_names_the_real_key_and_split():
+    """Llama 3.1 405B on PP16 VP2 with 6 / 8 layers on the first / last rank: torchtitan's
+    keys cannot shorten a rank over its virtual stages; the comment names the key that can
+    (job_config.py: module_fqns_per_model_part) and the split torchtitan would build."""
+    inst = _inst("llama3.1-405b-h100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, vp=2, first_stage_layers=6, last_stage_layers=8,
+                          recompute_layers=0, dp_sharding="optim_grads_params")
+    assert plan.stage_layers == [6] + [8] * 15
+    comments = comment_text(emit(inst, plan, "torchtitan"))
+    assert "module_fqns_per_model_part" in comments
+    assert "module_fqns_per_model_stage" not in comments
+    # 126 layers over 32 virtual stages of at most 4: 30 of 4, 2 of 3; ranks 14, 15 hold 7
+    assert "decoder layers per rank " + ", ".join(["8"] * 14 + ["7", "7"]) in comments
+    # Meta's layout (7 / 7 on PP16, one stage per rank) is what the keys give: no such comment
+    meta = plan_from_spec(inst, inst.spec.plan, recompute_layers=0,
+                          dp_sharding="optim_grads_params")
+    assert "module_fqns_per_model_part" not in comment_text(emit(inst, meta, "torchtitan"))

@@ -1,9 +1,11 @@
 """Feed every shipped instance's launch exports to the frameworks' own parsers and validators.
 
 Not part of the default test run: it needs the frameworks installed, which the planner does
-not depend on. For each ``instances/*.toml`` it takes two plans, the instance's ``[plan]`` and
-the proven optimum (``--solver``, default ``enumerate``), writes the four exports with
-``planner.app.emit.emit`` and checks them with:
+not depend on. For each ``instances/*.toml`` it takes the instance's ``[plan]`` and the proven
+optimum (``--solver``, default ``enumerate``), writes the four exports with
+``planner.app.emit.emit`` and checks them; then, for each format, the optimum that
+``plan solve FILE --emit FMT`` searches for (``[constraints] framework = FMT``: that
+framework's rules and defaults), checked in that format only. The checks:
 
 ==========================  =====================================================================
 export                      checked by
@@ -17,7 +19,12 @@ nemo                        NeMo 2 ``nemo.lightning.MegatronStrategy(**trainer.s
                             Megatron-Core ``TransformerConfig(**model.config, **strategy)`` (the
                             strategy copies its parallel sizes into the model config)
 torchtitan                  torchtitan 0.2 ``ConfigManager().parse_args(["--job.config_file",
-                            FILE])`` (rejects unknown sections and keys)
+                            FILE])`` (rejects unknown sections and keys), then
+                            ``ParallelDims`` of the parsed degrees: its own validation, the DDP
+                            branch of ``parallelize`` (no FSDP, ``fsdp_enabled`` false, beside
+                            other parallelism raises "DDP has not supported > 1D parallelism")
+                            and the expert mesh ``build_mesh`` unflattens (pp, dp_replicate,
+                            efsdp, ep, etp) must hold the world
 deepspeed                   DeepSpeed ``DeepSpeedConfig(dict, mpu)`` with the plan's
                             data-parallel size (checks the batch arithmetic and every key type)
 ==========================  =====================================================================
@@ -230,7 +237,30 @@ def check_torchtitan(text: str, inst: Instance, plan: Plan) -> str:
            p.data_parallel_shard_degree * p.data_parallel_replicate_degree)
     if got != (plan.tp, plan.pp, plan.cp, plan.dp):
         raise AssertionError(f"torchtitan read tp, pp, cp, dp = {got}")
-    return "ConfigManager.parse_args(--job.config_file)"
+    return "ConfigManager.parse_args(--job.config_file), " + torchtitan_mesh(p, plan.gpus)
+
+
+def torchtitan_mesh(p, world: int) -> str:
+    """What torchtitan 0.2.2 does with the parsed degrees before training, without a process
+    group: ``ParallelDims`` validates them; ``parallelize`` (models/*/infra/parallelize.py)
+    applies FSDP when ``fsdp_enabled``, else DDP, which raises unless the world is the
+    replicate mesh; ``build_mesh`` unflattens the world into (pp, dp_replicate, efsdp, ep,
+    etp) with ``efsdp = dp_shard * cp * tp // (etp * ep)``."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    pd = ParallelDims(dp_replicate=p.data_parallel_replicate_degree,
+                      dp_shard=p.data_parallel_shard_degree, cp=p.context_parallel_degree,
+                      tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                      ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
+                      world_size=world)
+    if not pd.fsdp_enabled and pd.dp_replicate_enabled and pd.dp_replicate != world:
+        raise AssertionError("parallelize takes the DDP branch (fsdp_enabled is false) beside "
+                             "other parallelism: \"DDP has not supported > 1D parallelism\"")
+    efsdp = pd.dp_shard * pd.cp * pd.tp // (pd.etp * pd.ep)
+    if pd.pp * pd.dp_replicate * efsdp * pd.ep * pd.etp != world:
+        raise AssertionError(f"build_mesh: efsdp = dp_shard*cp*tp // (etp*ep) = {efsdp} does "
+                             f"not tile the {world} ranks with ep = {pd.ep}")
+    return f"ParallelDims (fsdp {pd.fsdp_enabled}, efsdp {efsdp})"
 
 
 def check_deepspeed(text: str, inst: Instance, plan: Plan) -> str:
@@ -259,15 +289,32 @@ def check_deepspeed(text: str, inst: Instance, plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------- main
 
-def plans_of(inst: Instance, solver: str) -> list[tuple[str, Plan]]:
+FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
+
+
+def plans_of(inst: Instance, solver: str) -> list[tuple[str, Instance, Plan, tuple[str, ...]]]:
+    """The plans to export: ``[plan]`` and the optimum in every format, then per format the
+    optimum ``plan solve --emit FMT`` returns (searched under that framework's rules, written
+    with its defaults: the instance it was searched on goes with it) in that format only."""
     from formulations.solve import solve
 
     out = []
     if inst.spec.plan is not None:
-        out.append(("[plan]", plan_from_spec(inst, inst.spec.plan)))
+        out.append(("[plan]", inst, plan_from_spec(inst, inst.spec.plan), FORMATS))
     res = solve(inst, solver=solver)
     if res.report is not None:
-        out.append((f"optimum ({solver})", res.report.plan))
+        out.append((f"optimum ({solver})", inst, res.report.plan, FORMATS))
+    if inst.spec.constraints.framework is not None:
+        return out
+    for fmt in FORMATS:
+        under = inst.with_spec(constraints=inst.spec.constraints.model_copy(
+            update={"framework": fmt}))
+        try:
+            res = solve(under, solver=solver)
+        except PlanError:           # the framework's rules leave no plan
+            continue
+        if res.report is not None:
+            out.append((f"--emit {fmt} optimum", under, res.report.plan, (fmt,)))
     return out
 
 
@@ -288,9 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     counts = {"ok": 0, "FAIL": 0, "SKIP": 0}
     for path in ns.instances:
-        inst = load_instance(path)
-        for source, plan in plans_of(inst, ns.solver):
+        for source, inst, plan, formats in plans_of(load_instance(path), ns.solver):
             for fmt, name, check in checks:
+                if fmt not in formats:
+                    continue
                 label = f"{path.name} {source} {plan.label()} {fmt} -> {name}"
                 try:
                     text = emit(inst, plan, fmt)

@@ -48,12 +48,16 @@ dp
     (micro batch * accumulation); also ``plan_parallelism.data``
 cp
     ``--context-parallel-size`` | ``trainer.strategy.context_parallel_size`` |
-    ``parallelism.context_parallel_degree`` | ``plan_parallelism.context`` (*)
+    ``parallelism.context_parallel_degree`` | an error (Megatron-DeepSpeed has no context
+    parallelism)
 vp
-    ``--num-layers-per-virtual-pipeline-stage`` L/(pp*vp), only when vp > 1 |
+    ``--num-layers-per-virtual-pipeline-stage`` L/(pp*vp), only when vp > 1 (interleaved on two
+    stages without p2p overlap: an error, as validate_args) |
     ``trainer.strategy.virtual_pipeline_model_parallel_size`` (null when 1) |
     ``pipeline_parallel_schedule = "Interleaved1F1B"`` and ``pipeline_parallel_layers_per_stage``
-    L/(pp*vp) with the first/last-stage layer allowances at 0 | ``plan_parallelism.virtual_pipeline``
+    L/(pp*vp) with the first/last-stage layer allowances at 0 (a comment names
+    ``module_fqns_per_model_part`` when the split these give is not the plan's) | an error
+    (DeepSpeed's PipelineEngine has no interleaved schedule)
 micro_batch
     ``--micro-batch-size`` | ``data.micro_batch_size`` |
     ``parallelism.pipeline_parallel_microbatch_size`` (``training.local_batch_size`` when pp = 1) |
@@ -72,7 +76,9 @@ recompute
     recomputes what the model code wraps in ``deepspeed.checkpointing.checkpoint``
     (``plan_parallelism.recompute_how`` says what); the JSON's ``activation_checkpointing`` section only
     tunes those checkpoints (``partition_activations`` shards the saved inputs over the tensor-
-    parallel ranks, it does not turn recompute on), so it is emitted with every option off
+    parallel ranks, it does not turn recompute on), so it is emitted with every option off.
+    ``[training] selective_recompute = "op"`` (torchtitan's policy): a "cannot express" comment
+    in the Megatron, NeMo and DeepSpeed exports (Megatron-Core recomputes the attention core)
 sequence_parallel
     ``--sequence-parallel`` | ``trainer.strategy.sequence_parallel`` | none: always on under
     tensor parallelism in 0.2 | ``plan_parallelism.sequence_parallel`` (*); only with tp > 1
@@ -80,14 +86,19 @@ sequence_parallel
 dp_sharding (distributed_optimizer = optim), dp_shard_size, reshard_after_forward
     optim: ``--use-distributed-optimizer``; optim_grads / optim_grads_params: also
     ``--use-megatron-fsdp --data-parallel-sharding-strategy MODE
-    --no-gradient-accumulation-fusion``; HSDP replicas ``--num-distributed-optimizer-instances``;
+    --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor`` and no
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1``; HSDP replicas ``--num-distributed-optimizer-instances``;
     16-bit reduction ``--grad-reduce-in-bf16`` | ``optim.config.use_distributed_optimizer``,
-    ``trainer.strategy.fsdp = megatron``, ``trainer.strategy.ddp.data_parallel_sharding_strategy``
-    / ``grad_reduce_in_fp32`` / ``num_distributed_optimizer_instances`` | none: DDP
+    ``trainer.strategy.fsdp = megatron`` with ``save_ckpt_format = fsdp_dtensor`` and
+    ``model.config.gradient_accumulation_fusion = false``,
+    ``trainer.strategy.ddp.data_parallel_sharding_strategy`` / ``grad_reduce_in_fp32`` (also
+    ``trainer.plugins.grad_reduce_in_fp32``, which overrides it),
+    ``trainer.strategy.num_distributed_optimizer_instances`` | none: DDP
     (``data_parallel_replicate_degree = dp``, only without other parallelism);
     optim_grads_params: FSDP2 ``data_parallel_shard_degree = dp_shard_size``,
     ``data_parallel_replicate_degree = dp / dp_shard_size``, ``fsdp_reshard_after_forward``
-    always / never, ``training.mixed_precision_reduce``; optim and optim_grads: an error
+    always / never, ``training.mixed_precision_reduce``; a shard group of one without context
+    parallelism beside tp / pp (torchtitan runs it as DDP), optim and optim_grads: an error
     (torchtitan has no such mode) | ``zero_optimization.stage`` 0-3 and
     ``communication_data_type``; stage 2/3 with pp > 1 and HSDP are errors. Every export says
     the mode the model costed; a mode the framework cannot run is an error naming the rule
@@ -104,15 +115,16 @@ precision
     ``--bf16`` / ``--fp16`` / ``--bf16 --fp8-format hybrid`` | ``trainer.plugins.precision``
     (bf16-mixed / 16-mixed) and ``trainer.plugins.fp8`` (hybrid) |
     ``training.mixed_precision_param = "bfloat16"``, fp8 via ``model.converters =
-    ["quantize.linear.float8"]`` | ``bf16.enabled`` / ``fp16.enabled`` (fp8: none)
+    ["quantize.linear.float8"]`` with ``filter_fqns = ["output"]`` (MoE: the experts' FP8 is a
+    "cannot express" comment) | ``bf16.enabled`` / ``fp16.enabled`` (fp8: none)
 pp > 1 (NeMo)
     ``trainer.strategy.pipeline_dtype`` = the training dtype (``torch.bfloat16`` /
     ``torch.float16``): the dtype of the activations sent between stages
 tp > 1 or cp > 1 (Megatron-LM)
     ``export CUDA_DEVICE_MAX_CONNECTIONS=1``: ``validate_args`` asserts it on GPUs before
     Blackwell (one CUDA connection orders the communication kernels before the compute they
-    overlap)
-nodes x GPUs per node
+    overlap), except under Megatron-FSDP, where it asserts the opposite
+nodes x GPUs per node (per host, not per NVLink domain)
     comment (torchrun line) | ``trainer.num_nodes``, ``trainer.devices`` | comment |
     ``plan_parallelism.nodes``, ``gpus_per_node``
 ep (MoE models only)
@@ -123,13 +135,14 @@ ep (MoE models only)
     default is allgather) and ``--moe-grouped-gemm`` |
     ``trainer.strategy.expert_model_parallel_size`` and ``model.config.num_moe_experts`` ...,
     ``moe_token_dispatcher_type = alltoall``, ``moe_grouped_gemm = true`` |
-    ``parallelism.expert_parallel_degree`` | ``plan_parallelism.expert`` (*)
+    ``parallelism.expert_parallel_degree`` (an error unless ep divides dp_shard_size * cp * tp,
+    the ranks torchtitan's mesh takes it from) | ``plan_parallelism.expert`` (*)
 placement (*_intra)
     default rank order tp-cp-dp-pp, or ``--use-tp-pp-dp-mapping`` when that order gives the plan's
-    placement | comment when not the default | comment when not the mesh order (pp, dp, cp, tp) |
-    ``plan_parallelism.intra_node``
+    placement | the same, ``trainer.strategy.use_tp_pp_dp_mapping``; comment when no stock order
+    gives it | comment when not the mesh order (pp, dp, cp, tp) | ``plan_parallelism.intra_node``
 
-``*`` DeepSpeed's JSON has no standard keys for tensor, pipeline, context or sequence parallelism:
+``*`` DeepSpeed's JSON has no standard keys for tensor, pipeline or sequence parallelism:
 they are set in code (Megatron-DeepSpeed's ``--tensor-model-parallel-size``, ``PipelineModule(
 num_stages=...)``, Ulysses' sequence-parallel group); the plan's values sit under the custom key
 ``plan_parallelism``, which DeepSpeed ignores, for the launch script to read. (DeepSpeed's
@@ -194,7 +207,44 @@ def _launch_problems(inst: Instance, plan: Plan) -> list[str]:
 # ---------------------------------------------------------------------------------------- helpers
 
 def _node_size(inst: Instance, plan: Plan) -> int:
+    """The NVLink segment the placement fills (GB200 NVL72: 72 GPUs over 18 hosts)."""
     return plan.node_size
+
+
+def _per_host(plan: Plan) -> int:
+    """GPUs per host, the count a launcher starts per node (GB200: 4, not the 72 of the
+    NVLink domain)."""
+    return plan.gpus // plan.nodes
+
+
+def _rank_order(plan: Plan) -> str | None:
+    """The Megatron-Core rank order that gives the plan's placement: "default" (tp-cp-ep-dp-pp),
+    "tp-pp-dp" (``use_tp_pp_dp_mapping``, cp = 1 only) or None (no stock order does)."""
+    node = plan.node_size
+    if _intra(plan) == _placed(plan, node, MEGATRON_ORDER):
+        return "default"
+    if plan.cp == 1 and _intra(plan) == _placed(plan, node, TP_PP_DP_ORDER):
+        return "tp-pp-dp"
+    return None
+
+
+def _megatron_fsdp(plan: Plan) -> bool:
+    """Whether the plan runs on Megatron-FSDP (gradients or parameters sharded)."""
+    return plan.dp_sharding in ("optim_grads", "optim_grads_params")
+
+
+def _op_selective(inst: Instance, plan: Plan) -> bool:
+    """Selective recompute costed as torchtitan's op-level policy (``[training]
+    selective_recompute = "op"``), which Megatron-Core's selective recompute is not."""
+    return plan.recompute == "selective" and selective_recompute(inst) == "op"
+
+
+#: what the Megatron-based exports say of an op-level selective recompute
+_OP_SELECTIVE = ("selective recompute \"op\": cannot express; the plan costs torchtitan's "
+                 "op-level policy (saves the outputs of every second matmul and of attention, "
+                 "recomputes the rest), while Megatron-Core's selective recompute (recompute "
+                 "module core_attn) recomputes only the attention core: the memory and time of "
+                 "the run differ from the plan's")
 
 
 def _intra(plan: Plan) -> dict[str, int]:
@@ -267,7 +317,7 @@ def _uneven(plan: Plan) -> bool:
 
 
 def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> list[str]:
-    per_node = plan.gpus // plan.nodes                 # GPUs per host (the scheduling node)
+    per_node = _per_host(plan)
     m = inst.model
     gpus = (f"{plan.nodes} node{'s' if plan.nodes > 1 else ''} x {per_node} GPUs per node = "
             f"{plan.gpus} GPUs")
@@ -308,15 +358,16 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     precision = inst.spec.training.precision
     node = _node_size(inst, plan)
     intra = _intra(plan)
+    order = _rank_order(plan)
     comments = _header(inst, plan, "Megatron-LM pretrain_gpt.py arguments")
     comments.append(f"data-parallel size {plan.dp} is implied: world size / (tensor * pipeline * "
                     f"context) = {plan.gpus} / ({plan.tp}*{plan.pp}*{plan.cp})")
     extra: list[str] = []
-    if intra == _placed(plan, node, MEGATRON_ORDER):
+    if order == "default":
         comments.append(
             "rank order: Megatron's default (tp innermost, then cp, dp, pp) fills each node with "
             f"{_fmt_intra(intra)}, the placement the plan assumes")
-    elif plan.cp == 1 and intra == _placed(plan, node, TP_PP_DP_ORDER):
+    elif order == "tp-pp-dp":
         comments.append(
             f"rank order: the plan places {_fmt_intra(intra)} per node, not Megatron's default "
             "(tp innermost, then cp, dp, pp); --use-tp-pp-dp-mapping (order tp-pp-dp) gives it")
@@ -330,8 +381,17 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if precision == "fp8":
         comments.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine)")
     comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")
+    if _op_selective(inst, plan):
+        comments.append(_OP_SELECTIVE)
     env: list[str] = []
-    if plan.tp > 1 or plan.cp > 1:
+    if (plan.tp > 1 or plan.cp > 1) and _megatron_fsdp(plan):
+        # megatron/training/arguments.py validate_args: Megatron-FSDP asserts
+        # CUDA_DEVICE_MAX_CONNECTIONS != "1" ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or
+        # unset") and with tensor / context parallelism only warns
+        comments.append("tensor or context parallelism with Megatron-FSDP: validate_args "
+                        "requires CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (it only warns "
+                        "that tensor parallelism prefers 1): no export line")
+    elif plan.tp > 1 or plan.cp > 1:
         # megatron/training/arguments.py validate_args: with tensor or context parallelism on a
         # GPU before Blackwell, it asserts CUDA_DEVICE_MAX_CONNECTIONS == "1"
         comments.append("tensor or context parallelism: Megatron's validate_args requires "
@@ -379,10 +439,9 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     # Transformer Engine); p2p overlap is on by default when interleaved and switched off by
     # --no-overlap-p2p-communication (older Megatron-LM, before Oct 2023: --overlap-p2p-communication)
     ov = _overlaps(plan)
-    if ov["overlap_param_gather"] and not ov["overlap_grad_reduce"]:
-        raise InputError(f"plan {plan.label()} cannot be written as a megatron launch", [
-            "overlap_param_gather = true needs overlap_grad_reduce = true (Megatron-LM "
-            "validate_args: 'Must use --overlap-param-gather with --overlap-grad-reduce')"])
+    refused = _megatron_overlap_violations(plan, ov)
+    if refused:
+        raise InputError(f"plan {plan.label()} cannot be written as a megatron launch", refused)
     if ov["overlap_grad_reduce"]:
         args.append("--overlap-grad-reduce")
     if ov["overlap_param_gather"]:
@@ -438,16 +497,33 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _megatron_overlap_violations(plan: Plan, ov: dict[str, bool]) -> list[str]:
+    """The overlap settings Megatron-LM's validate_args (megatron/training/arguments.py)
+    refuses: parameter-gather overlap without grad-reduce overlap, and an interleaved pipeline
+    of two stages without p2p overlap (it asserts pipeline_model_parallel_size > 2 then, "to
+    avoid having multiple p2p sends and recvs between same 2 ranks per communication batch")."""
+    out = []
+    if ov["overlap_param_gather"] and not ov["overlap_grad_reduce"]:
+        out.append("overlap_param_gather = true needs overlap_grad_reduce = true (Megatron-LM "
+                   "validate_args: 'Must use --overlap-param-gather with --overlap-grad-reduce')")
+    if plan.vp > 1 and not ov["overlap_p2p_comm"] and plan.pp <= 2:
+        out.append(f"vp = {plan.vp} with overlap_p2p_comm = false needs pp > 2 (pp = "
+                   f"{plan.pp}): Megatron-LM validate_args refuses an interleaved schedule "
+                   "without p2p overlap on two pipeline ranks")
+    return out
+
+
 def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[str]:
     """The sharding mode as Megatron-LM arguments: ``--use-distributed-optimizer`` (optim), the
     Megatron-FSDP switch with ``--data-parallel-sharding-strategy`` (optim_grads,
     optim_grads_params; Megatron-FSDP user guide: it needs the distributed optimizer and
-    ``--no-gradient-accumulation-fusion``), the shard group's replicas
+    ``--no-gradient-accumulation-fusion``; validate_args asserts ``--ckpt-format
+    fsdp_dtensor``), the shard group's replicas
     (``--num-distributed-optimizer-instances``) and ``--grad-reduce-in-bf16``."""
     mode, args = plan.dp_sharding, []
-    if mode in ("optim_grads", "optim_grads_params"):
+    if _megatron_fsdp(plan):
         args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {mode}",
-                 "--no-gradient-accumulation-fusion"]
+                 "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
         if mode == "optim_grads_params" and not plan.reshard_after_forward:
             comments.append("the plan keeps gathered parameters from forward to backward "
                             "(reshard_after_forward = false); Megatron-FSDP has no switch for it "
@@ -523,16 +599,23 @@ def _nemo_moe(inst: Instance) -> dict[str, object]:
 def _nemo(inst: Instance, plan: Plan) -> str:
     m = inst.model
     precision = inst.spec.training.precision
-    node = _node_size(inst, plan)
     full = plan.recompute == "full"
     comments = _header(inst, plan, "NeMo 2 recipe overrides (nemo.collections.llm)", torchrun=False)
     comments += [
         "apply to a pretrain recipe (recipe.trainer.strategy.tensor_model_parallel_size = ...) or as",
         "dotted key=value overrides of `nemo llm pretrain --factory <recipe>`",
     ]
-    if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
+    order = _rank_order(plan)
+    if order == "tp-pp-dp":
         comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
-                        "Megatron-Core's default (tp innermost, then cp, dp, pp)")
+                        "Megatron-Core's default (tp innermost, then cp, dp, pp); "
+                        "use_tp_pp_dp_mapping (order tp-pp-dp) gives it")
+    elif order is None:
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
+                        "Megatron-Core's default (tp innermost, then cp, dp, pp), and no stock "
+                        "order gives it")
+    if _op_selective(inst, plan):
+        comments.append(_OP_SELECTIVE)
     if plan.pp > 1:
         comments.append("pipeline_dtype is a torch.dtype: in a Python recipe write "
                         "recipe.trainer.strategy.pipeline_dtype = torch.bfloat16 (torch.float16 "
@@ -548,10 +631,13 @@ def _nemo(inst: Instance, plan: Plan) -> str:
     comments.append("overlaps as the plan costs them: a recipe's MegatronCommOverlapCallback "
                     "overrides these keys, so give it the same values (its tp_comm_overlap, "
                     "overlap_p2p_comm, overlap_grad_reduce, overlap_param_gather arguments)")
+    fsdp = _megatron_fsdp(plan)
+    replicas = plan.dp_replicate if plan.dp_sharding != "none" and plan.dp_replicate > 1 else 0
+    fp32_reduce = reduce_dtype(inst) == "fp32"
     tree = {
         "trainer": {
             "num_nodes": plan.nodes,
-            "devices": node,
+            "devices": _per_host(plan),        # Lightning's devices: GPUs per host
             "strategy": {
                 "tensor_model_parallel_size": plan.tp,
                 "pipeline_model_parallel_size": plan.pp,
@@ -573,21 +659,29 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # MegatronStrategy(fsdp="megatron", ddp=DistributedDataParallelConfig(...)):
                 # Megatron-Core's data-parallel overlap switches, sharding strategy and
                 # gradient reduction dtype
-                **({"fsdp": "megatron"}
-                   if plan.dp_sharding in ("optim_grads", "optim_grads_params") else {}),
+                # Megatron-FSDP checkpoints only as fsdp_dtensor (MegatronStrategy raises for
+                # another save_ckpt_format; Megatron-LM validate_args asserts it)
+                **({"fsdp": "megatron", "save_ckpt_format": "fsdp_dtensor"} if fsdp else {}),
+                # MegatronStrategy(use_tp_pp_dp_mapping: bool): the tp-pp-dp rank order
+                **({"use_tp_pp_dp_mapping": True} if order == "tp-pp-dp" else {}),
+                # a MegatronStrategy argument: __init__ copies it into the ddp config (and
+                # the parallelism config), overwriting a value set in ddp (NeMo
+                # nemo/lightning/pytorch/strategies/megatron_strategy.py)
+                **({"num_distributed_optimizer_instances": replicas} if replicas else {}),
                 "ddp": {
                     "overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
                     "overlap_param_gather": _overlaps(plan)["overlap_param_gather"],
                     "data_parallel_sharding_strategy": {"none": "no_shard"}.get(
                         plan.dp_sharding, plan.dp_sharding),
-                    "grad_reduce_in_fp32": reduce_dtype(inst) == "fp32",
-                    **({"num_distributed_optimizer_instances": plan.dp_replicate}
-                       if plan.dp_sharding != "none" and plan.dp_replicate > 1 else {}),
+                    "grad_reduce_in_fp32": fp32_reduce,
                 },
             },
             "plugins": {
                 "precision": "16-mixed" if precision == "fp16" else "bf16-mixed",
                 "fp8": "hybrid" if precision == "fp8" else None,
+                # MegatronMixedPrecision(grad_reduce_in_fp32=True by default) overrides the ddp
+                # config's value in MegatronStrategy.connect (update_config_with_dtype_overrides)
+                "grad_reduce_in_fp32": fp32_reduce,
             },
         },
         "data": {
@@ -610,6 +704,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # ModelParallelConfig overlap fields (Megatron-Core)
                 "tp_comm_overlap": _overlaps(plan)["tp_comm_overlap"],
                 "overlap_p2p_comm": _overlaps(plan)["overlap_p2p_comm"],
+                # Megatron-FSDP runs without the fused weight-gradient accumulation (as the
+                # megatron export's --no-gradient-accumulation-fusion)
+                **({"gradient_accumulation_fusion": False} if fsdp else {}),
                 # TransformerConfig's activation offload of N layers (Megatron-Core)
                 **({"cpu_offloading": True, "cpu_offloading_num_layers": plan.offload_layers,
                     "cpu_offloading_activations": True, "cpu_offloading_weights": False}
@@ -642,6 +739,39 @@ def _toml_value(v: object) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return str(v)
+
+
+def _torchtitan_rank_layers(layers: int, pp: int, per_stage: int, first_less: int,
+                            last_less: int) -> list[int]:
+    """The decoder layers per pipeline rank torchtitan 0.2.2 builds from its pipeline keys
+    (distributed/pipeline_parallel.py pipeline_llm and generate_llm_fqn_per_model_part): the
+    layers plus both allowances over ceil(that / layers_per_stage) virtual stages, as evenly as
+    whole layers allow with the first stages one larger, the first and last stage less their
+    allowance; rank r runs stages r, r + pp, ... (the "loop" style of 1F1B and
+    Interleaved1F1B). The export compares it with the plan's layout."""
+    total = layers + first_less + last_less
+    n = -(-total // per_stage)
+    base, extra = divmod(total, n)
+    stages = [base + (i < extra) for i in range(n)]
+    stages[0] -= first_less
+    stages[-1] -= last_less
+    return [sum(stages[r::pp]) for r in range(pp)]
+
+
+def _torchtitan_fp8_experts(plan: Plan) -> str:
+    """What the torchtitan export says of a plan that costs FP8 expert GEMMs."""
+    why = ("torchtitan 0.2.2's quantize.linear.float8 converts nn.Linear modules only, and "
+           "GroupedExperts hold w1/w2/w3 as parameters (models/moe/moe.py)")
+    refused = [f"{name} = {n}" for name, n in (("pp", plan.pp), ("cp", plan.cp)) if n > 1]
+    if refused:
+        how = ("its quantize.grouped_mm.float8 converter refuses pipeline and context "
+               "parallelism (components/quantization/float8.py: the Float8 MoE training "
+               f"prototype), and this plan has {', '.join(refused)}")
+    else:
+        how = ("its prototype converter quantize.grouped_mm.float8 (fqns = [\"experts\"], with "
+               "torch.compile) may convert them; it is not emitted")
+    return (f"fp8 experts: cannot express; the plan costs the experts' GEMMs and weight copies "
+            f"in FP8, but {why}; {how}: the experts run in bf16 as written (slower than planned)")
 
 
 def _torchtitan(inst: Instance, plan: Plan) -> str:
@@ -699,6 +829,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "activation_checkpoint has full (every layer) or selective per layer "
                         "frequency, not a count per stage: mode = \"full\" is emitted (slower, "
                         "less memory than planned)")
+    if precision == "fp8" and _moe(inst):
+        comments.append(_torchtitan_fp8_experts(plan))
     if plan.recompute == "selective" and selective_recompute(inst) != "op":
         comments.append("selective: torchtitan's per-op checkpointing saves matmul outputs and "
                         "recomputes the rest, close to but not the same as Megatron's attention-only "
@@ -735,13 +867,20 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         par["pipeline_parallel_last_stage_less_layers"] = 0 if spread else int(k.last_short)
         if _uneven(plan):
             comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
-        if spread:
+        built = _torchtitan_rank_layers(
+            m.layers, plan.pp, par["pipeline_parallel_layers_per_stage"],
+            par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"])
+        if built != list(plan.stage_layers or built):
             comments.append(
-                "cannot express: the plan spreads the first / last rank's shortfall over its "
-                f"{plan.vp} virtual stages (Megatron's first/last stage counts), while "
-                "pipeline_parallel_first/last_stage_less_layers shorten one virtual stage only; "
-                "list the layers per stage in module_fqns_per_model_stage instead (the even "
-                "split emitted here is not the plan)")
+                "cannot express: "
+                + ("the plan spreads the first / last rank's shortfall over its "
+                   f"{plan.vp} virtual stages (Megatron's first/last stage counts), while "
+                   "pipeline_parallel_first/last_stage_less_layers shorten one virtual stage "
+                   "only; " if spread else "")
+                + "torchtitan splits the keys emitted here into decoder layers per rank "
+                + ", ".join(map(str, built)) + ", not the plan's; list each virtual stage's "
+                "modules in module_fqns_per_model_part instead")
     par["pipeline_parallel_microbatch_size"] = mb
     par["context_parallel_degree"] = plan.cp
     if _moe(inst):
@@ -753,10 +892,14 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         ac["selective_ac_option"] = "op"
     sections.append(("activation_checkpoint", ac))
     if precision == "fp8":
+        # tensorwise scaling is the converter's path without recipe_name: with a recipe_name
+        # it asserts enable_fsdp_float8_all_gather is off (components/quantization/float8.py);
+        # the output layer stays 16-bit as the model costs it (torchtitan's own llama3_405b
+        # config filters "output" too)
         sections.append(("quantize.linear.float8", {
-            "recipe_name": "tensorwise",
             "enable_fsdp_float8_all_gather": True,
             "precompute_float8_dynamic_scale_for_fsdp": True,
+            "filter_fqns": ["output"],
         }))
     lines = _comments(comments)
     for name, body in sections:
@@ -766,8 +909,10 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------- DeepSpeed
 
-def _ds_recompute(mode: str, layers: int = 0) -> str:
-    """How the model code turns the plan's recompute on under DeepSpeed (the JSON cannot)."""
+def _ds_recompute(mode: str, layers: int = 0, op_level: bool = False) -> str:
+    """How the model code turns the plan's recompute on under DeepSpeed (the JSON cannot);
+    ``op_level``: the plan costs torchtitan's op-level selective policy, which Megatron-based
+    model code has no flag for."""
     if mode == "full" and layers:
         return (f"full for {layers} layer(s) of each pipeline stage chunk: the model code wraps "
                 "those layers' forward in deepspeed.checkpointing.checkpoint (Megatron-based "
@@ -778,6 +923,12 @@ def _ds_recompute(mode: str, layers: int = 0) -> str:
         return ("full: the model code wraps every transformer layer's forward in "
                 "deepspeed.checkpointing.checkpoint (Megatron-based model code: the full-"
                 "recompute flags of the megatron export)")
+    if op_level:
+        return ("selective, op-level as the plan costs it (torchtitan's policy: save the "
+                "outputs of every second matmul and of attention, recompute the rest): cannot "
+                "express with Megatron-based model code, whose selective recompute wraps only "
+                "the attention core in deepspeed.checkpointing.checkpoint; the model code must "
+                "apply such a per-op policy itself, or memory and time differ from the plan's")
     return ("selective: the model code checkpoints only the attention core (softmax and "
             "dropout of QK^T) with deepspeed.checkpointing.checkpoint (Megatron-based model "
             "code: the selective-recompute flag of the megatron export)")
@@ -811,11 +962,13 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
         },
         "plan_parallelism": {
             "_comment": ("not a DeepSpeed key (DeepSpeed ignores it): DeepSpeed's JSON has no "
-                         "standard tensor/pipeline/context-parallel keys; pass these to the "
-                         "model code (e.g. Megatron-DeepSpeed --tensor-model-parallel-size, "
-                         "PipelineModule(num_stages=pipeline)). fp8 needs Transformer Engine in "
-                         "the model."),
-            "recompute_how": _ds_recompute(plan.recompute, plan.recompute_layers),
+                         "standard tensor/pipeline-parallel keys; pass these to the model code "
+                         "(e.g. Megatron-DeepSpeed --tensor-model-parallel-size, "
+                         "PipelineModule(num_stages=pipeline)); virtual_pipeline and context "
+                         "are 1 (DeepSpeed runs neither). fp8 needs Transformer Engine in the "
+                         "model."),
+            "recompute_how": _ds_recompute(plan.recompute, plan.recompute_layers,
+                                           _op_selective(inst, plan)),
             "plan": plan.label(),
             "tensor": plan.tp,
             "pipeline": plan.pp,
@@ -835,7 +988,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             **({"recompute_layers": plan.recompute_layers} if plan.recompute_layers else {}),
             "precision": precision,
             "nodes": plan.nodes,
-            "gpus_per_node": plan.gpus // plan.nodes,
+            "gpus_per_node": _per_host(plan),
             "gpus": plan.gpus,
             "intra_node": _intra(plan),
             # overlaps the plan costs that DeepSpeed's JSON cannot switch on

@@ -53,6 +53,8 @@ FUNCTIONS: dict[str, Callable[[float], float]] = {
     "ring_share": lambda x: 1.0 - 1.0 / x,
     "steps": lambda x: x - 1.0,
     "gt2": lambda x: 1.0 if x > 2 + 1e-9 else 0.0,
+    "not_whole": lambda x: 0.0 if x >= 1 - 1e-9 and abs(x - round(x)) <= 1e-9 * max(x, 1)
+    else 1.0,
 }
 
 
@@ -276,6 +278,8 @@ ARRAY_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "ring_share": lambda x: 1.0 - 1.0 / x,
     "steps": lambda x: x - 1.0,
     "gt2": lambda x: (x > 2 + 1e-9).astype(float),
+    "not_whole": lambda x: 1.0 - ((x >= 1 - 1e-9)
+                                  & (np.abs(x - np.rint(x)) <= 1e-9 * np.maximum(x, 1))).astype(float),
 }
 
 
@@ -300,6 +304,13 @@ def gt2(x):
 def eq1(x):
     """1 if ``x == 1`` else 0."""
     return _apply("eq1", x)
+
+
+def not_whole(x):
+    """1 unless ``x`` is a positive whole number: a quotient of degrees that a framework needs
+    to be a degree itself (the encoders' presolve forbids the form values where it is 1, since
+    a function's argument is a degree at every feasible point)."""
+    return _apply("not_whole", x)
 
 
 def ring_share(n):

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.model.algebra import eq1, gt1, is_one, not_whole
+
 #: The data-parallel sharding modes (Megatron-Core ``data_parallel_sharding_strategy`` names;
 #: ZeRO stages 0 to 3; FSDP full shard is ``optim_grads_params``)
 SHARDING_MODES: tuple[str, ...] = ("none", "optim", "optim_grads", "optim_grads_params")
@@ -42,6 +44,19 @@ class Framework:
     sharding_no_pp_source: str = ""
     #: ``none`` (plain DDP) only without tensor, pipeline and context parallelism
     ddp_needs_1d: bool = False
+    #: a shard group of one rank without context parallelism is not sharded at all: the
+    #: framework runs it as its plain DDP, which ``ddp_needs_1d`` refuses beside tensor and
+    #: pipeline parallelism
+    unit_shard_is_ddp: bool = False
+    #: expert parallelism is taken from the shard group's, context and tensor ranks (ep must
+    #: divide dp_shard_size * cp * tp), not from all data-parallel ranks (the rule ep_stage)
+    ep_in_shard_group: bool = False
+    #: it runs interleaved pipelines (vp > 1) and context parallelism (cp > 1); the sources
+    #: when it does not (the sentences a refusal names)
+    interleaving: bool = True
+    interleaving_source: str = ""
+    context_parallel: bool = True
+    context_parallel_source: str = ""
     #: whether it replicates shard groups (HSDP: dp_shard_size < dp)
     hsdp: bool = True
     #: sharded gradients are reduce-scattered after every micro-batch's backward (True) or once
@@ -125,10 +140,22 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #:   supported > 1D parallelism"); ``mixed_precision_reduce = "float32"``;
 #:   ``fsdp_reshard_after_forward = "default"``: True without pipeline parallelism, False with it;
 #:   FSDP2 reduce-scatters each backward (gradient accumulation included).
+#: - torchtitan 0.2.2 ``distributed/parallel_dims.py``: ``fsdp_enabled = dp_shard_enabled or
+#:   cp_enabled`` (dp_shard > 1 or cp > 1), so a shard group of one without context
+#:   parallelism takes the DDP branch of ``models/llama3/infra/parallelize.py``, which raises
+#:   "DDP has not supported > 1D parallelism" unless the world is the replicate mesh;
+#:   ``build_mesh`` unflattens the world into ``(pp, dp_replicate, efsdp, ep, etp)`` with
+#:   ``efsdp = dp_shard * cp * tp // (etp * ep)``: expert parallelism (etp = 1 in the exports)
+#:   must divide dp_shard * cp * tp, the replicas are outside it.
 #: - DeepSpeed: ``zero_optimization.stage`` 0-3; ``PipelineEngine`` asserts ZeRO stage < 2
 #:   ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"); stage 2/3 reduce in every
 #:   backward (``reduce_ipg_grads``); ``communication_data_type`` defaults to the model dtype;
 #:   no replica groups of the ZeRO partition here (ZeRO++ hpZ is a secondary copy, not modelled).
+#:   No interleaving: DeepSpeed 0.19.8 ``deepspeed/runtime/pipe/schedule.py`` has
+#:   ``TrainSchedule`` (1F1B) and ``DualPipeVSchedule`` (a fixed two-chunk V), and
+#:   ``PipelineModule`` builds one stage per rank. No context parallelism: Megatron-DeepSpeed
+#:   (``megatron/arguments.py``) has no ``--context-parallel-size``, only
+#:   ``--ds-sequence-parallel-size`` (Ulysses all-to-all, which the model does not cost).
 #: - Host offload, Megatron-Core: ``--optimizer-cpu-offload`` (validate_args asserts
 #:   ``--use-precision-aware-optimizer``, a distributed-optimizer path: ZeRO-1 here; the
 #:   exports pass ``--overlap-cpu-optimizer-d2h-h2d``, so the cost rule overlaps the transfers
@@ -168,6 +195,7 @@ FRAMEWORKS: dict[str, Framework] = {
                                                   "tp_comm_overlap"),
                             grad_bucket_params=1 << 40,
                             sharding_modes=("none", "optim_grads_params"), ddp_needs_1d=True,
+                            unit_shard_is_ddp=True, ep_in_shard_group=True,
                             reduce_every_microbatch=True, sharded_16bit_copy=False,
                             # activation_checkpoint.mode = "selective", selective_ac_option =
                             # "op" (its train_configs): a policy that saves the outputs of mm,
@@ -184,6 +212,13 @@ FRAMEWORKS: dict[str, Framework] = {
                            sharding_no_pp_source="DeepSpeed's PipelineEngine refuses ZeRO "
                            "stage 2 and 3 with pipeline parallelism",
                            hsdp=False, reduce_every_microbatch=True, grad_reduce_dtype="bf16",
+                           interleaving=False, context_parallel=False,
+                           interleaving_source="its PipelineEngine runs one stage per rank "
+                           "with 1F1B (deepspeed/runtime/pipe/schedule.py TrainSchedule), no "
+                           "interleaved schedule",
+                           context_parallel_source="Megatron-DeepSpeed has no "
+                           "--context-parallel-size, only Ulysses --ds-sequence-parallel-size, "
+                           "which this model does not cost",
                            optimizer_offload_modes=("optim", "optim_grads",
                                                     "optim_grads_params"),
                            offload_source="DeepSpeed zero_optimization.offload_optimizer "
@@ -217,10 +252,20 @@ def selective_recompute_of(name: str | None) -> str:
 def framework_violations(name: str | None, plan) -> list[str]:
     """The framework rules a plan breaks (``name`` None: none), as sentences naming the rule:
     a sharding mode the framework does not run, one it runs only without pipeline
-    parallelism, plain DDP beside other parallelism, HSDP where it has none."""
+    parallelism, plain DDP beside other parallelism (a shard group of one included where the
+    framework runs that as DDP), HSDP where it has none, an expert grid its device mesh cannot
+    build, interleaving or context parallelism where it has none. :func:`framework_bar` is the
+    same rules in the search's form."""
     if name is None:
         return []
     fw = FRAMEWORKS[name]
+    return (_sharding_violations(fw, plan) + _expert_violations(fw, plan)
+            + _pipeline_violations(fw, plan))
+
+
+def _sharding_violations(fw: Framework, plan) -> list[str]:
+    """The data-parallel sharding rules: the modes it runs, with or without a pipeline, plain
+    DDP only in one dimension, HSDP."""
     mode, out = plan.dp_sharding, []
     if mode not in fw.sharding_modes:
         out.append(f"{fw.label} runs dp_sharding {' | '.join(fw.sharding_modes)}, not "
@@ -232,10 +277,76 @@ def framework_violations(name: str | None, plan) -> list[str]:
         out.append(f"dp_sharding = \"none\" is plain DDP, which {fw.label} runs only without "
                    f"tensor, pipeline and context parallelism (tp = {plan.tp}, pp = {plan.pp}, "
                    f"cp = {plan.cp}): use optim_grads_params (FSDP2)")
+    elif _unit_shard_ddp(fw, plan):
+        out.append(f"dp_shard_size = 1 without context parallelism is plain DDP over the "
+                   f"{plan.dp_replicate} replicas under {fw.label} (distributed/parallel_dims.py: "
+                   "fsdp_enabled = dp_shard_enabled or cp_enabled), which it runs only without "
+                   f"tensor and pipeline parallelism (tp = {plan.tp}, pp = {plan.pp}: \"DDP has "
+                   "not supported > 1D parallelism\"): use a shard group of 2 or more ranks")
     if not fw.hsdp and mode != "none" and plan.dp_replicate > 1:
         out.append(f"{fw.label} has no HSDP: dp_shard_size = {plan.dp_shard_size} must be "
                    f"dp = {plan.dp}")
     return out
+
+
+def _unit_shard_ddp(fw: Framework, plan) -> bool:
+    """A sharded mode whose shard group is one rank, without context parallelism, replicated,
+    beside tensor or pipeline parallelism: what a framework that runs it as DDP cannot."""
+    return (fw.unit_shard_is_ddp and plan.dp_sharding != "none" and plan.dp_shard_size == 1
+            and plan.cp == 1 and plan.dp_replicate > 1 and max(plan.tp, plan.pp) > 1)
+
+
+def _expert_violations(fw: Framework, plan) -> list[str]:
+    """Expert parallelism the framework's device mesh cannot build: torchtitan takes it from
+    the shard group x cp x tp ranks (plain DDP: a shard degree of 1)."""
+    ep = getattr(plan, "ep", 1)
+    if not fw.ep_in_shard_group or ep == 1:
+        return []
+    shard = 1 if plan.dp_sharding == "none" else plan.dp_shard_size
+    ranks = shard * plan.cp * plan.tp
+    if ranks % ep == 0:
+        return []
+    return [f"ep = {ep} must divide dp_shard_size * cp * tp = {shard} * {plan.cp} * {plan.tp} "
+            f"= {ranks} under {fw.label} (distributed/parallel_dims.py build_mesh: efsdp = "
+            "dp_shard * cp * tp // (etp * ep) with etp = 1; the replicas are outside it)"]
+
+
+def _pipeline_violations(fw: Framework, plan) -> list[str]:
+    """Interleaving (vp > 1) and context parallelism (cp > 1) where the framework has none."""
+    out = []
+    if not fw.interleaving and plan.vp > 1:
+        out.append(f"vp = {plan.vp}: {fw.label} has no interleaved pipeline "
+                   f"({fw.interleaving_source})")
+    if not fw.context_parallel and plan.cp > 1:
+        out.append(f"cp = {plan.cp}: {fw.label} has no context parallelism "
+                   f"({fw.context_parallel_source})")
+    return out
+
+
+def framework_bar(fw: Framework, named: str | None, mode: str, x):
+    """1 (or more) where the named framework cannot run ``mode`` on the grid ``x`` (0 without a
+    named framework): the rules of :func:`framework_violations` as indicator functions of the
+    degrees (planner/model/algebra.py), so the evaluator, the enumerator and the MIP encoders
+    leave the same plans (the model charges the bar as memory no GPU has)."""
+    if named is None:
+        return 0.0
+    bar = 0.0
+    if mode in fw.sharding_needs_no_pp:
+        bar = bar + gt1(x.p)
+    if mode == "none" and fw.ddp_needs_1d:
+        bar = bar + gt1(x.t * x.p * x.c)
+    if mode != "none" and fw.unit_shard_is_ddp:
+        # dp / r = 1 (d = r > 1 replicas), cp = 1, beside tp or pp
+        bar = bar + eq1(x.d / x.r) * eq1(x.c) * gt1(x.r) * gt1(x.t * x.p)
+    if fw.ep_in_shard_group and not is_one(x.e):
+        # plain DDP has a shard degree of 1 (and no tp / cp beside it): ep must be 1; the
+        # sharded mode's quotient is a positive whole number or the mesh cannot be built
+        bar = bar + (gt1(x.e) if mode == "none" else not_whole(x.d * x.c * x.t / (x.r * x.e)))
+    if not fw.interleaving:
+        bar = bar + gt1(x.v)
+    if not fw.context_parallel:
+        bar = bar + gt1(x.c)
+    return bar
 
 
 def offload_violations(name: str | None, plan) -> list[str]:

@@ -28,8 +28,8 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
                                    quotient_excess, ring_share, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, ring_step
-from planner.model.frameworks import (OVERLAP_KNOBS, framework_of, grad_reduce_dtype,
-                                      selective_recompute_of)
+from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
+                                      grad_reduce_dtype, selective_recompute_of)
 from planner.model.instance import Hardware, Instance
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
@@ -103,18 +103,6 @@ def selective_recompute(inst: Instance) -> str:
             or selective_recompute_of(inst.spec.constraints.framework))
 
 
-def framework_bar(fw, named: str | None, mode: str, x: Degrees):
-    """1 where the named framework cannot run ``mode`` on the grid ``x`` (0 without a named
-    framework): a mode it needs pp = 1 for under pipeline parallelism, or plain DDP under
-    tensor / pipeline / context parallelism."""
-    if named is None:
-        return 0.0
-    bar = 0.0
-    if mode in fw.sharding_needs_no_pp:
-        bar = bar + gt1(x.p)
-    if mode == "none" and fw.ddp_needs_1d:
-        bar = bar + gt1(x.t * x.p * x.c)
-    return bar
 #: HBM bytes touched per parameter by the Adam step: read fp32 master, m, v, grad (16), write
 #: master, m, v (12), write the 16-bit weight (2).
 ADAM_STEP_BYTES = 30

@@ -1,0 +1,140 @@
+"""Framework rules that the export refuses and the search leaves (planner/model/frameworks.py):
+a plan the named framework cannot start is an export error naming the rule, and the optimum
+``plan solve FILE --emit FMT`` searches for is one the framework runs.
+
+The torchtitan conditions are checked as torchtitan 0.2.2 states them
+(distributed/parallel_dims.py): FSDP is applied when dp_shard > 1 or cp > 1, else the DDP
+branch of parallelize raises beside any other mesh dimension; build_mesh needs
+ep * etp to divide dp_shard * cp * tp (etp = 1 in the exports).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from formulations.solve import solve
+from planner.app.emit import emit
+from planner.model.errors import InputError
+from planner.model.evaluate import evaluate
+from planner.model.frameworks import framework_violations
+from planner.model.instance import Instance, load_instance
+from planner.model.plan import Plan, plan_from_spec
+
+INSTANCES = Path(__file__).resolve().parent.parent / "instances"
+
+
+def _inst(name: str, framework: str | None = None) -> Instance:
+    inst = load_instance(INSTANCES / name)
+    if framework:
+        inst = inst.with_spec(constraints=inst.spec.constraints.model_copy(
+            update={"framework": framework}))
+    return inst
+
+
+def _torchtitan_applies_fsdp_or_runs_1d(plan: Plan) -> bool:
+    """torchtitan's parallelize: FSDP (dp_shard > 1 or cp > 1), or DDP / nothing on a world
+    that is the data-parallel mesh alone."""
+    shard = 1 if plan.dp_sharding == "none" else plan.dp_shard_size
+    return shard > 1 or plan.cp > 1 or plan.dp == 1 or max(plan.tp, plan.pp) == 1
+
+
+def _torchtitan_mesh_builds(plan: Plan) -> bool:
+    """torchtitan's build_mesh: efsdp = dp_shard * cp * tp // ep, a whole mesh dimension."""
+    shard = 1 if plan.dp_sharding == "none" else plan.dp_shard_size
+    return (shard * plan.cp * plan.tp) % plan.ep == 0
+
+
+def _refused(inst: Instance, plan: Plan, fmt: str, needle: str) -> None:
+    with pytest.raises(InputError, match="cannot be written") as err:
+        emit(inst, plan, fmt)
+    assert needle in str(err.value)
+
+
+# ------------------------------------------------------------------------ torchtitan: DDP branch
+
+def test_torchtitan_refuses_a_shard_group_of_one_beside_tensor_parallelism():
+    """HSDP with a shard group of one rank and no context parallelism is torchtitan's DDP,
+    which raises "DDP has not supported > 1D parallelism" beside tp / pp."""
+    inst = _inst("llama3.1-405b-h100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params",
+                          dp_shard_size=1, recompute_layers=0)
+    assert plan.dp_replicate == plan.dp > 1 and plan.tp > 1
+    assert not _torchtitan_applies_fsdp_or_runs_1d(plan)
+    _refused(inst, plan, "torchtitan", "dp_shard_size = 1 without context parallelism")
+    # a shard group of two is FSDP2 (HSDP): written
+    two = plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params",
+                         dp_shard_size=2, recompute_layers=0)
+    assert "data_parallel_shard_degree = 2" in emit(inst, two, "torchtitan")
+
+
+def test_torchtitan_search_returns_a_plan_torchtitan_starts():
+    """``plan solve instances/llama3.1-405b-h100.toml --emit torchtitan`` chose a shard group
+    of one beside TP8 PP32 before the rule; the optimum under torchtitan now applies FSDP."""
+    inst = _inst("llama3.1-405b-h100.toml", "torchtitan")
+    plan = solve(inst, solver="enumerate").report.plan
+    assert _torchtitan_applies_fsdp_or_runs_1d(plan), plan.label()
+    assert framework_violations("torchtitan", plan) == []
+    emit(inst, plan, "torchtitan")
+
+
+def test_evaluate_under_torchtitan_reports_the_shard_group_rule():
+    """The search's form of the rule (memory no GPU has) and evaluate's sentence agree."""
+    inst = _inst("llama3.1-405b-h100.toml", "torchtitan")
+    plan = plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params",
+                          dp_shard_size=1, recompute_layers=0)
+    report = evaluate(inst, plan)
+    assert any("dp_shard_size = 1 without context parallelism" in v for v in report.violations)
+
+
+# ------------------------------------------------------------------- torchtitan: expert mesh
+
+def test_torchtitan_refuses_expert_parallelism_beyond_its_shard_cp_tp_ranks():
+    """DeepSeek-V3 with EP128 over a shard group of one and TP8: efsdp = 8 // 128 = 0."""
+    inst = _inst("deepseek-v3-h800.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, tp=8, dp=16, ep=128,
+                          dp_sharding="optim_grads_params", dp_shard_size=1)
+    assert not _torchtitan_mesh_builds(plan)
+    _refused(inst, plan, "torchtitan", "ep = 128 must divide dp_shard_size * cp * tp")
+    # the replicas are outside the expert grid: a shard group of 16 carries EP128 with TP8
+    fits = plan_from_spec(inst, inst.spec.plan, tp=8, dp=16, ep=128,
+                          dp_sharding="optim_grads_params", dp_shard_size=16)
+    assert _torchtitan_mesh_builds(fits)
+    assert "expert_parallel_degree = 128" in emit(inst, fits, "torchtitan")
+
+
+def test_torchtitan_search_keeps_expert_parallelism_inside_the_shard_group():
+    inst = _inst("deepseek-v3-h800.toml", "torchtitan")
+    plan = solve(inst, solver="enumerate").report.plan
+    assert plan.ep > 1
+    assert _torchtitan_mesh_builds(plan) and _torchtitan_applies_fsdp_or_runs_1d(plan), \
+        plan.label()
+    emit(inst, plan, "torchtitan")
+
+
+# ------------------------------------------------------------------------------------ DeepSpeed
+
+@pytest.mark.parametrize("overrides, needle", [
+    ({"vp": 3}, "vp = 3: DeepSpeed has no interleaved pipeline"),
+    ({"vp": 1, "cp": 2, "dp": 8}, "cp = 2: DeepSpeed has no context parallelism"),
+])
+def test_deepspeed_refuses_interleaving_and_context_parallelism(overrides, needle):
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, **overrides)
+    _refused(inst, plan, "deepspeed", needle)
+
+
+def test_deepspeed_search_has_no_interleaving_nor_context_parallelism():
+    """``--emit deepspeed`` chose TP4 PP2 CP2 VP5 for Llama 3 70B before the rules."""
+    inst = _inst("llama3-70b-h100.toml", "deepspeed")
+    plan = solve(inst, solver="enumerate").report.plan
+    assert plan.vp == 1 and plan.cp == 1, plan.label()
+    emit(inst, plan, "deepspeed")
+
+
+def test_the_search_without_a_framework_keeps_interleaving():
+    """The rules bind only a named framework: the GPT-3 optimum stays interleaved."""
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = solve(inst, solver="enumerate").report.plan
+    assert plan.vp > 1
