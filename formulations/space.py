@@ -466,16 +466,14 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins) -> None:
     leave once it is lifted, and stop (raises :class:`InfeasibleError`). ``start_pins``: pins
     made by a variable's candidates (the micro-batch), with its candidates when unpinned."""
     lines = []
-    pins = {var: (pin, lambda var=var, lo=lo, hi=hi: _domains(
-                rows, start, {**caps, var: (None, lo, hi)})[0])
-            for var, (pin, lo, hi) in caps.items()}
-    pins |= {var: (pin, lambda var=var, cand=cand: _domains(
-                rows, {**start, var: cand}, caps)[0])
-             for var, (pin, cand) in start_pins.items()}
-    for var, (pin, lifted) in pins.items():
+    # per pinned variable: (pin, the starting candidates and caps with the pin lifted)
+    lifted = {var: (pin, start, {**caps, var: (None, lo, hi)})
+              for var, (pin, lo, hi) in caps.items()}
+    lifted |= {var: (pin, {**start, var: cand}, caps) for var, (pin, cand) in start_pins.items()}
+    for var, (pin, start_free, caps_free) in lifted.items():
         if pin is None or dom[var]:
             continue
-        free = lifted()
+        free, _ = _domains(rows, start_free, caps_free)
         key = LABELS[var][1]
         rules = "; ".join(dict.fromkeys(bounded_by[var]))
         if free[var]:

@@ -5,7 +5,8 @@ evaluates a fixed plan (numbers), a whole search space at once (numpy arrays, th
 the step time as a signomial for the MIP encoders (:class:`~planner.model.algebra.Sig`). The total step
 time is the sum of the named terms (docs/model.md, "Step time"):
 
-``step = compute + bubble + tp_comm + cp_comm + pp_comm + dp_comm + optimizer``
+``step = compute + bubble + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm + optimizer + offload``
+(:data:`TIME_TERMS`)
 
 Reference: Moolchandani et al., "AMPeD: An Analytical Model for Performance in Distributed
 Training of Transformers", ISPASS 2023 (Sec. III: compute, communication, bubble, memory),
