@@ -11,8 +11,8 @@ import pytest
 
 import re
 
-from planner.app.validate import (GRAD_OVERLAP_WITH_PP_SINCE, INTERLEAVE_PP2_SINCE, load_runs,
-                                  ranking, ranking_spaces, run_instance)
+from planner.app.validate import (GAP_FLOOR_S, GRAD_OVERLAP_WITH_PP_SINCE, INTERLEAVE_PP2_SINCE,
+                                  load_runs, ranking, ranking_spaces, run_instance)
 from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.plan import plan_from_spec
@@ -64,6 +64,21 @@ def test_most_published_plans_are_near_the_optimum(ranks):
     assert len(ratios) == len(ranks)
     assert sum(x <= TARGET for x in ratios) >= 38
     assert max(ratios) <= 1.26
+
+
+def test_the_gap_by_term_accounts_for_the_whole_gap(ranks):
+    """``gap_by_term_s`` (what `plan validate` prints under a ranking miss) splits each run's
+    gap into the evaluator's step-time terms: they add up to published minus optimum, the
+    largest first. Fails if the terms came from another plan than the optimum ranked, or if a
+    term were missing from the breakdown."""
+    for rid, r in ranks.items():
+        gap = r["gap_by_term_s"]
+        assert abs(sum(gap.values()) - (r["published_s"] - r["optimum_s"])) <= (
+            12 * GAP_FLOOR_S + 1e-9 * r["published_s"]), (rid, r)
+        sizes = [abs(x) for x in gap.values()]
+        assert sizes == sorted(sizes, reverse=True), (rid, gap)
+    misses = [r for r in ranks.values() if r["ratio"] > TARGET]
+    assert misses and all(r["gap_by_term_s"] for r in misses)
 
 
 def test_the_ranking_keeps_to_what_the_runs_code_could_run(data, ranks):

@@ -358,6 +358,13 @@ def validate(
         out.print(f"ranking (published plan's predicted step / the model's optimum in the run's "
                   f"knob space): max {summ['max_ranking_ratio']:.3f}, "
                   f"{summ['runs_ranking_within_10pct']} of {len(ratios)} runs within 10%")
+        for r in results:
+            rk = ranks.get(r.id, {})
+            if (rk.get("ratio") or 0) > 1.10:
+                terms = ", ".join(f"{k} {x:+.3f} s" for k, x in rk["gap_by_term_s"].items())
+                out.print(f"  {r.id} ({rk['ratio']:.3f}): published {rk['published_s']:.3f} s "
+                          f"against {rk['optimum_plan']} {rk['optimum_s']:.3f} s; "
+                          f"published minus optimum by term: {terms}")
     misfits = [r for r in results if not r.report.fits]
     for r in misfits:
         out.print(f"[yellow]{r.id}: the model says this plan does not fit: "

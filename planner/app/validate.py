@@ -463,6 +463,21 @@ def ranking_spaces(run: dict[str, Any], pins: dict[str, Any]) -> list[dict[str, 
             {**pins, "overlap_grad_reduce": False}]
 
 
+#: A term whose share of the gap is below this many seconds is left out of ``gap_by_term_s``.
+GAP_FLOOR_S = 5e-4
+
+
+def gap_by_term(published: dict[str, float], optimum: dict[str, float]) -> dict[str, float]:
+    """Where a ranking gap lies: per step-time term, the published plan's seconds minus the
+    optimum's (positive: the published plan pays more there), largest first, terms that differ
+    by less than :data:`GAP_FLOOR_S` left out. The terms are the evaluator's breakdown, so
+    they sum to ``published_s - optimum_s`` (up to the floor) and tell a reader which physics
+    the ranking rests on (docs/model.md, "Validation")."""
+    diff = {k: published[k] - optimum.get(k, 0.0) for k in published}
+    return {k: v for k, v in sorted(diff.items(), key=lambda kv: -abs(kv[1]))
+            if abs(v) >= GAP_FLOOR_S}
+
+
 def ranking(data: dict[str, Any], solver: str = "cpsat",
             time_limit: float | None = 60.0) -> dict[str, dict[str, Any]]:
     """Per run id: the model's optimum in the run's own knob space and the published plan's
@@ -494,7 +509,8 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
     for run in data["runs"]:
         inst = run_instance(data, run)
         plan = plan_from_spec(inst, inst.spec.plan)
-        published = evaluate(inst, plan, spec=inst.spec.plan).step_time_s
+        pub_report = evaluate(inst, plan, spec=inst.spec.plan)
+        published = pub_report.step_time_s
         pins = {"recompute": plan.recompute, "recompute_layers": plan.recompute_layers,
                 "sequence_parallel": plan.sequence_parallel,
                 "distributed_optimizer": plan.distributed_optimizer,
@@ -527,5 +543,7 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
         out[run["id"]] = {"optimum_s": best, "published_s": published,
                           "ratio": published / best if best else None,
                           "optimum_plan": res.report.plan.label(),
-                          "status": status}
+                          "status": status,
+                          "gap_by_term_s": gap_by_term(pub_report.breakdown_s,
+                                                       res.report.breakdown_s)}
     return out
