@@ -326,6 +326,11 @@ def _recompute_fits(lay: tuple, p: int, v: int, layers: int, c) -> bool:
 
 
 def _vec(f: dict[int, int], primes: tuple[int, ...]) -> tuple[int, ...]:
+    """The exponent vector of a factorization over ``primes``. A prime outside the list would
+    be dropped silently (13 read as 1), so it is an error: every candidate value's primes must
+    be in the instance's list (:func:`build_space`)."""
+    if set(f) - set(primes):
+        raise ValueError(f"{f} has primes outside {primes}")
     return tuple(f.get(q, 0) for q in primes)
 
 
@@ -497,7 +502,11 @@ def build_space(inst: Instance) -> SearchSpace:
     nodes = inst.segments
     gb = tr.global_batch
     base_primes = {2, 3, 5, 7}
-    for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len, max(m.experts, 1)):
+    # the layouts' padded layer counts too: pp and vp are divisors of layers + shortfalls
+    # (126 + 2 = 128, 128 + 2 = 130 = 2 x 5 x 13), so their primes must be in the list
+    layouts = layout_choices(inst)
+    for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len, max(m.experts, 1),
+              *{m.layers + lay[0] + lay[1] for lay in layouts}):
         base_primes |= set(factorize(n))
     if isinstance(gb, int):
         base_primes |= set(factorize(gb))
@@ -516,7 +525,6 @@ def build_space(inst: Instance) -> SearchSpace:
     start["B"] = B
     start["b"] = smooth_in_range(lo_mb, min(hi_mb, max(B, default=1)), primes)
     # the layout rules split layers + shortfalls over pp * vp: both divide one of those counts
-    layouts = layout_choices(inst)
     split = sorted({d for lay in layouts for d in divisors(m.layers + lay[0] + lay[1])})
     # each with the partial-recompute shares: their rule, too, acts on pp and vp alone (the
     # virtual-stage sizes are the padded counts' divisors)
