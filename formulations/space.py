@@ -218,10 +218,7 @@ class SearchSpace:
         return self.inst.gpus
 
     def exps_of(self, n: int) -> tuple[int, ...]:
-        f = factorize(n)
-        if set(f) - set(self.primes):
-            raise ValueError(f"{n} has primes outside {self.primes}")
-        return tuple(f.get(q, 0) for q in self.primes)
+        return exponent_vector(n, self.primes)
 
 
 #: Grid cells (:func:`joint_size`) up to which a space is small: one joint model and one CP-SAT
@@ -325,12 +322,13 @@ def _recompute_fits(lay: tuple, p: int, v: int, layers: int, c) -> bool:
     return c.max_recompute_layers is None or n <= c.max_recompute_layers
 
 
-def _vec(f: dict[int, int], primes: tuple[int, ...]) -> tuple[int, ...]:
-    """The exponent vector of a factorization over ``primes``. A prime outside the list would
-    be dropped silently (13 read as 1), so it is an error: every candidate value's primes must
-    be in the instance's list (:func:`build_space`)."""
+def exponent_vector(n: int, primes: tuple[int, ...]) -> tuple[int, ...]:
+    """The exponents of ``n`` over ``primes``. A prime of ``n`` outside the list would be
+    dropped silently (13 read as 1), so it is an error: every candidate value's primes must be
+    in the instance's list (:func:`build_space`)."""
+    f = factorize(n)
     if set(f) - set(primes):
-        raise ValueError(f"{f} has primes outside {primes}")
+        raise ValueError(f"{n} has primes outside {primes}")
     return tuple(f.get(q, 0) for q in primes)
 
 
@@ -505,8 +503,8 @@ def build_space(inst: Instance) -> SearchSpace:
     # the layouts' padded layer counts too: pp and vp are divisors of layers + shortfalls
     # (126 + 2 = 128, 128 + 2 = 130 = 2 x 5 x 13), so their primes must be in the list
     layouts = layout_choices(inst)
-    for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len, max(m.experts, 1),
-              *{m.layers + lay[0] + lay[1] for lay in layouts}):
+    padded = {m.layers + lay[0] + lay[1] for lay in layouts}
+    for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len, max(m.experts, 1), *padded):
         base_primes |= set(factorize(n))
     if isinstance(gb, int):
         base_primes |= set(factorize(gb))
@@ -525,12 +523,10 @@ def build_space(inst: Instance) -> SearchSpace:
     start["B"] = B
     start["b"] = smooth_in_range(lo_mb, min(hi_mb, max(B, default=1)), primes)
     # the layout rules split layers + shortfalls over pp * vp: both divide one of those counts
-    split = sorted({d for lay in layouts for d in divisors(m.layers + lay[0] + lay[1])})
+    split = sorted({d for n in padded for d in divisors(n)})
     # each with the partial-recompute shares: their rule, too, acts on pp and vp alone (the
     # virtual-stage sizes are the padded counts' divisors)
-    shares = recompute_share_choices(inst, {(m.layers + lay[0] + lay[1]) // d
-                                            for lay in layouts for d in split
-                                            if (m.layers + lay[0] + lay[1]) % d == 0})
+    shares = recompute_share_choices(inst, {n // d for n in padded for d in split if n % d == 0})
     layouts = [lay + (f,) for lay in layouts for f in shares]
     start["P"], start["V"] = list(split), list(split)
     caps = {"T": (c.tp, None, c.max_tp), "C": (c.cp, None, c.max_cp),
@@ -610,7 +606,7 @@ def build_space(inst: Instance) -> SearchSpace:
 
     def var(name: str) -> BaseVar:
         vals = tuple(sorted(set(dom[name])))
-        return BaseVar(name, vals, tuple(_vec(factorize(v), primes) for v in vals))
+        return BaseVar(name, vals, tuple(exponent_vector(v, primes) for v in vals))
 
     base = {n: var(n) for n in BASE_NAMES}
     fixed = {n: bv.values[0] for n, bv in base.items() if len(bv.values) == 1}

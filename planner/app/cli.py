@@ -313,7 +313,7 @@ def validate(
     ratios = [ranks[r.id]["ratio"] for r in results if ranks.get(r.id, {}).get("ratio")]
     if ratios:
         summ["max_ranking_ratio"] = max(ratios)
-        summ["runs_ranking_within_10pct"] = sum(1 for x in ratios if x <= 1.10)
+        summ["runs_ranking_within_10pct"] = sum(1 for x in ratios if x <= v.RANKING_TARGET)
     if as_json:
         _emit_json({"runs": [{"id": r.id, "gpu": r.gpu, "precision": r.precision, "gpus": r.gpus,
                               "measured_s": r.measured_s, "predicted_s": r.predicted_s,
@@ -360,7 +360,7 @@ def validate(
                   f"{summ['runs_ranking_within_10pct']} of {len(ratios)} runs within 10%")
         for r in results:
             rk = ranks.get(r.id, {})
-            if (rk.get("ratio") or 0) > 1.10:
+            if (rk.get("ratio") or 0) > v.RANKING_TARGET:
                 terms = ", ".join(f"{k} {x:+.3f} s" for k, x in rk["gap_by_term_s"].items())
                 out.print(f"  {r.id} ({rk['ratio']:.3f}): published {rk['published_s']:.3f} s "
                           f"against {rk['optimum_plan']} {rk['optimum_s']:.3f} s; "
