@@ -616,8 +616,10 @@ def build_space(inst: Instance) -> SearchSpace:
 
     # The overlap switches are not searched: each is the [constraints] pin, else the
     # framework's default (planner/model/frameworks.py). Under the cost rules (docs/model.md,
-    # "Overlap") an overlap never exposes more than the raw collective and never adds memory, so
-    # a search would always switch it on; what a user runs is the framework's choice or theirs.
+    # "Overlap") an overlap never exposes more than the raw collective, and only
+    # tp_comm_overlap adds memory (Transformer Engine's userbuffers, docs/model.md "Memory"), so
+    # a search would switch the others on always; what a user runs is the framework's choice
+    # or theirs, the userbuffers' memory included.
     overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
                 for o in OVERLAP_KNOBS}
 

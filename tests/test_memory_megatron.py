@@ -63,7 +63,8 @@ def test_bf16_optimizer_states_are_two_bf16_moments_and_a_bf16_gradient_shard():
     when the optimizer dtype is the model's (store_params = False): 2 + 2 + 2 bytes per
     parameter over d, against 12 + 4 (fp32 master and moments, fp32 main gradient) over d; the
     16-bit weights and the bf16 gradient buffer stay whole. That is what lets the recipe's
-    TP8 PP8 DP2 plan fit on 128 H100s (the model with fp32 states: 79.4 GiB)."""
+    TP8 PP8 DP2 plan fit on 128 H100s (the model with fp32 states: 80.8 GiB, 1.4 GiB of it
+    tp_comm_overlap's userbuffers)."""
     data = load_runs()
     run = next(r for r in data["runs"] if r["id"] == "dgxc-nemotron4-340b-bf16-128")
     fp32 = {**run, "training": {**run["training"], "optimizer_dtype": "fp32"}}
@@ -86,7 +87,7 @@ def test_bf16_optimizer_states_are_two_bf16_moments_and_a_bf16_gradient_shard():
         for k in ("weights", "gradients", "activations", "logits"):
             assert a[k] == pytest.approx(b[k], rel=1e-12)
     assert bf16_rep.fits and not fp32_rep.fits
-    assert fp32_rep.memory_gib["total"] == pytest.approx(79.4, abs=0.05)
+    assert fp32_rep.memory_gib["total"] == pytest.approx(80.8, abs=0.05)
     # the Adam step reads and writes 14 bytes per local parameter instead of 30
     assert bf16_rep.breakdown_s["optimizer"] == pytest.approx(
         fp32_rep.breakdown_s["optimizer"] * 14 / 30, rel=1e-9)
@@ -210,3 +211,47 @@ def test_main_gradient_copy_is_held_at_the_optimizer_step_only():
         "training": {"global_batch": 8},
         "cluster": {"gpu": "a100-80gb", "gpus": 8}})
     assert "first_step" not in evaluate(fp32, plan).memory_by_stage_gib
+
+
+#: Transformer Engine's userbuffers for tensor-parallel overlap (TE pytorch/module/base.py,
+#: ``initialize_ub``, the default methods): one buffer of the gathered ``[s b / cp, h]``
+#: activation (Megatron-LM ``_initialize_tp_communicators``) per GEMM below, 16-bit, except the
+#: ``fp8_buf`` ones, which hold 1-byte elements when the run is FP8.
+UB_GEMMS = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad",           # ring_exchange
+            "proj_fprop", "fc2_fprop",                                     # pipeline
+            "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")            # bulk
+UB_FP8 = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "fc1_fprop", "fc1_dgrad", "fc2_dgrad")
+
+
+@pytest.mark.parametrize("precision, cp", [("bf16", 1), ("fp8", 1), ("bf16", 2)])
+def test_tp_comm_overlap_holds_transformer_engines_userbuffers(precision, cp):
+    """With tp_comm_overlap every GPU holds TE's userbuffers for the whole run, on every stage
+    and at the optimizer step too (allocated once by the userbuffers library, outside the
+    caching allocator); without it, or with no tensor group to overlap, none. GPT-3 175B on
+    H100, TP8 PP8 (CP2) with sequence parallelism, micro-batch 2."""
+    mb = 2
+    inst = parse_instance({
+        "model": {"preset": "gpt3-175b"},
+        "training": {"global_batch": 64, "precision": precision},
+        "cluster": {"gpu": "h100-sxm", "gpus": t * p * cp},
+        "constraints": {"max_cp": cp},
+    })
+
+    def report(overlap: bool):
+        plan = Plan(tp=t, pp=p, dp=1, cp=cp, vp=1, micro_batch=mb, global_batch=64,
+                    gpus=t * p * cp, nodes=inst.nodes, recompute="selective",
+                    sequence_parallel=True, distributed_optimizer=True, tp_intra=8,
+                    tp_comm_overlap=overlap)
+        assert structural_violations(inst, plan) == []
+        return evaluate(inst, plan)
+
+    on, off = report(True), report(False)
+    per_element = sum(1 if precision == "fp8" and g in UB_FP8 else 2 for g in UB_GEMMS)
+    expected = per_element * s * mb / cp * h / GiB           # 20 (bf16) or 14 (fp8) bytes
+    assert set(on.memory_by_stage_gib) == set(off.memory_by_stage_gib)
+    assert {"first", "last"} <= set(on.memory_by_stage_gib)
+    for stage in on.memory_by_stage_gib:          # (the optimizer-step rows, where held, too)
+        a, b_ = on.memory_by_stage_gib[stage], off.memory_by_stage_gib[stage]
+        assert a["comm_buffers"] == pytest.approx(expected, rel=1e-12)
+        assert b_["comm_buffers"] == 0.0
+        assert a["total"] - b_["total"] == pytest.approx(expected, rel=1e-9)

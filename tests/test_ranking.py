@@ -108,7 +108,7 @@ def test_the_ranking_keeps_to_what_the_runs_code_could_run(data, ranks):
                    "7.5B 1.149 (TP2 mb8 at pp 1), 18.4B 1.228, 39.1B 1.257, 145.6B 1.110, "
                    "Korthikanti et al. 2022 22B 1.156 with full recompute, in the feature set "
                    "of the runs' Megatron-LM (code_date); on H100 at FP8 (NeMo 24.07, held "
-                   "out) Nemotron-3 22B 1.217 (TP2 PP4 VP10 against TP4 PP1 mb4: its 256,000-word output "
+                   "out) Nemotron-3 22B 1.189 (TP2 PP4 VP10 against TP4 PP1 mb2: its 256,000-word output "
                    "layer, the FLOPs of 3 layers run in 16 bits, sits on a last stage of 10 layers, so "
                    "that stage sets the pace). Term by term "
                    "(published - optimum) the A100 gap is the TP8 all-reduces and the narrower "

@@ -134,6 +134,10 @@ def memory_table(rep: StepReport) -> Table:
         label = name.replace("_", " ")
         if at_step and name == "optimizer_states":
             label += " + main-gradient copy"
+        if name == "comm_buffers":
+            if not mem[name]:                 # (held under tp_comm_overlap only)
+                continue
+            label = "comm buffers (tp_comm_overlap userbuffers)"
         t.add_row(label, f"{mem[name]:.2f}", f"{100 * mem[name] / mem['limit']:.1f}%")
     style = "bold red" if mem["total"] > mem["limit"] else "bold green"
     t.add_row(Text("total", style=style), Text(f"{mem['total']:.2f}", style=style),

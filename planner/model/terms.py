@@ -40,7 +40,8 @@ TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "
               "optimizer", "offload")
 #: The communication terms of the step time (each a collective or transfer on its links).
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
-MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits")
+MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits",
+                "comm_buffers")
 STAGES = ("first", "last")
 
 #: Bytes per parameter in mixed-precision Adam (Megatron-LM; Korthikanti et al. Sec. 4):
@@ -56,6 +57,16 @@ OPTIMIZER_STATE_BYTES = {"fp32": (OPTIMIZER_BYTES, GRAD_BYTES), "bf16": (4, 2)}
 #: Extra bytes per parameter under FP8 (Transformer Engine keeps an FP8 copy of each GEMM weight
 #: and of its transpose).
 FP8_WEIGHT_CACHE_BYTES = 2
+#: Transformer Engine's userbuffers for ``tp_comm_overlap``, bytes per element of the gathered
+#: ``[s b / c, h]`` activation (Megatron-LM ``_initialize_tp_communicators``: ``input_shape =
+#: [seq_length * micro_batch_size // context_parallel_size, hidden_size]``): ``initialize_ub``
+#: registers one buffer of that shape for each of ten GEMMs (qkv/fc1 fprop, dgrad and wgrad,
+#: proj/fc2 fprop and dgrad), 16-bit, except that under FP8 the six all-gather buffers (qkv and
+#: fc1 fprop and dgrad, proj and fc2 dgrad) hold 1-byte elements (TE
+#: ``pytorch/module/base.py`` ``fp8_buf``). The buffers are allocated once per process by the
+#: userbuffers library (``register_user_buffer_collective``), outside PyTorch's caching
+#: allocator and for the whole run.
+UB_BYTES_16, UB_BYTES_FP8 = 10 * 2, 6 * 1 + 4 * 2
 #: Bytes per element on the wire: 16-bit (parameter all-gathers; gradients with
 #: ``grad_reduce_dtype = "bf16"``) and fp32 (gradients reduced in fp32, Megatron-LM's bf16
 #: default ``accumulate_allreduce_grads_in_fp32``, NeMo's ``grad_reduce_in_fp32``, torchtitan's
@@ -694,6 +705,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         stages = {"first": stages["first"], "middle": stage_layers, "last": stages["last"]}
     mid_flight = steps(p) + gt1(v) * (1 + steps(p) / v - 2 / v)
 
+    # tp_comm_overlap's userbuffers (UB_BYTES_16 / UB_BYTES_FP8), on every stage, under the
+    # same condition as its time rule above
+    comm_buffers = ((UB_BYTES_FP8 if fp8 else UB_BYTES_16) * tokens * h * gt1(t)
+                    if k.tp_comm_overlap and sp else 0.0)
+
     memory = {}
     layer_info: dict[str, Any] = {}
     stored_by_kind: dict[str, Any] = {}
@@ -767,6 +783,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 "optimizer_states": 0.0 if k.optimizer_offload else opt_gpu,
                 "activations": acts,
                 "logits": logit,
+                "comm_buffers": comm_buffers,
             }
             if step_copy and not k.optimizer_offload:
                 # the optimizer step: the same weights, gradients and states, the main-gradient
