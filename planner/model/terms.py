@@ -706,9 +706,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     mid_flight = steps(p) + gt1(v) * (1 + steps(p) / v - 2 / v)
 
     # tp_comm_overlap's userbuffers (UB_BYTES_16 / UB_BYTES_FP8), on every stage, under the
-    # same condition as its time rule above
+    # same condition as its time rule above; Transformer Engine's (Megatron-LM, NeMo), not
+    # torchtitan's async tensor parallelism, whose symmetric-memory workspace is not costed
     comm_buffers = ((UB_BYTES_FP8 if fp8 else UB_BYTES_16) * tokens * h * gt1(t)
-                    if k.tp_comm_overlap and sp else 0.0)
+                    if k.tp_comm_overlap and sp and fw.name != "torchtitan" else 0.0)
 
     memory = {}
     layer_info: dict[str, Any] = {}
