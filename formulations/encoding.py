@@ -507,13 +507,39 @@ def _expressions(space: SearchSpace, tabulated: dict, keep: list[int],
     index = {d: (np.array(f, dtype=np.intp), np.array(o, dtype=np.intp))
              for d, (f, o) in pairs.items() if o}
 
+    groupings: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def grouping(ds: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Each combination and the last one with its values of ``ds`` (the column a copy keyed
+        by ``ds`` takes), for the combinations that are not that last one."""
+        if ds not in groupings:
+            last = {tuple(getattr(kn, d) for d in ds): k for k, kn in enumerate(combos)}
+            rep = [last[tuple(getattr(kn, d) for d in ds)] for kn in combos]
+            ks = [k for k in range(len(combos)) if rep[k] != k]
+            groupings[ds] = (np.array(ks, dtype=np.intp),
+                             np.array([rep[k] for k in ks], dtype=np.intp))
+        return groupings[ds]
+
     def depends(full: np.ndarray) -> tuple[str, ...]:
-        """The dimensions the table ``full`` (combinations last) changes along."""
-        if not index:
+        """The dimensions the table ``full`` (combinations last) changes along.
+
+        Found from the pairs of combinations that differ in one dimension alone, then checked on
+        every combination: where dimensions move together (a pinned recompute count is a
+        different share under each layout, so no two combinations differ in the share alone)
+        the pairs miss one, and the dimensions that vary are added until every combination
+        agrees with the column its copy takes."""
+        if not pairs:
             return ()
         by_combo = np.ascontiguousarray(np.moveaxis(full, -1, 0))   # (a combination per row)
-        return tuple(d for d, (f, o) in index.items()
-                     if not _all_close(by_combo[f], by_combo[o]))
+        found = tuple(d for d, (f, o) in index.items()
+                      if not _all_close(by_combo[f], by_combo[o]))
+        for extra in [d for d in pairs if d not in found] + [None]:
+            ks, reps = grouping(found)
+            if not len(ks) or _all_close(by_combo[ks], by_combo[reps]):
+                return found
+            if extra is not None:
+                found = tuple(d for d in dims if d in found or d == extra)
+        raise AssertionError("combinations with equal categorical values differ")
 
     def build(slot) -> LinExpr:
         const, groups = tabulated.get(slot, (np.zeros(n), []))
