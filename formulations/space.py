@@ -687,6 +687,7 @@ def build_space(inst: Instance) -> SearchSpace:
                 for r, s, (mode, rf), lay, (oo, on), *ov in itertools.product(
                     modes, sps, choices, lays, offloads, *overlaps.values())
                 if not (oo and mode not in fw_off.optimizer_offload_modes)
+                and not (on and not fw_off.activation_offload)
                 and not (on and (r != "none" or lay[:4] != (0, 0, False, False)))
                 and not (lay[4] and r != "full")]
     combos = knob_combos(sp_vals, shard_choices)

@@ -193,6 +193,21 @@ def test_frameworks_refuse_what_they_do_not_run():
     assert "dp_sharding = \"optim\"" in " ".join(err.value.problems)
 
 
+@pytest.mark.parametrize("framework", ["deepspeed", "torchtitan"])
+def test_pinned_activation_offload_under_a_framework_without_it_is_what_binds(framework):
+    # before, the pin reached the solvers, every backend returned a plan its evaluator refused
+    # (exit 4); now the search explains the pin leaves no plan (found by a fuzzer)
+    inst = parse_instance({"model": {"preset": "gpt-1.3b", "layers": 4},
+                           "training": {"global_batch": 1},
+                           "cluster": {"gpu": "h100-sxm", "gpus": 1},
+                           "constraints": {"offload_layers": 1, "framework": framework}})
+    for backend in ("enumerate", "cpsat"):
+        with pytest.raises(InfeasibleError) as err:
+            solve(inst, solver=backend)
+        text = " ".join(err.value.explanation)
+        assert "constraints.offload_layers = 1" in text and framework in text
+
+
 def test_exports_carry_the_offload():
     inst = parse_instance(llama8b_one_node())
     both = plan_from_spec(inst, _spec({"dp": 8, "dp_sharding": "optim", "recompute": "none",
