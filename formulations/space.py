@@ -908,14 +908,13 @@ def _count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[s
         sel = np.flatnonzero(ok_sub[inv].ravel())    # candidate rows (state, value) kept
         s_sel, j_sel = np.divmod(sel, n_vals)
 
-        def part(s: int):
-            """The state columns of carried item ``s`` after this variable's value, on the
-            kept candidate rows."""
+        # each kept item's state columns after this variable's value, on the kept rows
+        parts = []
+        for s in kept:
             sl = slice(start[s], start[s + 1])
             d = items[carry[s]][1].get(name)
-            return base[s_sel, sl] + d[j_sel] if d is not None else base[s_sel, sl]
-        rows = (np.hstack([part(s) for s in kept]) if kept
-                else np.zeros((len(sel), 0), dtype=np.int64))
+            parts.append(base[s_sel, sl] + d[j_sel] if d is not None else base[s_sel, sl])
+        rows = np.hstack(parts) if parts else np.zeros((len(sel), 0), dtype=np.int64)
         cnt = counts[s_sel]
         if not len(rows):
             return {}
