@@ -21,7 +21,7 @@ from planner.model.schema import ConstraintSpec
 from planner.model.workload import Shape
 
 from formulations.result import SolveResult
-from formulations.solve import solve
+from formulations.solve import default_objective, solve
 
 
 # ------------------------------------------------------------------------------------------
@@ -198,10 +198,26 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
 
 
 def _cheapest(inst, ans, options, deadline, solver, time_limit, budget):
+    """The cheapest plan meeting the deadline from the answer's size to the end of the range.
+
+    Each larger size is asked only for a plan that meets the deadline and costs less than
+    the best so far, as a cap on its objective: at a fixed size the cost is the time per
+    sequence times ``tokens / seq_len * GPUs * price``, the deadline the time per sequence
+    times ``tokens / seq_len``. A size that cannot beat it is a proof of infeasibility, which
+    the MIP finds faster than the size's own optimum."""
     best = ans.result
-    for n in [x for x in options if x > ans.nodes]:
+    sequences = inst.spec.training.tokens / Shape.of(inst.model).s
+    price = inst.spec.cluster.price_per_gpu_hour
+    larger = [x for x in options if x > ans.nodes]
+    for n in larger:
+        sized = inst.with_nodes(n)
+        kind = default_objective(sized)
+        per_sample = min(deadline * 86400, best.report.cost * 3600 / (sized.gpus * price)) \
+            / sequences
+        unit = 1 if kind == "time_per_sample" else sized.spec.training.global_batch
         try:
-            res = solve(inst.with_nodes(n), solver=solver, time_limit=time_limit, explain=False)
+            res = solve(sized, solver=solver, time_limit=time_limit, explain=False,
+                        max_objective=per_sample * unit * (1 + 1e-9))
         except InfeasibleError:
             continue
         rep = res.report
@@ -210,7 +226,8 @@ def _cheapest(inst, ans, options, deadline, solver, time_limit, budget):
     cost = best.report.cost
     return {"nodes": best.report.plan.nodes, "cost": cost, "within_budget":
             cost is not None and cost <= budget, "budget_usd": budget,
-            "plan": best.report.plan.to_dict(), "total_days": best.report.total_days}
+            "plan": best.report.plan.to_dict(), "total_days": best.report.total_days,
+            "sizes_checked": len(larger)}
 
 
 # ------------------------------------------------------------------------------------------

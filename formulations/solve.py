@@ -325,12 +325,15 @@ def objective_cap(inst: Instance, kind: str) -> float | None:
 
 def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
           objective: str | None = None, explain: bool | str = True,
-          exclude: list | None = None) -> SolveResult:
+          exclude: list | None = None, max_objective: float | None = None) -> SolveResult:
     """The optimal plan of an instance (fixed GPU count) under its constraints.
 
     Raises :class:`~planner.model.errors.InfeasibleError` (with what binds) when no plan exists;
     ``explain="brief"`` says what binds without searching for the nearest change.
     ``exclude`` lists plans to leave out, as (base-variable values, knobs) pairs (top-k).
+    ``max_objective`` admits only plans at or below it (in the objective's unit, like a
+    minimum MFU): a query that needs to know whether a size can beat a plan it already has
+    asks that, which a MIP proves faster than it finds the size's optimum.
 
     Example
     -------
@@ -342,11 +345,16 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     t0 = time.perf_counter()
     kind = objective or default_objective(inst)
     space = build_space(inst)                    # raises InfeasibleError for empty domains
-    raw, quantum = run_backend(space, solver, time_limit, kind, objective_cap(inst, kind),
-                               exclude)
-    wall = time.perf_counter() - t0
+    caps = [c for c in (objective_cap(inst, kind), max_objective) if c is not None]
+    cap = min(caps) if caps else None
     size = space_size(space)                     # counted over the rules, never listed
-    if raw.status == Status.INFEASIBLE:
+    # no assignment keeps the structural rules (a GPU count no degrees multiply to, say): the
+    # count proves it in milliseconds, where a backend takes about a second; capacity and
+    # pareto meet such sizes by the dozen
+    raw, quantum = (run_backend(space, solver, time_limit, kind, cap, exclude)
+                    if size["space_plans"] else (None, None))
+    wall = time.perf_counter() - t0
+    if raw is None or raw.status == Status.INFEASIBLE:
         if explain and not exclude:
             from formulations.explain import explain_infeasible
 

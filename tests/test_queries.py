@@ -88,6 +88,46 @@ def test_capacity_skips_sizes_by_the_lower_bound():
     assert all(c["nodes"] >= 16 for c in ans.checked)
 
 
+def test_cheapest_plan_is_the_cheapest_of_every_larger_size():
+    # the larger sizes are asked only for a cheaper plan meeting the deadline (a cap on their
+    # objective); the answer must be the one solving each size to its optimum gives. A 4096-wide
+    # model with a 73 GiB reserve: one node meets the deadline, two are cheaper (more memory
+    # per plan, a faster split)
+    inst = parse_instance(doc(cluster={"nodes": [1, 8]}, constraints={"memory_reserve_GiB": 73.0},
+                              model={"hidden": 4096, "heads": 32, "kv_heads": 8}))
+    deadline = solve(inst.with_nodes(1)).report.total_days * 1.001
+    ans = queries.capacity(inst, deadline, budget_usd=1e9)
+    assert ans.nodes == 1
+    meeting = {}
+    for n in range(2, 9):
+        try:
+            rep = solve(inst.with_nodes(n), explain=False).report
+        except InfeasibleError:
+            continue
+        if rep.total_days <= deadline:
+            meeting[n] = rep.cost
+    meeting[1] = ans.result.report.cost
+    cheapest = min(meeting, key=meeting.get)
+    assert cheapest > 1 and ans.cheapest["nodes"] == cheapest
+    assert ans.cheapest["cost"] == pytest.approx(meeting[cheapest], rel=1e-6)
+    assert ans.cheapest["sizes_checked"] == 7 and ans.cheapest["within_budget"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_size_no_degrees_multiply_to_is_infeasible_before_any_backend(backend, monkeypatch):
+    # 7 GPUs on a model of 8 layers and a batch of 64, TP at most 4: no tp * pp * dp = 7 keeps
+    # the rules; the count proves it, no backend runs, and what binds is explained
+    import formulations.solve as fs
+
+    def never(*args, **kwargs):
+        raise AssertionError("a backend ran")
+    monkeypatch.setattr(fs, "run_backend", never)
+    inst = parse_instance(doc(cluster={"gpus": 7, "nodes": None}, constraints={"max_tp": 4}))
+    with pytest.raises(InfeasibleError) as err:
+        solve(inst, solver=backend)
+    assert err.value.explanation
+
+
 @pytest.mark.parametrize("constraints", [
     {"max_tp": 2}, {"tp": 4}, {"pp": 2}, {"max_pp": 1}, {"micro_batch": 2},
     {"min_micro_batch": 2, "max_micro_batch": 2}, {"recompute": "full"},

@@ -338,6 +338,7 @@ def capacity_panel(ans) -> Panel:
         ch = ans.cheapest
         lines.append(f"Cheapest plan meeting the deadline: {plural(ch['nodes'], 'node')}, "
                      f"${ch['cost']:,.0f} ({'within' if ch['within_budget'] else 'over'} the "
-                     f"${ch['budget_usd']:,.0f} budget).")
+                     f"${ch['budget_usd']:,.0f} budget; {plural(ch['sizes_checked'], 'larger size')} "
+                     "checked).")
     lines.append(f"{len(ans.checked)} sizes solved, {ans.wall_s:.2f} s.")
     return Panel("\n".join(lines), title="Capacity")
