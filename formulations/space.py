@@ -299,6 +299,13 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                            f"the other {p - 1} stages at pp={p}: no split with each stage at "
                            f"most constraints.max_stage_shortfall = {c.max_stage_shortfall} "
                            f"layer(s) short of a middle one, in multiples of vp (vp in {V})")
+        if c.account_for_embedding and c.account_for_loss and 2 in P:
+            # the skipped pair above: at pp = 2 both counted is the even split relabelled
+            why.append(f"at pp=2, counting both the embedding and the loss as layers gives "
+                       f"each rank {Fraction(sizes.layers + 2, 2) - 1} decoder layers, the even "
+                       "split, which the search holds as the even layout without the two "
+                       "flags: unpin constraints.account_for_embedding / account_for_loss (the "
+                       "plan is the same) or allow pp > 2")
         why.append(f"no pipeline layout of the {sizes.layers} layers fits pipeline degrees {P} "
                    f"and virtual stages {V} (rules: {'; '.join(r.says for r in rules)}; first / "
                    f"last stage up to constraints.max_stage_shortfall = {c.max_stage_shortfall} "

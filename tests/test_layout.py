@@ -121,6 +121,32 @@ def test_bad_plan_layout_is_an_input_error(tmp_path, extra, words):
     assert words in res.output
 
 
+def test_two_stage_counts_must_hold_every_layer(tmp_path):
+    # at pp = 2 there is no middle stage: first + last is the whole split (found by a fuzzer:
+    # 1 + 1 of 8 layers was evaluated as 4 + 4 and exported as 1 / 1)
+    doc = {k: dict(v) for k, v in SMALL.items() if k != "constraints"}
+    lines = [f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items())
+             for sec, vals in doc.items()]
+    for first, last, code in ((1, 1, 2), (3, 8, 2), (4, 6, 0)):
+        f = tmp_path / f"p{first}{last}.toml"
+        f.write_text("\n".join(lines) + f"[plan]\ntp = 4\npp = 2\nmicro_batch = 1\n"
+                     f"first_stage_layers = {first}\nlast_stage_layers = {last}\n")
+        res = CliRunner().invoke(app, ["evaluate", str(f), "--json"])
+        assert res.exit_code == code, res.output
+        if code:
+            assert "there is no middle stage" in res.output and f"= {first + last}" in res.output
+        else:
+            assert json.loads(res.output)["plan"]["stage_layers"] == [4, 6]
+
+
+def test_both_ends_counted_on_two_stages_is_explained():
+    # pp = 2 with the embedding and the loss both counted is the even split relabelled; the
+    # search holds it as the even layout, so the pins are explained, not "no layout fits"
+    with pytest.raises(InfeasibleError) as exc:
+        solve(_small(pp=2, tp=4, account_for_embedding=True, account_for_loss=True))
+    assert "the even split" in " ".join(exc.value.explanation)
+
+
 @pytest.mark.parametrize("pins", [{}, {"vp": 1, "micro_batch": 1, "max_stage_shortfall": 2}])
 def test_search_takes_an_uneven_layout_and_backends_agree(pins):
     # (with pp, vp and the micro-batch pinned the pace's maximum is built from the other

@@ -671,6 +671,14 @@ def layout_violations(inst: Instance, plan: Plan) -> list[str]:
                 f"{plan.last_stage_layers} cannot be combined with account_for_embedding / "
                 "account_for_loss (Megatron-LM: the two ways of setting an uneven layout are "
                 "exclusive)"]
+    first, last = plan.first_stage_layers, plan.last_stage_layers
+    if first and last and plan.pp == 2 and first + last != plan.layers:
+        # no middle stage takes the rest: the two counts are the whole split (the shortfalls
+        # cannot say so, they only measure each end against the larger one)
+        return [f"plan.first_stage_layers={first} + last_stage_layers={last} = {first + last}, "
+                f"but with pp = 2 there is no middle stage: the two must hold all "
+                f"{plan.layers} layers (Megatron-LM splits the rest over the pp - 2 middle "
+                "stages)"]
     if not plan.knobs.uneven and not plan.recompute_layers:
         return []
     return [v for v in violations(inst, plan.grid, plan.knobs, what_ifs=False, layout_only=True)]
