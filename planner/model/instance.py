@@ -258,6 +258,12 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
     if precision == "fp8" and gpu.peak_tflops_fp8 <= 0:
         raise InputError(f"{source}: invalid instance",
                          [f"training.precision: {gpu.key} has no FP8 tensor cores; use bf16 or fp16"])
+    offload = spec.constraints.offload_layers
+    if offload and offload >= spec.model.layers:
+        raise InputError(f"{source}: invalid instance", [
+            f"constraints.offload_layers: {offload} is not below the model's "
+            f"{spec.model.layers} layers; expected at most {spec.model.layers - 1} (Megatron-Core "
+            "offloads fewer layers than num_layers, TransformerConfig)"])
     reserve = spec.constraints.memory_reserve_GiB
     if reserve is None:                 # the default depends on the GPU: fix it here, once
         reserve = default_reserve_GiB(gpu.hbm_capacity_GiB)
