@@ -15,13 +15,30 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.model.errors import InfeasibleError, InputError
+from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.instance import Instance
 from planner.model.schema import ConstraintSpec
 from planner.model.workload import Shape
 
-from formulations.result import SolveResult
+from formulations.result import SolveResult, Status
 from formulations.solve import default_objective, solve
+
+
+def time_limit_advice(time_limit: float | None) -> str:
+    """What to do about a solve that stopped at its time limit, in the command line's terms
+    (docs/contract.md, "Exit codes": exit 4, the message says to raise ``--time-limit``)."""
+    return (f"raise --time-limit (it was {time_limit:g} s)" if time_limit
+            else "give it more time with --time-limit S")
+
+
+def _no_plan(what: str, res: SolveResult, time_limit: float | None) -> SolverError:
+    """The error of a query that needs a plan from ``res`` and got none: a solver that stopped
+    proved nothing, so the query has no answer to give (exit 4), not an infeasible one."""
+    why = f"{what}: the solver returned no plan ({res.status.value}" + (
+        f": {res.note}" if res.note else "") + ")"
+    if res.status == Status.NO_SOLUTION_IN_LIMIT:
+        why += f"; {time_limit_advice(time_limit)}"
+    return SolverError(why)
 
 
 # ------------------------------------------------------------------------------------------
@@ -284,15 +301,24 @@ def unconstrained_spec(c: ConstraintSpec) -> ConstraintSpec:
 def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
     """The instance's constrained optimum next to the optimum without its what-if constraints
     (the true unconstrained optimum: caps the instance raises stay raised), and each constraint
-    that binds on its own (lifting it alone speeds the optimum up)."""
+    that binds on its own (lifting it alone speeds the optimum up).
+
+    Every solve must return a plan (a stop at the time limit raises :class:`SolverError`): a
+    missing optimum leaves nothing to compare, and a missing lifted one leaves open whether
+    that constraint binds."""
     c = inst.spec.constraints
     lifted_all = unconstrained_spec(c)
     free = inst.with_spec(constraints=lifted_all)
     base = solve(free, solver=solver, time_limit=time_limit)
+    if base.report is None:
+        raise _no_plan("--compare, the optimum without the [constraints] what-ifs", base,
+                       time_limit)
     try:
         con = solve(inst, solver=solver, time_limit=time_limit)
     except InfeasibleError:
         con = None
+    if con is not None and con.report is None:
+        raise _no_plan("--compare, the optimum under the [constraints]", con, time_limit)
     slow = (con.report.step_time_s / base.report.step_time_s - 1) if con and con.report else None
     binding = []
     set_keys = [k for k in WHATIF_KEYS if getattr(c, k) != getattr(lifted_all, k)]
@@ -302,6 +328,9 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
             alt = solve(lifted, solver=solver, time_limit=time_limit, explain=False)
         except InfeasibleError:
             continue
+        if alt.report is None:
+            raise _no_plan(f"--compare, the optimum with constraints.{key} lifted", alt,
+                           time_limit)
         if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
             t_con = con.report.step_time_s if con else None
             binding.append({"constraint": key, "value": getattr(c, key),

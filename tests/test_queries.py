@@ -219,3 +219,40 @@ def test_minimum_mfu_is_honoured_or_explained():
         solve(parse_instance(doc(cluster={"nodes": 1},
                                  constraints={"min_mfu": min(0.99, best * 1.05)})))
     assert "min_mfu" in str(info.value)
+
+
+def _stopping(monkeypatch, at: set[int]) -> None:
+    """``queries.solve`` as it is, except that its calls numbered in ``at`` (from 1) return what
+    a solver stopped at the time limit without a plan returns (timing-free, unlike a tiny
+    ``time_limit``)."""
+    from dataclasses import replace
+
+    from formulations.result import Status
+
+    calls = []
+
+    def stopping_solve(*args, **kwargs):
+        calls.append(None)
+        res = solve(*args, **kwargs)
+        if len(calls) in at:
+            return replace(res, status=Status.NO_SOLUTION_IN_LIMIT, report=None, note="")
+        return res
+
+    monkeypatch.setattr(queries, "solve", stopping_solve)
+
+
+@pytest.mark.parametrize("stopped, what", [(1, "without the [constraints] what-ifs"),
+                                           (2, "under the [constraints]"),
+                                           (3, "with constraints.max_tp lifted")])
+def test_compare_without_a_plan_from_a_solve_says_to_raise_the_time_limit(
+        monkeypatch, stopped, what):
+    """Each of compare's solves (the unconstrained optimum, the constrained one, one per
+    lifted constraint) that stops without a plan is a solver stop (exit 4) naming which one,
+    not an AttributeError on the missing report."""
+    from planner.model.errors import SolverError
+
+    inst = parse_instance(doc(cluster={"nodes": 1}, constraints={"max_tp": 1, "max_pp": 1}))
+    _stopping(monkeypatch, {stopped})
+    with pytest.raises(SolverError, match="raise --time-limit") as exc:
+        queries.compare(inst, time_limit=5)
+    assert what in str(exc.value) and "(it was 5 s)" in str(exc.value)

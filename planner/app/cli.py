@@ -421,8 +421,7 @@ def solve(
         why = (f"the solver returned no usable plan ({res.status.value}"
                + (f": {res.note}" if res.note else "") + ")")
         if res.status == Status.NO_SOLUTION_IN_LIMIT:
-            why += (f"; raise --time-limit (it was {time_limit:g} s)" if time_limit
-                    else "; give it more time with --time-limit S")
+            why += f"; {queries.time_limit_advice(time_limit)}"
         err.print(f"error: {why}", markup=False, highlight=False)
     if as_json:
         doc = res.to_dict()
