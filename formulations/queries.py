@@ -352,7 +352,11 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
 
 def top_k(inst: Instance, k: int, solver: str = "cpsat",
           time_limit: float | None = None) -> list[SolveResult]:
-    """The ``k`` best distinct plans, each a proven optimum once the better ones are excluded."""
+    """The ``k`` best distinct plans, each a proven optimum once the better ones are excluded.
+
+    When the first solve returns no plan (it stopped at the time limit) the list is that one
+    result, as :func:`~formulations.solve.solve` would return it, for the caller to report;
+    a later one without a plan ends the list."""
     out: list[SolveResult] = []
     exclude: list = []
     for _ in range(k):
@@ -364,7 +368,7 @@ def top_k(inst: Instance, k: int, solver: str = "cpsat",
                 raise
             break
         if res.report is None:
-            break
+            return out or [res]
         out.append(res)
         exclude.append((res.choice, res.knobs))
     return out

@@ -256,3 +256,11 @@ def test_compare_without_a_plan_from_a_solve_says_to_raise_the_time_limit(
     with pytest.raises(SolverError, match="raise --time-limit") as exc:
         queries.compare(inst, time_limit=5)
     assert what in str(exc.value) and "(it was 5 s)" in str(exc.value)
+
+
+def test_top_k_without_a_first_plan_returns_the_stopped_result(monkeypatch):
+    inst = parse_instance(doc(cluster={"nodes": 1}))
+    _stopping(monkeypatch, {1})
+    ranked = queries.top_k(inst, 3, time_limit=5)
+    assert len(ranked) == 1 and ranked[0].report is None
+    assert ranked[0].status.value == "no_solution_in_limit"

@@ -190,3 +190,27 @@ def test_recompute_layers_need_full_recompute_whatever_their_count(runner, tmp_p
         f'distributed_optimizer = true\nrecompute = "selective"\nrecompute_layers = {n}'))
     r = runner.invoke(app, ["evaluate", str(f)])
     assert r.exit_code == 2 and 'needs recompute = "full", not "selective"' in r.stderr
+
+
+def _stops_without_a_plan(*args, **kwargs):
+    """A solve that stopped at its time limit before finding a plan (what CP-SAT returns for a
+    tiny --time-limit, without depending on the machine's speed)."""
+    from formulations.result import SolveResult, Status
+
+    return SolveResult(Status.NO_SOLUTION_IN_LIMIT, None, None, None, 0.001, 0.001, 0.0,
+                       "cpsat", "step_time", note="UNKNOWN")
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_top_k_without_a_first_plan_exits_4_saying_to_raise_the_time_limit(
+        runner, monkeypatch, as_json):
+    """(an IndexError on the empty list, once)"""
+    monkeypatch.setattr("formulations.queries.solve", _stops_without_a_plan)
+    r = runner.invoke(app, ["solve", str(GPT13), "--top", "2", "--time-limit", "0.001",
+                            *(["--json"] if as_json else [])])
+    assert r.exit_code == 4, r.output
+    assert "raise --time-limit (it was 0.001 s)" in " ".join(r.stderr.split())
+    if as_json:
+        doc = json.loads(r.stdout)
+        assert doc["exit_code"] == 4 and doc["plan"] is None and "top" not in doc
+        assert doc["solver"]["status"] == "no_solution_in_limit"

@@ -425,7 +425,7 @@ def solve(
         err.print(f"error: {why}", markup=False, highlight=False)
     if as_json:
         doc = res.to_dict()
-        if ranked:
+        if ranked and not failed:
             doc["top"] = [dict(r.to_dict(), gap_to_optimum=_gap(r, ranked[0])) for r in ranked]
         if cmp:
             doc["compare"] = cmp.to_dict()
@@ -437,7 +437,7 @@ def solve(
     else:
         console = err if (launch is not None and emit_to is None) else out
         extra = [solver_panel(res)]
-        if ranked:
+        if ranked and not failed:
             extra.append(top_table(ranked))
         if cmp:
             extra.append(compare_table(cmp))
