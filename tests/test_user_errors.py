@@ -214,3 +214,24 @@ def test_top_k_without_a_first_plan_exits_4_saying_to_raise_the_time_limit(
         doc = json.loads(r.stdout)
         assert doc["exit_code"] == 4 and doc["plan"] is None and "top" not in doc
         assert doc["solver"]["status"] == "no_solution_in_limit"
+
+
+RUN = ('[models.m]\npreset = "gpt-1.3b"\n[[runs]]\nid = "r1"\nmodel = "m"\n'
+       'gpu = "a100-80gb"\nprecision = "bf16"\nmeasured_step_time_s = 3.5\n'
+       'source = "test"\nplan = { tp = 1, pp = 1, dp = 8, global_batch = 512 }\n')
+
+
+def test_a_runs_file_holding_out_every_run_reports_predictions_without_an_error_bound(
+        runner, tmp_path):
+    """Nothing fitted, nothing to bound: the summary's figures over fitted runs are null (a
+    ZeroDivisionError once); the held-out runs' own figures are there."""
+    f = tmp_path / "runs.toml"
+    f.write_text(RUN + 'held_out = "a new kind of run"\n')
+    r = runner.invoke(app, ["validate", str(f), "--no-ranking", "--json"])
+    assert r.exit_code == 0, r.output
+    summ = json.loads(r.stdout)["summary"]
+    assert summ["runs"] == 0 and summ["held_out"] == 1
+    assert summ["mean_abs_error"] is None and summ["max_abs_error_out_of_sample"] is None
+    assert summ["mean_abs_error_held_out"] > 0
+    r = runner.invoke(app, ["validate", str(f), "--no-ranking"])
+    assert r.exit_code == 0 and "runs: 0 fitted (every run is held out" in r.stdout

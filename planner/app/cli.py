@@ -307,9 +307,8 @@ def validate(
     except PlanError as exc:
         _fail(exc, as_json)
     summ = v.summary(results)
-    errs = [abs(oos[r.id]) for r in results if r.held_out is None]
-    summ["mean_abs_error_out_of_sample"] = sum(errs) / len(errs)
-    summ["max_abs_error_out_of_sample"] = max(errs)
+    summ["mean_abs_error_out_of_sample"], summ["max_abs_error_out_of_sample"] = v.mean_max(
+        [abs(oos[r.id]) for r in results if r.held_out is None])
     ratios = [ranks[r.id]["ratio"] for r in results if ranks.get(r.id, {}).get("ratio")]
     if ratios:
         summ["max_ranking_ratio"] = max(ratios)
@@ -342,10 +341,14 @@ def validate(
             row.append(f"{ratio:.3f}" if ratio else "-")
         t.add_row(*row, style=style)
     out.print(t)
-    out.print(f"runs: {summ['runs']}   mean |error|: {100 * summ['mean_abs_error']:.1f}%   "
-              f"max |error|: {100 * summ['max_abs_error']:.1f}%   out of sample (fitted without "
-              f"the run's source): mean {100 * summ['mean_abs_error_out_of_sample']:.1f}%, max "
-              f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
+    if summ["runs"]:
+        out.print(f"runs: {summ['runs']}   mean |error|: {100 * summ['mean_abs_error']:.1f}%   "
+                  f"max |error|: {100 * summ['max_abs_error']:.1f}%   out of sample (fitted "
+                  f"without the run's source): mean "
+                  f"{100 * summ['mean_abs_error_out_of_sample']:.1f}%, max "
+                  f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
+    else:
+        out.print("runs: 0 fitted (every run is held out: no error bound over fitted runs)")
     for r in results:
         if r.held_out:
             out.print(f"[dim]{r.id} is held out of the fit and the figures above "

@@ -202,18 +202,26 @@ def held_out(run: dict[str, Any]) -> str | None:
     return reason
 
 
-def summary(results: list[RunResult]) -> dict[str, float]:
+def summary(results: list[RunResult]) -> dict[str, float | None]:
     """Mean and max |error| over the runs that are not held out (``held_out`` counts the rest);
     the held-out runs' own mean and max, when there are any: never fitted, they are what the
     model predicts for runs it has not seen."""
     errs = [abs(r.error) for r in results if r.held_out is None]
-    out = {"runs": len(errs), "mean_abs_error": sum(errs) / len(errs), "max_abs_error": max(errs),
+    mean, top = mean_max(errs)
+    out = {"runs": len(errs), "mean_abs_error": mean, "max_abs_error": top,
            "held_out": sum(r.held_out is not None for r in results)}
     unseen = [abs(r.error) for r in results if r.held_out is not None]
     if unseen:
-        out["mean_abs_error_held_out"] = sum(unseen) / len(unseen)
-        out["max_abs_error_held_out"] = max(unseen)
+        out["mean_abs_error_held_out"], out["max_abs_error_held_out"] = mean_max(unseen)
     return out
+
+
+def mean_max(errs: list[float]) -> tuple[float | None, float | None]:
+    """The mean and the max of some |errors|, both None without any: a runs file may hold out
+    every run (only predictions, nothing fitted), and then there is no error bound to state."""
+    if not errs:
+        return None, None
+    return sum(errs) / len(errs), max(errs)
 
 
 #: The calibration grid: the asymptotic GEMM efficiency and the two knees of the size curve.
