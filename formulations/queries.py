@@ -350,6 +350,13 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
 # ------------------------------------------------------------------------------------------
 
 
+#: The longest list :func:`top_k` makes. Each plan is a solve of its own with every better one
+#: excluded (about 0.2 s on a one-node instance, more as the exclusions grow and on larger
+#: spaces), so 100 plans is already minutes on a real instance, and a list that long is read
+#: for its first rows; past it, constraints (a pin, a cap) ask the question better.
+MAX_TOP_K = 100
+
+
 def top_k(inst: Instance, k: int, solver: str = "cpsat",
           time_limit: float | None = None) -> list[SolveResult]:
     """The ``k`` best distinct plans, each a proven optimum once the better ones are excluded.
@@ -357,6 +364,9 @@ def top_k(inst: Instance, k: int, solver: str = "cpsat",
     When the first solve returns no plan (it stopped at the time limit) the list is that one
     result, as :func:`~formulations.solve.solve` would return it, for the caller to report;
     a later one without a plan ends the list."""
+    if k > MAX_TOP_K:
+        raise InputError(f"--top {k}: at most {MAX_TOP_K} plans (each is a solve of its own); "
+                         "pin or cap knobs in [constraints] to look further down the list")
     out: list[SolveResult] = []
     exclude: list = []
     for _ in range(k):

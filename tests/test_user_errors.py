@@ -235,3 +235,15 @@ def test_a_runs_file_holding_out_every_run_reports_predictions_without_an_error_
     assert summ["mean_abs_error_held_out"] > 0
     r = runner.invoke(app, ["validate", str(f), "--no-ranking"])
     assert r.exit_code == 0 and "runs: 0 fitted (every run is held out" in r.stdout
+
+
+def test_top_k_is_capped_with_a_message_naming_the_flag(runner, monkeypatch):
+    """Each plan of the list is a solve (--top 1000 ran for minutes): past the cap it is an
+    input error before any solve."""
+    monkeypatch.setattr("formulations.queries.solve", _stops_without_a_plan)  # (never reached)
+    for extra in ([], ["--json"]):
+        r = runner.invoke(app, ["solve", str(GPT13), "--top", "101", *extra])
+        assert r.exit_code == 2, r.output
+        assert "--top 101: at most 100 plans" in r.stderr
+        if extra:
+            assert json.loads(r.stdout)["exit_code"] == 2

@@ -387,7 +387,8 @@ def solve(
     compare: Annotated[bool, typer.Option(
         "--compare", help="also solve without the [constraints] what-ifs; show what binds")
     ] = False,
-    top: Annotated[int, typer.Option(min=1, help="list the K best distinct plans")] = 1,
+    top: Annotated[int, typer.Option(min=1, help="list the K best distinct plans (at most 100, "
+                                                  "each a solve)")] = 1,
     emit: EmitOpt = None,
     emit_to: EmitToOpt = None,
     as_json: JsonOpt = False,
