@@ -247,3 +247,13 @@ def test_top_k_is_capped_with_a_message_naming_the_flag(runner, monkeypatch):
         assert "--top 101: at most 100 plans" in r.stderr
         if extra:
             assert json.loads(r.stdout)["exit_code"] == 2
+
+
+def test_a_bad_sweep_file_under_json_is_a_json_error_on_stdout(runner, tmp_path):
+    """(stdout stayed empty once)"""
+    f = tmp_path / "sweep.toml"
+    f.write_text('[sweep]\nquery = "solve"\n"plan.tp" = [1, 2]\n')      # no base, no instance
+    r = runner.invoke(app, ["sweep", str(f), "--json"])
+    assert r.exit_code == 2, r.output
+    doc = json.loads(r.stdout)
+    assert doc["exit_code"] == 2 and doc["error"]

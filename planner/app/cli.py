@@ -590,7 +590,7 @@ def sweep(
 
             plot_sweep(run.rows, spec, plot)
     except PlanError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(run.counts().items()))
     if as_json:
         _emit_json(dict(run.to_dict(), out=str(out_file) if out_file else None,
