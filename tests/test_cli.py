@@ -333,8 +333,13 @@ def test_solve_on_a_node_range_needs_a_size(runner, tmp_path):
                     '[cluster]\ngpu = "h100-sxm"\nnodes = [1, 3]\n')
     result = runner.invoke(app, ["solve", str(path)])
     assert result.exit_code == 2 and "--nodes" in all_text(result)
+    assert "cluster.nodes gives a range" in all_text(result)
     ok = runner.invoke(app, ["solve", str(path), "--nodes", "2", "--json"])
     assert ok.exit_code == 0
+    path.write_text(path.read_text().replace("nodes = [1, 3]", "node_counts = [1, 3]"))
+    result = runner.invoke(app, ["solve", str(path)])       # (named cluster.nodes once)
+    assert result.exit_code == 2 and "cluster.node_counts lists several sizes" in \
+        all_text(result)
 
 
 def test_markup_in_a_model_name_is_printed_as_is(runner, tmp_path):

@@ -619,11 +619,15 @@ def sweep(
 
 
 def _single_size(inst, nodes: int | None) -> None:
+    """``solve`` answers for one cluster size: a range needs ``--nodes``. The message names the
+    key the file used (``nodes = [lo, hi]`` or ``node_counts``)."""
     from planner.model.errors import InputError
 
     if nodes is None and len(inst.node_options) > 1:
-        raise InputError(f"{inst.source}: cluster.nodes gives a range; pass --nodes N for a "
-                         "single size, or use plan pareto / plan capacity")
+        key = ("cluster.node_counts lists several sizes"
+               if inst.spec.cluster.node_counts is not None else "cluster.nodes gives a range")
+        raise InputError(f"{inst.source}: {key}; pass --nodes N for a single size, or use "
+                         "plan pareto / plan capacity")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
