@@ -257,3 +257,13 @@ def test_a_bad_sweep_file_under_json_is_a_json_error_on_stdout(runner, tmp_path)
     assert r.exit_code == 2, r.output
     doc = json.loads(r.stdout)
     assert doc["exit_code"] == 2 and doc["error"]
+
+
+@pytest.mark.parametrize("key", ["recompute", "dp_sharding"])
+def test_an_empty_list_of_modes_is_an_input_error_naming_the_key(runner, tmp_path, key):
+    """An empty list allows no plan: a slip in the file (exit 2), not a question whose answer is
+    an empty search space (exit 3, once)."""
+    f = _instance(tmp_path, f"[constraints]\n{key} = []")
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2, r.output
+    assert f"constraints.{key}: an empty list allows no mode" in r.stderr

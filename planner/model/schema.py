@@ -398,6 +398,16 @@ class ConstraintSpec(_Strict):
                     data = {**data, cap: data[pin]}
         return data
 
+    @field_validator("recompute", "dp_sharding", mode="before")
+    @classmethod
+    def _some_mode(cls, v):
+        """An empty list of modes allows no plan: a slip in the file, refused as one (exit 2)
+        rather than explained as an empty search space (exit 3)."""
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list allows no mode: list at least one, or leave the key "
+                             "out to allow all")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> ConstraintSpec:
         refused = overlap_refusal(self.framework, self)
