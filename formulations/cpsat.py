@@ -142,7 +142,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     worker, 31.4 s with two or four)."""
     from ortools.sat.python import cp_model_helper as cmh
 
-    from formulations.milp import INF, build_rows, decode
+    from formulations.milp import INF, build_rows, decode, plan_objective
     from formulations.space import SMALL_SPACE, joint_size
 
     if workers is None:
@@ -217,9 +217,12 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
                            "cpsat", note=first.note)
     choice, combo = decode(enc, r, last.x)
-    objective = r.value("objective", last.x) * q_t
+    objective = plan_objective(enc, choice, combo)
     return RawSolution(Status.OPTIMAL if first.proven else Status.FEASIBLE, choice,
-                       enc.combos[combo], objective, first.bound * q_t, session.solve_s, build_s,
+                       enc.combos[combo], objective,
+                       # (the rounded model's bound may sit a few quanta above the exact
+                       # objective of a proven plan: each product is rounded up)
+                       min(first.bound * q_t, objective), session.solve_s, build_s,
                        "cpsat", note=note, extra={"quantum_s": q_t})
 
 

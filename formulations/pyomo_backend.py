@@ -14,7 +14,7 @@ import time
 
 from formulations import ties
 from formulations.encoding import NO_CUTS, Cuts, Encoding
-from formulations.milp import INF, build_rows, decode
+from formulations.milp import INF, build_rows, decode, plan_objective
 from formulations.result import RawSolution, Status
 
 #: Pyomo solver names for the names users type.
@@ -113,7 +113,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
                            solver, note=first.note)
     choice, combo = decode(enc, r, last.x)
-    objective = (r.value("objective", last.x) + r.obj_const) * r.time_unit
+    objective = plan_objective(enc, choice, combo)
     bound = first.bound * r.time_unit if first.bound is not None else None
     # "zero gap" up to the solver's floating-point tolerances (1e-6 relative, rows near 1)
     proven = first.proven and bound is not None and \
