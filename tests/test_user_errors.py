@@ -127,6 +127,12 @@ def test_a_runs_file_is_checked_key_by_key(runner, tmp_path):
         "model = 'zz' is not one of the file's [models.*] tables":
             good.replace('model = "m"', 'model = "zz"'),
         "gpu = 'v100' is not in the catalog": good.replace("a100-80gb", "v100"),
+        # (both were accepted once: the run evaluated under no framework's rules, the
+        # impossible date compared as text with the ranking's feature dates)
+        "run r1: framework = 'jax' is not one the planner knows": good + 'framework = "jax"\n',
+        "run r1: code_date = '2023-02-30' is not a calendar date":
+            good + 'code_date = "2023-02-30"\n',
+        "run r1: code_date = '2023-13' is not a calendar date": good + 'code_date = "2023-13"\n',
     }
     for says, text in cases.items():
         f = tmp_path / "runs.toml"

@@ -20,6 +20,7 @@ predicted step time over the model's optimum in the run's own knob space (:func:
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from dataclasses import dataclass, replace
@@ -44,6 +45,9 @@ PLAN_KEYS = set(PlanSpec.model_fields)
 #: with PyTorch FSDP, the data parallelism of torchtitan (sharding over dp, reduce-scatter after
 #: every backward, the fp32 master as the shard)
 RUN_FRAMEWORKS = {"llm-foundry": "torchtitan"}
+#: what a run's ``framework`` may name: a framework whose rules the planner applies, or training
+#: code that runs under one (:data:`RUN_FRAMEWORKS`)
+RUN_FRAMEWORK_NAMES = (*FRAMEWORKS, *RUN_FRAMEWORKS)
 
 
 @dataclass
@@ -112,6 +116,14 @@ def run_problems(data: dict[str, Any]) -> list[str]:
                               or not math.isfinite(t) or t <= 0):
             out.append(f"run {rid}: measured_step_time_s: expected a positive number of "
                        f"seconds, got {t!r}")
+        framework = run.get("framework")
+        if framework is not None and framework not in RUN_FRAMEWORK_NAMES:
+            # (an unknown name would be evaluated under no framework's rules, without a word)
+            out.append(f"run {rid}: framework = {framework!r} is not one the planner knows; "
+                       f"expected one of: {', '.join(RUN_FRAMEWORK_NAMES)}")
+        bad_date = code_date_problem(run.get("code_date"))
+        if bad_date:
+            out.append(f"run {rid}: {bad_date}")
         gpu = run.get("gpu")
         if gpu is not None and gpu not in known_gpus():
             out.append(f"run {rid}: gpu = {gpu!r} is not in the catalog; expected one of: "
@@ -448,11 +460,25 @@ def code_date(run: dict[str, Any]) -> str | None:
     """The run's ``code_date`` (``YYYY-MM-DD`` or ``YYYY-MM``), None when not given (today's
     features)."""
     date = run.get("code_date")
-    if date is not None and not (isinstance(date, str)
-                                 and re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", date)):
-        raise InputError(f"run {run.get('id', '?')}: code_date must be a date, YYYY-MM-DD or "
-                         "YYYY-MM")
+    problem = code_date_problem(date)
+    if problem:
+        raise InputError(f"run {run.get('id', '?')}: {problem}")
     return date
+
+
+def code_date_problem(date: Any) -> str | None:
+    """What is wrong with a ``code_date`` value (None: nothing, or not given). It must be a
+    calendar date: the ranking compares it as text with the feature dates, where a well-formed
+    impossible one (``2023-02-30``, ``2023-13``) would pass unnoticed."""
+    if date is None:
+        return None
+    if isinstance(date, str) and re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", date):
+        try:
+            datetime.date.fromisoformat(date if len(date) == 10 else date + "-01")
+            return None
+        except ValueError:
+            return f"code_date = {date!r} is not a calendar date (YYYY-MM-DD or YYYY-MM)"
+    return f"code_date must be a date, YYYY-MM-DD or YYYY-MM, got {date!r}"
 
 
 def _before(date: str | None, since: str) -> bool:
