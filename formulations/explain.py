@@ -181,6 +181,8 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
                 f"an MFU of {reach:.3f}",
                 f"nearest change: min_mfu <= {reach:.3f}"])
     need, point, knobs, parts, worst, gpu_need = found
+    if parts.get("framework_rule", 0.0) > 0 or parts.get("offload_rule", 0.0) > 0:
+        return _rule_binds(space, point, knobs)
     limit = memory_limit_bytes(inst)
     static = parts["weights"] + parts["gradients"] + parts["optimizer_states"]
     plan_words = (f"tp={point['T']}, pp={point['P']}, cp={point['C']}, "
@@ -226,6 +228,30 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     if suggest:
         lines += _suggestions(space, limit)
     return InfeasibleError("no plan fits in GPU memory", lines)
+
+
+def _rule_binds(space: SearchSpace, point: dict, knobs) -> InfeasibleError:
+    """Every plan is barred by a framework or offload rule (charged as memory no GPU has,
+    planner/model/terms.py): say which rules the least barred plan breaks, not a memory need
+    that is the bar's."""
+    from formulations.solve import decode_plan
+    from formulations.result import RawSolution, Status
+    from planner.model.frameworks import framework_violations, offload_violations
+
+    inst = space.inst
+    raw = RawSolution(Status.INFEASIBLE, {**space.fixed, **point}, knobs, None, None, 0.0, 0.0,
+                      "explain")
+    plan = decode_plan(space, raw)
+    name = inst.spec.constraints.framework
+    broken = framework_violations(name, plan) + offload_violations(name, plan)
+    pins = [f"constraints.{k} = {toml_value(getattr(inst.spec.constraints, k))}"
+            for k in ("framework", "vp", "cp", "pp", "dp_sharding", "offload_layers",
+                      "optimizer_offload", "ep")
+            if getattr(inst.spec.constraints, k, None) is not None]
+    return InfeasibleError("the framework's rules leave no plan", [
+        "no plan that keeps the rules of the framework and of host offload fits"
+        + (f" under {', '.join(pins)}" if pins else "") + "; the closest "
+        f"({plan.label()}) breaks: {'; '.join(broken) or 'a framework rule'}"])
 
 
 def _host_binds(space: SearchSpace, points) -> str | None:

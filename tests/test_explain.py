@@ -89,3 +89,17 @@ def test_a_shard_group_size_no_dp_admits_is_named():
     assert "constraints.dp_shard_size = 3 binds" in msg
     assert "dp_shard_size can only be one of 1, 2, 4, 8, 16" in msg
     assert "nearest change: dp_shard_size = 2" in msg
+
+
+@pytest.mark.parametrize("constraints, words", [
+    ({"framework": "deepspeed", "vp": 2}, "DeepSpeed has no interleaved pipeline"),
+    ({"pp": 2, "offload_layers": 2}, "offload_layers = 2 needs pp = 1"),
+])
+def test_a_framework_rule_that_binds_is_named_not_charged_as_memory(constraints, words):
+    # the rules are charged as memory no GPU has; before, the explanation read that charge as
+    # a need ("148.2 GiB per GPU ... activations and logits the other 148.1 GiB"; a fuzzer)
+    text = explain({"model": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000,
+                               "seq_len": 2048},
+                     "training": {"global_batch": 64},
+                     "cluster": {"gpu": "a100-80gb", "nodes": 1}, "constraints": constraints})
+    assert words in text and "GiB" not in text
