@@ -273,3 +273,24 @@ def test_an_empty_list_of_modes_is_an_input_error_naming_the_key(runner, tmp_pat
     r = runner.invoke(app, ["solve", str(f)])
     assert r.exit_code == 2, r.output
     assert f"constraints.{key}: an empty list allows no mode" in r.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["evaluate", "--global-batch", "1099511627776"], "--global-batch: Input should be less "
+     "than or equal to 1073741824"),
+    (["evaluate", "--tp", "1099511627776"], "--tp: Input should be less than or equal to "
+     "16777216"),
+    (["solve", "--nodes", "2097152"], "--nodes: Input should be less than or equal to 1048576"),
+    (["solve", "--time-limit", "inf"], "'--time-limit': inf is not a finite number"),
+    (["capacity", "--deadline-days", "inf"], "'--deadline-days': inf is not a finite number"),
+])
+def test_flags_are_held_to_the_limits_of_the_keys_they_override(runner, args, says):
+    """A flag value beyond the schema's limit for its key (or not finite) is an input error
+    naming the flag and the limit, as the same value in the file is; they once reached the
+    solvers (exit 3 or 4) or were answered (exit 0)."""
+    for extra in ([], ["--json"]):
+        r = runner.invoke(app, [args[0], str(GPT13), *args[1:], *extra])
+        assert r.exit_code == 2, r.output
+        assert says in " ".join(r.stderr.split())
+        if extra:
+            assert json.loads(r.stdout)["exit_code"] == 2

@@ -8,6 +8,7 @@ user error.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -48,11 +49,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 out = Console(width=None if sys.stdout.isatty() else 120)   # readable tables in pipes and logs
 err = Console(stderr=True)
 
+def _finite(value: float | None) -> float | None:
+    """A number flag is held to the rule for a number in an instance file: finite (click parses
+    ``inf`` and ``nan`` as floats, and ``nan`` passes any min/max check)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable JSON on stdout")]
 SolverOpt = Annotated[str, typer.Option(
     help="cpsat | highs | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")]
 TimeOpt = Annotated[float | None, typer.Option(
-    min=0.001, help="seconds per solve; at the limit the best plan found is returned, not proven")]
+    min=0.001, callback=_finite,
+    help="seconds per solve; at the limit the best plan found is returned, not proven")]
 NodesOpt = Annotated[int | None, typer.Option(min=1, help="override the node count")]
 EmitOpt = Annotated[str | None, typer.Option(
     help="write a launch configuration (megatron | nemo | torchtitan | deepspeed) alone on "
@@ -127,11 +137,38 @@ def _write_launch(launch: str, emit_to: Path | None) -> None:
 
 def _load(path: Path, nodes: int | None = None):
     from planner.model.instance import load_instance
+    from planner.model.schema import ClusterSpec
 
+    _check_flags(ClusterSpec, {"nodes": nodes})
     inst = load_instance(path)
     if nodes is not None:
         inst = inst.with_nodes(nodes)
     return inst
+
+
+def _check_flags(section, values: dict[str, Any]) -> None:
+    """Check flag values (None: not given) against the schema of the ``section`` keys they
+    override (``--global-batch`` is ``[plan] global_batch``), as a value in the file is checked:
+    the same limits (MAX_BATCH, MAX_GPUS, ...; docs/contract.md) and messages, named by the
+    flag. Past them a value reaches the model and the solvers, which fail on it (exit 3 or 4)
+    or, worse, answer."""
+    from pydantic import ValidationError, create_model
+
+    from planner.model.errors import InputError
+    from planner.model.instance import _problems
+
+    given = {k: v for k, v in values.items() if v is not None}
+    if not given:
+        return
+    flags = create_model("Flags", __config__=section.model_config, **{
+        k: (section.model_fields[k].annotation, section.model_fields[k]) for k in given})
+    try:
+        flags.model_validate(given)
+    except ValidationError as exc:
+        problems = ["--" + key.replace("_", "-") + ":" + msg
+                    for key, msg in (line.split(":", 1) for line in _problems(exc))]
+        raise InputError(problems[0] if len(problems) == 1 else "invalid options",
+                         problems if len(problems) > 1 else None) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +243,12 @@ def evaluate(
                              "optimizer is any dp_sharding but none); give one of the two")
         if distributed_optimizer is not None and dp_sharding is None:
             dp_sharding = "optim" if distributed_optimizer else "none"
+        from planner.model.schema import PlanSpec
+
+        _check_flags(PlanSpec, {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vp": vp,
+                                "micro_batch": micro_batch, "global_batch": global_batch,
+                                "dp_shard_size": dp_shard_size,
+                                "offload_layers": offload_layers})
         inst = _load(file, nodes)
         spec = _plan_section(inst, given=(tp, pp, dp, cp))
         plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, vp=vp,
@@ -518,10 +561,10 @@ def pareto(
 def capacity(
     file: FileArg,
     deadline_days: Annotated[float, typer.Option(
-        min=1e-9, help="train the token budget within this many days")],
+        min=1e-9, callback=_finite, help="train the token budget within this many days")],
     budget_usd: Annotated[float | None, typer.Option(
-        min=0, help="also find the cheapest plan meeting the deadline and check this budget "
-        "(solves every larger size of the range too: slower)")
+        min=0, callback=_finite, help="also find the cheapest plan meeting the deadline and "
+        "check this budget (solves every larger size of the range too: slower)")
     ] = None,
     solver: SolverOpt = "cpsat",
     time_limit: TimeOpt = None,
