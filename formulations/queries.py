@@ -53,6 +53,14 @@ class ParetoPoint:
     reason: str = ""
     detail: list[str] = field(default_factory=list)   # what binds, when infeasible
     on_front: bool = False
+    #: without a plan: "infeasible" (proven), or the status of a solver that stopped without
+    #: one ("no_solution_in_limit" at the time limit), which proves nothing about the size
+    status: str = "infeasible"
+
+    @property
+    def stopped(self) -> bool:
+        """No plan because the solver stopped at its time limit, not because none exists."""
+        return self.status == Status.NO_SOLUTION_IN_LIMIT.value
 
     @property
     def gpus(self) -> int:
@@ -60,8 +68,8 @@ class ParetoPoint:
 
     def to_dict(self) -> dict[str, Any]:
         if self.result is None:
-            return {"nodes": self.nodes, "feasible": False, "reason": self.reason,
-                    "detail": self.detail}
+            return {"nodes": self.nodes, "feasible": False, "status": self.status,
+                    "reason": self.reason, "detail": self.detail}
         d = self.result.to_dict()
         d["nodes"] = self.nodes
         d["on_front"] = self.on_front
@@ -100,7 +108,10 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
         sized = inst.with_nodes(n)
         try:
             res = solve(sized, solver=solver, time_limit=time_limit, explain="brief")
-            points.append(ParetoPoint(n, res if res.report else None, res.note))
+            if res.report:
+                points.append(ParetoPoint(n, res, res.note))
+            else:
+                points.append(ParetoPoint(n, None, _stop_reason(res), status=res.status.value))
         except InfeasibleError as exc:
             points.append(ParetoPoint(n, None, exc.args[0], list(exc.explanation)))
     feasible = [p for p in points if p.result is not None]
@@ -108,6 +119,13 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
         p.on_front = not any(_dominates(front_key(q), front_key(p))
                              for q in feasible if q is not p)
     return points
+
+
+def _stop_reason(res: SolveResult) -> str:
+    """A size's reason when its solver returned no plan without proving there is none."""
+    head = ("stopped at the time limit without a plan" if res.status == Status.NO_SOLUTION_IN_LIMIT
+            else f"the solver returned no plan ({res.status.value})")
+    return head + (f" ({res.note})" if res.note else "")
 
 
 def front_key(p: ParetoPoint) -> tuple[float, float]:
@@ -134,6 +152,14 @@ class CapacityAnswer:
     cheapest: dict[str, Any] | None = None
     wall_s: float = 0.0
 
+    @property
+    def unproven(self) -> list[int]:
+        """The sizes checked whose solver stopped at the time limit (with a plan not proven
+        optimal, or none): any of them might meet the deadline, so without an answer the range
+        is not shown to miss it, and with one (they are all smaller) it is not shown minimal."""
+        return [c["nodes"] for c in self.checked
+                if c.get("status") in (Status.FEASIBLE.value, Status.NO_SOLUTION_IN_LIMIT.value)]
+
     def to_dict(self) -> dict[str, Any]:
         out = self.result.to_dict() if self.result else {"plan": None}
         out["nodes"] = self.nodes
@@ -142,6 +168,7 @@ class CapacityAnswer:
         out["next_smaller"] = self.next_smaller
         out["checked"] = self.checked
         out["cheapest"] = self.cheapest
+        out["unproven"] = self.unproven
         out["wall_s"] = self.wall_s
         return out
 

@@ -294,3 +294,61 @@ def test_flags_are_held_to_the_limits_of_the_keys_they_override(runner, args, sa
         assert says in " ".join(r.stderr.split())
         if extra:
             assert json.loads(r.stdout)["exit_code"] == 2
+
+
+@pytest.mark.parametrize("command", [["pareto"], ["capacity", "--deadline-days", "30"]])
+def test_sizes_that_stopped_at_the_time_limit_are_not_reported_infeasible(
+        runner, monkeypatch, tmp_path, command):
+    """Every size of the range stopped at the time limit without a plan: no answer because of
+    the limit (exit 4, raise --time-limit), not 'no size admits / meets' (exit 3, once)."""
+    monkeypatch.setattr("formulations.queries.solve", _stops_without_a_plan)
+    f = tmp_path / "range.toml"
+    f.write_text(GPT13.read_text().replace("nodes = 1", "nodes = [1, 2]"))
+    for extra in ([], ["--json"]):
+        r = runner.invoke(app, [command[0], str(f), *command[1:], "--time-limit", "0.001",
+                                *extra])
+        assert r.exit_code == 4, r.output
+        said = " ".join(r.stderr.split())
+        assert "at 2 sizes (1, 2 nodes) the solver stopped at the time limit" in said
+        assert "raise --time-limit (it was 0.001 s)" in said
+        if extra:
+            doc = json.loads(r.stdout)
+            assert doc["exit_code"] == 4
+            if command[0] == "pareto":
+                assert [p["status"] for p in doc["all"]] == ["no_solution_in_limit"] * 2
+            else:
+                assert doc["unproven"] == [1, 2]
+
+
+def test_a_sweep_whose_points_stopped_at_the_time_limit_exits_4(runner, monkeypatch, tmp_path):
+    """(exit 0 once, as if the sweep had answered)"""
+    monkeypatch.setattr("formulations.solve.solve", _stops_without_a_plan)
+    f = tmp_path / "sweep.toml"
+    f.write_text(f'base = "{GPT13}"\n[sweep]\nquery = "solve"\ntime_limit = 0.001\n'
+                 '"training.global_batch" = [256, 512]\n')
+    for extra in ([], ["--json"]):
+        r = runner.invoke(app, ["sweep", str(f), "--workers", "1", *extra])
+        assert r.exit_code == 4, r.output
+        said = " ".join(r.stderr.split())
+        assert "2 rows stopped at the time limit without a plan" in said
+        assert "raise [sweep] time_limit (it was 0.001 s)" in said
+        if extra:
+            assert json.loads(r.stdout)["exit_code"] == 4
+
+
+def test_a_capacity_answer_above_a_size_that_stopped_says_it_is_not_proven_the_fewest(
+        runner, monkeypatch, tmp_path):
+    from formulations.solve import solve
+
+    def stops_on_one_node(inst, **kwargs):
+        return _stops_without_a_plan() if inst.nodes == 1 else solve(inst, **kwargs)
+
+    monkeypatch.setattr("formulations.queries.solve", stops_on_one_node)
+    f = tmp_path / "range.toml"
+    f.write_text(GPT13.read_text().replace("nodes = 1", "nodes = [1, 2]"))
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30", "--time-limit", "5",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["unproven"] == [1]
+    assert "note: 2 nodes is not proven the fewest: at 1 node the solver stopped" in \
+        " ".join(r.stderr.split())

@@ -523,7 +523,7 @@ def pareto(
     """Proven optimum at every node count of [cluster] nodes = [lo, hi] (or node_counts), and
     the non-dominated front of GPUs, step time, days and dollars."""
     from formulations import queries
-    from planner.app.report import pareto_table
+    from planner.app.report import pareto_table, sizes_text
 
     try:
         if plot:
@@ -541,18 +541,27 @@ def pareto(
     except PlanError as exc:
         _fail(exc, as_json)
     none_fits = not any(p.result is not None for p in points)
-    none_msg = "no size in the range admits a plan (each size's reason is in its row)"
+    stopped = [p.nodes for p in points if p.stopped]
+    stop_msg = (f"at {sizes_text(stopped)} the solver stopped at the time limit without a plan; "
+                + queries.time_limit_advice(time_limit)) if stopped else ""
+    # without any plan, the sizes that stopped are why there is no answer (exit 4); the others
+    # are proven infeasible (exit 3, each size's reason in its row)
+    none_msg, none_code = (
+        (f"no size in the range has a plan: {stop_msg}", 4) if stopped else
+        ("no size in the range admits a plan (each size's reason is in its row)", 3))
     if as_json:
         doc = {"points": [d for d in docs if d.get("on_front")], "all": docs}
         if none_fits:
-            doc.update(error=none_msg, exit_code=3)
+            doc.update(error=none_msg, exit_code=none_code)
         _emit_json(doc)
     else:
         out.print(pareto_table(points, batch_range=not isinstance(
             inst.spec.training.global_batch, int)))
     if none_fits:
         err.print(f"error: {none_msg}", markup=False, highlight=False)
-        raise typer.Exit(3)
+        raise typer.Exit(none_code)
+    if stopped:        # a front without those sizes: any of them might have been on it
+        err.print(f"note: the front leaves out {stop_msg}", markup=False, highlight=False)
     if plot and not as_json:
         out.print(f"plot written to {plot}", markup=False, highlight=False)
 
@@ -572,7 +581,7 @@ def capacity(
 ) -> None:
     """The fewest nodes (in the instance's range) whose optimal plan meets the deadline."""
     from formulations import queries
-    from planner.app.report import capacity_panel, print_step
+    from planner.app.report import capacity_panel, print_step, sizes_text
 
     try:
         inst = _load(file)
@@ -581,20 +590,32 @@ def capacity(
     except PlanError as exc:
         _fail(exc, as_json)
     missed = ans.result is None or (ans.cheapest and not ans.cheapest["within_budget"])
+    stop_msg = (f"at {sizes_text(ans.unproven)} the solver stopped at the time limit without a "
+                f"proven answer; {queries.time_limit_advice(time_limit)}") if ans.unproven else ""
+    if ans.result is None and ans.unproven:     # no answer because sizes stopped: exit 4
+        error, code = (f"no size in the range is proven to meet {ans.deadline_days:g} days: "
+                       f"{stop_msg}", 4)
+    elif ans.result is None:
+        error, code = f"no size in the range meets {ans.deadline_days:g} days", 3
+    else:
+        error, code = "the cheapest plan meeting the deadline is over the budget", 3
     if as_json:
         doc = ans.to_dict()
         if missed:
-            doc.update(error=f"no size in the range meets {ans.deadline_days:g} days"
-                       if ans.result is None else "the cheapest plan meeting the deadline is over "
-                       "the budget", exit_code=3)
+            doc.update(error=error, exit_code=code)
         _emit_json(doc)
     elif ans.result is not None:
         print_step(ans.result.report, inst.with_nodes(ans.nodes), out,
                    extra=[capacity_panel(ans)])
     else:
         out.print(capacity_panel(ans))
+    if ans.result is not None and ans.unproven:  # a smaller size might have met the deadline
+        err.print(f"note: {ans.nodes} nodes is not proven the fewest: {stop_msg}", markup=False,
+                  highlight=False)
     if missed:
-        raise typer.Exit(3)
+        if code == 4:
+            err.print(f"error: {error}", markup=False, highlight=False)
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -635,9 +656,13 @@ def sweep(
     except PlanError as exc:
         _fail(exc, as_json)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(run.counts().items()))
+    failure = "" if run.interrupted else _sweep_failure(run.counts(), spec.time_limit)
     if as_json:
-        _emit_json(dict(run.to_dict(), out=str(out_file) if out_file else None,
-                        plot=str(plot) if plot and run.rows else None))
+        doc = dict(run.to_dict(), out=str(out_file) if out_file else None,
+                   plot=str(plot) if plot and run.rows else None)
+        if failure:
+            doc.update(error=failure, exit_code=4)
+        _emit_json(doc)
     else:
         out.print(sw.rows_table(run))
         if len(run.rows) > 60:
@@ -657,8 +682,26 @@ def sweep(
                   + (f", saved in {out_file}; run the same command to resume" if out_file else ""),
                   markup=False, highlight=False)
         raise typer.Exit(130)
-    if run.counts().get("error"):
+    if failure:
+        err.print(f"error: {failure}", markup=False, highlight=False)
         raise typer.Exit(4)
+
+
+def _sweep_failure(counts: dict[str, int], time_limit: float | None) -> str:
+    """Why a finished sweep exits 4 ("" when it does not): rows whose solver failed, and rows
+    whose solver stopped at ``[sweep] time_limit`` without a plan, an answer missing as it is
+    when ``plan solve`` exits 4 (docs/sweeps.md); infeasible rows are answers."""
+    from planner.model.words import plural
+
+    parts = []
+    if counts.get("error"):
+        parts.append(f"{plural(counts['error'], 'row')} failed (solver.status error; each row's "
+                     "reason says why)")
+    if counts.get("no_solution_in_limit"):
+        parts.append(f"{plural(counts['no_solution_in_limit'], 'row')} stopped at the time "
+                     "limit without a plan (solver.status no_solution_in_limit); raise [sweep] "
+                     "time_limit" + (f" (it was {time_limit:g} s)" if time_limit else ""))
+    return "; ".join(parts)
 
 
 def _single_size(inst, nodes: int | None) -> None:

@@ -296,9 +296,9 @@ def pareto_table(points, batch_range: bool = False) -> Table:
     for col in cols:
         t.add_column(col, justify="right" if col not in ("plan", "status", "") else "left")
     for p in points:
-        if p.result is None:
+        if p.result is None:      # the status says infeasible or stopped at the time limit
             t.add_row("", str(p.nodes), "", Text(p.reason, style="dim"),
-                      *([""] * (len(cols) - 4)))
+                      *([""] * (len(cols) - 5)), p.status)
             continue
         rep = p.result.report
         t.add_row("*" if p.on_front else "", str(p.nodes), str(rep.plan.gpus), rep.plan.label(),
@@ -310,9 +310,23 @@ def pareto_table(points, batch_range: bool = False) -> Table:
     return t
 
 
+def sizes_text(nodes: list[int], shown: int = 8) -> str:
+    """Node counts in a message: ``3 nodes``, ``2 sizes (3, 4 nodes)``; the first ``shown`` of
+    many (a range may hold hundreds)."""
+    if len(nodes) == 1:
+        return plural(nodes[0], "node")
+    more = f" and {len(nodes) - shown:,} more" if len(nodes) > shown else ""
+    return (f"{plural(len(nodes), 'size')} ({', '.join(f'{n:,}' for n in nodes[:shown])}{more} "
+            "nodes)")
+
+
 def capacity_panel(ans) -> Panel:
     lines = []
-    if ans.nodes is None:
+    if ans.nodes is None and ans.unproven:
+        lines.append(f"No size in the range is proven to meet {ans.deadline_days:g} days: at "
+                     f"{sizes_text(ans.unproven)} the solver stopped at the time limit without a "
+                     "proven answer.")
+    elif ans.nodes is None:
         lines.append(f"No size in the range meets {ans.deadline_days:g} days.")
         if ans.next_smaller:
             ns = ans.next_smaller

@@ -520,7 +520,12 @@ def _run_query(task: dict[str, Any]) -> list[dict[str, Any]]:
             row["capacity.cheapest_nodes"] = ans.cheapest["nodes"]
             row["capacity.cheapest_cost"] = ans.cheapest["cost"]
             row["capacity.within_budget"] = ans.cheapest["within_budget"]
-        if ans.result is None:
+        if ans.result is None and ans.unproven:    # not an answer: sizes stopped unproven
+            row["solver.status"] = "no_solution_in_limit"
+            row["reason"] = (f"no size of the range is proven to meet {ans.deadline_days:g} "
+                             "days: the solver stopped at the time limit at "
+                             + ", ".join(map(str, ans.unproven)) + " nodes")
+        elif ans.result is None:
             miss = ans.next_smaller or {}
             row["solver.status"] = "infeasible"
             row["reason"] = (f"no size of the range meets {ans.deadline_days:g} days"
@@ -531,7 +536,7 @@ def _run_query(task: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for pp in queries.pareto(inst, solver=solver, time_limit=limit):
         if pp.result is None:
-            rows.append({"pareto.nodes": pp.nodes, "solver.status": "infeasible",
+            rows.append({"pareto.nodes": pp.nodes, "solver.status": pp.status,
                          "reason": "; ".join([pp.reason, *pp.detail]).strip("; ")})
         else:
             row = _result_row(pp.result.to_dict())
