@@ -352,3 +352,24 @@ def test_a_capacity_answer_above_a_size_that_stopped_says_it_is_not_proven_the_f
     assert json.loads(r.stdout)["unproven"] == [1]
     assert "note: 2 nodes is not proven the fewest: at 1 node the solver stopped" in \
         " ".join(r.stderr.split())
+
+
+@pytest.mark.parametrize("flags, says", [
+    # both were accepted and echoed, then costed as if absent (a CLI fuzzer)
+    (["--dp-sharding", "none", "--dp-shard-size", "2"], "dp_sharding = \"none\" shards nothing"),
+    (["--no-sp", "--tp-comm-overlap"], "tp_comm_overlap = true needs sequence parallelism"),
+])
+def test_plan_settings_the_model_would_drop_are_input_errors(runner, flags, says):
+    r = runner.invoke(app, ["evaluate", str(GPT3), *flags])
+    assert r.exit_code == 2, r.output
+    assert says in r.stderr
+
+
+def test_pinned_tp_comm_overlap_without_sequence_parallelism_is_an_input_error(runner, tmp_path):
+    f = tmp_path / "i.toml"
+    f.write_text(GPT3.read_text().replace("tp_within_node = true",
+                                          "tp_within_node = true\ntp_comm_overlap = true\n"
+                                          "sequence_parallel = false"))
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2, r.output
+    assert "tp_comm_overlap = true needs sequence parallelism" in r.stderr

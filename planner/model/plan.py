@@ -533,7 +533,20 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     ep = f.get("ep") or 1
     # experts fill the innermost ranks of a stage: as much of ep as the stage's share of a node
     ep_intra = f.get("ep_intra") or math.gcd(ep, max(1, inst.node_size // intra["pp"]))
+    if f.get("tp_comm_overlap") and tp > 1 and not _knob(inst, f, "sequence_parallel"):
+        # Megatron-LM's validate_args: the userbuffer overlap runs on sequence-parallel
+        # collectives only; the model costs it so (terms.py), so the switch would be echoed on
+        # and costed off
+        raise InputError("plan.tp_comm_overlap = true needs sequence parallelism at tp = "
+                         f"{tp} (Megatron-LM: tensor-parallel communication overlap runs only "
+                         "with sequence parallelism); set sequence_parallel = true or "
+                         "tp_comm_overlap = false")
     mode = _sharding(inst, f)
+    if mode == "none" and f.get("dp_shard_size") not in (None, dp):
+        # (the search refuses the same pair in [constraints]; here it was dropped silently)
+        raise InputError(f"plan.dp_shard_size = {f['dp_shard_size']}: dp_sharding = \"none\" "
+                         f"shards nothing (plain data parallelism over dp = {dp}); leave "
+                         "dp_shard_size out or choose a sharded dp_sharding")
     shard = f.get("dp_shard_size") or inst.spec.constraints.dp_shard_size or dp
     reshard = f.get("reshard_after_forward")
     if reshard is None:

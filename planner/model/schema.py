@@ -413,6 +413,10 @@ class ConstraintSpec(_Strict):
         refused = overlap_refusal(self.framework, self)
         if refused:
             raise ValueError(refused)
+        if self.tp_comm_overlap and self.sequence_parallel is False:
+            raise ValueError("tp_comm_overlap = true needs sequence parallelism (Megatron-LM: "
+                             "tensor-parallel communication overlap runs only with it), but "
+                             "sequence_parallel = false")
         for pin, cap in PIN_CAPS.items():
             v, c = getattr(self, pin), getattr(self, cap)
             if v is not None and c is not None and v > c:
