@@ -25,7 +25,7 @@ CASES = [
                     "cluster": {"gpu": "b200", "nodes": 3},
                     "constraints": {"max_cp": 2, "sequence_parallel": False,
                                     "distributed_optimizer": False,
-                                    "overlap_grad_reduce": True, "tp_comm_overlap": True}}),
+                                    "overlap_grad_reduce": True}}),
     # every overlap on (NeMo's defaults plus tensor-parallel overlap), MoE with sequence
     # parallelism and the distributed optimizer
     parse_instance({"model": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000,

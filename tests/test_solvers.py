@@ -85,6 +85,8 @@ def instances(draw):
         if "framework" in constraints and knob not in \
                 FRAMEWORKS[constraints["framework"]].overlaps_expressible:
             constraints[knob] = False          # (a switch the framework has not: an error)
+    if constraints.get("sequence_parallel") is False:
+        constraints["tp_comm_overlap"] = False     # (it needs sequence parallelism: an error)
     if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
         constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
     # host offload (searched by default): a small host binds its memory row, a slow host link
