@@ -200,10 +200,19 @@ class _RealUnits:
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _ratio(h: float) -> Fraction:
+def _ratio(h: float, reach: int = 1) -> Fraction:
     """A class factor as the fraction :class:`_IntegerUnits` multiplies by (cached: the same
-    few factors recur in every table of every model)."""
-    return Fraction(h).limit_denominator(10**6)
+    few factors recur in every table of every model), for running values up to ``reach``
+    units. The denominator bound is 1e6, raised for a small factor towards ``1e6 / |h|`` as
+    far as the product row ``D u - H w`` stays within 2^60 units: a fixed 1e6 turned every
+    factor below 5e-7 into 0 (a gradient bucket's share of a tiny layer, 4.5e-8 .. 1.8e-7),
+    so CP-SAT dropped those products and proved a bound below the optimum (a fuzzer)."""
+    f = Fraction(h)
+    if f == 0:
+        return f
+    a = abs(f)
+    room = int(2**60 / (a * max(reach, 1)))
+    return f.limit_denominator(max(10**6, min(math.ceil(10**6 / a), room)))
 
 
 def _ceil_mul(x: int, q: Fraction) -> int:
@@ -236,7 +245,8 @@ class _IntegerUnits(_RealUnits):
     def scale(self, rb: _RowBuilder, ws: list[int], classes, lo, hi, tag: int):
         r = rb.r
         acc = {}
-        qs = [_ratio(float(h)) for h in classes]
+        reach = max(abs(int(lo)), abs(int(hi)), 1)
+        qs = [_ratio(float(h), reach) for h in classes]
         for c, (w, q) in enumerate(zip(ws, qs)):
             if q == 0:
                 continue
