@@ -8,8 +8,11 @@ The model is written once, solver-agnostically; only the option names for "prove
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
+import sys
 import time
 
 from formulations import ties
@@ -123,6 +126,22 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
                        note=note or str(first.status))
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Standard output (file descriptor 1) sent to standard error for the duration: HiGHS
+    writes its warnings there from C++ (e.g. 'HighsSparseMatrix ... at/below tolerance of
+    1e-09: ignored'), which broke the JSON of `plan solve --solver highs --json` (a fuzzer)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 class _Session:
     """One Pyomo model re-solved for each tie-break goal (:mod:`formulations.ties`)."""
 
@@ -149,7 +168,8 @@ class _Session:
             opt.options[TIME_OPTION[self.name]] = max(float(time_limit), 1e-3)
         t1 = time.perf_counter()
         try:
-            res = opt.solve(m, load_solutions=False)
+            with _stdout_to_stderr():
+                res = opt.solve(m, load_solutions=False)
         except Exception as exc:  # a solver crash is reported, not raised
             self.solve_s += time.perf_counter() - t1
             return ties.Answer(False, False, None, None, None, Status.ERROR,
