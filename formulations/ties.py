@@ -159,6 +159,12 @@ def run(session: Session, time_limit: float | None, break_ties: bool = True
             return first, last, f"ties not fully broken: the time limit ended before {goal}"
         ans = session.minimize(goal, left, last.x)
         if not ans.ok:
-            return first, last, f"ties not fully broken: no answer for {goal} in the time left"
+            # (a solver can also fail a tie goal without a time limit: HiGHS ended one with
+            # termination condition 'error' on a fuzzer's instance; say which)
+            stopped = getattr(ans.status, "value", ans.status)
+            why = ("in the time left" if stopped == "no_solution_in_limit" else
+                   f"(the solver ended it with {ans.note or stopped})")
+            return first, last, (f"ties not fully broken: no answer for {goal} {why}; the plan "
+                                 "is optimal but may be another tie than other backends'")
         last = ans
     return first, last, ""
