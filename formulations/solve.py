@@ -42,18 +42,23 @@ def objective_value(report, kind: str) -> float:
     return report.step_time_s / (report.plan.global_batch if kind == "time_per_sample" else 1)
 
 
+def check_backend(backend: str) -> None:
+    """An unknown ``--solver`` name is an input error, whether or not a backend runs."""
+    from formulations.pyomo_backend import SOLVER_NAMES
+
+    if backend not in BACKENDS and backend not in SOLVER_NAMES:
+        raise InputError(f"--solver: unknown solver \"{backend}\"; expected one of "
+                         f"{', '.join(BACKENDS + tuple(n for n in SOLVER_NAMES if n != 'highs'))}")
+
+
 def run_backend(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
                 max_objective: float | None = None, exclude: list | None = None,
                 break_ties: bool = True, split: bool = True) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included.
     ``split=False``: a fixed-batch space is solved as one model, not one per sharding mode and
     layout (:func:`_best_of_parts` for the capped batch models of a range under CP-SAT)."""
-    from formulations.pyomo_backend import SOLVER_NAMES
-
     cuts = Cuts(max_objective, tuple(exclude or ()), break_ties)
-    if backend not in BACKENDS and backend not in SOLVER_NAMES:
-        raise InputError(f"--solver: unknown solver \"{backend}\"; expected one of "
-                         f"{', '.join(BACKENDS + tuple(n for n in SOLVER_NAMES if n != 'highs'))}")
+    check_backend(backend)
     if backend == "enumerate":
         from formulations import enumerate as en
 
@@ -347,6 +352,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     space = build_space(inst)                    # raises InfeasibleError for empty domains
     caps = [c for c in (objective_cap(inst, kind), max_objective) if c is not None]
     cap = min(caps) if caps else None
+    check_backend(solver)
     size = space_size(space)                     # counted over the rules, never listed
     # no assignment keeps the structural rules (a GPU count no degrees multiply to, say): the
     # count proves it in milliseconds, where a backend takes about a second; capacity and

@@ -8,7 +8,7 @@ import pytest
 
 from formulations import queries
 from formulations.solve import solve
-from planner.model.errors import InfeasibleError
+from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 
@@ -126,6 +126,8 @@ def test_a_size_no_degrees_multiply_to_is_infeasible_before_any_backend(backend,
     with pytest.raises(InfeasibleError) as err:
         solve(inst, solver=backend)
     assert err.value.explanation
+    with pytest.raises(InputError):           # a solver name is still checked
+        solve(inst, solver="no-such-solver")
 
 
 @pytest.mark.parametrize("constraints", [
