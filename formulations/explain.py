@@ -235,13 +235,10 @@ def _rule_binds(space: SearchSpace, point: dict, knobs) -> InfeasibleError:
     planner/model/terms.py): say which rules the least barred plan breaks, not a memory need
     that is the bar's."""
     from formulations.solve import decode_plan
-    from formulations.result import RawSolution, Status
     from planner.model.frameworks import framework_violations, offload_violations
 
     inst = space.inst
-    raw = RawSolution(Status.INFEASIBLE, {**space.fixed, **point}, knobs, None, None, 0.0, 0.0,
-                      "explain")
-    plan = decode_plan(space, raw)
+    plan = decode_plan(space, {**space.fixed, **point}, knobs)
     name = inst.spec.constraints.framework
     broken = framework_violations(name, plan) + offload_violations(name, plan)
     pins = [f"constraints.{k} = {toml_value(getattr(inst.spec.constraints, k))}"

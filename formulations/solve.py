@@ -30,10 +30,12 @@ def default_objective(inst: Instance) -> str:
     return "step_time" if isinstance(inst.spec.training.global_batch, int) else "time_per_sample"
 
 
-def decode_plan(space: SearchSpace, raw: RawSolution) -> Plan:
+def decode_plan(space: SearchSpace, choice: dict[str, int], knobs) -> Plan:
+    """The plan of base-variable values and knobs (a backend's answer, or a point of the
+    space) on the instance's cluster."""
     inst = space.inst
     from planner.model.frameworks import framework_of
-    return Plan.from_base(raw.choice, raw.knobs, inst.gpus, inst.nodes, inst.node_size,
+    return Plan.from_base(choice, knobs, inst.gpus, inst.nodes, inst.node_size,
                           layers=inst.model.layers, reshard_default=framework_of(
                               inst.spec.constraints.framework).reshard_after_forward)
 
@@ -371,7 +373,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     if raw.status in (Status.ERROR, Status.NO_SOLUTION_IN_LIMIT) or raw.choice is None:
         return SolveResult(raw.status, None, raw.objective, raw.bound, wall, raw.solve_s,
                            raw.build_s, raw.backend, kind, raw.note, quantum, **size)
-    plan = decode_plan(space, raw)
+    plan = decode_plan(space, raw.choice, raw.knobs)
     report = evaluate(inst, plan)
     value = objective_value(report, kind)
     tol = (quantum or 0.0) * 200 + 1e-6 * abs(value)
