@@ -18,7 +18,7 @@ from planner.model.plan import layout_choices
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
 from planner.model.terms import host_memory_limit_bytes, memory_limit_bytes, step_terms
-from planner.model.words import plural, toml_value
+from planner.model.words import pinned, plural, toml_value
 
 
 def _structural(space: SearchSpace) -> InfeasibleError:
@@ -241,10 +241,8 @@ def _rule_binds(space: SearchSpace, point: dict, knobs) -> InfeasibleError:
     plan = decode_plan(space, {**space.fixed, **point}, knobs)
     name = inst.spec.constraints.framework
     broken = framework_violations(name, plan) + offload_violations(name, plan)
-    pins = [f"constraints.{k} = {toml_value(getattr(inst.spec.constraints, k))}"
-            for k in ("framework", "vp", "cp", "pp", "dp_sharding", "offload_layers",
-                      "optimizer_offload", "ep")
-            if getattr(inst.spec.constraints, k, None) is not None]
+    pins = pinned(inst.spec.constraints, ("framework", "vp", "cp", "pp", "dp_sharding",
+                                          "offload_layers", "optimizer_offload", "ep"))
     return InfeasibleError("the framework's rules leave no plan", [
         "no plan that keeps the rules of the framework and of host offload fits"
         + (f" under {', '.join(pins)}" if pins else "") + "; the closest "

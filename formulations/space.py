@@ -56,7 +56,7 @@ from types import SimpleNamespace
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
                                 overlap_default, recompute_share_choices)
-from planner.model.words import toml_value
+from planner.model.words import pinned
 from planner.model.rules import Rule, Sizes, rules_for
 from planner.model.terms import reduce_every_microbatch
 
@@ -279,10 +279,8 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                and (out[lay] != out[o] or o > lay) for o in out):
             del out[lay]
     if not out:
-        pins = [f"constraints.{key} = {getattr(c, key)}" for key in
-                ("first_stage_layers", "last_stage_layers", "account_for_embedding",
-                 "account_for_loss", "recompute_layers", "pp", "vp", "max_pp", "max_vp")
-                if getattr(c, key) is not None]
+        pins = pinned(c, ("first_stage_layers", "last_stage_layers", "account_for_embedding",
+                          "account_for_loss", "recompute_layers", "pp", "vp", "max_pp", "max_vp"))
         if c.recompute_layers:
             why.append(f"constraints.recompute_layers = {c.recompute_layers} needs more layers "
                        "in each virtual stage (layers / (pp*vp), of a short first / last stage "
@@ -708,9 +706,8 @@ def build_space(inst: Instance) -> SearchSpace:
         on, off = counted.get(key, (0, 0))
         counted[key] = (on + k.sequence_parallel, off + (not k.sequence_parallel))
     if not combos:
-        pins = [f"constraints.{key} = {toml_value(getattr(c, key))}"
-                for key in ("optimizer_offload", "offload_layers", "recompute", "dp_sharding",
-                            "distributed_optimizer", "framework") if getattr(c, key) is not None]
+        pins = pinned(c, ("optimizer_offload", "offload_layers", "recompute", "dp_sharding",
+                          "distributed_optimizer", "framework"))
         raise InfeasibleError("the constraints leave no plan", [
             f"host offload: {fw_off.offload_source or fw_off.label}; no allowed combination "
             f"runs it under {', '.join(pins)}"])

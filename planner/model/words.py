@@ -30,6 +30,13 @@ def toml_value(v: object) -> str:
     return str(v)
 
 
+
+def pinned(constraints: object, keys: tuple[str, ...]) -> list[str]:
+    """``constraints.key = value``, in the file's words, for each of ``keys`` the
+    ``[constraints]`` section sets: the pins an infeasibility explanation names."""
+    return [f"constraints.{k} = {toml_value(getattr(constraints, k))}" for k in keys
+            if getattr(constraints, k) is not None]
+
 def on_off(v: bool) -> str:
     return "on" if v else "off"
 
