@@ -6,8 +6,13 @@ For each instance: ``formulations.solve.solve`` is run once with CP-SAT while ev
 hands to CP-SAT (each goal of each part, with its caps and hint) is copied; then each copy is
 re-solved with every variant, the variants interleaved, ``--repeat`` times, and the medians are
 printed per model and summed. A line says MISMATCH when the variants end in different statuses
-or objectives. ``probe`` is the default probing level, ``noprobe`` probing off; ``--variant
-NAME=param:value;param:value`` adds one (CP-SAT ``SatParameters`` fields).
+or objectives. ``shipped`` is each model's own search (workers and subsolvers as
+formulations/cpsat.py chose them, probing off), ``portfolio4`` the four-worker default
+portfolio with probing off (the rule before ``search_workers``), ``probe4`` the same with
+probing on; ``--variant
+NAME=param:value;param:value`` adds one (CP-SAT ``SatParameters`` fields; a comma list, or
+any ``subsolvers`` value, fills a repeated field); a variant that sets ``num_workers``
+replaces the model's own workers and subsolvers.
 
 Example::
 
@@ -39,7 +44,8 @@ def record(path: str) -> list[dict]:
     def spy_run(model, time_limit, workers, *args, **kwargs):
         out = run(model, time_limit, workers, *args, **kwargs)
         seen.append({"model": copy.deepcopy(model), "goal": goal["name"], "workers": workers,
-                     "status": out[3]})
+                     "status": out[3], "presolve": kwargs.get("presolve", True),
+                     "subsolvers": list(kwargs.get("subsolvers", ()))})
         return out
     cpsat._Session.minimize, cpsat._run = spy_minimize, spy_run
     try:
@@ -49,14 +55,20 @@ def record(path: str) -> list[dict]:
     return seen
 
 
-def solve_with(model, workers: int, extra: dict) -> tuple[float, str, float]:
+def solve_with(model, workers: int, extra: dict, presolve: bool = True
+               ) -> tuple[float, str, float]:
     from ortools.sat.python import cp_model_helper as cmh
 
     params = cmh.SatParameters()
     params.num_workers = workers
     params.presolve_inclusion_work_limit = 0          # as formulations/cpsat.py (issue #5293)
+    if not presolve:
+        params.cp_model_presolve = False
     for key, value in extra.items():
-        setattr(params, key, value)
+        if isinstance(value, list):                   # a repeated field (subsolvers)
+            getattr(params, key).extend(value)
+        else:
+            setattr(params, key, value)
     wrapper = cmh.SolveWrapper()
     wrapper.set_parameters(params)
     t = time.perf_counter()
@@ -69,6 +81,9 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     out = {}
     for item in body.split(";"):
         key, value = item.split(":")
+        if "," in value or key == "subsolvers":
+            out[key] = value.split(",")
+            continue
         out[key] = int(value) if value.lstrip("-").isdigit() else (
             value == "True" if value in ("True", "False") else float(value))
     return name, out
@@ -80,7 +95,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--variant", action="append", default=[])
     args = ap.parse_args()
-    variants = {"probe": {}, "noprobe": {"cp_model_probing_level": 0}}
+    variants = {"shipped": {"cp_model_probing_level": 0},
+                "portfolio4": {"cp_model_probing_level": 0, "num_workers": 4},
+                "probe4": {"num_workers": 4}}
     variants.update(parse_variant(v) for v in args.variant)
     for path in args.instances:
         models = record(path)
@@ -91,7 +108,10 @@ def main() -> None:
             ends = {}
             for _ in range(args.repeat):
                 for n, extra in variants.items():
-                    t, status, obj = solve_with(m["model"], m["workers"], extra)
+                    own = {} if "num_workers" in extra else (
+                        {"subsolvers": m["subsolvers"]} if m["subsolvers"] else {})
+                    t, status, obj = solve_with(m["model"], m["workers"], {**own, **extra},
+                                                m["presolve"])
                     times[n].append(t)
                     ends[n] = (status, round(obj))
             med = {n: statistics.median(v) for n, v in times.items()}

@@ -52,7 +52,7 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 def _run(model, time_limit: float | None, workers: int, probing: bool = False,
-         presolve: bool = True):
+         presolve: bool = True, subsolvers: tuple[str, ...] = ()):
     """Solve a CP-SAT model (a ``CpModelProto``): the response, its status in our terms, the
     seconds it took and CP-SAT's own status name.
 
@@ -68,8 +68,8 @@ def _run(model, time_limit: float | None, workers: int, probing: bool = False,
     on seven of the 13, by 0.6-0.8 s on four (GPT-3 175B on 512 A100 with a batch range,
     11.18 -> 11.90 s) and under 0.1 s on three, and faster on six by 0.25-4.1 s (the
     405B-shaped fixed-batch model on 131,072 H100, 9.66 -> 5.52 s; GPT-3 175B with a batch
-    range on 131,072 A100, 13.68 -> 10.11 s). Runs vary a lot (four portfolio workers on two
-    shared cores): the same model solved twice can differ by 3x.
+    range on 131,072 A100, 13.68 -> 10.11 s). Runs vary a lot (four portfolio workers, as
+    every goal then ran, on two shared cores): the same model solved twice can differ by 3x.
 
     The memory and lexicographic tie goals are solved without presolve (``presolve=False``):
     re-measured the same way on eight of those instances (af131072, bg131072, b131k, a512 and
@@ -88,6 +88,7 @@ def _run(model, time_limit: float | None, workers: int, probing: bool = False,
 
     params = cmh.SatParameters()
     params.num_workers = workers
+    params.subsolvers.extend(subsolvers)
     # OR-Tools 9.15: the inclusion-detection presolve can certify a wrong optimum on linear
     # models (google/or-tools issue #5293; the parameter below is the workaround found there).
     # Seen here on a one-hot model whose optimum HiGHS, the enumerator and CP-SAT without
@@ -132,21 +133,16 @@ def _fits(value, what: str, q_t: float, limit: int = SAFE_INT, rounding=round) -
     return int(rounding(value))
 
 
-def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
-          workers: int | None = None) -> RawSolution:
+def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None) -> RawSolution:
     """CP-SAT on the one-hot MILP of :mod:`formulations.milp` in integer units (the same model
-    HiGHS solves, each product rounded up to one quantum), with the query's ``cuts``. By
-    default four portfolio workers even on two cores (measured about 3x faster than two on the
-    shipped instances), one on a small space (:data:`formulations.space.SMALL_SPACE`: the 40
-    instances of tests/test_solvers.py::test_three_backends_agree take 24.9 s of CPU with one
-    worker, 31.4 s with two or four)."""
+    HiGHS solves, each product rounded up to one quantum), with the query's ``cuts``; each
+    goal's workers and subsolvers as :func:`search_workers` says."""
     from ortools.sat.python import cp_model_helper as cmh
 
     from formulations.milp import INF, build_rows, decode, plan_objective
     from formulations.space import SMALL_SPACE, joint_size
 
-    if workers is None:
-        workers = 1 if joint_size(enc.space) <= SMALL_SPACE else 4
+    small = joint_size(enc.space) <= SMALL_SPACE
 
     t0 = time.perf_counter()
     q_t = quantum(enc)
@@ -210,7 +206,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
                    _INT_MAX if hi == INF else side(hi + 1e-9, math.floor, name)]
         _add_linear(model, vs, cs, dom)
     goals = {g: int_expr(c, f"goal {g}") for g, c in r.goals.items()}
-    session = _Session(model, xs, goals, r, workers)
+    session = _Session(model, xs, goals, r, capped=cuts.max_objective is not None, small=small)
     build_s = time.perf_counter() - t0
     first, last, note = ties.run(session, time_limit, cuts.break_ties)
     if not first.ok:
@@ -234,12 +230,51 @@ def _add_linear(model, vs: list[int], cs: list[int], domain: list[int]) -> None:
     lin.domain.extend(domain)
 
 
+#: The search of a goal that finds and proves an optimum: one worker, CP-SAT's ``no_lp``
+#: subsolver (the default search without the linear relaxation).
+SEARCH = (1, ("no_lp",))
+#: The search of a capped objective solve on a space above SMALL_SPACE: three workers, the
+#: LP-free, core-based and LP-based full-problem subsolvers.
+CAPPED_SEARCH = (3, ("no_lp", "core", "default_lp"))
+
+
+def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str, ...]]:
+    """CP-SAT workers and subsolvers of one goal's solve.
+
+    The models are small (a few thousand binaries) and a proof takes a few hundred conflicts;
+    the time goes to propagation, which the linear relaxation makes several times dearer. So
+    an optimum (the first objective solve, the memory, internode and lexicographic tie goals)
+    is searched by one worker without the LP, which is also deterministic. A capped objective
+    solve (a part or a batch model asked only whether it beats the incumbent, nearly always
+    proven infeasible) is where the LP's bound pays: there three workers run LP-free, core and
+    LP searches; on a small space (:data:`formulations.space.SMALL_SPACE`) one default worker,
+    as before (the 40 instances tests/test_solvers.py's agreement test then drew took 24.9 s
+    of CPU with one worker, 31.4 s with two or four).
+
+    Before this rule every goal ran CP-SAT's default portfolio of four workers even on two
+    cores (measured about 3x faster than two), one worker on a small space.
+
+    Measured, the models of eight instances re-solved as dumped (/tmp experiments with
+    ``benchmarks/cpsat_params.py``'s recorder, single runs, load below 2): summed seconds of the
+    default four-worker portfolio against one ``no_lp`` worker, 16.15 against 11.54 s, faster on
+    all eight (the 405B-shaped model on 131,072 H100: 4.04 -> 2.79 s); on the capped models of
+    GPT-3 175B with a batch range on 131,072 A100 one ``no_lp`` worker lost (7.0 s -> 11.9 s
+    over 18 models) where the three workers above took 5.2 s. End to end, ``plan solve FILE
+    --json`` on the 14 instances of benchmarks/README.md's issue-10 section, two rounds: 181.7 s
+    of wall time as before, 157.5 s with this rule, the same objective and plan on all 28."""
+    if capped and goal == "objective":
+        return (1, ()) if small else CAPPED_SEARCH
+    return SEARCH
+
+
 class _Session:
     """One CP-SAT model re-solved for each tie-break goal (:mod:`formulations.ties`), the
     previous solution given as a hint."""
 
-    def __init__(self, model, xs, goals, rows, workers: int):
-        self.model, self.xs, self.exprs, self.rows, self.workers = model, xs, goals, rows, workers
+    def __init__(self, model, xs, goals, rows, capped: bool, small: bool):
+        # capped: the objective goal only has to beat an incumbent (or a minimum MFU)
+        self.model, self.xs, self.exprs, self.rows = model, xs, goals, rows
+        self.capped, self.small = capped, small
         self.solve_s = 0.0
 
     def goals(self) -> list[str]:
@@ -260,9 +295,10 @@ class _Session:
             live = [(v, int(val)) for v, val in zip(self.xs, hint) if v >= 0]
             self.model.solution_hint.vars.extend([v for v, _ in live])
             self.model.solution_hint.values.extend([val for _, val in live])
+        workers, subs = search_workers(goal, self.capped, self.small)
         response, status, solve_s, name = _run(
-            self.model, time_limit, self.workers,
-            presolve=not (goal == "memory" or goal.startswith("lex")))   # (see _run)
+            self.model, time_limit, workers,
+            presolve=not (goal == "memory" or goal.startswith("lex")), subsolvers=subs)
         self.solve_s += solve_s
         if status not in (Status.OPTIMAL, Status.FEASIBLE):
             return ties.Answer(False, False, None, None, None, status, name)
