@@ -384,17 +384,26 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
 MAX_TOP_K = 100
 
 
+class Ranked(list):
+    """The plans of :func:`top_k`, best first, with ``ended``: why the list is shorter than
+    asked ("" when it is not)."""
+
+    ended: str = ""
+
+
 def top_k(inst: Instance, k: int, solver: str = "cpsat",
-          time_limit: float | None = None) -> list[SolveResult]:
+          time_limit: float | None = None) -> Ranked:
     """The ``k`` best distinct plans, each a proven optimum once the better ones are excluded.
 
     When the first solve returns no plan (it stopped at the time limit) the list is that one
-    result, as :func:`~formulations.solve.solve` would return it, for the caller to report;
-    a later one without a plan ends the list."""
+    result, as :func:`~formulations.solve.solve` would return it, for the caller to report.
+    A later solve ends the list early either because no further plan exists (proven) or
+    because it stopped without a plan; ``Ranked.ended`` says which, so a short list is never
+    mistaken for the whole space."""
     if k > MAX_TOP_K:
         raise InputError(f"--top {k}: at most {MAX_TOP_K} plans (each is a solve of its own); "
                          "pin or cap knobs in [constraints] to look further down the list")
-    out: list[SolveResult] = []
+    out = Ranked()
     exclude: list = []
     for _ in range(k):
         try:
@@ -403,9 +412,19 @@ def top_k(inst: Instance, k: int, solver: str = "cpsat",
         except InfeasibleError:
             if not out:
                 raise
+            out.ended = (f"only {len(out)} distinct plan" + (
+                "s satisfy" if len(out) > 1 else " satisfies") + " the limits (proven)")
             break
         if res.report is None:
-            return out or [res]
+            if not out:
+                out.append(res)
+                return out
+            out.ended = (f"the solve for plan {len(out) + 1} returned no plan "
+                         f"({res.status.value}); {time_limit_advice(time_limit)}"
+                         if res.status == Status.NO_SOLUTION_IN_LIMIT else
+                         f"the solve for plan {len(out) + 1} returned no plan "
+                         f"({res.status.value}{': ' + res.note if res.note else ''})")
+            break
         out.append(res)
         exclude.append((res.choice, res.knobs))
     return out

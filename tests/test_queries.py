@@ -266,3 +266,19 @@ def test_top_k_without_a_first_plan_returns_the_stopped_result(monkeypatch):
     ranked = queries.top_k(inst, 3, time_limit=5)
     assert len(ranked) == 1 and ranked[0].report is None
     assert ranked[0].status.value == "no_solution_in_limit"
+
+
+def test_top_k_says_why_a_later_solve_ended_the_list(monkeypatch):
+    inst = parse_instance(doc(cluster={"nodes": 1}))
+    _stopping(monkeypatch, {3})
+    ranked = queries.top_k(inst, 5, time_limit=5)
+    assert len(ranked) == 2 and all(r.report is not None for r in ranked)
+    assert "plan 3" in ranked.ended and "raise --time-limit (it was 5 s)" in ranked.ended
+
+
+def test_top_k_says_when_the_space_has_fewer_plans_than_asked():
+    inst = parse_instance(doc(cluster={"nodes": 1}, constraints={
+        "max_tp": 1, "max_pp": 1, "recompute": ["none"], "micro_batch": 1}))
+    ranked = queries.top_k(inst, 50)
+    assert 0 < len(ranked) < 50 and f"only {len(ranked)} distinct plan" in ranked.ended
+    assert not queries.top_k(inst, 1).ended

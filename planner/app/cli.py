@@ -474,6 +474,8 @@ def solve(
         doc = res.to_dict()
         if ranked and not failed:
             doc["top"] = [dict(r.to_dict(), gap_to_optimum=_gap(r, ranked[0])) for r in ranked]
+            if ranked.ended:
+                doc["top_ended"] = ranked.ended
         if cmp:
             doc["compare"] = cmp.to_dict()
         if launch:
@@ -486,6 +488,9 @@ def solve(
         extra = [solver_panel(res)]
         if ranked and not failed:
             extra.append(top_table(ranked))
+            if ranked.ended:
+                err.print(f"--top {top}: {len(ranked)} plan{'s' * (len(ranked) > 1)} listed; "
+                          f"{ranked.ended}", markup=False, highlight=False)
         if cmp:
             extra.append(compare_table(cmp))
         if res.report is None:
