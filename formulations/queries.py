@@ -156,9 +156,11 @@ class CapacityAnswer:
     def unproven(self) -> list[int]:
         """The sizes checked whose solver stopped at the time limit (with a plan not proven
         optimal, or none): any of them might meet the deadline, so without an answer the range
-        is not shown to miss it, and with one (they are all smaller) it is not shown minimal."""
-        return [c["nodes"] for c in self.checked
-                if c.get("status") in (Status.FEASIBLE.value, Status.NO_SOLUTION_IN_LIMIT.value)]
+        is not shown to miss it, and with one (they are all smaller) it is not shown minimal.
+        The answer's own size is not among them: its plan meets the deadline, proven the
+        fastest there or not."""
+        return [c["nodes"] for c in self.checked if c["nodes"] != self.nodes
+                and c.get("status") in (Status.FEASIBLE.value, Status.NO_SOLUTION_IN_LIMIT.value)]
 
     def to_dict(self) -> dict[str, Any]:
         out = self.result.to_dict() if self.result else {"plan": None}
@@ -219,7 +221,11 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
             continue
         days = res.report.total_days if res.report else None
         ans.checked.append({"nodes": n, "days": days, "status": res.status.value})
-        if days is not None and days <= deadline_days and res.status.value == "optimal":
+        # a plan that meets the deadline shows the size suffices, proven optimal there or not
+        # (a solve stopped at the time limit with a plan: Status.FEASIBLE; the answer then
+        # says its plan is not proven the fastest at that size)
+        if days is not None and days <= deadline_days and res.status in (Status.OPTIMAL,
+                                                                          Status.FEASIBLE):
             ans.nodes, ans.result = n, res
             break
         last_miss = {"nodes": n, "days": days, "status": res.status.value,

@@ -373,3 +373,29 @@ def test_pinned_tp_comm_overlap_without_sequence_parallelism_is_an_input_error(r
     r = runner.invoke(app, ["solve", str(f)])
     assert r.exit_code == 2, r.output
     assert "tp_comm_overlap = true needs sequence parallelism" in r.stderr
+
+
+def test_a_capacity_answer_from_a_solve_stopped_with_a_plan_meets_the_deadline(
+        runner, monkeypatch, tmp_path):
+    """A plan that meets the deadline shows its size suffices even when the solver stopped at
+    the time limit before proving it the fastest (it used to be passed over for a larger
+    size)."""
+    from dataclasses import replace
+
+    from formulations.result import Status
+    from formulations.solve import solve
+
+    def stopped_with_a_plan(inst, **kwargs):
+        return replace(solve(inst, **kwargs), status=Status.FEASIBLE)
+
+    monkeypatch.setattr("formulations.queries.solve", stopped_with_a_plan)
+    f = tmp_path / "range.toml"
+    f.write_text(GPT13.read_text().replace("nodes = 1", "nodes = [1, 2]"))
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30", "--time-limit", "5",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["nodes"] == 1 and doc["meets_deadline"] and doc["unproven"] == []
+    assert doc["solver"]["status"] == "feasible"
+    assert "note: the plan on 1 node meets the deadline but is not proven the fastest" in \
+        " ".join(r.stderr.split())

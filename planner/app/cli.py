@@ -586,6 +586,7 @@ def capacity(
 ) -> None:
     """The fewest nodes (in the instance's range) whose optimal plan meets the deadline."""
     from formulations import queries
+    from formulations.result import Status
     from planner.app.report import capacity_panel, print_step, sizes_text
 
     try:
@@ -614,6 +615,10 @@ def capacity(
                    extra=[capacity_panel(ans)])
     else:
         out.print(capacity_panel(ans))
+    if ans.result is not None and ans.result.status == Status.FEASIBLE:
+        err.print(f"note: the plan on {ans.nodes} node{'s' * (ans.nodes != 1)} meets the deadline but is not proven the "
+                  f"fastest there (the solver stopped at the time limit; "
+                  f"{queries.time_limit_advice(time_limit)})", markup=False, highlight=False)
     if ans.result is not None and ans.unproven:  # a smaller size might have met the deadline
         err.print(f"note: {ans.nodes} nodes is not proven the fewest: {stop_msg}", markup=False,
                   highlight=False)
