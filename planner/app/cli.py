@@ -616,8 +616,8 @@ def capacity(
     else:
         out.print(capacity_panel(ans))
     if ans.result is not None and ans.result.status == Status.FEASIBLE:
-        err.print(f"note: the plan on {ans.nodes} node{'s' * (ans.nodes != 1)} meets the deadline but is not proven the "
-                  f"fastest there (the solver stopped at the time limit; "
+        err.print(f"note: the plan on {ans.nodes} node{'s' * (ans.nodes != 1)} meets the "
+                  f"deadline but is not proven the fastest there (the solver stopped at the time limit; "
                   f"{queries.time_limit_advice(time_limit)})", markup=False, highlight=False)
     if ans.result is not None and ans.unproven:  # a smaller size might have met the deadline
         err.print(f"note: {ans.nodes} nodes is not proven the fewest: {stop_msg}", markup=False,
