@@ -682,6 +682,18 @@ def build_space(inst: Instance) -> SearchSpace:
     fw_off = framework_of(c.framework)
     offloads = [(o, n) for o in opt_vals for n in layer_vals]
 
+    # overlap_param_gather pinned on rules plain data parallelism out (Megatron-LM asserts the
+    # distributed optimizer for it); a framework default of on costs nothing there (no
+    # parameter all-gather) and the plan reports it off (Plan.from_base)
+    if c.overlap_param_gather:
+        shard_choices = [sc for sc in shard_choices if sc[0] != "none"]
+        every_choice = [sc for sc in every_choice if sc[0] != "none"]
+        if not every_choice:
+            raise InfeasibleError("the constraints leave no plan", [
+                "constraints.overlap_param_gather = true needs a sharded data-parallel mode "
+                "(Megatron-LM: the distributed optimizer); the allowed modes "
+                f"({', '.join(shardings)}) have none"])
+
     def knob_combos(sps, choices) -> list[Knobs]:
         return [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
                       reshard_after_forward=rf,

@@ -191,3 +191,20 @@ def test_exports_say_the_mode_the_model_costed():
     import json
     ds = json.loads(emit(flat, plan_from_spec(flat, flat.spec.plan), "deepspeed"))
     assert ds["zero_optimization"]["stage"] == 2
+
+
+def test_overlap_param_gather_is_reported_only_where_parameters_are_gathered():
+    """NeMo switches the parameter-gather overlap on by default; plain data parallelism has
+    no parameter all-gather (Megatron-LM asserts the distributed optimizer for the flag), so
+    a plain-DP plan reports it off, and a pin of it on leaves plain DP out of the search."""
+    def inst(**c):
+        return inst_of(constraints={"framework": "nemo", **c})
+
+    plain = solve(inst(dp_sharding="none"), "cpsat").report.plan
+    assert plain.dp_sharding == "none" and not plain.overlap_param_gather
+    assert plain.overlap_grad_reduce                  # (the other NeMo default stays on)
+    sharded = solve(inst(dp_sharding="optim"), "cpsat").report.plan
+    assert sharded.overlap_param_gather
+    for backend in ("cpsat", "enumerate"):
+        pinned = solve(inst(dp_sharding=["none", "optim"], overlap_param_gather=True), backend)
+        assert pinned.report.plan.dp_sharding != "none"

@@ -358,6 +358,8 @@ def test_a_capacity_answer_above_a_size_that_stopped_says_it_is_not_proven_the_f
     # both were accepted and echoed, then costed as if absent (a CLI fuzzer)
     (["--dp-sharding", "none", "--dp-shard-size", "2"], "dp_sharding = \"none\" shards nothing"),
     (["--no-sp", "--tp-comm-overlap"], "tp_comm_overlap = true needs sequence parallelism"),
+    (["--dp-sharding", "none", "--overlap-param-gather"],
+     "overlap_param_gather = true needs a sharded data-parallel mode"),
 ])
 def test_plan_settings_the_model_would_drop_are_input_errors(runner, flags, says):
     r = runner.invoke(app, ["evaluate", str(GPT3), *flags])
@@ -373,6 +375,17 @@ def test_pinned_tp_comm_overlap_without_sequence_parallelism_is_an_input_error(r
     r = runner.invoke(app, ["solve", str(f)])
     assert r.exit_code == 2, r.output
     assert "tp_comm_overlap = true needs sequence parallelism" in r.stderr
+
+
+@pytest.mark.parametrize("pins", ['dp_sharding = "none"', "distributed_optimizer = false"])
+def test_pinned_overlap_param_gather_without_sharding_is_an_input_error(runner, tmp_path, pins):
+    f = tmp_path / "i.toml"
+    f.write_text(GPT3.read_text().replace("tp_within_node = true",
+                                          "tp_within_node = true\noverlap_param_gather = true\n"
+                                          + pins))
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2, r.output
+    assert "overlap_param_gather = true needs a sharded data-parallel mode" in r.stderr
 
 
 def test_a_capacity_answer_from_a_solve_stopped_with_a_plan_meets_the_deadline(

@@ -415,7 +415,12 @@ class Plan:
                     reshard_after_forward=reshard,
                     optimizer_offload=knobs.optimizer_offload,
                     offload_layers=knobs.offload_layers,
-                    **{o: getattr(knobs, o) for o in OVERLAP_KNOBS}, **grid)
+                    **{o: getattr(knobs, o) for o in OVERLAP_KNOBS
+                       if o != "overlap_param_gather"}, **grid,
+                    # a framework default of on means nothing without a parameter all-gather
+                    # (Megatron-LM: --overlap-param-gather needs the distributed optimizer)
+                    overlap_param_gather=knobs.overlap_param_gather
+                    and knobs.dp_sharding != "none")
 
     @property
     def knobs(self) -> Knobs:
@@ -547,6 +552,13 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
         raise InputError(f"plan.dp_shard_size = {f['dp_shard_size']}: dp_sharding = \"none\" "
                          f"shards nothing (plain data parallelism over dp = {dp}); leave "
                          "dp_shard_size out or choose a sharded dp_sharding")
+    if mode == "none" and f.get("overlap_param_gather"):
+        # Megatron-LM's validate_args asserts the distributed optimizer for it: plain data
+        # parallelism has no parameter all-gather to overlap
+        raise InputError("plan.overlap_param_gather = true needs a sharded data-parallel mode "
+                         "(Megatron-LM: --overlap-param-gather needs the distributed "
+                         "optimizer), but dp_sharding = \"none\"; set overlap_param_gather = "
+                         "false or choose a sharded dp_sharding")
     shard = f.get("dp_shard_size") or inst.spec.constraints.dp_shard_size or dp
     reshard = f.get("reshard_after_forward")
     if reshard is None:
@@ -564,7 +576,9 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 last_stage_layers=f["last_stage_layers"] or 0,
                 account_for_embedding=f["account_for_embedding"],
                 account_for_loss=f["account_for_loss"], layers=inst.model.layers,
-                **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS},
+                **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS if o != "overlap_param_gather"},
+                # (a framework default of on means nothing without a parameter all-gather)
+                overlap_param_gather=_knob(inst, f, "overlap_param_gather") and mode != "none",
                 recompute_layers=f["recompute_layers"] or 0,
                 optimizer_offload=_offload_knob(inst, f, "optimizer_offload", False),
                 offload_layers=_offload_knob(inst, f, "offload_layers", 0))

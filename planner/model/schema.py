@@ -417,6 +417,14 @@ class ConstraintSpec(_Strict):
             raise ValueError("tp_comm_overlap = true needs sequence parallelism (Megatron-LM: "
                              "tensor-parallel communication overlap runs only with it), but "
                              "sequence_parallel = false")
+        if self.overlap_param_gather and (self.dp_sharding == "none" or (
+                isinstance(self.dp_sharding, list) and self.dp_sharding == ["none"])
+                or self.distributed_optimizer is False):
+            raise ValueError("overlap_param_gather = true needs a sharded data-parallel mode "
+                             "(Megatron-LM: --overlap-param-gather needs the distributed "
+                             "optimizer), but " + ("distributed_optimizer = false"
+                                                   if self.distributed_optimizer is False else
+                                                   "dp_sharding = \"none\""))
         for pin, cap in PIN_CAPS.items():
             v, c = getattr(self, pin), getattr(self, cap)
             if v is not None and c is not None and v > c:
