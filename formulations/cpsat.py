@@ -133,10 +133,13 @@ def _fits(value, what: str, q_t: float, limit: int = SAFE_INT, rounding=round) -
     return int(rounding(value))
 
 
-def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None) -> RawSolution:
+def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
+          on_optimum=None) -> RawSolution:
     """CP-SAT on the one-hot MILP of :mod:`formulations.milp` in integer units (the same model
     HiGHS solves, each product rounded up to one quantum), with the query's ``cuts``; each
-    goal's workers and subsolvers as :func:`search_workers` says."""
+    goal's workers and subsolvers as :func:`search_workers` says. ``on_optimum(z)`` is called
+    with the objective (seconds; the proven bound, else the incumbent) as soon as the first
+    goal is solved, before the tie goals."""
     from ortools.sat.python import cp_model_helper as cmh
 
     from formulations.milp import INF, build_rows, decode, plan_objective
@@ -208,7 +211,9 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None) 
     goals = {g: int_expr(c, f"goal {g}") for g, c in r.goals.items()}
     session = _Session(model, xs, goals, r, capped=cuts.max_objective is not None, small=small)
     build_s = time.perf_counter() - t0
-    first, last, note = ties.run(session, time_limit, cuts.break_ties)
+    hook = None if on_optimum is None else (
+        lambda a: on_optimum((a.bound if a.proven else a.value) * q_t))
+    first, last, note = ties.run(session, time_limit, cuts.break_ties, hook)
     if not first.ok:
         return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
                            "cpsat", note=first.note)

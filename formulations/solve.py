@@ -8,6 +8,7 @@ as an ERROR, never silently.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
@@ -55,7 +56,8 @@ def check_backend(backend: str) -> None:
 
 def run_backend(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
                 max_objective: float | None = None, exclude: list | None = None,
-                break_ties: bool = True, split: bool = True) -> tuple[RawSolution, float | None]:
+                break_ties: bool = True, split: bool = True, on_optimum=None
+                ) -> tuple[RawSolution, float | None]:
     """Raw answer of one backend and its objective quantum (CP-SAT), encoding included.
     ``split=False``: a fixed-batch space is solved as one model, not one per sharding mode and
     layout (:func:`_best_of_parts` for the capped batch models of a range under CP-SAT)."""
@@ -78,7 +80,7 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
     if split and size > SPLIT_ABOVE and len(part_keys(space, size > SPLIT_LAYOUTS_ABOVE)) > 1:
         return _best_of_parts(space, sharding_parts(space, size > SPLIT_LAYOUTS_ABOVE), backend,
                               time_limit, objective, cuts, "sharding-mode and layout")
-    return _solve_model(space, backend, time_limit, objective, cuts)
+    return _solve_model(space, backend, time_limit, objective, cuts, on_optimum)
 
 
 def part_key(k: Knobs, layouts: bool = True) -> tuple:
@@ -131,11 +133,18 @@ SPLIT_LAYOUTS_ABOVE = 2**20
 #: single runs, load below 1.5; benchmarks/README.md, "Issue 10 at d8878a8"): 1.2-1.6x faster
 #: on the four batch-range instances there, the same optima and plans.
 CAPPED_JOINT = True
+#: Under CP-SAT, the parts after the first of a fixed-batch space are solved in a second thread
+#: while the first part breaks its ties: they need only its optimum, and the tie goals run one
+#: CP-SAT worker (formulations/cpsat.py, ``search_workers``), which leaves the second core of
+#: a two-core machine idle; CP-SAT releases the GIL while it solves. Each solve is the same as
+#: in one thread (the cap is the first part's proven bound), so the answers are too.
+PARTS_BESIDE_TIES = True
 
 
 def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
-                 cuts: Cuts) -> tuple[RawSolution, float | None]:
-    """One MIP of ``space``: encoded, then solved by ``backend``."""
+                 cuts: Cuts, on_optimum=None) -> tuple[RawSolution, float | None]:
+    """One MIP of ``space``: encoded, then solved by ``backend`` (``on_optimum``: CP-SAT
+    only, :func:`formulations.cpsat.solve`)."""
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
     enc = encode(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
@@ -146,7 +155,7 @@ def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, obj
     if backend == "cpsat":
         from formulations import cpsat
 
-        raw, q = cpsat.solve(enc, cuts, time_limit), cpsat.quantum(enc)
+        raw, q = cpsat.solve(enc, cuts, time_limit, on_optimum), cpsat.quantum(enc)
     else:
         from formulations import pyomo_backend
 
@@ -223,22 +232,65 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
 
     def left() -> float | None:
         return None if time_limit is None else time_limit - (time.perf_counter() - t_start)
-    for i, sub in enumerate(parts):
-        if time_limit is not None and left() <= 0:
-            status = Status.FEASIBLE               # parts left unsolved: nothing proven
-            bounds.append(None)
-            break
+
+    results: dict[int, tuple[RawSolution, float | None] | None] = {}   # None: not solved
+    known: list[float] = []             # the optima (or incumbents) found so far: the caps
+
+    def solve_part(i: int, on_optimum=None) -> None:
+        sub = parts[i]
         cap = cuts.max_objective
-        if found:                                   # beat the best so far, or tie with it
-            tie = ties.objective_cap(min(optimum(r) for _, r in found))
+        if known:                                   # beat the best so far, or tie with it
+            tie = ties.objective_cap(min(known))
             cap = tie if cap is None else min(cap, tie)
         # a capped batch model of a range only has to be proven unable to beat the best:
         # CP-SAT does that on one model of it faster than on its parts, whose Python builds
         # dominate (CAPPED_JOINT)
         raw, q_b = run_backend(sub, backend, left(), objective, cap, excluded(sub),
                                break_ties=cuts.break_ties and i == 0,
-                               split=not (CAPPED_JOINT and kind == "fixed-batch" and found
-                                          and backend == "cpsat"))
+                               split=not (CAPPED_JOINT and kind == "fixed-batch" and known
+                                          and backend == "cpsat"), on_optimum=on_optimum)
+        results[i] = (raw, q_b)
+        if raw.status in (Status.OPTIMAL, Status.FEASIBLE) and raw.objective is not None:
+            known.append(optimum(raw))
+
+    def solve_parts(start: int) -> None:
+        for i in range(start, len(parts)):
+            if time_limit is not None and left() <= 0:
+                results[i] = None                   # parts left unsolved: nothing proven
+                return
+            solve_part(i)
+
+    # CP-SAT: once the first part's objective is solved, the other parts (capped at it) are
+    # solved in a thread while the first part breaks its ties (PARTS_BESIDE_TIES)
+    beside: list = []                                # [thread, its exception or None]
+    if PARTS_BESIDE_TIES and backend == "cpsat" and kind != "fixed-batch" and len(parts) > 1 \
+            and cuts.break_ties:
+        def rest() -> None:
+            try:
+                solve_parts(1)
+            except BaseException as exc:             # re-raised in the caller's thread
+                beside[1] = exc
+
+        def first_solved(z: float) -> None:
+            known.append(z)
+            beside[:] = [threading.Thread(target=rest, daemon=True), None]
+            beside[0].start()
+        solve_part(0, first_solved)
+        if beside:
+            beside[0].join()
+            if beside[1] is not None:
+                raise beside[1]
+        else:
+            solve_parts(1)
+    else:
+        solve_parts(0)
+    for i in range(len(parts)):
+        if results.get(i) is None:
+            if i in results:
+                status = Status.FEASIBLE
+                bounds.append(None)
+            break
+        raw, q_b = results[i]
         q = max(q or 0.0, q_b or 0.0) or None
         solve_s += raw.solve_s
         build_s += raw.build_s

@@ -141,13 +141,17 @@ class Session(Protocol):
     def goals(self) -> list[str]: ...
 
 
-def run(session: Session, time_limit: float | None, break_ties: bool = True
-        ) -> tuple[Answer, Answer, str]:
+def run(session: Session, time_limit: float | None, break_ties: bool = True,
+        on_first=None) -> tuple[Answer, Answer, str]:
     """Minimise the goals in order. Returns the answer of the first goal (its bound is the
     proof), the answer of the last goal solved (its solution is the plan) and a note. A later
-    goal that finds nothing in the time left keeps the plan found so far."""
+    goal that finds nothing in the time left keeps the plan found so far. ``on_first(answer)``
+    is called once the objective is solved, before the tie goals (a caller may start other
+    work that needs only the optimum)."""
     t0 = time.perf_counter()
     first = session.minimize("objective", time_limit, None)
+    if on_first is not None and first.ok:
+        on_first(first)
     if not first.ok or not break_ties:
         return first, first, ""
     last = first

@@ -292,12 +292,19 @@ def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap,
     ref = solve(inst, solver="enumerate").report.plan     # (the joint model's answer too:
     monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)               # the agreement tests above)
     monkeypatch.setattr(fs, "SPLIT_LAYOUTS_ABOVE", 0)       # (and per pipeline layout)
+    notes = {}
     for backend in ("cpsat", "highs"):
         res = solve(inst, solver=backend)
         assert res.status == Status.OPTIMAL
         assert res.report.plan == ref, backend
+        notes[backend] = res.note
         if isinstance(batch, int):     # (a range's note counts its batch models)
             assert "sharding-mode and layout models" in res.note
+    # CP-SAT solves the later parts in a thread beside the first part's tie goals
+    # (PARTS_BESIDE_TIES); in one thread it gives the same plan and the same count
+    monkeypatch.setattr(fs, "PARTS_BESIDE_TIES", False)
+    alone = solve(inst, solver="cpsat")
+    assert alone.report.plan == ref and alone.note == notes["cpsat"]
 
 
 def test_backends_agree_where_the_optimizer_step_row_decides():
@@ -378,3 +385,24 @@ def test_tiny_class_factors_are_kept_by_cp_sat():
     assert res.report.plan == ref.report.plan
     assert res.objective == pytest.approx(ref.objective, rel=1e-6)
     assert res.bound >= ref.objective * (1 - 1e-6)
+
+
+def test_an_error_in_the_parts_beside_the_tie_goals_reaches_the_caller(monkeypatch):
+    """(PARTS_BESIDE_TIES: the later parts run in a thread; its exception is not swallowed)"""
+    import formulations.solve as fs
+    from planner.model.errors import SolverError
+
+    inst = parse_instance({
+        "model": {"layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+        "training": {"global_batch": 16}, "cluster": {"gpu": "h100-sxm", "nodes": 2},
+        "constraints": {"max_micro_batch": 4, "max_recompute_layers": 0}})
+    monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)
+    solve_model = fs._solve_model
+
+    def failing(space, backend, time_limit, objective, cuts, on_optimum=None):
+        if cuts.max_objective is not None and not cuts.break_ties:     # a later, capped part
+            raise SolverError("a capped part failed")
+        return solve_model(space, backend, time_limit, objective, cuts, on_optimum)
+    monkeypatch.setattr(fs, "_solve_model", failing)
+    with pytest.raises(SolverError, match="a capped part failed"):
+        solve(inst, solver="cpsat")
