@@ -259,8 +259,8 @@ def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str
     Before this rule every goal ran CP-SAT's default portfolio of four workers even on two
     cores (measured about 3x faster than two), one worker on a small space.
 
-    Measured, the models of eight instances re-solved as dumped (/tmp experiments with
-    ``benchmarks/cpsat_params.py``'s recorder, single runs, load below 2): summed seconds of the
+    Measured, the models of eight instances re-solved as dumped (``benchmarks/cpsat_params.py``
+    with ``num_workers`` / ``subsolvers`` variants, single runs, load below 2): summed seconds of the
     default four-worker portfolio against one ``no_lp`` worker, 16.15 against 11.54 s, faster on
     all eight (the 405B-shaped model on 131,072 H100: 4.04 -> 2.79 s); on the capped models of
     GPT-3 175B with a batch range on 131,072 A100 one ``no_lp`` worker lost (7.0 s -> 11.9 s

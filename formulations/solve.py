@@ -262,26 +262,29 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
 
     # CP-SAT: once the first part's objective is solved, the other parts (capped at it) are
     # solved in a thread while the first part breaks its ties (PARTS_BESIDE_TIES)
-    beside: list = []                                # [thread, its exception or None]
     if PARTS_BESIDE_TIES and backend == "cpsat" and kind != "fixed-batch" and len(parts) > 1 \
             and cuts.break_ties:
+        thread, failure = None, None
+
         def rest() -> None:
+            nonlocal failure
             try:
                 solve_parts(1)
             except BaseException as exc:             # re-raised in the caller's thread
-                beside[1] = exc
+                failure = exc
 
         def first_solved(z: float) -> None:
+            nonlocal thread
             known.append(z)
-            beside[:] = [threading.Thread(target=rest, daemon=True), None]
-            beside[0].start()
+            thread = threading.Thread(target=rest, daemon=True)
+            thread.start()
         solve_part(0, first_solved)
-        if beside:
-            beside[0].join()
-            if beside[1] is not None:
-                raise beside[1]
-        else:
+        if thread is None:                           # the first part found no plan
             solve_parts(1)
+        else:
+            thread.join()
+            if failure is not None:
+                raise failure
     else:
         solve_parts(0)
     for i in range(len(parts)):

@@ -336,6 +336,16 @@ def test_a_sweep_whose_points_stopped_at_the_time_limit_exits_4(runner, monkeypa
             assert json.loads(r.stdout)["exit_code"] == 4
 
 
+def _capacity_on_one_or_two_nodes(runner, monkeypatch, tmp_path, solve_as):
+    """``plan capacity --json`` on the 1.3B instance over 1-2 nodes with 30 days and a 5 s
+    limit, ``formulations.queries.solve`` replaced by ``solve_as``."""
+    monkeypatch.setattr("formulations.queries.solve", solve_as)
+    f = tmp_path / "range.toml"
+    f.write_text(GPT13.read_text().replace("nodes = 1", "nodes = [1, 2]"))
+    return runner.invoke(app, ["capacity", str(f), "--deadline-days", "30", "--time-limit", "5",
+                               "--json"])
+
+
 def test_a_capacity_answer_above_a_size_that_stopped_says_it_is_not_proven_the_fewest(
         runner, monkeypatch, tmp_path):
     from formulations.solve import solve
@@ -343,11 +353,7 @@ def test_a_capacity_answer_above_a_size_that_stopped_says_it_is_not_proven_the_f
     def stops_on_one_node(inst, **kwargs):
         return _stops_without_a_plan() if inst.nodes == 1 else solve(inst, **kwargs)
 
-    monkeypatch.setattr("formulations.queries.solve", stops_on_one_node)
-    f = tmp_path / "range.toml"
-    f.write_text(GPT13.read_text().replace("nodes = 1", "nodes = [1, 2]"))
-    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30", "--time-limit", "5",
-                            "--json"])
+    r = _capacity_on_one_or_two_nodes(runner, monkeypatch, tmp_path, stops_on_one_node)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["unproven"] == [1]
     assert "note: 2 nodes is not proven the fewest: at 1 node the solver stopped" in \
@@ -401,11 +407,7 @@ def test_a_capacity_answer_from_a_solve_stopped_with_a_plan_meets_the_deadline(
     def stopped_with_a_plan(inst, **kwargs):
         return replace(solve(inst, **kwargs), status=Status.FEASIBLE)
 
-    monkeypatch.setattr("formulations.queries.solve", stopped_with_a_plan)
-    f = tmp_path / "range.toml"
-    f.write_text(GPT13.read_text().replace("nodes = 1", "nodes = [1, 2]"))
-    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30", "--time-limit", "5",
-                            "--json"])
+    r = _capacity_on_one_or_two_nodes(runner, monkeypatch, tmp_path, stopped_with_a_plan)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["nodes"] == 1 and doc["meets_deadline"] and doc["unproven"] == []

@@ -384,6 +384,10 @@ class Plan:
         object.__setattr__(self, "dp_sharding", k.dp_sharding)
         object.__setattr__(self, "distributed_optimizer", k.distributed_optimizer)
         object.__setattr__(self, "reshard_after_forward", k.reshard_after_forward)
+        # a framework default of on (NeMo) means nothing without a parameter all-gather
+        # (Megatron-LM: --overlap-param-gather needs the distributed optimizer)
+        object.__setattr__(self, "overlap_param_gather",
+                           self.overlap_param_gather and k.dp_sharding != "none")
 
     @staticmethod
     def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int,
@@ -415,12 +419,7 @@ class Plan:
                     reshard_after_forward=reshard,
                     optimizer_offload=knobs.optimizer_offload,
                     offload_layers=knobs.offload_layers,
-                    **{o: getattr(knobs, o) for o in OVERLAP_KNOBS
-                       if o != "overlap_param_gather"}, **grid,
-                    # a framework default of on means nothing without a parameter all-gather
-                    # (Megatron-LM: --overlap-param-gather needs the distributed optimizer)
-                    overlap_param_gather=knobs.overlap_param_gather
-                    and knobs.dp_sharding != "none")
+                    **{o: getattr(knobs, o) for o in OVERLAP_KNOBS}, **grid)
 
     @property
     def knobs(self) -> Knobs:
@@ -576,9 +575,7 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 last_stage_layers=f["last_stage_layers"] or 0,
                 account_for_embedding=f["account_for_embedding"],
                 account_for_loss=f["account_for_loss"], layers=inst.model.layers,
-                **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS if o != "overlap_param_gather"},
-                # (a framework default of on means nothing without a parameter all-gather)
-                overlap_param_gather=_knob(inst, f, "overlap_param_gather") and mode != "none",
+                **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS},
                 recompute_layers=f["recompute_layers"] or 0,
                 optimizer_offload=_offload_knob(inst, f, "optimizer_offload", False),
                 offload_layers=_offload_knob(inst, f, "offload_layers", 0))

@@ -417,9 +417,8 @@ class ConstraintSpec(_Strict):
             raise ValueError("tp_comm_overlap = true needs sequence parallelism (Megatron-LM: "
                              "tensor-parallel communication overlap runs only with it), but "
                              "sequence_parallel = false")
-        if self.overlap_param_gather and (self.dp_sharding == "none" or (
-                isinstance(self.dp_sharding, list) and self.dp_sharding == ["none"])
-                or self.distributed_optimizer is False):
+        if self.overlap_param_gather and (self.dp_sharding in ("none", ["none"])
+                                          or self.distributed_optimizer is False):
             raise ValueError("overlap_param_gather = true needs a sharded data-parallel mode "
                              "(Megatron-LM: --overlap-param-gather needs the distributed "
                              "optimizer), but " + ("distributed_optimizer = false"
