@@ -27,15 +27,19 @@ import statistics
 import time
 
 from formulations import cpsat
-from formulations.solve import solve
+from formulations import solve as fsolve
 from planner.model.instance import load_instance
 
 
 def record(path: str) -> list[dict]:
-    """The models CP-SAT solves for one instance, in order, with their goal and workers."""
+    """The models CP-SAT solves for one instance, in order, with their goal and workers. The
+    solve runs in one thread (``PARTS_BESIDE_TIES`` off): the same models, each labelled with
+    its own goal (two threads would interleave the labels)."""
     seen: list[dict] = []
     goal = {}
     minimize, run = cpsat._Session.minimize, cpsat._run
+    beside = fsolve.PARTS_BESIDE_TIES
+    fsolve.PARTS_BESIDE_TIES = False
 
     def spy_minimize(self, name, time_limit, hint):
         goal["name"] = name
@@ -49,9 +53,10 @@ def record(path: str) -> list[dict]:
         return out
     cpsat._Session.minimize, cpsat._run = spy_minimize, spy_run
     try:
-        solve(load_instance(path), "cpsat")
+        fsolve.solve(load_instance(path), "cpsat")
     finally:
         cpsat._Session.minimize, cpsat._run = minimize, run
+        fsolve.PARTS_BESIDE_TIES = beside
     return seen
 
 

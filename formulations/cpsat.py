@@ -213,7 +213,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     build_s = time.perf_counter() - t0
     hook = None if on_optimum is None else (
         lambda a: on_optimum((a.bound if a.proven else a.value) * q_t))
-    first, last, note = ties.run(session, time_limit, cuts.break_ties, hook)
+    first, last, note = ties.run(session, time_limit, cuts.break_ties, hook, cuts.window)
     if not first.ok:
         return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
                            "cpsat", note=first.note)
@@ -222,8 +222,10 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     return RawSolution(Status.OPTIMAL if first.proven else Status.FEASIBLE, choice,
                        enc.combos[combo], objective,
                        # (the rounded model's bound may sit a few quanta above the exact
-                       # objective of a proven plan: each product is rounded up)
-                       min(first.bound * q_t, objective), session.solve_s, build_s,
+                       # objective of a proven plan: each product is rounded up; no bound
+                       # when the caller gave the window, cuts.window)
+                       None if first.bound is None else min(first.bound * q_t, objective),
+                       session.solve_s, build_s,
                        "cpsat", note=note, extra={"quantum_s": q_t})
 
 

@@ -160,6 +160,10 @@ class Cuts:
     #: run the tie-break goals after the objective (formulations/ties.py); a scan that only
     #: needs the optimum (one batch model of a range) leaves them out
     break_ties: bool = True
+    #: ``max_objective`` is the tie window of an optimum the caller has proven (the ties of
+    #: several parts of a split space, re-solved together): the objective goal is not solved
+    #: again, the tie goals start in that window (formulations/ties.py, ``run``)
+    window: bool = False
 
 
 NO_CUTS = Cuts()

@@ -111,7 +111,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         opt.options["mip_feasibility_tolerance"] = 1e-9
         opt.options["primal_feasibility_tolerance"] = 1e-9
     session = _Session(m, r, opt, name)
-    first, last, note = ties.run(session, time_limit, cuts.break_ties)
+    first, last, note = ties.run(session, time_limit, cuts.break_ties, window=cuts.window)
     if not first.ok:
         return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
                            solver, note=first.note)
