@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("files", nargs="+", type=Path, help="instance TOML files")
     ap.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
     ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--solver", default="cpsat", help="plan solve --solver (default cpsat)")
     args = ap.parse_args()
     print(host_info(), flush=True)
     with tempfile.TemporaryDirectory() as td:
@@ -49,8 +50,8 @@ def main() -> None:
         for _ in range(args.repeat):
             for f in args.files:
                 for rev, (env, cwd, _) in revs.items():
-                    cmd = plan_command() + ["solve", str(f.resolve()), "--json",
-                                            "--time-limit", str(args.time_limit)]
+                    cmd = plan_command() + ["solve", str(f.resolve()), "--json", "--solver",
+                                            args.solver, "--time-limit", str(args.time_limit)]
                     runs.setdefault((f, rev), []).append(
                         run_once(cmd, args.time_limit, 30.0, env=env, cwd=cwd))
     totals = dict.fromkeys(revs, 0.0)
