@@ -168,13 +168,11 @@ class _Session:
             opt.options[TIME_OPTION[self.name]] = max(float(time_limit), 1e-3)
         t1 = time.perf_counter()
         try:
-            # a tie goal starts from the previous goal's solution, which the model's variables
-            # hold (loaded below) and which is feasible under the cap just added: HiGHS takes
-            # it as a MIP start (Pyomo's appsi warmstart): on GPT-3 175B at 131,072 GPUs the
-            # memory goal took 8.8 s instead of 15.9 s (benchmarks/README.md, "HiGHS tie goals
-            # from a MIP start")
+            # (no MIP start from the previous goal's solution: HiGHS then certified a lex goal
+            # two units above its optimum as optimal, a different tie than the other backends';
+            # benchmarks/README.md, "HiGHS tie goals from a MIP start: dropped")
             with _stdout_to_stderr():
-                res = opt.solve(m, load_solutions=False, warmstart=hint is not None)
+                res = opt.solve(m, load_solutions=False)
         except Exception as exc:  # a solver crash is reported, not raised
             self.solve_s += time.perf_counter() - t1
             return ties.Answer(False, False, None, None, None, Status.ERROR,
