@@ -206,6 +206,36 @@ def test_a_run_without_its_degrees_is_an_input_error(tmp_path):
     assert "run x: missing plan.dp" in text and "Traceback" not in text
 
 
+def test_settings_a_run_leaves_unstated_are_reported(tmp_path):
+    """A run that does not say its framework, overlaps or dtypes is costed with Megatron-LM's
+    command-line defaults; plan validate says which settings each run left to them (JSON
+    ``unstated``) and how many runs that concerns, and a run that states them is not listed."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.app.cli import app
+
+    head = ('[models.m]\nlayers = 2\nhidden = 64\nheads = 1\nvocab = 100\nseq_len = 64\n')
+    bare = ('[[runs]]\nid = "bare"\nmodel = "m"\ngpu = "a100-80gb"\nprecision = "bf16"\n'
+            'measured_step_time_s = 1.0\nplan = { tp = 1, pp = 1, dp = 8, global_batch = 8 }\n')
+    full = ('[[runs]]\nid = "full"\nmodel = "m"\ngpu = "a100-80gb"\nprecision = "bf16"\n'
+            'framework = "nemo"\nmeasured_step_time_s = 1.0\n'
+            'training = { grad_reduce_dtype = "bf16", optimizer_dtype = "fp32" }\n'
+            'plan = { tp = 1, pp = 1, dp = 8, global_batch = 8, overlap_grad_reduce = true, '
+            'overlap_param_gather = true, tp_comm_overlap = false, overlap_p2p_comm = false }\n')
+    path = tmp_path / "runs.toml"
+    path.write_text(head + bare + full)
+    result = CliRunner().invoke(app, ["validate", str(path), "--no-ranking", "--json"])
+    assert result.exit_code == 0, result.output
+    runs = {r["id"]: r["unstated"] for r in json.loads(result.stdout)["runs"]}
+    assert runs == {"bare": ["framework", "overlap_grad_reduce", "overlap_param_gather",
+                             "tp_comm_overlap", "overlap_p2p_comm", "grad_reduce_dtype",
+                             "optimizer_dtype"], "full": []}
+    text = CliRunner().invoke(app, ["validate", str(path), "--no-ranking"]).output
+    assert "1 of 2 runs leave settings that change the cost unstated" in " ".join(text.split())
+
+
 #: Korthikanti et al. 2022 (arXiv 2205.05198), Table 4: forward + backward time of one layer of
 #: the 22B model (TP8, micro-batch 4, sequence 2048, A100), ms, by recompute mode and sequence
 #: parallelism. The paper ascribes the full-recompute overhead of 39% (not 33%) to the backward

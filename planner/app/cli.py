@@ -364,7 +364,8 @@ def validate(
                               "ranking": ranks.get(r.id), "fits": r.report.fits,
                               "memory_gib": r.report.memory_gib["total"],
                               "memory_headroom_gib": r.report.memory_gib["headroom"],
-                              "held_out": r.held_out, "source": r.source}
+                              "held_out": r.held_out, "source": r.source,
+                              "unstated": v.unstated(run)}
                              for r, run in zip(results, data["runs"])],
                     "summary": summ, "calibration": fitted})
         return
@@ -411,6 +412,14 @@ def validate(
                 out.print(f"  {r.id} ({rk['ratio']:.3f}): published {rk['published_s']:.3f} s "
                           f"against {rk['optimum_plan']} {rk['optimum_s']:.3f} s; "
                           f"published minus optimum by term: {terms}")
+    missing = [v.unstated(run) for run in data["runs"]]
+    if any(missing):
+        counts = {k: sum(k in m for m in missing) for k in v.UNSTATED_KEYS}
+        out.print(f"{sum(map(bool, missing))} of {len(missing)} runs leave settings that change "
+                  "the cost unstated, taken from the run's framework or, with none, Megatron-LM's "
+                  "command-line defaults (overlaps off but p2p, fp32 gradient reduction, fp32 "
+                  "optimizer states): " + ", ".join(f"{k} {n}" for k, n in counts.items() if n)
+                  + " (per run: --json, \"unstated\")")
     misfits = [r for r in results if not r.report.fits]
     for r in misfits:
         out.print(f"[yellow]{r.id}: the model says this plan does not fit: "

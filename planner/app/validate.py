@@ -261,6 +261,23 @@ def fit_key(run: dict[str, Any]) -> str:
     return run["gpu"] if stack == "fused" else f"{run['gpu']}:{stack}"
 
 
+#: Settings that change a run's cost and that a run may leave unstated: the planner then takes
+#: them from the run's ``framework``, or from Megatron-LM's command-line defaults when it names
+#: none (the four overlaps off but the p2p one with interleaving, gradients reduced in fp32,
+#: fp32 optimizer states; planner/model/frameworks.py). NVIDIA's recipes differ on all of these
+#: (published_runs.toml's header), so a run written without them is costed as a Megatron-LM
+#: run, and ``plan validate`` says how many runs that concerns.
+UNSTATED_KEYS = ("framework", *OVERLAP_KNOBS, "grad_reduce_dtype", "optimizer_dtype")
+
+
+def unstated(run: dict[str, Any]) -> list[str]:
+    """The keys of :data:`UNSTATED_KEYS` a run does not state (``framework`` at the top,
+    the overlaps in ``plan``, the dtypes in ``training``)."""
+    plan, training = run.get("plan", {}), run.get("training", {})
+    return [k for k in UNSTATED_KEYS
+            if k not in (run if k == "framework" else plan if k in OVERLAP_KNOBS else training)]
+
+
 def source_of(run: dict[str, Any]) -> str:
     """The source a run comes from: its publication or benchmark release. ``source`` up to its
     version (``"MLPerf Training v3.1 n512"`` -> ``"MLPerf Training v3.1"``; the configuration
