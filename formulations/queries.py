@@ -425,11 +425,10 @@ def top_k(inst: Instance, k: int, solver: str = "cpsat",
             if not out:
                 out.append(res)
                 return out
-            out.ended = (f"the solve for plan {len(out) + 1} returned no plan "
-                         f"({res.status.value}); {time_limit_advice(time_limit)}"
+            stopped = f"the solve for plan {len(out) + 1} returned no plan ({res.status.value}"
+            out.ended = (f"{stopped}); {time_limit_advice(time_limit)}"
                          if res.status == Status.NO_SOLUTION_IN_LIMIT else
-                         f"the solve for plan {len(out) + 1} returned no plan "
-                         f"({res.status.value}{': ' + res.note if res.note else ''})")
+                         f"{stopped}{': ' + res.note if res.note else ''})")
             break
         out.append(res)
         exclude.append((res.choice, res.knobs))

@@ -684,7 +684,7 @@ def build_space(inst: Instance) -> SearchSpace:
 
     # overlap_param_gather pinned on rules plain data parallelism out (Megatron-LM asserts the
     # distributed optimizer for it); a framework default of on costs nothing there (no
-    # parameter all-gather) and the plan reports it off (Plan.from_base)
+    # parameter all-gather) and the plan reports it off (Plan.__post_init__)
     if c.overlap_param_gather:
         shard_choices = [sc for sc in shard_choices if sc[0] != "none"]
         every_choice = [sc for sc in every_choice if sc[0] != "none"]
