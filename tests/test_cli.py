@@ -199,14 +199,18 @@ def test_validate_json_reports_all_runs(runner):
     ids = [r["id"] for r in runs]
     assert [r["id"] for r in d["runs"]] == ids
     held = [r["id"] for r in runs if "held_out" in r]      # not in the figures, still reported
-    assert d["summary"]["runs"] == len(ids) - len(held) and d["summary"]["held_out"] == len(held)
+    alone = [r["id"] for r in d["runs"] if r["calibration_only"]]   # reported apart
+    assert d["summary"]["runs"] == len(ids) - len(held) - len(alone)
+    assert d["summary"]["held_out"] == len(held)
+    assert d["summary"].get("calibration_only", 0) == len(alone)
     for r in d["runs"]:
         assert {"measured_s", "predicted_s", "error", "fits", "memory_gib", "gpu",
                 "held_out"} <= set(r)
         assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1, rel=1e-9)
         assert (r["held_out"] is not None) == (r["id"] in held)
     assert d["summary"]["max_abs_error"] == pytest.approx(
-        max(abs(r["error"]) for r in d["runs"] if r["held_out"] is None))
+        max(abs(r["error"]) for r in d["runs"]
+            if r["held_out"] is None and not r["calibration_only"]))
     assert d["calibration"] is None
 
 
@@ -223,7 +227,8 @@ def test_validate_explicit_runs_file(runner):
     d = run_json(runner, ["validate", str(ROOT / "planner" / "data" / "published_runs.toml"),
                           "--json", "--no-ranking"])
     runs = load_runs()["runs"]
-    assert d["summary"]["runs"] + d["summary"]["held_out"] == len(runs)
+    assert (d["summary"]["runs"] + d["summary"]["held_out"]
+            + d["summary"].get("calibration_only", 0)) == len(runs)
 
 
 def test_no_args_shows_help(runner):

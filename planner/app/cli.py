@@ -351,7 +351,7 @@ def validate(
         _fail(exc, as_json)
     summ = v.summary(results)
     summ["mean_abs_error_out_of_sample"], summ["max_abs_error_out_of_sample"] = v.mean_max(
-        [abs(oos[r.id]) for r in results if r.held_out is None])
+        [abs(oos[r.id]) for r in results if r.held_out is None and oos[r.id] is not None])
     ratios = [ranks[r.id]["ratio"] for r in results if ranks.get(r.id, {}).get("ratio")]
     if ratios:
         summ["max_ranking_ratio"] = max(ratios)
@@ -365,6 +365,7 @@ def validate(
                               "memory_gib": r.report.memory_gib["total"],
                               "memory_headroom_gib": r.report.memory_gib["headroom"],
                               "held_out": r.held_out, "source": r.source,
+                              "calibration_only": r.calibration_only is not None,
                               "unstated": v.unstated(run)}
                              for r, run in zip(results, data["runs"])],
                     "summary": summ, "calibration": fitted})
@@ -379,7 +380,8 @@ def validate(
         style = "dim" if r.held_out else style
         mem = f"{r.report.memory_gib['total']:.1f}" + ("" if r.report.fits else " (!)")
         row = [r.id, str(r.gpus), r.gpu, r.precision, f"{r.measured_s:.3f}",
-               f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%", f"{100 * oos[r.id]:+.1f}%", mem]
+               f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%",
+               "-" if oos[r.id] is None else f"{100 * oos[r.id]:+.1f}%", mem]
         if ranks:
             ratio = ranks.get(r.id, {}).get("ratio")
             row.append(f"{ratio:.3f}" if ratio else "-")
@@ -393,6 +395,15 @@ def validate(
                   f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
     else:
         out.print("runs: 0 fitted (every run is held out: no error bound over fitted runs)")
+    if summ.get("calibration_only"):
+        keys = sorted({f"{r.gpu} ({r.calibration_only})" for r in results
+                       if r.calibration_only})
+        out.print(f"calibration only ({summ['calibration_only']} runs, in sample, out of the "
+                  f"figures above): mean |error| "
+                  f"{100 * summ['mean_abs_error_calibration_only']:.1f}%, max "
+                  f"{100 * summ['max_abs_error_calibration_only']:.1f}%; the only runs of "
+                  f"{', '.join(keys)}: they set its figures, and without their source there "
+                  "is no fit to judge them out of sample")
     for r in results:
         if r.held_out:
             out.print(f"[dim]{r.id} is held out of the fit and the figures above "

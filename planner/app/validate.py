@@ -61,6 +61,9 @@ class RunResult:
     source: str
     #: why the run is held out of the calibration and the error bounds (None: it is in them)
     held_out: str | None = None
+    #: the source of a run whose GPU type (its fit_key) is fitted on that source alone: fitted,
+    #: but out of the error bounds (:func:`single_source_keys`); None: in them
+    calibration_only: str | None = None
 
     @property
     def predicted_s(self) -> float:
@@ -192,6 +195,7 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
                   only_gpu: str | None = None) -> list[RunResult]:
     """Evaluate every run's published plan; ``overrides`` maps GPU key -> cluster overrides."""
     out = []
+    singles = single_source_keys(data)
     for run in data["runs"]:
         if only_gpu and run["gpu"] != only_gpu:
             continue
@@ -200,8 +204,23 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
         rep = evaluate(inst, plan, spec=inst.spec.plan)
         out.append(RunResult(run["id"], run["gpu"], run["precision"], plan.gpus,
                              float(run["measured_step_time_s"]), rep,
-                             run.get("source", run.get("reported", "")), held_out(run)))
+                             run.get("source", run.get("reported", "")), held_out(run),
+                             singles.get(fit_key(run)) if held_out(run) is None else None))
     return out
+
+
+def single_source_keys(data: dict[str, Any]) -> dict[str, str]:
+    """The parameter sets (:func:`fit_key`) fitted on the runs of one source alone, with that
+    source. Such runs set their GPU type's figures, but a fit without their source leaves the
+    type with nothing of its own, so they have no out-of-sample error, and their in-sample one
+    says how well one parameter fits them, not how the model predicts: :func:`summary` keeps
+    them out of the error bounds and reports them apart. The rule follows from the sources, not
+    from a mark on chosen runs: a second source of the type brings them into the bounds."""
+    sources: dict[str, set[str]] = {}
+    for run in data["runs"]:
+        if held_out(run) is None:
+            sources.setdefault(fit_key(run), set()).add(source_of(run))
+    return {k: next(iter(s)) for k, s in sources.items() if len(s) == 1}
 
 
 def held_out(run: dict[str, Any]) -> str | None:
@@ -215,13 +234,19 @@ def held_out(run: dict[str, Any]) -> str | None:
 
 
 def summary(results: list[RunResult]) -> dict[str, float | None]:
-    """Mean and max |error| over the runs that are not held out (``held_out`` counts the rest);
-    the held-out runs' own mean and max, when there are any: never fitted, they are what the
-    model predicts for runs it has not seen."""
-    errs = [abs(r.error) for r in results if r.held_out is None]
+    """Mean and max |error| over the runs in the bounds: neither held out (``held_out`` counts
+    them) nor calibration-only (``calibration_only``, :func:`single_source_keys`); the
+    held-out runs' own mean and max, when there are any: never fitted, they are what the
+    model predicts for runs it has not seen; and the calibration-only runs' (in sample)."""
+    errs = [abs(r.error) for r in results if r.held_out is None and r.calibration_only is None]
     mean, top = mean_max(errs)
     out = {"runs": len(errs), "mean_abs_error": mean, "max_abs_error": top,
            "held_out": sum(r.held_out is not None for r in results)}
+    alone = [abs(r.error) for r in results if r.calibration_only is not None]
+    if alone:
+        out["calibration_only"] = len(alone)
+        out["mean_abs_error_calibration_only"], out["max_abs_error_calibration_only"] = \
+            mean_max(alone)
     unseen = [abs(r.error) for r in results if r.held_out is not None]
     if unseen:
         out["mean_abs_error_held_out"], out["max_abs_error_held_out"] = mean_max(unseen)
@@ -446,15 +471,22 @@ def _overrides(fit: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in fit.items()}
 
 
-def out_of_sample(data: dict[str, Any], cal: Calibrator | None = None) -> dict[str, float]:
-    """Per run id: the error with the parameters fitted without every run of its source."""
+def out_of_sample(data: dict[str, Any], cal: Calibrator | None = None,
+                  ) -> dict[str, float | None]:
+    """Per run id: the error with the parameters fitted without every run of its source; None
+    for a calibration-only run (:func:`single_source_keys`): without its source its GPU type
+    has no fit, and the catalog's figures are the ones fitted on it."""
     cal = cal or Calibrator(data)
-    out: dict[str, float] = {}
+    singles = single_source_keys(data)
+    out: dict[str, float | None] = {}
     for src in sorted({source_of(r) for r in data["runs"]}):
         fitted = cal.fit(exclude_source=src)
-        sub = {"models": data["models"], "runs": [r for r in data["runs"] if source_of(r) == src]}
-        for res in validate_runs(sub, {g: _overrides(f) for g, f in fitted.items()}):
-            out[res.id] = res.error
+        runs = [r for r in data["runs"] if source_of(r) == src]
+        sub = {"models": data["models"], "runs": runs}
+        for run, res in zip(runs, validate_runs(sub, {g: _overrides(f)
+                                                      for g, f in fitted.items()})):
+            alone = held_out(run) is None and fit_key(run) in singles
+            out[res.id] = None if alone else res.error
     return out
 
 

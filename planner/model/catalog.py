@@ -70,6 +70,11 @@ class GPU(BaseModel):
     attention_efficiency: float | None = Field(
         default=None, gt=0, le=1, description="share of the 16-bit peak the fused (flash) "
         "attention core reaches on the model's 4 b s^2 h FLOPs; default efficiency")
+    fp8_weight_transpose: bool = Field(
+        default=True, description="FP8 GEMMs need a transposed FP8 copy of each weight "
+        "(Hopper runs FP8 GEMMs in the TN layout only), which Transformer Engine caches beside "
+        "the FP8 copy: 2 bytes per GEMM parameter; false where FP8 GEMMs take any layout "
+        "(Blackwell): 1 byte")
     overlap_slowdown: float = Field(
         default=0.0, ge=0, le=1, description="how much slower compute runs while a collective "
         "runs beside it (its kernels take SMs and HBM bandwidth from the GEMMs): 0.189 = 18.9% "
@@ -111,6 +116,7 @@ _FIGURES = (
 #: Figures that need a source when the file gives them (their defaults leave the model as before).
 _OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "gemm_knee_tokens",
                      "gemm_knee_width", "attention_efficiency", "overlap_slowdown",
+                     "fp8_weight_transpose",
                      "host_link_bandwidth_GBps",
                      "host_memory_GiB", "host_memory_bandwidth_GBps")
 

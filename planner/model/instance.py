@@ -53,6 +53,9 @@ class Hardware:
     #: how much slower compute runs beside a collective (GPU.overlap_slowdown; docs/model.md,
     #: "Overlap")
     overlap_slowdown: float = 0.0
+    #: bytes per GEMM parameter of Transformer Engine's FP8 weight cache (GPU.fp8_weight_transpose:
+    #: the FP8 copy, and its transpose where FP8 GEMMs are TN only)
+    fp8_weight_cache_bytes: float = 2.0
     #: host offload (docs/model.md, "Host offload"): the GPU <-> host link per GPU and
     #: direction (B/s), host memory per host (bytes) and its bandwidth per host (B/s); 0: the
     #: catalog has no figure (offload is then refused)
@@ -301,6 +304,7 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         attention_efficiency=c.attention_efficiency or attn_eff,
         overlap_slowdown=(gpu.overlap_slowdown if c.overlap_slowdown is None
                           else c.overlap_slowdown),
+        fp8_weight_cache_bytes=2.0 if gpu.fp8_weight_transpose else 1.0,
         knee_tokens=knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
         knee_width=knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,

@@ -54,9 +54,6 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
 #: False when optim.dtype is the model's dtype; Apex DistributedFusedAdam StateBucket holds
 #: exp_avg / exp_avg_sq in that dtype and grads_shard in grad_sync_dtype)
 OPTIMIZER_STATE_BYTES = {"fp32": (OPTIMIZER_BYTES, GRAD_BYTES), "bf16": (4, 2)}
-#: Extra bytes per parameter under FP8 (Transformer Engine keeps an FP8 copy of each GEMM weight
-#: and of its transpose).
-FP8_WEIGHT_CACHE_BYTES = 2
 #: Transformer Engine's userbuffers for ``tp_comm_overlap``, bytes per element of the gathered
 #: ``[s b / c, h]`` activation (Megatron-LM ``_initialize_tp_communicators``: ``input_shape =
 #: [seq_length * micro_batch_size // context_parallel_size, hidden_size]``): ``initialize_ub``
@@ -618,7 +615,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
     # A stage is checked as if all its L/p layers were of one kind, for each kind the model
     # has: a stage mixing dense and MoE layers needs no more than the larger of the two.
-    fp8_cache = FP8_WEIGHT_CACHE_BYTES if fp8 else 0
+    fp8_cache = hw.fp8_weight_cache_bytes if fp8 else 0
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
     # 16-bit gradients: the optimizer steps on a main-gradient copy of its shard (fp32: Megatron-LM's
     # fp16 row, 20 bytes per parameter, 4 + 16/d distributed; with bf16 states a bf16 shard:
