@@ -146,6 +146,9 @@ class Encoding:
     #: bytes each GPU sends across nodes per step, and its maxima (a tie-break goal)
     internode: LinExpr | None = None
     internode_maxes: list[list[LinExpr]] = field(default_factory=list)
+    #: indices into ``combos`` whose plans at dp * cp = 1 their ZeRO-1 twin always beats or
+    #: matches first (formulations/one_shard.py): the MIPs leave those plans out
+    one_shard: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -279,11 +282,17 @@ def encode(space: SearchSpace, objective: str = "step_time", prune: bool = True,
     n = len(space.combos)
     keep = _undominated(tabulated, n, col.forms, space.combos) if prune else list(range(n))
     exprs, copies = _expressions(space, tabulated, keep, arity)
+    combos = [space.combos[k] for k in keep]
+    one_shard = ()
+    if prune:             # (not when listing distinct plans: a dominated one is still a plan)
+        from formulations.one_shard import dominated_at_one_shard
+        dominated = dominated_at_one_shard(space, objective)
+        one_shard = tuple(i for i, k in enumerate(combos) if k in dominated)
     return Encoding(space=space, objective_kind=objective, scale=_magnitude(exprs["obj"]),
                     forms=col.forms, copies=copies, objective=exprs["obj"], maxes=exprs["max"],
                     memory=exprs["mem"], memory_limit=memory_limit_bytes(space.inst),
-                    combos=[space.combos[k] for k in keep], internode=exprs["bytes"],
-                    internode_maxes=exprs["bmax"])
+                    combos=combos, internode=exprs["bytes"], internode_maxes=exprs["bmax"],
+                    one_shard=one_shard)
 
 
 def _collect(space: SearchSpace, objective: str, ties: bool = True

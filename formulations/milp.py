@@ -415,6 +415,28 @@ class _RowBuilder:
                 if acc or const > 1 + 1e-9:
                     r.row(acc, -INF, 1.0 - const, f"layout_{lay}_P={p}")
 
+    def one_shard_rows(self) -> None:
+        """The plans at ``dp * cp = 1`` under the combinations their ZeRO-1 twin always
+        chooses first (:attr:`Encoding.one_shard`, formulations/one_shard.py) are left out:
+        ``dp * cp = N / (tp pp)`` is 1 exactly at the pairs ``tp * pp = N``, so per such pair
+        ``x_T=t + x_P=N/t + sum(those combinations) <= 2``."""
+        r, sp, enc = self.r, self.sp, self.enc
+        if not enc.one_shard:
+            return
+        n = sp.inst.gpus
+        for t in sp.base["T"].values:
+            if n % t or n // t not in sp.base["P"].values:
+                continue
+            acc, const = self.value_indicator("T", t)
+            lin, c = self.value_indicator("P", n // t)
+            for z, w in lin.items():
+                _add(acc, z, w)
+            const += c
+            for i in enc.one_shard:
+                _add(acc, r.combo_vars[i], 1.0)
+            if acc and const < 2 + 1e-9:
+                r.row(acc, -INF, 2.0 - const, f"one_shard_T={t}")
+
     # -- 3. terms -----------------------------------------------------------------------------
     def main_cells(self, key: CopyKey, cs) -> np.ndarray:
         """Cells (main value x categorical sub-choice) tied to the binaries by their margins;
@@ -628,6 +650,7 @@ def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30
     rb.forms()
     rb.combinations()
     rb.layout_rows()
+    rb.one_shard_rows()
     obj_upper = rb.objective(unit)
     rb.memory(memory, memory_unit)
     if cuts.break_ties:            # (a model asked only for its optimum needs no later goal)

@@ -18,6 +18,9 @@ LONGEST = (
     "tests/test_solvers.py::test_batch_range_models_prove_the_optimum_with_a_cutoff",
     "tests/test_solvers.py::test_three_backends_agree_on_more_instances",
     "tests/test_rack_scale.py::test_solver_places_groups_inside_the_72_gpu_domain",
+    "tests/test_count.py::test_batch_models_presolve_to_their_dominant_assignments",
+    "tests/test_published_space.py::test_mip_backends_prove_the_same_optimum_on_published_instances",
+    "tests/test_numeric_range.py::test_capped_memory_keeps_exactly_the_feasible_plans",
 )
 
 

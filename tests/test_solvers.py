@@ -408,6 +408,32 @@ def test_an_error_in_the_parts_beside_the_tie_goals_reaches_the_caller(monkeypat
         solve(inst, solver="cpsat")
 
 
+#: benchmarks/instances/b200x24-gpt3-175b.toml with its optimum's tp, pp and micro-batch pinned
+#: (dp * cp = 1: ZeRO-1 and ZeRO-2 are the same plan there)
+B200X24_PINNED = {"model": {"preset": "gpt3-175b"}, "training": {"global_batch": 96},
+                  "cluster": {"gpu": "b200", "gpus": 24, "gpus_per_node": 8},
+                  "constraints": {"tp_within_node": False, "overlap_grad_reduce": True,
+                                  "overlap_param_gather": True, "tp": 4, "pp": 6,
+                                  "micro_batch": 1}}
+
+
+def window_spy(monkeypatch) -> list:
+    """Per tie-goal run of a solve, whether it was a window re-solve of ties across parts
+    (``ties.run(window=True)``); the split into parts forced (the pins make the space small)."""
+    import formulations.solve as fs
+    from formulations import ties
+
+    windows = []
+    run = ties.run
+
+    def spy(*args, **kwargs):
+        windows.append(kwargs.get("window", False) or (len(args) > 4 and args[4]))
+        return run(*args, **kwargs)
+    monkeypatch.setattr(ties, "run", spy)
+    monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)
+    return windows
+
+
 def test_ties_held_by_two_sharding_parts_are_broken_alike(monkeypatch):
     """At dp = 1 ZeRO-1 and ZeRO-2 are the same plan, so both sharding parts hold the optimum
     and their ties are re-solved as one model that starts at the memory goal, its objective
@@ -416,27 +442,53 @@ def test_ties_held_by_two_sharding_parts_are_broken_alike(monkeypatch):
     optimum's tp, pp and micro-batch pinned (the split forced), so that HiGHS takes 1-2 s: a
     re-solve that loses the cap fails here. A MIP start for HiGHS's tie goals once gave another
     copy on the unpinned instance only (40 s under HiGHS, too slow for the suite;
-    benchmarks/README.md, "HiGHS tie goals from a MIP start: dropped")."""
-    import formulations.solve as fs
-    from formulations import ties
+    benchmarks/README.md, "HiGHS tie goals from a MIP start: dropped"). The MIPs now leave out
+    the ZeRO-2 copies at dp * cp = 1 (formulations/one_shard.py), which removes this tie; it
+    is switched off here to keep the window re-solve under test (ties across parts also arise
+    elsewhere), and test_one_shard_copies_are_left_out_alike checks it on."""
+    from formulations import one_shard
 
-    doc = {"model": {"preset": "gpt3-175b"}, "training": {"global_batch": 96},
-           "cluster": {"gpu": "b200", "gpus": 24, "gpus_per_node": 8},
-           "constraints": {"tp_within_node": False, "overlap_grad_reduce": True,
-                           "overlap_param_gather": True, "tp": 4, "pp": 6,
-                           "micro_batch": 1}}
-    inst = parse_instance(doc)
-    monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)       # (the pins make the space small)
-    windows = []
-    run = ties.run
-
-    def spy(*args, **kwargs):
-        windows.append(kwargs.get("window", False) or (len(args) > 4 and args[4]))
-        return run(*args, **kwargs)
-    monkeypatch.setattr(ties, "run", spy)
+    monkeypatch.setattr(one_shard, "_dominated", lambda root, objective: frozenset())
+    inst = parse_instance(B200X24_PINNED)
+    windows = window_spy(monkeypatch)
     ref = solve(inst, solver="enumerate")
     res = solve(inst, solver="highs")
     assert res.status == Status.OPTIMAL
     assert any(windows)                            # the ties were re-solved in their window
     assert ref.report.plan.dp == 1
+    assert res.report.plan == ref.report.plan
+
+
+def test_one_shard_copies_are_left_out_alike(monkeypatch):
+    """At dp * cp = 1 a sharding mode shards over one GPU: the MIPs leave out the plans of a
+    combination whose ZeRO-1 twin the tie goals always choose first (formulations/one_shard.py),
+    so the instance of test_ties_held_by_two_sharding_parts_are_broken_alike needs no re-solve
+    of the ties across parts, and both MIPs still return the enumerator's optimum and plan,
+    which keeps every plan. With ZeRO-3 pinned there is no twin: nothing is left out, and the
+    answer is the ZeRO-3 plan at dp = 1."""
+    from formulations.encoding import encode
+    from formulations.one_shard import dominated_at_one_shard
+    from formulations.space import build_space
+
+    doc = B200X24_PINNED
+    inst = parse_instance(doc)
+    space = build_space(inst)
+    left_out = dominated_at_one_shard(space, "step_time")
+    assert left_out and all(k.dp_sharding != "optim" for k in left_out)
+    assert encode(space).one_shard and not encode(space, prune=False).one_shard
+    windows = window_spy(monkeypatch)
+    ref = solve(inst, solver="enumerate")
+    assert ref.report.plan.dp * ref.report.plan.cp == 1
+    for backend in ("cpsat", "highs"):
+        res = solve(inst, solver=backend)
+        assert res.status == Status.OPTIMAL, backend
+        assert res.objective == pytest.approx(ref.objective, rel=1e-6, abs=tolerance(res))
+        assert res.report.plan == ref.report.plan, backend
+    assert windows and not any(windows)             # no re-solve of ties across parts
+    pinned = parse_instance({**doc, "constraints": {**doc["constraints"],
+                                                    "dp_sharding": "optim_grads_params"}})
+    assert not dominated_at_one_shard(build_space(pinned), "step_time")
+    ref = solve(pinned, solver="enumerate")
+    res = solve(pinned, solver="cpsat")
+    assert ref.report.plan.dp_sharding == "optim_grads_params" and ref.report.plan.dp == 1
     assert res.report.plan == ref.report.plan
