@@ -116,7 +116,7 @@ def sharding_parts(space: SearchSpace, layouts: bool = True) -> list[SearchSpace
 #: A fixed-batch space is solved as one model per sharding mode when its
 #: :func:`~formulations.space.joint_size` passes this (below, one joint model costs less than the
 #: several models' builds). Measured on the 80 instances tests/test_solvers.py's agreement
-#: tests drew then (2 x 40; now 3 x 16 = 48; CP-SAT + HiGHS, CPU seconds): 112 s always joint,
+#: tests drew then (2 x 40; now 3 x 14 = 42; CP-SAT + HiGHS, CPU seconds): 112 s always joint,
 #: 83 s always split, 69 s with this rule; the shipped instances are above it (Llama 3.1 405B:
 #: 5.8e6) but the one-node 1.3B (7.4e4).
 SPLIT_ABOVE = SMALL_SPACE

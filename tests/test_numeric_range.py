@@ -85,7 +85,7 @@ def test_capped_memory_keeps_exactly_the_feasible_plans():
     assert any(np.max(u.table) > 2 * limit for e in enc.memory.values() for u in e.usages)
     rng = np.random.default_rng(0)
     fits = 0
-    for i in rng.choice(len(points["T"]), size=min(150, len(points["T"])), replace=False):
+    for i in rng.choice(len(points["T"]), size=min(60, len(points["T"])), replace=False):
         choice = {v: int(points[v][i]) for v in space.base}
         for k in range(len(enc.combos)):
             old = evaluate_encoding(enc, choice, k)

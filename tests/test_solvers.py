@@ -148,13 +148,14 @@ def tolerance(res) -> float:
     return (res.quantum_s or 0.0) * 200 + 1e-6 * abs(res.objective)
 
 
-#: Three tests of 16 examples each (derandomized: each name draws its own instances), so that
+#: Three tests of 14 examples each (derandomized: each name draws its own instances), so that
 #: pytest-xdist spreads them over the cores; one test of 120 had become the suite's critical
 #: path, 2 x 40 passed the suite's 3 minutes once the sharding modes were searched, of 2 x 30
 #: one test took 52 s and the other 113 s (two of its draws, split into sharding-mode models,
 #: cost 31 s), and 3 x 20 with host offload drawn took 54 + 24 + 12 s (tests/conftest.py runs
-#: them first).
-AGREE = settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+#: them first); 3 x 16 took 57 s of CPU in all and left the suite at 2:57-3:19 in a clean-clone
+#: CI under a load of 1.4-2.8 from the host (session of 2026-12-04), so 3 x 14.
+AGREE = settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                  derandomize=True)
 
 
