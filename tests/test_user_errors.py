@@ -240,7 +240,7 @@ def test_a_runs_file_holding_out_every_run_reports_predictions_without_an_error_
     assert summ["mean_abs_error"] is None and summ["max_abs_error_out_of_sample"] is None
     assert summ["mean_abs_error_held_out"] > 0
     r = runner.invoke(app, ["validate", str(f), "--no-ranking"])
-    assert r.exit_code == 0 and "runs: 0 fitted (every run is held out" in r.stdout
+    assert r.exit_code == 0 and "runs: 0 in the bounded figures (every run is held out" in r.stdout
 
 
 def test_top_k_is_capped_with_a_message_naming_the_flag(runner, monkeypatch):

@@ -342,8 +342,8 @@ def validate(
 
     try:
         data = v.load_runs(runs)
-        results = v.validate_runs(data)
         cal = v.Calibrator(data)
+        results = v.validate_runs(data, alone=v.calibration_only_keys(data, cal))
         fitted = cal.fit() if calibrate else None
         oos = v.out_of_sample(data, cal)
         ranks = v.ranking(data) if rank else {}
@@ -394,7 +394,8 @@ def validate(
                   f"{100 * summ['mean_abs_error_out_of_sample']:.1f}%, max "
                   f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
     else:
-        out.print("runs: 0 fitted (every run is held out: no error bound over fitted runs)")
+        out.print("runs: 0 in the bounded figures (every run is held out or calibration "
+                  "only: no error bound)")
     if summ.get("calibration_only"):
         keys = sorted({f"{r.gpu} ({r.calibration_only})" for r in results
                        if r.calibration_only})

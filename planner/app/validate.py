@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.model.catalog import known_gpus
+from planner.model.catalog import known_gpus, load_gpu
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS
@@ -61,8 +61,8 @@ class RunResult:
     source: str
     #: why the run is held out of the calibration and the error bounds (None: it is in them)
     held_out: str | None = None
-    #: the source of a run whose GPU type (its fit_key) is fitted on that source alone: fitted,
-    #: but out of the error bounds (:func:`single_source_keys`); None: in them
+    #: the source of a run whose GPU type (its fit_key) the catalog fits on that source alone:
+    #: fitted, but out of the error bounds (:func:`calibration_only_keys`); None: in them
     calibration_only: str | None = None
 
     @property
@@ -192,10 +192,13 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
 
 
 def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] | None = None,
-                  only_gpu: str | None = None) -> list[RunResult]:
-    """Evaluate every run's published plan; ``overrides`` maps GPU key -> cluster overrides."""
+                  only_gpu: str | None = None, alone: dict[str, str] | None = None
+                  ) -> list[RunResult]:
+    """Evaluate every run's published plan; ``overrides`` maps GPU key -> cluster overrides;
+    ``alone``: the calibration-only fit keys (:func:`calibration_only_keys`), none if not
+    given."""
     out = []
-    singles = single_source_keys(data)
+    singles = alone or {}
     for run in data["runs"]:
         if only_gpu and run["gpu"] != only_gpu:
             continue
@@ -210,17 +213,47 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
 
 
 def single_source_keys(data: dict[str, Any]) -> dict[str, str]:
-    """The parameter sets (:func:`fit_key`) fitted on the runs of one source alone, with that
-    source. Such runs set their GPU type's figures, but a fit without their source leaves the
-    type with nothing of its own, so they have no out-of-sample error, and their in-sample one
-    says how well one parameter fits them, not how the model predicts: :func:`summary` keeps
-    them out of the error bounds and reports them apart. The rule follows from the sources, not
-    from a mark on chosen runs: a second source of the type brings them into the bounds."""
+    """The parameter sets (:func:`fit_key`) that the fitted runs of one source alone reach,
+    with that source."""
     sources: dict[str, set[str]] = {}
     for run in data["runs"]:
         if held_out(run) is None:
             sources.setdefault(fit_key(run), set()).add(source_of(run))
     return {k: next(iter(s)) for k, s in sources.items() if len(s) == 1}
+
+
+def catalog_figures(key: str) -> dict[str, float | None]:
+    """The catalog's figures of a fit key: a GPU type's main ones, or ``gpu:stack``'s."""
+    gpu_key, _, stack = key.partition(":")
+    gpu = load_gpu(gpu_key)
+    src = gpu.kernel_stacks[stack] if stack else gpu
+    return {f: getattr(src, f, None) for f in ("efficiency", "efficiency_fp8",
+                                                "gemm_knee_tokens", "gemm_knee_width",
+                                                "attention_efficiency")}
+
+
+def calibration_only_keys(data: dict[str, Any], cal: Calibrator | None = None
+                          ) -> dict[str, str]:
+    """The fit keys whose catalog figures are the fit of one source's runs alone, with that
+    source: the keys of :func:`single_source_keys` where the catalog holds exactly what those
+    runs fit (as the shipped runs' B200 figures do). Such runs set their type's figures, so
+    their in-sample error says how well the figures fit them, not how the model predicts, and a
+    fit without their source leaves the type nothing of its own: no out-of-sample error. So
+    :func:`summary` keeps them out of the error bounds and reports them apart. The rule follows
+    from the sources and the catalog, not from a mark on chosen runs: a second source of the
+    type brings them into the bounds, and a runs file the catalog was not fitted on (the same
+    type, another source, another fit) keeps them in, their errors then predictions."""
+    singles = single_source_keys(data)
+    if not singles:
+        return {}
+    fitted = (cal or Calibrator(data)).fit()
+    out = {}
+    for key, source in singles.items():
+        fit, have = fitted.get(key, {}), catalog_figures(key)
+        if fit and all(have.get(f) is not None and abs(have[f] - x) <= 1e-9
+                       for f, x in fit.items()):
+            out[key] = source
+    return out
 
 
 def held_out(run: dict[str, Any]) -> str | None:
@@ -235,7 +268,7 @@ def held_out(run: dict[str, Any]) -> str | None:
 
 def summary(results: list[RunResult]) -> dict[str, float | None]:
     """Mean and max |error| over the runs in the bounds: neither held out (``held_out`` counts
-    them) nor calibration-only (``calibration_only``, :func:`single_source_keys`); the
+    them) nor calibration-only (``calibration_only``, :func:`calibration_only_keys`); the
     held-out runs' own mean and max, when there are any: never fitted, they are what the
     model predicts for runs it has not seen; and the calibration-only runs' (in sample)."""
     errs = [abs(r.error) for r in results if r.held_out is None and r.calibration_only is None]
@@ -474,10 +507,10 @@ def _overrides(fit: dict[str, float]) -> dict[str, float]:
 def out_of_sample(data: dict[str, Any], cal: Calibrator | None = None,
                   ) -> dict[str, float | None]:
     """Per run id: the error with the parameters fitted without every run of its source; None
-    for a calibration-only run (:func:`single_source_keys`): without its source its GPU type
-    has no fit, and the catalog's figures are the ones fitted on it."""
+    for a calibration-only run (:func:`calibration_only_keys`): without its source its GPU
+    type has no fit, and the catalog's figures are the ones fitted on it."""
     cal = cal or Calibrator(data)
-    singles = single_source_keys(data)
+    singles = calibration_only_keys(data, cal)
     out: dict[str, float | None] = {}
     for src in sorted({source_of(r) for r in data["runs"]}):
         fitted = cal.fit(exclude_source=src)
