@@ -124,7 +124,9 @@ def test_batch_models_presolve_to_their_dominant_assignments():
             out += e * table
         return {tuple(r) for r in out.tolist()}
     narrower = 0
-    for batch in candidate_batches(space):
+    # every other candidate batch, the largest first (16 here; all of them took 11-19 s of the
+    # suite's CPU, half the batches check the same rule on half the models)
+    for batch in candidate_batches(space)[::2]:
         model = _batch_model(space, batch)
         for mono in encode(model, "time_per_sample", ties=False).forms:
             reach = set(model.form_reach(mono))
