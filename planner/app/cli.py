@@ -343,9 +343,10 @@ def validate(
     try:
         data = v.load_runs(runs)
         cal = v.Calibrator(data)
-        results = v.validate_runs(data, alone=v.calibration_only_keys(data, cal))
+        alone = v.calibration_only_keys(data, cal)
+        results = v.validate_runs(data, alone=alone)
         fitted = cal.fit() if calibrate else None
-        oos = v.out_of_sample(data, cal)
+        oos = v.out_of_sample(data, cal, alone)
         ranks = v.ranking(data) if rank else {}
     except PlanError as exc:
         _fail(exc, as_json)

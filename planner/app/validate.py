@@ -505,12 +505,13 @@ def _overrides(fit: dict[str, float]) -> dict[str, float]:
 
 
 def out_of_sample(data: dict[str, Any], cal: Calibrator | None = None,
-                  ) -> dict[str, float | None]:
+                  alone: dict[str, str] | None = None) -> dict[str, float | None]:
     """Per run id: the error with the parameters fitted without every run of its source; None
-    for a calibration-only run (:func:`calibration_only_keys`): without its source its GPU
-    type has no fit, and the catalog's figures are the ones fitted on it."""
+    for a calibration-only run (:func:`calibration_only_keys`, or ``alone`` when the caller
+    has them): without its source its GPU type has no fit, and the catalog's figures are the
+    ones fitted on it."""
     cal = cal or Calibrator(data)
-    singles = calibration_only_keys(data, cal)
+    singles = calibration_only_keys(data, cal) if alone is None else alone
     out: dict[str, float | None] = {}
     for src in sorted({source_of(r) for r in data["runs"]}):
         fitted = cal.fit(exclude_source=src)
