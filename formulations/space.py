@@ -53,7 +53,7 @@ from planner.model.errors import InfeasibleError
 from planner.model.instance import Instance
 from types import SimpleNamespace
 
-from planner.model.frameworks import OVERLAP_KNOBS, framework_of
+from planner.model.frameworks import OVERLAP_KNOBS, fp8_param_gather_refusal, framework_of
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
                                 overlap_default, recompute_share_choices)
 from planner.model.words import pinned
@@ -606,6 +606,15 @@ def build_space(inst: Instance) -> SearchSpace:
         why.append("constraints.dp_sharding allows no mode"
                    + (" (constraints.dp_shard_size needs a sharded mode)"
                       if c.dp_shard_size is not None else ""))
+    if inst.spec.training.fp8_param_gather and shardings:
+        # FP8 parameters run with the distributed optimizer only (frameworks.py)
+        kept = tuple(m for m in shardings
+                     if fp8_param_gather_refusal(c.framework, m) is None)
+        if not kept:
+            why.append(fp8_param_gather_refusal(c.framework, shardings[0])
+                       + f"; the constraints and framework leave dp_sharding "
+                       f"{' | '.join(shardings)}")
+        shardings = kept
     if why:
         raise InfeasibleError("the constraints leave no plan", why)
 

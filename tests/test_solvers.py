@@ -118,7 +118,7 @@ def instances(draw):
                "shared_experts": draw(st.sampled_from([0, 0, 1])),
                "first_dense_layers": draw(st.sampled_from([0, 0, 1])) if layers > 1 else 0}
         constraints["max_ep"] = draw(st.sampled_from([None, 2, 8]))
-    return {
+    doc = {
         "model": {**moe, "layers": layers,
                   "hidden": heads * head_dim * draw(st.sampled_from([1, 8, 32])),
                   "heads": heads, "kv_heads": kv, "gated_mlp": draw(st.booleans()),
@@ -133,6 +133,10 @@ def instances(draw):
         "cluster": cluster,
         "constraints": constraints,
     }
+    # FP8 parameters (ZeRO-1 only), drawn last so that the draws above keep their values
+    if precision == "fp8" and draw(st.booleans()):
+        doc["training"]["fp8_param_gather"] = True
+    return doc
 
 
 def outcome(inst, backend):

@@ -117,6 +117,10 @@ precision
     ``training.mixed_precision_param = "bfloat16"``, fp8 via ``model.converters =
     ["quantize.linear.float8"]`` with ``filter_fqns = ["output"]`` (MoE: the experts' FP8 is a
     "cannot express" comment) | ``bf16.enabled`` / ``fp16.enabled`` (fp8: none)
+fp8_param_gather ([training])
+    ``--fp8-param-gather`` | ``trainer.plugins.fp8_param_gather`` (said either way under FP8:
+    NeMo's FP8 recipes switch it on) | an error | an error (neither keeps FP8 parameters:
+    :func:`planner.model.frameworks.fp8_param_gather_refusal`)
 pp > 1 (NeMo)
     ``trainer.strategy.pipeline_dtype`` = the training dtype (``torch.bfloat16`` /
     ``torch.float16``): the dtype of the activations sent between stages
@@ -160,7 +164,8 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
-from planner.model.frameworks import SHARDING_MODES, framework_violations, offload_violations
+from planner.model.frameworks import (SHARDING_MODES, fp8_param_gather_refusal, framework_violations,
+                                      offload_violations)
 from planner.model.terms import reduce_dtype, selective_recompute
 from planner.model.instance import Instance
 from planner.model.plan import Plan, default_placement
@@ -193,6 +198,8 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
                          + ", ".join(FORMATS)) from None
     problems = (_launch_problems(inst, plan) + framework_violations(fmt, plan)
                 + offload_violations(fmt, plan))
+    if inst.spec.training.fp8_param_gather:
+        problems += [why for why in [fp8_param_gather_refusal(fmt, plan.dp_sharding)] if why]
     if problems:
         raise InputError(f"plan {plan.label()} cannot be written as a {fmt} launch", problems)
     return writer(inst, plan)
@@ -492,6 +499,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append("--bf16")
         if precision == "fp8":
             args.append("--fp8-format hybrid")
+            if inst.spec.training.fp8_param_gather:
+                args.append("--fp8-param-gather")
     lines = _comments(comments) + env
     lines += [a + " \\" for a in args[:-1]] + [args[-1]]
     return "\n".join(lines) + "\n"
@@ -679,6 +688,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
             "plugins": {
                 "precision": "16-mixed" if precision == "fp16" else "bf16-mixed",
                 "fp8": "hybrid" if precision == "fp8" else None,
+                # MegatronMixedPrecision(fp8_param_gather): NeMo's FP8 recipes switch it on,
+                # so the export says what the plan costs either way
+                **({"fp8_param_gather": inst.spec.training.fp8_param_gather}
+                   if precision == "fp8" else {}),
                 # MegatronMixedPrecision(grad_reduce_in_fp32=True by default) overrides the ddp
                 # config's value in MegatronStrategy.connect (update_config_with_dtype_overrides)
                 "grad_reduce_in_fp32": fp32_reduce,

@@ -93,6 +93,10 @@ class Framework:
     #: Megatron-based model code takes the same flags); torchtitan's activation_checkpoint has
     #: full or per-layer-frequency selective checkpointing, no count per stage
     partial_recompute: bool = True
+    #: the sharding modes under which it keeps the layers' GEMM weights in FP8 and all-gathers
+    #: them in FP8 (``[training] fp8_param_gather``; empty: it cannot)
+    fp8_param_gather_modes: tuple[str, ...] = ("optim",)
+    fp8_param_gather_source: str = ""
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -167,6 +171,20 @@ _MEGATRON_OFFLOAD = ("Megatron-Core --optimizer-cpu-offload needs the distribute
                      "(dp_sharding = \"optim\"); --cpu-offloading-num-layers needs pp = 1, no "
                      "recompute and fewer layers than the model's (TransformerConfig)")
 
+#: - FP8 parameters (``[training] fp8_param_gather``), Megatron-LM: ``--fp8-param-gather``
+#:   ("Keep the compute param in fp8 ... and perform the param all-gather in fp8";
+#:   validate_args asserts the distributed optimizer, torch FSDP2 or Megatron-FSDP, and turns it
+#:   off under FSDP2 with TE >= 2.0); Megatron-Core's DDP puts such parameters in a uint8
+#:   buffer (``param_and_grad_buffer.py``: ``param_dtype = torch.uint8``). NeMo 2: the
+#:   MegatronMixedPrecision plugin's ``fp8_param_gather`` (``fp8_params`` in 25.02), set by its
+#:   FP8 recipes (``bf16_with_fp8_mixed``); its performance scripts switch it off under
+#:   Megatron-FSDP ("Currently FSDP does not support FP8 param gather"). The model takes it with
+#:   the distributed optimizer (ZeRO-1) only.
+_MEGATRON_FP8_GATHER = ("Megatron-LM --fp8-param-gather needs the distributed optimizer "
+                        "(dp_sharding = \"optim\"; megatron/training/arguments.py)")
+_NEMO_FP8_GATHER = ("NeMo's fp8_param_gather runs with the distributed optimizer (dp_sharding "
+                    "= \"optim\"); its scripts switch it off under FSDP")
+
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
                           overlap_defaults=(("overlap_p2p_comm", True),),
@@ -176,7 +194,7 @@ FRAMEWORKS: dict[str, Framework] = {
                           "pipeline parallelism (DistributedInitConfig.use_torch_fsdp2)",
                           optimizer_offload_modes=("optim",), activation_offload=True,
                           offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
-                          cpu_adam_share=1 / 6),
+                          cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER),
     "nemo": Framework("nemo", "NeMo",
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
@@ -187,7 +205,7 @@ FRAMEWORKS: dict[str, Framework] = {
                                             "pipeline parallelism",
                       optimizer_offload_modes=("optim",), activation_offload=True,
                       offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
-                      cpu_adam_share=1 / 6),
+                      cpu_adam_share=1 / 6, fp8_param_gather_source=_NEMO_FP8_GATHER),
     "torchtitan": Framework("torchtitan", "torchtitan",
                             overlap_defaults=(("overlap_grad_reduce", True),
                                               ("overlap_param_gather", True)),
@@ -202,6 +220,10 @@ FRAMEWORKS: dict[str, Framework] = {
                             # the SDPA kernels and reduce-scatter, except every second mm
                             # (torchtitan/parallelisms/parallelize_llama.py @1ea476e)
                             selective_recompute="op", partial_recompute=False,
+                            fp8_param_gather_modes=(),
+                            fp8_param_gather_source="its FP8 all-gather is torchao's "
+                            "float8 enable_fsdp_float8_all_gather under FSDP2, which this "
+                            "model does not cost",
                             offload_source="torchtitan's only CPU offload is FSDP2's "
                             "CPUOffloadPolicy (parameters, gradients and optimizer states "
                             "together), which this model does not cost"),
@@ -223,7 +245,10 @@ FRAMEWORKS: dict[str, Framework] = {
                                                     "optim_grads_params"),
                            offload_source="DeepSpeed zero_optimization.offload_optimizer "
                            "(device cpu) is valid for ZeRO stages 1-3; it has no Megatron "
-                           "activation offload"),
+                           "activation offload",
+                           fp8_param_gather_modes=(),
+                           fp8_param_gather_source="DeepSpeed keeps 16-bit parameters (no FP8 "
+                           "parameter storage or all-gather)"),
 }
 
 #: the framework whose defaults apply when ``[constraints] framework`` is not given
@@ -247,6 +272,20 @@ def grad_reduce_dtype(name: str | None, precision: str) -> str:
 def selective_recompute_of(name: str | None) -> str:
     """What the framework's selective recompute recomputes (:attr:`Framework.selective_recompute`)."""
     return framework_of(name).selective_recompute
+
+
+def fp8_param_gather_refusal(name: str | None, mode: str) -> str | None:
+    """Why ``[training] fp8_param_gather`` cannot run with sharding ``mode`` under the named
+    framework (or Megatron-LM's rules without one), or None."""
+    fw = framework_of(name)
+    if mode in fw.fp8_param_gather_modes:
+        return None
+    if not fw.fp8_param_gather_modes:
+        return (f"training.fp8_param_gather = true: {fw.label} has no FP8 parameters "
+                f"({fw.fp8_param_gather_source})")
+    modes = " | ".join('"%s"' % m for m in fw.fp8_param_gather_modes)
+    return (f"training.fp8_param_gather = true needs dp_sharding = {modes}, not \"{mode}\" "
+            f"({fw.fp8_param_gather_source})")
 
 
 def framework_violations(name: str | None, plan) -> list[str]:

@@ -189,6 +189,12 @@ class TrainingSpec(_Strict):
         "bf16 Adam moments and no master copy: NeMo's distributed_fused_adam with optim.dtype "
         "= bf16, whose Apex DistributedFusedAdam keeps its states in that dtype and, the "
         "optimizer dtype being the weights', stores no parameter copy)")
+    fp8_param_gather: bool = Field(
+        default=False, description="FP8 parameters: the layers' GEMM weights are kept in FP8 "
+        "(no 16-bit copy beside Transformer Engine's FP8 one) and the distributed optimizer "
+        "all-gathers them in FP8, 1 byte per parameter (Megatron-LM --fp8-param-gather; NeMo "
+        "MegatronMixedPrecision fp8_param_gather, fp8_params in NeMo 25.02, on in its FP8 "
+        "recipes); needs precision = \"fp8\" and the distributed optimizer")
 
     @model_validator(mode="before")
     @classmethod
@@ -214,6 +220,13 @@ class TrainingSpec(_Strict):
         if self.optimizer_dtype == "bf16" and self.precision == "fp16":
             raise ValueError("optimizer_dtype = \"bf16\" keeps no master copy: the weights "
                              "must be bf16 (precision bf16 or fp8), not fp16")
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise ValueError(f"fp8_param_gather = true keeps the weights in FP8, which needs "
+                             f"precision = \"fp8\" (precision = \"{self.precision}\")")
+        if self.fp8_param_gather and self.kernel_stack != "fused":
+            raise ValueError("fp8_param_gather = true is Transformer Engine's FP8 parameters "
+                             "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "
+                             "(torchao float8) is not costed with them")
         return self
 
 

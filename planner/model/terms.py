@@ -69,6 +69,8 @@ UB_BYTES_16, UB_BYTES_FP8 = 10 * 2, 6 * 1 + 4 * 2
 #: default ``accumulate_allreduce_grads_in_fp32``, NeMo's ``grad_reduce_in_fp32``, torchtitan's
 #: ``mixed_precision_reduce = "float32"``).
 WIRE_16, GRAD_WIRE_FP32 = 2, 4
+#: FP8 parameters (``[training] fp8_param_gather``) on the wire and in memory: 1 byte each
+FP8_WIRE = 1
 GRAD_WIRE_BYTES = WIRE_16
 
 
@@ -500,6 +502,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # dp_inter x cp_inter / r), replicated r = dp / dp_shard_size times across nodes.
     mode = SHARDING[k.dp_sharding]
     fw = framework_of(inst.spec.constraints.framework)
+    fp8_params = tr.fp8_param_gather        # (the distributed optimizer only: frameworks.py)
     gw = GRAD_WIRE_FP32 if reduce_dtype(inst) == "fp32" else WIRE_16
     r = x.r
     s_in, s_out = x.d_in * x.c_in, x.d_out * x.c_out / r
@@ -527,7 +530,18 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                hw.lat_intra, hw.lat_inter)
         if not (mode.grads and every_mb):
             reduce_raw = reduce_raw + over_group(gw, params_gpu, expert_gpu)
-        gather_raw = 0.0 if mode.params else over_group(WIRE_16, params_gpu, expert_gpu)
+        if mode.params:
+            gather_raw = 0.0
+        elif fp8_params:
+            # FP8 parameters: the layers' weights on the wire in 1 byte, the embedding, output
+            # layer and final norm in 16 bits (Megatron-Core keeps them in a uint8 and a bf16
+            # buffer; taken as one collective)
+            gather_raw = over_group(1.0, FP8_WIRE * stage_layers * dense_layer_avg / t
+                                    + WIRE_16 * (sh.embedding_params + 2 * h
+                                                 + eq1(p) * untied_extra) / t,
+                                    FP8_WIRE * expert_gpu)
+        else:
+            gather_raw = over_group(WIRE_16, params_gpu, expert_gpu)
     else:
         reduce_raw = allreduce(gw * params_gpu, x.d_in * x.c_in, x.d_out * x.c_out,
                                hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
@@ -584,7 +598,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                   hw.lat_intra, hw.lat_inter)
             if not (mode.grads and every_mb):
                 bucket_rs = bucket_rs + half(gw * bucket_params, s_in, s_out)
-            bucket_ag = 0.0 if mode.params else half(WIRE_16 * bucket_params, s_in, s_out)
+            bucket_ag = 0.0 if mode.params else half(
+                (FP8_WIRE if fp8_params else WIRE_16) * bucket_params, s_in, s_out)
         else:
             bucket_rs = allreduce(gw * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
                                   hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
@@ -773,9 +788,18 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # lookup and Megatron-Core's output layer a tensor_parallel.ColumnParallelLinear,
             # outside Transformer Engine's FP8 modules (gpt_model.py)
             layers_p = (gt2(p) if stage == "middle" else 1) * n_layers * layer_p / t
+            if fp8_params:
+                # FP8 parameters (ZeRO-1 only: whole): the layers' GEMM weights are the FP8
+                # copy alone, the embedding, output layer and final norm stay 16-bit
+                head_p = 0.0 if stage == "middle" else (
+                    (sh.embedding_params + eq1(p) * (untied_extra + 2 * h)) / t
+                    if stage == "first" else (sh.V * h + 2 * h) / t)
+                weights = head_p * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache
+            else:
+                weights = ((dense_p * weight_share + experts_p * expert_weight_share)
+                           * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache + working_w)
             memory[name] = {
-                "weights": (dense_p * weight_share + experts_p * expert_weight_share)
-                * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache + working_w,
+                "weights": weights,
                 "gradients": (dense_p * grad_share + experts_p * expert_grad_share) * grad_bytes
                 + working_g,
                 "optimizer_states": 0.0 if k.optimizer_offload else opt_gpu,

@@ -1,0 +1,127 @@
+"""FP8 parameters (``[training] fp8_param_gather``): memory, the all-gather's bytes, the rules.
+
+References
+----------
+* Megatron-LM ``--fp8-param-gather``: "Keep the compute param in fp8 (do not use any other
+  intermediate dtype) and perform the param all-gather in fp8"; validate_args asserts the
+  distributed optimizer (or FSDP). Megatron-Core's DDP keeps such parameters in a uint8 buffer.
+* Transformer Engine keeps a transposed FP8 copy of each GEMM weight where FP8 GEMMs are TN only
+  (Hopper), none on Blackwell (``is_non_tn_fp8_gemm_supported``): 2 bytes per FP8 parameter on
+  H100, 1 on B200.
+* GPT-3 175B: L=96, h=12288 (Brown et al. 2020), 12 h^2 + 13 h parameters per layer
+  (Narayanan et al. 2021).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from formulations.solve import solve
+from planner.app.emit import emit
+from planner.model.errors import InfeasibleError, InputError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+
+GiB = 2**30
+L, h = 96, 12288
+LAYER = 12 * h * h + 13 * h
+
+
+def gpt3(gpu: str, fp8_params: bool, **training):
+    inst = parse_instance({
+        "model": {"preset": "gpt3-175b"},
+        "training": {"global_batch": 256, "precision": "fp8", "grad_reduce_dtype": "bf16",
+                     "fp8_param_gather": fp8_params, **training},
+        "cluster": {"gpu": gpu, "gpus": 512},
+        "plan": {"tp": 4, "pp": 8, "dp": 16, "vp": 1, "micro_batch": 1, "recompute": "none",
+                 "dp_sharding": "optim", "overlap_grad_reduce": False,
+                 "overlap_param_gather": False},
+    })
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+
+
+@pytest.mark.parametrize("gpu, saved_bytes", [("h100-sxm", 2), ("b200", 2)])
+def test_fp8_parameters_drop_the_16bit_copy_of_the_layers_weights(gpu, saved_bytes):
+    """The 12 layers of a middle-free GPT-3 stage (pp = 8, tp = 4) keep no 16-bit copy of their
+    weights: 2 bytes per layer parameter fewer on either GPU (the FP8 copy, with its transpose
+    on Hopper, stays); the embedding of the first stage stays 16-bit."""
+    off, on = gpt3(gpu, False), gpt3(gpu, True)
+    layer_params = (L // 8) * LAYER / 4
+    for stage in ("first", "last"):
+        saved = (off.memory_by_stage_gib[stage]["weights"]
+                 - on.memory_by_stage_gib[stage]["weights"]) * GiB
+        assert saved == pytest.approx(saved_bytes * layer_params, rel=1e-9), stage
+    # what remains on the last stage: the layers' FP8 bytes and the 16-bit output layer
+    fp8_bytes = {"h100-sxm": 2, "b200": 1}[gpu]
+    head = (51200 * h + 2 * h) / 4
+    assert on.memory_by_stage_gib["last"]["weights"] * GiB == pytest.approx(
+        fp8_bytes * layer_params + 2 * head, rel=1e-9)
+
+
+def test_fp8_all_gather_moves_half_the_bytes():
+    """With bf16 gradients the distributed optimizer's reduce-scatter and all-gather move the
+    same bytes; gathering the layers' weights in 1 byte takes a quarter off the data-parallel
+    time of a 175B model on 16 nodes' worth of replicas (bandwidth-bound: the 16-bit embedding
+    and the latency keep it a little above 3/4)."""
+    off, on = gpt3("h100-sxm", False), gpt3("h100-sxm", True)
+    ratio = on.breakdown_s["dp_comm"] / off.breakdown_s["dp_comm"]
+    assert 0.75 < ratio < 0.76
+    assert on.breakdown_s["compute"] == off.breakdown_s["compute"]
+
+
+def test_fp8_parameters_need_fp8_and_the_distributed_optimizer():
+    with pytest.raises(InputError, match="needs precision = \"fp8\""):
+        gpt3("h100-sxm", True, precision="bf16")
+    inst = parse_instance({
+        "model": {"preset": "gpt3-175b"},
+        "training": {"global_batch": 256, "precision": "fp8", "fp8_param_gather": True},
+        "cluster": {"gpu": "h100-sxm", "gpus": 512},
+        "plan": {"tp": 4, "pp": 8, "dp": 16, "dp_sharding": "none"},
+    })
+    with pytest.raises(InputError, match="needs dp_sharding = \"optim\", not \"none\""):
+        plan_from_spec(inst, inst.spec.plan)
+
+
+def small(**constraints):
+    return parse_instance({
+        "model": {"layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+        "training": {"global_batch": 64, "precision": "fp8", "fp8_param_gather": True},
+        "cluster": {"gpu": "h100-sxm", "nodes": 2},
+        "constraints": constraints,
+    })
+
+
+def test_the_search_keeps_the_distributed_optimizer_and_the_backends_agree():
+    """Every backend searches ZeRO-1 only and returns the same plan and step time."""
+    inst = small(max_micro_batch=4)
+    res = {b: solve(inst, solver=b, explain=False) for b in ("cpsat", "highs", "enumerate")}
+    plans = {b: r.report.plan for b, r in res.items()}
+    assert plans["cpsat"] == plans["highs"] == plans["enumerate"], plans
+    assert all(p.dp_sharding == "optim" for p in plans.values())
+    z = res["enumerate"].objective
+    for b in ("cpsat", "highs"):
+        assert res[b].objective == pytest.approx(z, rel=1e-6)
+    assert evaluate(inst, plans["cpsat"]).step_time_s == pytest.approx(z, rel=1e-6)
+
+
+@pytest.mark.parametrize("constraints, says", [
+    ({"framework": "torchtitan"}, "torchtitan has no FP8 parameters"),
+    ({"dp_sharding": ["none", "optim_grads_params"]}, "needs dp_sharding = \"optim\""),
+])
+def test_no_mode_left_is_explained(constraints, says):
+    with pytest.raises(InfeasibleError) as err:
+        solve(small(**constraints), solver="enumerate", explain=False)
+    assert any(says in why for why in err.value.explanation), err.value.explanation
+
+
+def test_exports_carry_or_refuse_the_fp8_parameters():
+    inst = small()
+    plan = solve(inst, solver="enumerate", explain=False).report.plan
+    assert "--fp8-param-gather" in emit(inst, plan, "megatron").split()
+    assert "fp8_param_gather" in emit(inst, plan, "nemo")
+    for fmt, says in (("torchtitan", "torchtitan has no FP8 parameters"),
+                      ("deepspeed", "DeepSpeed has no FP8 parameters")):
+        with pytest.raises(InputError) as err:
+            emit(inst, plan, fmt)
+        assert any(says in why for why in err.value.problems), err.value.problems
