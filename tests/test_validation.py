@@ -288,15 +288,17 @@ def test_layer_times_of_korthikanti_table4(data):
 
 
 def test_a_gpu_type_fitted_on_one_source_is_calibration_only(data, results, oos):
-    """The B200 runs are the only ones of their GPU type, from one source, and the catalog holds
-    their fit: they set its FP8 efficiency but have no out-of-sample error (without their source
+    """The B200 runs (and the fitted GB200 ones) are the only ones of their GPU type, from one
+    source each, and the catalog holds their fit: they set its efficiency but have no
+    out-of-sample error (without their source
     the type has no fit) and stay out of the bounds, reported apart. A second source of the type
     brings them in, and so does a runs file the catalog was not fitted on (the same runs timed
     10% slower: their fit is not the catalog's, their errors are predictions): the rule follows
     from the sources and the catalog, not from a mark on chosen runs."""
     alone = {r.id for r in results if r.calibration_only}
-    b200 = {r["id"] for r in data["runs"] if r["gpu"] == "b200" and "held_out" not in r}
-    assert b200 and alone == b200
+    blackwell = {r["id"] for r in data["runs"]
+                 if r["gpu"] in ("b200", "gb200") and "held_out" not in r}
+    assert alone == blackwell and any(i.startswith("dgxc2505-gb200") for i in alone)
     assert all(oos[i] is None for i in alone)
     assert all(oos[r.id] is not None for r in results if r.id not in alone)
     s = summary(results)
@@ -305,11 +307,13 @@ def test_a_gpu_type_fitted_on_one_source_is_calibration_only(data, results, oos)
     assert s["max_abs_error_calibration_only"] == pytest.approx(max(errs))
     # the same runs under a second source name: one B200 run is now its own source
     runs = [dict(r) for r in data["runs"]]
-    moved = next(r for r in runs if r["id"] in alone)
+    moved = next(r for r in runs if r["id"] in alone and r["gpu"] == "b200")
     moved["source"] = "another B200 benchmark v1"
     two = {"models": data["models"], "runs": runs}
-    assert not calibration_only_keys(two)
-    assert all(out_of_sample(two)[i] is not None for i in alone)
+    assert set(calibration_only_keys(two)) == {"gb200"}
+    two_oos = out_of_sample(two)
+    assert all(two_oos[r["id"]] is not None for r in runs if r["id"] in alone
+               and r["gpu"] == "b200")
     slower = {"models": data["models"],
               "runs": [{**r, "measured_step_time_s": 1.1 * r["measured_step_time_s"]}
                        for r in data["runs"] if r["id"] in alone]}
@@ -347,3 +351,37 @@ def test_blackwell_keeps_no_fp8_transpose():
                  "runs": [r for r in data["runs"] if r["gpu"] in ("b200", "gb200")]}
     fits = {r.id: r.report.fits for r in validate_runs(blackwell)}
     assert len(fits) >= 10 and all(fits.values()), fits
+
+
+def test_a_one_source_gpu_type_fits_its_asymptote_at_the_knees_the_others_set(monkeypatch):
+    """The shared GEMM knees are chosen by the GPU types whose fitted runs come from two sources
+    or more: a type with one source (GB200's dgxc-benchmarking runs) pulls as hard as it likes
+    toward other knees and still gets the others' knees, with its own efficiency at them. The
+    error surfaces are synthetic: x's runs are exact at efficiency index 10 and knees (1, 1),
+    y's at index 20 and knees (3, 3), y's pull ten times x's."""
+    import numpy as np
+
+    import planner.app.validate as v
+
+    shape = (len(v.EFF_GRID), len(v.KNEE_TOKENS_GRID), len(v.KNEE_WIDTH_GRID))
+
+    def surface(e, kt, kw, weight):
+        i, j, k = np.indices(shape)
+        return 1.0 + weight * (abs(i - e) + abs(j - kt) + abs(k - kw)) / 100
+
+    def fake(data, run, fit16):
+        return surface(10, 1, 1, 1.0) if run["gpu"] == "x" else surface(20, 3, 3, 10.0)
+
+    monkeypatch.setattr(v, "_grid_times", fake)
+    runs = [{"id": f"{g}{n}", "gpu": g, "precision": "bf16", "measured_step_time_s": 1.0,
+             "source": src}
+            for n, (g, src) in enumerate([("x", "paper A"), ("x", "paper B"), ("y", "suite C"),
+                                          ("y", "suite C")])]
+    fit = v.Calibrator({"runs": runs}).fit()
+    assert (fit["x"]["gemm_knee_tokens"], fit["x"]["gemm_knee_width"]) == (
+        v.KNEE_TOKENS_GRID[1], v.KNEE_WIDTH_GRID[1])
+    assert fit["y"]["gemm_knee_tokens"] == fit["x"]["gemm_knee_tokens"]
+    assert fit["x"]["efficiency"] == v.EFF_GRID[10] and fit["y"]["efficiency"] == v.EFF_GRID[20]
+    # one source more for y and it votes: its pull then wins the knees
+    runs[2]["source"] = "suite D"
+    assert v.Calibrator({"runs": runs}).fit()["x"]["gemm_knee_tokens"] == v.KNEE_TOKENS_GRID[3]

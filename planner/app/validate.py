@@ -236,7 +236,7 @@ def calibration_only_keys(data: dict[str, Any], cal: Calibrator | None = None
                           ) -> dict[str, str]:
     """The fit keys whose catalog figures are the fit of one source's runs alone, with that
     source: the keys of :func:`single_source_keys` where the catalog holds exactly what those
-    runs fit (as the shipped runs' B200 figures do). Such runs set their type's figures, so
+    runs fit (as the shipped runs' B200 and GB200 figures do). Such runs set their type's figures, so
     their in-sample error says how well the figures fit them, not how the model predicts, and a
     fit without their source leaves the type nothing of its own: no out-of-sample error. So
     :func:`summary` keeps them out of the error bounds and reports them apart. The rule follows
@@ -425,8 +425,16 @@ class Calibrator:
             if idx16:
                 err16[gpu] = sum(np.abs(self._grid16[i] / self.measured[i] - 1) for i in idx16)
         # per pair of knees: each GPU's best efficiency; the pair with the least total error
-        # over all GPU types wins
-        total = sum(e.min(axis=0) for e in err16.values()) if err16 else None
+        # over the GPU types whose fitted runs come from two sources or more wins (a type with
+        # one source, as GB200's runs are, fits its asymptote at the knees the others set: its
+        # runs alone cannot tell a knee from the asymptote, nor would a fit without them);
+        # the voters are counted on the whole file, so leaving a source out does not change them
+        sources: dict[str, set[str]] = {}
+        for r in self.runs:
+            if held_out(r) is None and stack_of(r) == "fused":
+                sources.setdefault(r["gpu"], set()).add(source_of(r))
+        voters = [g for g in err16 if len(sources.get(g, ())) >= 2] or list(err16)
+        total = sum(err16[g].min(axis=0) for g in voters) if err16 else None
         kt, kw = (np.unravel_index(int(np.argmin(total)), total.shape) if total is not None
                   else (0, 0))
         out: dict[str, dict[str, float]] = {}
@@ -439,8 +447,11 @@ class Calibrator:
                        "gemm_knee_width": float(KNEE_WIDTH_GRID[kw])}
             idx8 = [i for i in keep if self.runs[i]["gpu"] == gpu
                     and self.runs[i]["precision"] == "fp8"]
+            # (FP8 runs that are fitted at all: a type whose FP8 runs are all held out keeps
+            # the catalog's FP8 figure, which then comes from elsewhere)
             has_fp8 = any(r["gpu"] == gpu and r["precision"] == "fp8"
-                          and stack_of(r) == "fused" for r in self.runs)
+                          and stack_of(r) == "fused" and held_out(r) is None
+                          for r in self.runs)
             if fit and has_fp8 and not idx8:
                 # no FP8 run to fit: FP8 GEMMs are charged the 16-bit efficiency (never a
                 # catalog value fitted on the runs left out)
