@@ -158,8 +158,10 @@ def tolerance(res) -> float:
 #: one test took 52 s and the other 113 s (two of its draws, split into sharding-mode models,
 #: cost 31 s), and 3 x 20 with host offload drawn took 54 + 24 + 12 s (tests/conftest.py runs
 #: them first); 3 x 16 took 57 s of CPU in all and left the suite at 2:57-3:19 in a clean-clone
-#: CI under a load of 1.4-2.8 from the host (session of 2026-12-04), so 3 x 14.
-AGREE = settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+#: CI under a load of 1.4-2.8 from the host (session of 2026-12-04), so 3 x 14; with FP8
+#: parameters drawn too and 28 more published runs the suite reached 3:12 in a clean-clone CI
+#: under a host load of 2.2-2.4 (session of 2026-12-04, later), so 3 x 12.
+AGREE = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                  derandomize=True)
 
 

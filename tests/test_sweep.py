@@ -353,9 +353,8 @@ def ray_session():
     ray.shutdown()
 
 
-def test_local_pool_and_ray_give_identical_tables(tmp_path, ray_session):
-    s = sw.load_sweep(write(tmp_path, grid(PRESETS)))
-    one = sw.run_sweep(s, workers=1).rows
+def test_local_pool_and_ray_give_identical_tables(tmp_path, ray_session, grid_rows):
+    s, one = grid_rows          # (one worker's table, shared with the output tests)
     pool = sw.run_sweep(s, workers=2, out=tmp_path / "pool.csv").rows
     ray_rows = sw.run_sweep(s, engine="ray", out=tmp_path / "ray.csv").rows
     assert len(pool) == len(s.points) == 12
