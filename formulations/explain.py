@@ -19,6 +19,7 @@ from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
 from planner.model.terms import host_memory_limit_bytes, memory_limit_bytes, step_terms
 from planner.model.words import pinned, plural, toml_value
+from planner.model.workload import Shape
 
 
 def _structural(space: SearchSpace) -> InfeasibleError:
@@ -279,6 +280,13 @@ def _host_binds(space: SearchSpace, points) -> str | None:
             f"{hs} GPUs per host)")
 
 
+def _weights_alone_exceed(inst, gpus: int) -> bool:
+    """Whether the model's weights alone, at one byte per parameter (the least any mode keeps:
+    FP8; parameters are never offloaded) spread over all ``gpus``, exceed the memory limit: then
+    no plan on that many GPUs fits, whatever its degrees, sharding or offload."""
+    return Shape.of(inst.model).total_params / gpus > memory_limit_bytes(inst)
+
+
 def _suggestions(space: SearchSpace, limit: float) -> list[str]:
     """Single relaxations of the constraints that would make some plan fit."""
     inst = space.inst
@@ -308,6 +316,8 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
         # a few multiples (memory only falls as GPUs are added, but divisibility is jumpy)
         n = inst.nodes
         candidates = sorted(set(range(n + 1, n + 33)) | {round(n * f) for f in (1.5, 2, 3, 4, 8)})
+        if _weights_alone_exceed(inst, inst.gpus * max(candidates) // n):
+            candidates = []          # (no cluster of the list can hold the weights)
         for m in candidates:
             bigger = inst.with_nodes(m)
             try:

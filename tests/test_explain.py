@@ -103,3 +103,22 @@ def test_a_framework_rule_that_binds_is_named_not_charged_as_memory(constraints,
                      "training": {"global_batch": 64},
                      "cluster": {"gpu": "a100-80gb", "nodes": 1}, "constraints": constraints})
     assert words in text and "GiB" not in text
+
+
+def test_the_larger_cluster_scan_is_skipped_only_when_no_cluster_could_hold_the_weights():
+    """The scan for a larger cluster (up to 8x the nodes) is skipped when the weights alone, one
+    byte per parameter over all of the largest candidate's GPUs, exceed the limit: a lower bound
+    of every plan's need. Where a larger cluster fits (MT-NLG 530B, 642 nodes, above), the bound
+    does not skip it; a model of 2e19 parameters on one node is skipped at once."""
+    from formulations.explain import _weights_alone_exceed
+    from planner.model.instance import parse_instance
+
+    big = parse_instance({"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": 1024},
+                          "cluster": {"gpu": "a100-80gb", "gpus": 5128}})
+    assert not _weights_alone_exceed(big, 642 * 8)
+    assert not _weights_alone_exceed(big, 8)          # 530 GB over 8 GPUs: 66 GB each, < 74 GiB
+    huge = parse_instance({"model": {"preset": "gpt-1.3b", "hidden": 4194304, "heads": 16,
+                                     "layers": 100000},
+                           "training": {"global_batch": 512},
+                           "cluster": {"gpu": "a100-80gb", "nodes": 1}})
+    assert _weights_alone_exceed(huge, 8 * 8)
