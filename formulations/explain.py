@@ -316,7 +316,7 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
         # a few multiples (memory only falls as GPUs are added, but divisibility is jumpy)
         n = inst.nodes
         candidates = sorted(set(range(n + 1, n + 33)) | {round(n * f) for f in (1.5, 2, 3, 4, 8)})
-        if _weights_alone_exceed(inst, inst.gpus * max(candidates) // n):
+        if _weights_alone_exceed(inst, inst.with_nodes(max(candidates)).gpus):
             candidates = []          # (no cluster of the list can hold the weights)
         for m in candidates:
             bigger = inst.with_nodes(m)

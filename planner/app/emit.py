@@ -198,8 +198,10 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
                          + ", ".join(FORMATS)) from None
     problems = (_launch_problems(inst, plan) + framework_violations(fmt, plan)
                 + offload_violations(fmt, plan))
-    if inst.spec.training.fp8_param_gather:
-        problems += [why for why in [fp8_param_gather_refusal(fmt, plan.dp_sharding)] if why]
+    refused = (fp8_param_gather_refusal(fmt, plan.dp_sharding)
+               if inst.spec.training.fp8_param_gather else None)
+    if refused:
+        problems.append(refused)
     if problems:
         raise InputError(f"plan {plan.label()} cannot be written as a {fmt} launch", problems)
     return writer(inst, plan)

@@ -394,6 +394,8 @@ class Calibrator:
         self._grid16 = {i: _grid_times(data, r, None) for i, r in enumerate(self.runs)
                         if r["precision"] != "fp8" and stack_of(r) == "fused"}
         self._grid8: dict[tuple, np.ndarray] = {}
+        #: the fit keys whose fitted runs come from one source (on the whole file)
+        self._one_source = single_source_keys(data)
         # kernel-stack runs: each 16-bit run's |error| over the stack grid (float32), and their
         # sum per GPU type and stack (a fit without a source subtracts that source's runs)
         self._stack_err = {i: np.abs(_grid_times(data, r, None) / self.measured[i] - 1)
@@ -429,11 +431,7 @@ class Calibrator:
         # one source, as GB200's runs are, fits its asymptote at the knees the others set: its
         # runs alone cannot tell a knee from the asymptote, nor would a fit without them);
         # the voters are counted on the whole file, so leaving a source out does not change them
-        sources: dict[str, set[str]] = {}
-        for r in self.runs:
-            if held_out(r) is None and stack_of(r) == "fused":
-                sources.setdefault(r["gpu"], set()).add(source_of(r))
-        voters = [g for g in err16 if len(sources.get(g, ())) >= 2] or list(err16)
+        voters = [g for g in err16 if g not in self._one_source] or list(err16)
         total = sum(err16[g].min(axis=0) for g in voters) if err16 else None
         kt, kw = (np.unravel_index(int(np.argmin(total)), total.shape) if total is not None
                   else (0, 0))
@@ -530,8 +528,8 @@ def out_of_sample(data: dict[str, Any], cal: Calibrator | None = None,
         sub = {"models": data["models"], "runs": runs}
         for run, res in zip(runs, validate_runs(sub, {g: _overrides(f)
                                                       for g, f in fitted.items()})):
-            alone = held_out(run) is None and fit_key(run) in singles
-            out[res.id] = None if alone else res.error
+            only = held_out(run) is None and fit_key(run) in singles
+            out[res.id] = None if only else res.error
     return out
 
 

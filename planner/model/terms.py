@@ -522,6 +522,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             out = out + half(wire * experts, x.ed_in, x.ed_out)
         return out
 
+    # the embedding, output layer and final norm on the GPU (FSDP2's root unit)
+    head_p = (sh.embedding_params + 2 * h + eq1(p) * untied_extra) / t
     # once per step: a plain all-reduce (none); else the gradient reduce-scatter (unless it
     # runs every micro-batch), the replicas' all-reduce of the shard (HSDP) and the parameter
     # all-gather after the optimizer step (unless the parameters stay sharded)
@@ -537,9 +539,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # layer and final norm in 16 bits (Megatron-Core keeps them in a uint8 and a bf16
             # buffer; taken as one collective)
             gather_raw = over_group(1.0, FP8_WIRE * stage_layers * dense_layer_avg / t
-                                    + WIRE_16 * (sh.embedding_params + 2 * h
-                                                 + eq1(p) * untied_extra) / t,
-                                    FP8_WIRE * expert_gpu)
+                                    + WIRE_16 * head_p, FP8_WIRE * expert_gpu)
         else:
             gather_raw = over_group(WIRE_16, params_gpu, expert_gpu)
     else:
@@ -555,7 +555,6 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # its backward when resharded, and its gradients reduce-scattered after its backward; the
     # embedding and output layer (FSDP2's root unit) likewise.
     layer_params_gpu = dense_layer_avg / t
-    head_p = (sh.embedding_params + 2 * h + eq1(p) * untied_extra) / t
     expert_layer = moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe else 0.0
     ag_layer = over_group(WIRE_16, layer_params_gpu, expert_layer) if mode.params else 0.0
     ag_head = over_group(WIRE_16, head_p, 0.0) if mode.params else 0.0
@@ -791,10 +790,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             if fp8_params:
                 # FP8 parameters (ZeRO-1 only: whole): the layers' GEMM weights are the FP8
                 # copy alone, the embedding, output layer and final norm stay 16-bit
-                head_p = 0.0 if stage == "middle" else (
+                stage_head = 0.0 if stage == "middle" else (
                     (sh.embedding_params + eq1(p) * (untied_extra + 2 * h)) / t
                     if stage == "first" else (sh.V * h + 2 * h) / t)
-                weights = head_p * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache
+                weights = stage_head * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache
             else:
                 weights = ((dense_p * weight_share + experts_p * expert_weight_share)
                            * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache + working_w)
