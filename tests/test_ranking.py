@@ -68,10 +68,11 @@ def test_most_published_plans_are_near_the_optimum(ranks):
 
 def test_nvidias_long_sequence_plans_are_near_the_optimum(data, ranks):
     """NeMo's long-sequence plans (4K to 1M tokens, context parallelism up to 32; held out)
-    rank within the target: measured (``plan validate``) 1.000 at 4K-32K and 1M, at most
-    1.062 (128K: CP4 against the model's CP2 at twice the data parallelism)."""
-    long_runs = [r["id"] for r in data["runs"] if r["id"].startswith("nemo2403-long-")]
-    assert len(long_runs) == 9
+    rank within the target: measured (``plan validate``) on H100 1.000 at 4K-32K and 1M, at
+    most 1.062 (128K: CP4 against the model's CP2 at twice the data parallelism); on B200 at
+    most 1.031, though the model puts their step times 12-61% too long there (README)."""
+    long_runs = [r["id"] for r in data["runs"] if "-long-" in r["id"]]
+    assert len(long_runs) == 17
     off = {rid: round(ranks[rid]["ratio"], 3) for rid in long_runs
            if ranks[rid]["ratio"] > TARGET}
     assert not off, off

@@ -176,6 +176,17 @@ def test_long_sequences_from_4k_to_1m_tokens_are_predicted_unseen(data, results)
     assert all(r.report.fits for r in got.values()), [i for i, r in got.items() if not r.report.fits]
 
 
+@pytest.mark.xfail(strict=True, reason="B200 long sequences: measured +12% at 8K to +61% at 1M "
+                   "(plan validate): the fused attention is charged the 16-bit GEMM efficiency, "
+                   "about 0.52 of the peak, where these steps ran it at 0.70 or more (runs file)")
+def test_b200_long_sequences_are_predicted_unseen(data, results):
+    """The B200 rows of the same page (Llama 3 8B at FP8, 8K to 1M tokens, NeMo 25.04.rc2;
+    held out): the target is the H100 rows' 6%; not met (strict: passes once it is)."""
+    got = [r for r in results if r.id.startswith("nemo2504-long-b200-")]
+    assert len(got) == 8 and all(r.held_out for r in got)
+    assert max(abs(r.error) for r in got) <= 0.06
+
+
 def test_source_groups():
     data = load_runs()
     groups = {source_of(r) for r in data["runs"]}
