@@ -606,12 +606,12 @@ def build_space(inst: Instance) -> SearchSpace:
         why.append("constraints.dp_sharding allows no mode"
                    + (" (constraints.dp_shard_size needs a sharded mode)"
                       if c.dp_shard_size is not None else ""))
-    if inst.spec.training.fp8_param_gather and shardings:
+    if shardings:
         # FP8 parameters run with the distributed optimizer only (frameworks.py)
         kept = tuple(m for m in shardings
-                     if fp8_param_gather_refusal(c.framework, m) is None)
+                     if fp8_param_gather_refusal(inst.spec.training, c.framework, m) is None)
         if not kept:
-            why.append(fp8_param_gather_refusal(c.framework, shardings[0])
+            why.append(fp8_param_gather_refusal(inst.spec.training, c.framework, shardings[0])
                        + f"; the constraints and framework leave dp_sharding "
                        f"{' | '.join(shardings)}")
         shardings = kept

@@ -198,8 +198,7 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
                          + ", ".join(FORMATS)) from None
     problems = (_launch_problems(inst, plan) + framework_violations(fmt, plan)
                 + offload_violations(fmt, plan))
-    refused = (fp8_param_gather_refusal(fmt, plan.dp_sharding)
-               if inst.spec.training.fp8_param_gather else None)
+    refused = fp8_param_gather_refusal(inst.spec.training, fmt, plan.dp_sharding)
     if refused:
         problems.append(refused)
     if problems:

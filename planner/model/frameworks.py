@@ -274,9 +274,13 @@ def selective_recompute_of(name: str | None) -> str:
     return framework_of(name).selective_recompute
 
 
-def fp8_param_gather_refusal(name: str | None, mode: str) -> str | None:
-    """Why ``[training] fp8_param_gather`` cannot run with sharding ``mode`` under the named
-    framework (or Megatron-LM's rules without one), or None."""
+def fp8_param_gather_refusal(training, name: str | None, mode: str) -> str | None:
+    """Why the instance's ``[training]`` (its ``fp8_param_gather``) cannot run with sharding
+    ``mode`` under the named framework (or Megatron-LM's rules without one), or None: always
+    None without FP8 parameters. The one test of the rule, for the plan's input check, the
+    search's sharding modes and the exports alike."""
+    if not training.fp8_param_gather:
+        return None
     fw = framework_of(name)
     if mode in fw.fp8_param_gather_modes:
         return None

@@ -558,10 +558,9 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                          "(Megatron-LM: --overlap-param-gather needs the distributed "
                          "optimizer), but dp_sharding = \"none\"; set overlap_param_gather = "
                          "false or choose a sharded dp_sharding")
-    if inst.spec.training.fp8_param_gather:
-        refused = fp8_param_gather_refusal(inst.spec.constraints.framework, mode)
-        if refused:
-            raise InputError(f"plan.dp_sharding = \"{mode}\": {refused}")
+    refused = fp8_param_gather_refusal(inst.spec.training, inst.spec.constraints.framework, mode)
+    if refused:
+        raise InputError(f"plan.dp_sharding = \"{mode}\": {refused}")
     shard = f.get("dp_shard_size") or inst.spec.constraints.dp_shard_size or dp
     reshard = f.get("reshard_after_forward")
     if reshard is None:
