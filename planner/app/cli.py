@@ -403,9 +403,9 @@ def validate(
         out.print(f"calibration only ({summ['calibration_only']} runs, in sample, out of the "
                   f"figures above): mean |error| "
                   f"{100 * summ['mean_abs_error_calibration_only']:.1f}%, max "
-                  f"{100 * summ['max_abs_error_calibration_only']:.1f}%; the only runs of "
-                  f"{', '.join(keys)}: they set its figures, and without their source there "
-                  "is no fit to judge them out of sample")
+                  f"{100 * summ['max_abs_error_calibration_only']:.1f}%; the runs of "
+                  f"{', '.join(keys)}: figures that rest on that source alone, so without it "
+                  "there is no fit to judge them out of sample")
     for r in results:
         if r.held_out:
             out.print(f"[dim]{r.id} is held out of the fit and the figures above "

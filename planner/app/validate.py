@@ -213,13 +213,30 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
 
 
 def single_source_keys(data: dict[str, Any]) -> dict[str, str]:
-    """The parameter sets (:func:`fit_key`) that the fitted runs of one source alone reach,
-    with that source."""
+    """The parameter sets (:func:`fit_key`) one source alone fits, with that source: those whose
+    fitted runs all come from one source, and those one of whose figures rests on one source's
+    runs (a fused type's ``attention_efficiency``, fitted on its FP8 runs when some reach
+    :data:`LONG_SEQ`: when those long runs come from one source, a fit without it has no
+    attention figure of its own)."""
     sources: dict[str, set[str]] = {}
+    long_sources: dict[str, set[str]] = {}
     for run in data["runs"]:
         if held_out(run) is None:
-            sources.setdefault(fit_key(run), set()).add(source_of(run))
-    return {k: next(iter(s)) for k, s in sources.items() if len(s) == 1}
+            key = fit_key(run)
+            sources.setdefault(key, set()).add(source_of(run))
+            if _fits_attention(data, run):
+                long_sources.setdefault(key, set()).add(source_of(run))
+    out = {k: next(iter(s)) for k, s in sources.items() if len(s) == 1}
+    for k, s in long_sources.items():
+        if k not in out and len(s) == 1:
+            out[k] = f"its attention figure: {next(iter(s))}"
+    return out
+
+
+def _fits_attention(data: dict[str, Any], run: dict[str, Any]) -> bool:
+    """A fitted fused FP8 run long enough (:data:`LONG_SEQ`) to fit its type's attention figure."""
+    return (stack_of(run) == "fused" and run["precision"] == "fp8" and held_out(run) is None
+            and seq_len(data, run) >= LONG_SEQ)
 
 
 def catalog_figures(key: str) -> dict[str, float | None]:
@@ -312,6 +329,22 @@ def stack_of(run: dict[str, Any]) -> str:
     return run.get("training", {}).get("kernel_stack", "fused")
 
 
+#: A sequence this long (tokens) makes the attention core most of a layer's work: Llama 3 8B at
+#: 32K spends 53% of its model FLOPs there, 97.5% at 1M. A fused GPU type's fitted FP8 runs that
+#: reach it let :meth:`Calibrator.fit` fit the type's ``attention_efficiency`` beside its FP8
+#: asymptote; below it the attention share is too small to tell the two apart, and the core runs
+#: at the 16-bit GEMM ``efficiency`` (the rule the held-out H100 long-sequence runs check).
+LONG_SEQ = 32768
+
+
+def seq_len(data: dict[str, Any], run: dict[str, Any]) -> int:
+    """The sequence length of a run's model (its ``seq_len``, else its preset's)."""
+    model = data["models"][run["model"]]
+    if "seq_len" in model:
+        return int(model["seq_len"])
+    return int(run_instance(data, run).model.seq_len)
+
+
 def fit_key(run: dict[str, Any]) -> str:
     """Whose parameters a run's error depends on: its GPU type (fused kernels, the catalog's main
     figures) or ``gpu:stack`` (the catalog's ``[kernel_stacks.stack]`` of that GPU type)."""
@@ -349,10 +382,11 @@ def source_of(run: dict[str, Any]) -> str:
 
 
 def _grid_times(data: dict[str, Any], run: dict[str, Any], fit16: dict[str, float] | None,
-                ) -> np.ndarray:
+                attention: bool = False) -> np.ndarray:
     """Predicted step times of one run over the calibration grid: indexed
     ``[efficiency, knee_tokens, knee_width]`` for a 16-bit run, ``[efficiency_fp8]`` for an FP8
-    run (its 16-bit parameters fixed at ``fit16``)."""
+    run (its 16-bit parameters fixed at ``fit16``), ``[efficiency_fp8, attention_efficiency]``
+    with ``attention`` (the type's attention figure fitted too)."""
     inst = run_instance(data, run)
     plan = plan_from_spec(inst, inst.spec.plan)
     hw = inst.hw
@@ -373,7 +407,10 @@ def _grid_times(data: dict[str, Any], run: dict[str, Any], fit16: dict[str, floa
     elif run["precision"] == "fp8":
         f = fit16 or {}
         e16 = f.get("efficiency", hw.efficiency)
-        hw = replace(hw, efficiency=e16, efficiency_fp8=EFF_GRID,
+        hw = replace(hw, efficiency=e16,
+                     efficiency_fp8=EFF_GRID[:, None] if attention else EFF_GRID,
+                     attention_efficiency=(ATTENTION_GRID[None, :] if attention
+                                           else hw.attention_efficiency),
                      knee_tokens=f.get("gemm_knee_tokens", hw.knee_tokens),
                      knee_width=f.get("gemm_knee_width", hw.knee_width))
     else:
@@ -455,13 +492,22 @@ class Calibrator:
                 # catalog value fitted on the runs left out)
                 fit["efficiency_fp8"] = fit["efficiency"]
             if idx8:
-                key = tuple(sorted(fit.items()))
+                # with runs long enough to tell the attention core from the GEMMs, the type's
+                # attention figure is fitted beside its FP8 asymptote (LONG_SEQ)
+                attn = any(_fits_attention(self.data, self.runs[i]) for i in idx8)
+                key = (tuple(sorted(fit.items())), attn)
                 err8 = 0.0
                 for i in idx8:
                     if (i, key) not in self._grid8:
-                        self._grid8[(i, key)] = _grid_times(self.data, self.runs[i], fit or None)
+                        self._grid8[(i, key)] = _grid_times(self.data, self.runs[i], fit or None,
+                                                            attention=attn)
                     err8 = err8 + np.abs(self._grid8[(i, key)] / self.measured[i] - 1)
-                fit["efficiency_fp8"] = float(EFF_GRID[int(np.argmin(err8))])
+                if attn:
+                    e, a = np.unravel_index(int(np.argmin(err8)), err8.shape)
+                    fit["efficiency_fp8"] = float(EFF_GRID[e])
+                    fit["attention_efficiency"] = float(ATTENTION_GRID[a])
+                else:
+                    fit["efficiency_fp8"] = float(EFF_GRID[int(np.argmin(err8))])
             if fit:
                 out[gpu] = fit
         out.update(self._fit_stacks(exclude_source))
