@@ -197,6 +197,7 @@ def test_blackwell_attention_is_fitted_on_the_long_sequences(data, results, fitt
     assert max(abs(r.error) for r in got) <= 0.08, [(r.id, round(r.error, 3)) for r in got]
     a = fitted["b200"]["attention_efficiency"]
     assert 0.6 <= a <= 1.0
+    assert load_gpu("gb200").attention_efficiency == pytest.approx(a)   # GB200 takes B200's
     tied = validate_runs({"models": data["models"],
                           "runs": [r for r in data["runs"] if r["id"] in {x.id for x in got}]},
                          {"b200": {"attention_efficiency": load_gpu("b200").efficiency}})
