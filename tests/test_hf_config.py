@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from planner.model.errors import InputError
 from planner.model.hf_config import SUPPORTED, read_hf_config
 from planner.model.schema import ModelSpec
+from planner.model.workload import Shape
 
 DATA = Path(__file__).resolve().parent / "data" / "hf"
 LLAMA3_8B = DATA / "llama3-8b.config.json"
@@ -172,7 +173,10 @@ def test_qwen_mlp_only_layers_ignored_with_a_warning(tmp_path):
     assert d["first_dense_layers"] == 0 and d["experts"] == 60
 
 
-def test_qwen3_moe_head_dim_warns(tmp_path):
+def test_qwen3_moe_head_dim_is_read(tmp_path):
+    """Qwen3-30B-A3B's attention is 32 heads of 128 on a hidden of 2048: read as ``head_dim``,
+    the model's parameter counts are the model card's (Qwen/Qwen3-30B-A3B: 30.5B in total,
+    3.3B activated); attention modelled hidden / heads wide would activate 2.8B."""
     cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
            "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
            "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
@@ -180,11 +184,22 @@ def test_qwen3_moe_head_dim_warns(tmp_path):
            "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
            "max_position_embeddings": 40960, "tie_word_embeddings": False,
            "attention_dropout": 0.0}   # Qwen3-30B-A3B
-    with pytest.warns(UserWarning, match="head_dim 128 x 32 heads = 4096 differs"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         d = read_hf_config(write(tmp_path, cfg))
     assert (d["experts"], d["top_k"], d["moe_ffn_hidden"], d["shared_experts"]) == (128, 8, 768, 0)
-    assert (d["heads"], d["kv_heads"]) == (32, 4)
-    spec(d)
+    assert (d["heads"], d["kv_heads"], d["head_dim"]) == (32, 4, 128)
+
+    def active(sh):
+        per_token = (sh.n_dense * sh.layer_params
+                     + sh.n_moe * (sh.moe_dense_params + sh.top_k * sh.expert_params))
+        return per_token + sh.embedding_params + (0 if sh.tied else sh.V * sh.h) + 2 * sh.h
+
+    sh = Shape.of(spec(d))
+    assert sh.total_params == pytest.approx(30.5e9, rel=0.01)
+    assert active(sh) == pytest.approx(3.3e9, rel=0.02)
+    narrow = Shape.of(spec({k: v for k, v in d.items() if k != "head_dim"}))
+    assert active(narrow) < 0.9 * 3.3e9
 
 
 def test_qwen3_dense_consistent_head_dim_is_silent(tmp_path):

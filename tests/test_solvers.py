@@ -136,6 +136,10 @@ def instances(draw):
     # FP8 parameters (ZeRO-1 only), drawn last so that the draws above keep their values
     if precision == "fp8" and draw(st.booleans()):
         doc["training"]["fp8_param_gather"] = True
+    # a head width that is not hidden / heads (Qwen3: 32 heads of 128 on a hidden of 2048),
+    # drawn last as well
+    if draw(st.integers(0, 3)) == 0:
+        doc["model"]["head_dim"] = 2 * head_dim
     return doc
 
 

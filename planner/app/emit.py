@@ -471,6 +471,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     ]
     if m.kv < m.heads:
         args += ["--group-query-attention", f"--num-query-groups {m.kv}"]
+    if m.head_dim is not None:
+        args.append(f"--kv-channels {m.head_dim}")
     if m.gated_mlp:
         args.append("--swiglu")
     if not m.tied_embeddings:
@@ -710,6 +712,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "ffn_hidden_size": m.ffn,
                 "num_attention_heads": m.heads,
                 "num_query_groups": m.kv,
+                **({"kv_channels": m.head_dim} if m.head_dim is not None else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
                 "recompute_method": ("block" if plan.recompute_layers else "uniform") if full
@@ -796,7 +799,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     comments = _header(inst, plan, "torchtitan 0.2 job config (--job.config_file)")
     comments.append(
         f"model shape (layers {m.layers}, hidden {m.hidden}, heads {m.heads}, kv heads {m.kv}, "
-        f"ffn {m.ffn}, vocab {m.vocab}"
+        + (f"head dim {m.head_dim}, " if m.head_dim is not None else "")
+        + f"ffn {m.ffn}, vocab {m.vocab}"
         + (", {experts} experts, top-{top_k}, expert ffn {ffn}".format(**_moe(inst)) if _moe(inst) else "")
         + ") comes from [model] name/flavor: register a matching flavor")
     # the plan's mode is one torchtitan runs (emit() refused the others): plain DDP without

@@ -57,8 +57,9 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("model", f"{escape(inst.model.name or 'custom')}: {inst.model.layers} layers, hidden "
-              f"{inst.model.hidden}, {inst.model.heads} heads ({inst.model.kv} kv), seq "
-              f"{inst.model.seq_len}")
+              f"{inst.model.hidden}, {inst.model.heads} heads ({inst.model.kv} kv"
+              + (f", {inst.model.head_dim} wide" if inst.model.head_dim is not None else "")
+              + f"), seq {inst.model.seq_len}")
     hosts = f"{plural(p.nodes, 'node')} of {inst.hw.gpus_per_host}"
     if inst.node_size != inst.hw.gpus_per_host:
         hosts += f", NVLink segments of {inst.node_size}"

@@ -65,9 +65,9 @@ Approximations (what the returned shape does not capture):
   at long sequences.
 * DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not counted;
   ``layers`` is ``num_hidden_layers``.
-* ``head_dim`` (Qwen3, newer Mistral) is not a ModelSpec key: attention is modelled ``hidden /
-  heads`` wide per head. When ``head_dim * heads != hidden`` (e.g. Qwen3-0.6B, Qwen3-30B-A3B)
-  the attention projections are mis-sized and a :class:`UserWarning` says so.
+* ``head_dim`` (Qwen3, newer Mistral) becomes the ModelSpec's ``head_dim`` when ``head_dim *
+  heads != hidden`` (e.g. Qwen3-0.6B, Qwen3-30B-A3B: 32 heads of 128 on a hidden of 2048), so
+  the attention projections and the attention core are ``heads * head_dim`` wide.
 * Qwen-MoE ``mlp_only_layers`` (dense layers at arbitrary positions) is ignored, with a
   :class:`UserWarning` when it is not empty (it is empty in the published configs).
 * Sliding-window attention (``sliding_window``) is ignored: attention is modelled as full causal
@@ -239,9 +239,7 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
     head_dim = cfg.get("head_dim")
     if (not family.startswith("deepseek") and isinstance(head_dim, int) and head_dim > 0
             and head_dim * heads != out["hidden"]):
-        notes.append(f"head_dim {head_dim} x {heads} heads = {head_dim * heads} differs from "
-                     f"hidden_size {out['hidden']}: attention is modelled {out['hidden'] // heads} "
-                     "wide per head, so its projections are mis-sized")
+        out["head_dim"] = head_dim     # the attention is a d wide, not hidden (Qwen3)
     for note in notes:
         warnings.warn(f"{p}: {note}", UserWarning, stacklevel=2)
     return out, max_context

@@ -80,6 +80,9 @@ class ModelSpec(_Strict):
     hidden: upto(MAX_WIDTH)
     heads: upto(MAX_WIDTH)
     kv_heads: upto(MAX_WIDTH) | None = Field(default=None, description="GQA key/value heads; default heads")
+    head_dim: upto(MAX_WIDTH) | None = Field(
+        default=None, description="width of one attention head (Megatron-LM --kv-channels, "
+        "Hugging Face head_dim); default hidden / heads")
     ffn_hidden: upto(MAX_WIDTH) | None = Field(default=None, description="MLP width; default 4 * hidden")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style three-matrix MLP")
     vocab: upto(MAX_VOCAB)
@@ -104,8 +107,9 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSpec:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}), "
+                             "or give head_dim")
         if self.heads % self.kv:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv})")
         if self.experts == 1:

@@ -240,7 +240,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         score_bytes = 0.0
     else:
         score_elems = sh.a * b * s * s / (t * c)           # s/c query rows x s keys, a/t heads
-        roof = vmax(4 * h / peak16, 2 * 2 * sh.a / hw.hbm_bw)  # per (b s^2 / (t c)): flops vs bytes
+        roof = vmax(4 * sh.q / peak16, 2 * 2 * sh.a / hw.hbm_bw)  # per (b s^2 / (t c)): flops vs bytes
         attn = (passes + (1 if core_attn else 0)) * (b * s * s / (t * c)) * roof
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
 
@@ -281,9 +281,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             total = total + f
         return total
 
-    qkv_w = h + 2 * h * sh.k / sh.a
+    qkv_w = sh.q + 2 * sh.kv_w
     fc1_w = (2 if sh.gated else 1)
-    attn_gemms = [(tokens, qkv_w / t, h, 1), (tokens, h, h / t, 1)]
+    attn_gemms = [(tokens, qkv_w / t, h, 1), (tokens, h, sh.q / t, 1)]
     dense_gemms = attn_gemms + [(tokens, fc1_w * sh.f / t, h, 1), (tokens, h, sh.f / t, 1)]
     if sh.n_moe:
         # expert tensor parallelism 1: a GPU holds experts / ep whole experts and receives
@@ -301,7 +301,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # torchtitan's op-level policy counts the layer's matmuls in the order they run (q, k, v,
     # o, then w1, w3, w2 gated or w1, w2 plain) and recomputes the even ones: k, o and w3
     # (gated) or w2 (plain); for an MoE layer the experts' matmuls stand for the MLP's
-    attn_recomputed = [(tokens, h * sh.k / sh.a / t, h, 1), (tokens, h, h / t, 1)]
+    attn_recomputed = [(tokens, sh.kv_w / t, h, 1), (tokens, h, sh.q / t, 1)]
     dense_recomputed = attn_recomputed + [
         (tokens, sh.f / t, h, 1) if sh.gated else (tokens, h, sh.f / t, 1)]
 
@@ -316,7 +316,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     if fp8:
         norm_fed = h + (h * ring_share(t) if sp else 0)     # the QKV / fc1 input: 2h - h/t
         row_grad = 2 * h + 2 * h / shard              # the projection's / fc2's output gradient
-        attn_cast = (norm_fed + 4 * h / t, 4 * qkv_w / t + row_grad)
+        attn_cast = (norm_fed + 4 * sh.q / t, 4 * qkv_w / t + row_grad)
         dense_cast = (attn_cast[0] + norm_fed + sh.f / t, attn_cast[1] + row_grad)
         copies = (sh.top_k + sh.shared) / t if sh.n_moe else 0.0
         # an MoE layer's experts: the permuted tokens cast whole, the activation fused, the
@@ -389,7 +389,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     if is_one(x.c_in) and is_one(x.c_out):
         cp_layer = 0.0
     else:
-        kv_bytes = 2 * 2 * tokens * h * sh.k / sh.a / t
+        kv_bytes = 2 * 2 * tokens * sh.kv_w / t
         hops = steps(c) * passes          # forward: K/V; backward: K/V and their gradients
         cp_raw = hops * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
                                    hw.lat_intra, hw.lat_inter)
@@ -691,7 +691,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # matmuls (q, v, the MLP's first; gated also its last, w2) and of the attention
             # kernel (with its softmax statistics); the backward re-materialises one layer
             kept_repl = 2 * h * (2 if sh.gated else 1)
-            kept_par = 2 * h + 2 * h * sh.k / sh.a + 2 * h + mlp_kept + 4 * sh.a
+            kept_par = 2 * sh.q + 2 * sh.kv_w + 2 * sh.q + mlp_kept + 4 * sh.a
             return tokens * (kept_repl / shard + kept_par / t), none
         return (sel if core_attn else none), 0.0
 

@@ -38,6 +38,7 @@ class Shape:
     f_e: int = 0              # width of one expert
     shared: int = 0           # shared experts per MoE layer
     n_moe: int = 0            # MoE layers
+    d: int = 0                # width of one attention head (0: h / a)
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
@@ -46,7 +47,19 @@ class Shape:
                      learned_pos=m.position_embedding == "learned", dropout=m.dropout,
                 experts=m.experts if m.moe else 0, top_k=m.top_k if m.moe else 0,
                 f_e=(m.moe_ffn_hidden or m.ffn) if m.moe else 0,
-                shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers)
+                shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
+                d=m.head_dim or 0)
+
+    # attention widths ----------------------------------------------------------------------
+    @property
+    def q(self) -> float:
+        """Width of the queries (and of the attention output): ``a d``, ``h`` by default."""
+        return self.a * self.d if self.d else self.h
+
+    @property
+    def kv_w(self) -> float:
+        """Width of the keys (and of the values): ``k d``, ``h k / a`` by default."""
+        return self.k * self.d if self.d else self.h * self.k / self.a
 
     # parameters --------------------------------------------------------------------------
     @property
@@ -55,12 +68,13 @@ class Shape:
 
     @property
     def layer_params(self) -> float:
-        """Weights of one layer: QKV ``h (h + 2 h k / a)``, projection ``h^2``, MLP
-        ``(2 or 3) h f``, plus norms and biases (``13h`` for GPT-3, as Narayanan et al.)."""
+        """Weights of one layer: QKV ``h (q + 2 kv)`` (``q = a d``, ``kv = k d`` wide: ``h (h +
+        2 h k / a)`` at the default ``d = h / a``), projection ``q h``, MLP ``(2 or 3) h f``,
+        plus norms and biases (``13h`` for GPT-3, as Narayanan et al.)."""
         h, f = self.h, self.f
-        qkv = h * (h + 2 * h * self.k / self.a)
-        linear = 4 * h + (h + 2 * h * self.k / self.a) + h + f + h
-        return qkv + h * h + self.mlp_matrices * h * f + linear
+        qkv = h * (self.q + 2 * self.kv_w)
+        linear = 4 * h + (self.q + 2 * self.kv_w) + h + f + h
+        return qkv + self.q * h + self.mlp_matrices * h * f + linear
 
     @property
     def n_dense(self) -> int:
@@ -70,7 +84,7 @@ class Shape:
     def attention_params(self) -> float:
         """QKV, projection, the two norms and the attention biases of one layer."""
         h = self.h
-        return h * (h + 2 * h * self.k / self.a) + h * h + 4 * h + (h + 2 * h * self.k / self.a) + h
+        return h * (self.q + 2 * self.kv_w) + self.q * h + 4 * h + (self.q + 2 * self.kv_w) + h
 
     @property
     def expert_params(self) -> float:
@@ -96,15 +110,16 @@ class Shape:
 
     # FLOPs, forward, per micro-batch of b sequences, whole layer (divide by t*c per GPU) -------
     def gemm_flops(self, b) -> float:
-        """Dense GEMMs of one layer forward: ``2 b s (h (h + 2hk/a) + h^2 + (2|3) h f)``."""
+        """Dense GEMMs of one layer forward: ``2 b s (h (q + 2 kv) + q h + (2|3) h f)``."""
         h = self.h
-        return 2 * b * self.s * (h * (h + 2 * h * self.k / self.a) + h * h
+        return 2 * b * self.s * (h * (self.q + 2 * self.kv_w) + self.q * h
                                  + self.mlp_matrices * h * self.f)
 
     def attention_flops(self, b) -> float:
-        """Attention core forward (``QK^T`` and ``AV``): ``4 b s^2 h``, counted without the causal
-        half as Megatron-LM and Narayanan et al. Eq. 3 do."""
-        return 4 * b * self.s * self.s * self.h
+        """Attention core forward (``QK^T`` and ``AV``): ``4 b s^2 q`` (``4 b s^2 h`` at the
+        default head width), counted without the causal half as Megatron-LM and Narayanan et
+        al. Eq. 3 do."""
+        return 4 * b * self.s * self.s * self.q
 
     def logits_flops(self, b) -> float:
         """Output layer forward: ``2 b s h V``."""
@@ -172,10 +187,11 @@ class Shape:
 
     @property
     def act_parallel_bytes(self) -> float:
-        """Q (2h), K and V (``4 h k / a``), projection input (2h), MLP: plain ``4f`` (GeLU input
-        and output), gated ``6f`` (both halves of fc1's output and the product); for GPT-3
-        (k = a, f = 4h) this is Korthikanti's ``24 h``."""
-        return 4 * self.h + 4 * self.h * self.k / self.a + (6 if self.gated else 4) * self.f
+        """Q (``2 q``), K and V (``4 kv``: ``4 h k / a`` at the default head width), projection
+        input (``2 q``), MLP: plain ``4f`` (GeLU input and output), gated ``6f`` (both halves of
+        fc1's output and the product); for GPT-3 (k = a, f = 4h) this is Korthikanti's
+        ``24 h``."""
+        return 4 * self.q + 4 * self.kv_w + (6 if self.gated else 4) * self.f
 
     @property
     def moe_act_parallel_bytes(self) -> float:
@@ -183,7 +199,7 @@ class Shape:
         permuted hidden state (``2 h``) and the MLP activations of each of its ``top_k`` routed
         experts, plus the shared experts' (``4 f_e`` or ``6 f_e`` each)."""
         mlp = (6 if self.gated else 4) * self.f_e
-        return (4 * self.h + 4 * self.h * self.k / self.a
+        return (4 * self.q + 4 * self.kv_w
                 + self.top_k * (2 * self.h + mlp) + self.shared * mlp)
 
     # FP8 under Transformer Engine -----------------------------------------------------------
@@ -197,10 +213,10 @@ class Shape:
         return 2 * self.h
 
     def fp8_saved_projection_bytes(self, flash: bool) -> float:
-        """The projection input in FP8: ``h`` fewer bytes, except under fused attention, whose
-        backward keeps its output (the projection input) in 16 bits: the FP8 copy is ``h``
-        more."""
-        return -self.h if flash else self.h
+        """The projection input (``q`` wide) in FP8: ``q`` fewer bytes, except under fused
+        attention, whose backward keeps its output (the projection input) in 16 bits: the FP8
+        copy is ``q`` more."""
+        return -self.q if flash else self.q
 
     def fp8_saved_parallel_bytes(self, flash: bool) -> float:
         """Fewer bytes of :attr:`act_parallel_bytes` in FP8: the projection input
