@@ -204,6 +204,19 @@ def test_blackwell_attention_is_fitted_on_the_long_sequences(data, results, fitt
     assert max(r.error for r in tied) > 0.4
 
 
+@pytest.mark.xfail(strict=True, reason="MoE on H100: DeepSeek-V3 -25.7%, Qwen3-30B-A3B -59.7% "
+                   "(plan validate): fine-grained expert GEMMs, routing and permutation cost more "
+                   "than the model charges (README, 'What is validated and what is not')")
+def test_moe_runs_are_predicted_unseen(data, results):
+    """The MoE runs with a full plan (held out): the target is the dense runs' 15%; not met
+    (strict: passes once it is)."""
+    moe = {r["id"] for r in data["runs"] if data["models"][r["model"]].get("experts")
+           or data["models"][r["model"]].get("preset") == "deepseek-v3"}
+    got = [r for r in results if r.id in moe]
+    assert len(got) == 2 and all(r.held_out for r in got)
+    assert max(abs(r.error) for r in got) <= 0.15
+
+
 def test_source_groups():
     data = load_runs()
     groups = {source_of(r) for r in data["runs"]}

@@ -188,7 +188,17 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         # (Megatron-LM gained uneven first / last stages in 2024, after most of these runs),
         # as the ranking pins its recompute mode and overlaps
         inst["constraints"] = {**inst["constraints"], "max_stage_shortfall": 0}
-    return parse_instance(inst, f"run {rid}")
+    parsed = parse_instance(inst, f"run {rid}")
+    if plan["pp"] > 2 and {"first_stage_layers", "last_stage_layers"} <= set(plan):
+        # an uneven split is searched with stages as short as the run's own (DeepSeek-V3's 61
+        # layers on 16 stages: 3, 14 x 4, 2), not only the default's one layer short
+        middle = (parsed.model.layers - plan["first_stage_layers"]
+                  - plan["last_stage_layers"]) / (plan["pp"] - 2)
+        short = max(middle - plan["first_stage_layers"], middle - plan["last_stage_layers"])
+        if short > parsed.spec.constraints.max_stage_shortfall and float(short).is_integer():
+            inst["constraints"] = {**inst["constraints"], "max_stage_shortfall": int(short)}
+            parsed = parse_instance(inst, f"run {rid}")
+    return parsed
 
 
 def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] | None = None,
