@@ -217,6 +217,23 @@ def test_moe_runs_are_predicted_unseen(data, results):
     assert max(abs(r.error) for r in got) <= 0.15
 
 
+def test_an_moe_plan_carries_the_caveat_its_validation_earns(data, results):
+    """Every MoE plan's report says its MoE terms are not validated, with the measured runs'
+    ratios (measured / predicted step time, as `plan validate` finds them: the caveat cannot
+    go stale); a dense plan's says nothing."""
+    from planner.model.evaluate import MOE_CAVEAT, evaluate
+    from planner.model.instance import load_instance
+    from planner.model.plan import plan_from_spec
+    moe = [r for r in results if r.held_out and "MoE" in r.held_out]
+    assert len(moe) == 2
+    for r in moe:
+        assert f"{r.measured_s / r.predicted_s:.1f}x" in MOE_CAVEAT, (r.id, r.measured_s / r.predicted_s)
+    for name, expect in (("mixtral-8x7b-h100", [MOE_CAVEAT]), ("gpt3-175b-a100", [])):
+        inst = load_instance(ROOT / "instances" / f"{name}.toml")
+        rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+        assert rep.caveats == expect and rep.to_dict()["caveats"] == expect
+
+
 def test_source_groups():
     data = load_runs()
     groups = {source_of(r) for r in data["runs"]}

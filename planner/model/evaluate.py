@@ -8,7 +8,7 @@ them, so the model and its report cannot disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from planner.model.catalog import GiB
@@ -38,6 +38,9 @@ class StepReport:
     tokens_per_step: int
     steps: float | None
     violations: list[str]
+    #: what the model's numbers for this plan rest on that measured runs have not confirmed
+    #: (:func:`caveats`), as sentences; empty where the validation covers the case
+    caveats: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -60,12 +63,27 @@ class StepReport:
             "steps": self.steps,
             "feasible": self.fits,
             "violations": self.violations,
+            "caveats": self.caveats,
         }
 
 
 MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit peak); model FLOPs "
-               "= 3 * B * (L * (GEMM + 4 s^2 h) + 2 s h V) per sequence, no recompute "
+               "= 3 * B * (L * (GEMM + 4 s^2 a d) + 2 s h V) per sequence (a d = h unless "
+               "head_dim is given), no recompute "
                "(Megatron-LM / Narayanan et al. 2021 Eq. 3)")
+
+
+#: Why an MoE plan's numbers are a lower bound (README, "What is validated and what is not").
+MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token permutation, "
+              "all-to-all) are not validated; the two measured MoE runs in the shipped set "
+              "(DeepSeek-V3 and Qwen3-30B-A3B on H100) took 1.3x and 2.5x the step time this "
+              "model predicts, so read the step time, days and cost as lower bounds")
+
+
+def caveats(inst: Instance) -> list[str]:
+    """The parts of the model a plan of ``inst`` leans on that the measured runs do not
+    confirm: today the MoE terms."""
+    return [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
 
 
 def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = None,
@@ -133,4 +151,5 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
     return StepReport(plan=plan, step_time_s=step, breakdown_s=breakdown, memory_gib=memory,
                       memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
                       model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
-                      tokens_per_step=tokens_step, steps=n_steps, violations=violations)
+                      tokens_per_step=tokens_step, steps=n_steps, violations=violations,
+                      caveats=caveats(inst))
