@@ -234,6 +234,31 @@ def test_an_moe_plan_carries_the_caveat_its_validation_earns(data, results):
         assert rep.caveats == expect and rep.to_dict()["caveats"] == expect
 
 
+def test_the_catalog_lists_the_precisions_its_runs_were_measured_at(data):
+    """``measured_precisions`` of every GPU type is what the shipped runs files hold (held-out
+    runs included: they were measured); a plan at another precision carries a caveat, one at
+    a measured precision none."""
+    from planner.model.catalog import known_gpus
+    from planner.model.evaluate import caveats
+    from planner.model.instance import parse_instance
+    measured: dict[str, set[str]] = {}
+    for path in (None, ROOT / "planner" / "data" / "fsdp_runs.toml"):
+        for run in load_runs(path)["runs"]:
+            measured.setdefault(run["gpu"], set()).add(
+                "fp8" if run["precision"] == "fp8" else "16-bit")
+    for gpu in known_gpus():
+        assert set(load_gpu(gpu).measured_precisions) == measured.get(gpu, set()), gpu
+
+    def says(gpu, precision):
+        inst = parse_instance({"model": {"preset": "llama3-8b"},
+                               "training": {"global_batch": 64, "precision": precision},
+                               "cluster": {"gpu": gpu, "gpus": 8}})
+        return [c for c in caveats(inst) if "no measured run" in c]
+    assert says("b200", "bf16") and not says("b200", "fp8")
+    assert says("h200", "bf16") and says("mi300x", "fp8")
+    assert not says("h100-sxm", "fp8") and not says("a100-80gb", "fp16")
+
+
 def test_source_groups():
     data = load_runs()
     groups = {source_of(r) for r in data["runs"]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tomllib
 from functools import cache
 from importlib import resources
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -88,6 +89,10 @@ class GPU(BaseModel):
     host_memory_bandwidth_GBps: float | None = Field(
         default=None, gt=0, description="host memory bandwidth per host (peak), which bounds "
         "the optimizer step offloaded to the CPU")
+    measured_precisions: tuple[Literal["16-bit", "fp8"], ...] = Field(
+        default=(), description="the precision classes of this GPU type's measured runs in the "
+        "shipped runs files (planner/data): a plan at another one rests on assumed figures and "
+        "says so (planner.model.evaluate.caveats)")
     kernel_stacks: dict[str, KernelStack] = Field(
         default_factory=dict, description="figures of other kernel stacks ([training] "
         "kernel_stack) than the fused one the main figures are calibrated for")
@@ -118,7 +123,7 @@ _OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "
                      "gemm_knee_width", "attention_efficiency", "overlap_slowdown",
                      "fp8_weight_transpose",
                      "host_link_bandwidth_GBps",
-                     "host_memory_GiB", "host_memory_bandwidth_GBps")
+                     "host_memory_GiB", "host_memory_bandwidth_GBps", "measured_precisions")
 
 
 def known_gpus() -> list[str]:

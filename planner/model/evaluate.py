@@ -82,8 +82,16 @@ MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token pe
 
 def caveats(inst: Instance) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
-    confirm: today the MoE terms."""
-    return [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
+    confirm: the MoE terms, and a GPU type at a precision it has no measured run at (its
+    figures there are assumptions, catalog ``measured_precisions``)."""
+    out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
+    precision = inst.spec.training.precision
+    gpu = inst.hw.gpu
+    if ("fp8" if precision == "fp8" else "16-bit") not in gpu.measured_precisions:
+        out.append(f"{gpu.key} has no measured run at {precision} in the shipped set: its "
+                   f"efficiencies there are assumptions (hardware_catalog/{gpu.key}.toml, "
+                   "calibration), not fitted on runs of its own")
+    return out
 
 
 def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = None,
