@@ -739,19 +739,22 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         stored, working = stored_per_layer(act_bytes_p, mlp_kept)
         expert_opt = state_bytes / expert_shards
         for stage, n_layers in stages.items():
+            # the stage's layers, and what sits beside them: the embedding (and, at p = 1, the
+            # output layer and final norm) on the first stage, those two on the last
+            layers_p = (gt2(p) if stage == "middle" else 1) * n_layers * layer_p / t
+            stage_head = 0.0 if stage == "middle" else (
+                (sh.embedding_params + eq1(p) * (untied_extra + 2 * h)) / t
+                if stage == "first" else (sh.V * h + 2 * h) / t)
+            dense_p = layers_p + stage_head
             if stage == "first":
-                dense_p = (n_layers * layer_p + sh.embedding_params
-                           + eq1(p) * (untied_extra + 2 * h)) / t
                 acts = p * n_layers * stored * first_flight + working + embed_mask
                 held, kept_working = p * first_flight, working
                 logit = eq1(p) * logits_buffer
             elif stage == "middle":
-                dense_p = gt2(p) * n_layers * layer_p / t
                 acts = gt2(p) * (n_layers * stored * mid_flight + working)
                 held, kept_working = gt2(p) * mid_flight, gt2(p) * working
                 logit = 0.0
             else:
-                dense_p = (n_layers * layer_p + sh.V * h + 2 * h) / t
                 acts = p * n_layers * stored * last_flight + working
                 held, kept_working = p * last_flight, working
                 logit = logits_buffer
@@ -786,13 +789,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # the FP8 weight copies are of the layers' GEMM weights only: the embedding is a
             # lookup and Megatron-Core's output layer a tensor_parallel.ColumnParallelLinear,
             # outside Transformer Engine's FP8 modules (gpt_model.py)
-            layers_p = (gt2(p) if stage == "middle" else 1) * n_layers * layer_p / t
             if fp8_params:
                 # FP8 parameters (ZeRO-1 only: whole): the layers' GEMM weights are the FP8
                 # copy alone, the embedding, output layer and final norm stay 16-bit
-                stage_head = 0.0 if stage == "middle" else (
-                    (sh.embedding_params + eq1(p) * (untied_extra + 2 * h)) / t
-                    if stage == "first" else (sh.V * h + 2 * h) / t)
                 weights = stage_head * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache
             else:
                 weights = ((dense_p * weight_share + experts_p * expert_weight_share)
