@@ -174,15 +174,14 @@ def summary_table(rep: StepReport, inst: Instance) -> Table:
 
 
 def violations_panel(rep: StepReport) -> Panel:
-    if rep.caveats and not rep.violations:
+    """The limits the plan breaks (or that it fits), then what its numbers rest on that the
+    measured runs do not confirm (``caveats``)."""
+    if rep.violations:
+        body = Text("\n".join(f"- {v}" for v in rep.violations), style="red")
+    else:
         body = Text("fits: every limit holds", style="green")
-        body.append("".join(f"\nnot validated: {c}" for c in rep.caveats), style="yellow")
-        return Panel(body, title="Feasibility")
-    if not rep.violations:
-        return Panel(Text("fits: every limit holds", style="green"), title="Feasibility")
-    body = Text("\n".join(f"- {v}" for v in rep.violations), style="red")
     body.append("".join(f"\nnot validated: {c}" for c in rep.caveats), style="yellow")
-    return Panel(body, title="Violated limits")
+    return Panel(body, title="Violated limits" if rep.violations else "Feasibility")
 
 
 def solver_panel(res) -> Panel:
