@@ -16,6 +16,7 @@ from planner.app.validate import (GAP_FLOOR_S, GRAD_OVERLAP_WITH_PP_SINCE, INTER
 from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.plan import plan_from_spec
+from planner.model.workload import Shape
 
 TARGET = 1.10
 
@@ -70,10 +71,9 @@ def test_most_published_plans_are_near_the_optimum(data, ranks):
 
 
 def _moe(data, rid: str) -> bool:
-    """A run of a mixture-of-experts model (its own shape, or the DeepSeek-V3 preset)."""
+    """A run of a mixture-of-experts model, by the model's own shape (``Shape.n_moe``)."""
     run = next(r for r in data["runs"] if r["id"] == rid)
-    model = data["models"][run["model"]]
-    return bool(model.get("experts")) or model.get("preset") == "deepseek-v3"
+    return bool(Shape.of(run_instance(data, run).model).n_moe)
 
 
 def test_nvidias_long_sequence_plans_are_near_the_optimum(data, ranks):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from planner.model.catalog import load_gpu
+from planner.model.workload import Shape
 from planner.app.validate import (
     LONG_SEQ,
     KNEE_TOKENS_GRID,
@@ -26,6 +27,7 @@ from planner.app.validate import (
     calibration_only_keys,
     load_runs,
     out_of_sample,
+    run_instance,
     seq_len,
     single_source_keys,
     source_of,
@@ -204,14 +206,18 @@ def test_blackwell_attention_is_fitted_on_the_long_sequences(data, results, fitt
     assert max(r.error for r in tied) > 0.4
 
 
+def _moe_ids(data) -> set[str]:
+    """The runs of a mixture-of-experts model, by the model's own shape (``Shape.n_moe``)."""
+    return {r["id"] for r in data["runs"] if Shape.of(run_instance(data, r).model).n_moe}
+
+
 @pytest.mark.xfail(strict=True, reason="MoE on H100: DeepSeek-V3 -25.7%, Qwen3-30B-A3B -59.7% "
                    "(plan validate): fine-grained expert GEMMs, routing and permutation cost more "
                    "than the model charges (README, 'What is validated and what is not')")
 def test_moe_runs_are_predicted_unseen(data, results):
     """The MoE runs with a full plan (held out): the target is the dense runs' 15%; not met
     (strict: passes once it is)."""
-    moe = {r["id"] for r in data["runs"] if data["models"][r["model"]].get("experts")
-           or data["models"][r["model"]].get("preset") == "deepseek-v3"}
+    moe = _moe_ids(data)
     got = [r for r in results if r.id in moe]
     assert len(got) == 2 and all(r.held_out for r in got)
     assert max(abs(r.error) for r in got) <= 0.15
@@ -224,7 +230,7 @@ def test_an_moe_plan_carries_the_caveat_its_validation_earns(data, results):
     from planner.model.evaluate import MOE_CAVEAT, evaluate
     from planner.model.instance import load_instance
     from planner.model.plan import plan_from_spec
-    moe = [r for r in results if r.held_out and "MoE" in r.held_out]
+    moe = [r for r in results if r.id in _moe_ids(data)]
     assert len(moe) == 2
     for r in moe:
         assert f"{r.measured_s / r.predicted_s:.1f}x" in MOE_CAVEAT, (r.id, r.measured_s / r.predicted_s)
