@@ -140,6 +140,9 @@ def instances(draw):
     # drawn last as well
     if draw(st.integers(0, 3)) == 0:
         doc["model"]["head_dim"] = 2 * head_dim
+    # the expert all-to-all overlap of an MoE model (Megatron-Core / NeMo only), drawn last
+    if moe and constraints.get("framework") in (None, "megatron", "nemo") and draw(st.booleans()):
+        constraints["overlap_moe_expert_parallel_comm"] = True
     return doc
 
 
@@ -339,6 +342,23 @@ def test_backends_agree_where_the_optimizer_step_row_decides():
     _agree(tight)
     res = outcome(parse_instance(tight), "cpsat")
     assert res.report.plan != loose.report.plan and res.report.memory_gib["total"] <= limit
+
+
+@pytest.mark.parametrize("pp", [1, 4])
+def test_backends_agree_with_the_expert_all_to_all_overlap(pp):
+    """An MoE model whose experts span two nodes, with overlap_moe_expert_parallel_comm on:
+    its exposed all-to-all is a maximum of the all-to-all and the layer's compute, gated to
+    the plans Megatron-Core runs it on (pp = 1 or interleaved). Pinned at pp = 1 and free
+    over pipelines of 4 (interleaved or not): every backend finds the same plan."""
+    doc = {"model": {"layers": 8, "hidden": 4096, "heads": 32, "kv_heads": 8, "vocab": 32000,
+                     "seq_len": 4096, "experts": 64, "top_k": 8, "moe_ffn_hidden": 4096},
+           "training": {"global_batch": 64, "precision": "bf16"},
+           "cluster": {"gpu": "h100-sxm", "nodes": 2},
+           "constraints": {"overlap_moe_expert_parallel_comm": True, "pp": pp, "tp": 1,
+                           "max_recompute_layers": 0, "optimizer_offload": False}}
+    _agree(doc)
+    res = outcome(parse_instance(doc), "cpsat")
+    assert res.report.plan.ep > 1 and res.report.breakdown_s["ep_comm"] > 0
 
 
 def test_a_layout_whose_count_has_a_prime_of_its_own_is_searched_by_the_mips():

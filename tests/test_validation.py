@@ -211,15 +211,18 @@ def _moe_ids(data) -> set[str]:
     return {r["id"] for r in data["runs"] if Shape.of(run_instance(data, r).model).n_moe}
 
 
-@pytest.mark.xfail(strict=True, reason="MoE on H100: DeepSeek-V3 -25.7%, Qwen3-30B-A3B -59.7% "
-                   "(plan validate): fine-grained expert GEMMs, routing and permutation cost more "
-                   "than the model charges (README, 'What is validated and what is not')")
+@pytest.mark.xfail(strict=True, reason="MoE (plan validate): DeepSeek-V3 on H100 -25.7%, "
+                   "Qwen3-30B-A3B on H100 -66.1% (Megatron-Bridge 25.11) and +20.1% (26.04, "
+                   "HybridEP), Qwen3-235B-A22B on H100 -13.9% / -10.9%, on GB200 +8.0%: "
+                   "fine-grained expert GEMMs, routing and permutation cost more than the model "
+                   "charges, HybridEP's once-per-node dispatch less (README, 'What is validated "
+                   "and what is not')")
 def test_moe_runs_are_predicted_unseen(data, results):
     """The MoE runs with a full plan (held out): the target is the dense runs' 15%; not met
     (strict: passes once it is)."""
     moe = _moe_ids(data)
     got = [r for r in results if r.id in moe]
-    assert len(got) == 2 and all(r.held_out for r in got)
+    assert len(got) >= 2 and all(r.held_out for r in got)
     assert max(abs(r.error) for r in got) <= 0.15
 
 
@@ -231,9 +234,10 @@ def test_an_moe_plan_carries_the_caveat_its_validation_earns(data, results):
     from planner.model.instance import load_instance
     from planner.model.plan import plan_from_spec
     moe = [r for r in results if r.id in _moe_ids(data)]
-    assert len(moe) == 2
-    for r in moe:
-        assert f"{r.measured_s / r.predicted_s:.1f}x" in MOE_CAVEAT, (r.id, r.measured_s / r.predicted_s)
+    ratios = sorted(r.measured_s / r.predicted_s for r in moe)
+    assert f"the {len(moe)} measured MoE runs" in MOE_CAVEAT
+    assert f"took {ratios[0]:.1f}x to {ratios[-1]:.1f}x" in MOE_CAVEAT, ratios
+    assert f"{sum(x > 1 for x in ratios)} of them longer" in MOE_CAVEAT, ratios
     for name, expect in (("mixtral-8x7b-h100", [MOE_CAVEAT]), ("gpt3-175b-a100", [])):
         inst = load_instance(ROOT / "instances" / f"{name}.toml")
         rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)

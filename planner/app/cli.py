@@ -202,6 +202,9 @@ def evaluate(
         "--tp-comm-overlap/--no-tp-comm-overlap")] = None,
     overlap_p2p_comm: Annotated[bool | None, typer.Option(
         "--overlap-p2p-comm/--no-overlap-p2p-comm")] = None,
+    overlap_moe_expert_parallel_comm: Annotated[bool | None, typer.Option(
+        "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
+        help="MoE: overlap the expert all-to-alls with another micro-batch's compute")] = None,
     optimizer_offload: Annotated[bool | None, typer.Option(
         "--optimizer-offload/--no-optimizer-offload",
         help="optimizer states in host memory, the Adam step on the CPU")] = None,
@@ -258,6 +261,7 @@ def evaluate(
                               overlap_grad_reduce=overlap_grad_reduce,
                               overlap_param_gather=overlap_param_gather,
                               tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm,
+                              overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
                               dp_sharding=dp_sharding, dp_shard_size=dp_shard_size,
                               optimizer_offload=optimizer_offload,
                               offload_layers=offload_layers)

@@ -312,7 +312,9 @@ def _overlaps(plan: Plan) -> dict[str, bool]:
     return {"overlap_grad_reduce": plan.overlap_grad_reduce,
             "overlap_param_gather": plan.overlap_param_gather and plan.distributed_optimizer,
             "tp_comm_overlap": plan.tp_comm_overlap and _sp(plan),
-            "overlap_p2p_comm": plan.overlap_p2p_comm and plan.vp > 1}
+            "overlap_p2p_comm": plan.overlap_p2p_comm and plan.vp > 1,
+            # (Plan switches it off where Megatron-Core cannot run it)
+            "overlap_moe_expert_parallel_comm": plan.overlap_moe_expert_parallel_comm}
 
 
 def _layers_per_stage(inst: Instance, plan: Plan) -> int:
@@ -460,6 +462,13 @@ def _megatron(inst: Instance, plan: Plan) -> str:
                         "--tp-comm-overlap-cfg may name a tuned split configuration")
     if plan.vp > 1 and not ov["overlap_p2p_comm"]:
         args.append("--no-overlap-p2p-communication")
+    if ov["overlap_moe_expert_parallel_comm"]:
+        # Megatron-Core's MoE README: "Batch-level overlapping to hide EP-A2A communication
+        # (--overlap-moe-expert-parallel-comm --delay-wgrad-compute)"
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+        comments.append("--overlap-moe-expert-parallel-comm wants a larger "
+                        "CUDA_DEVICE_MAX_CONNECTIONS than tensor / context parallelism's 1 on "
+                        "Hopper and before (Megatron-LM validate_args warning)")
     args += extra
     args += [
         f"--num-layers {m.layers}",
@@ -721,6 +730,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # ModelParallelConfig overlap fields (Megatron-Core)
                 "tp_comm_overlap": _overlaps(plan)["tp_comm_overlap"],
                 "overlap_p2p_comm": _overlaps(plan)["overlap_p2p_comm"],
+                **({"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}
+                   if _overlaps(plan)["overlap_moe_expert_parallel_comm"] else {}),
                 # Megatron-FSDP runs without the fused weight-gradient accumulation (as the
                 # megatron export's --no-gradient-accumulation-fusion)
                 **({"gradient_accumulation_fusion": False} if fsdp else {}),
@@ -835,6 +846,10 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if ov["overlap_p2p_comm"]:
         comments.append("overlap_p2p_comm: cannot express (torchtitan's pipeline schedules have "
                         "no p2p-overlap switch); the plan costs only the fill and flush transfers")
+    if ov["overlap_moe_expert_parallel_comm"]:
+        comments.append("overlap_moe_expert_parallel_comm: cannot express (torchtitan has no "
+                        "batch-level overlap of the expert all-to-alls); the plan costs them "
+                        "mostly hidden, so the run may be slower than planned")
     if ov["tp_comm_overlap"]:
         comments.append("tp_comm_overlap: enable_async_tensor_parallel, which needs "
                         "torch.compile (compile.enable)")

@@ -373,10 +373,12 @@ UNSTATED_KEYS = ("framework", *OVERLAP_KNOBS, "grad_reduce_dtype", "optimizer_dt
 
 def unstated(run: dict[str, Any]) -> list[str]:
     """The keys of :data:`UNSTATED_KEYS` a run does not state (``framework`` at the top,
-    the overlaps in ``plan``, the dtypes in ``training``)."""
+    the overlaps in ``plan``, the dtypes in ``training``); the expert all-to-all overlap only
+    where the plan has expert parallelism (there is nothing else for it to overlap)."""
     plan, training = run.get("plan", {}), run.get("training", {})
     return [k for k in UNSTATED_KEYS
-            if k not in (run if k == "framework" else plan if k in OVERLAP_KNOBS else training)]
+            if k not in (run if k == "framework" else plan if k in OVERLAP_KNOBS else training)
+            and (k != "overlap_moe_expert_parallel_comm" or plan.get("ep", 1) > 1)]
 
 
 def source_of(run: dict[str, Any]) -> str:

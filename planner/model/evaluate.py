@@ -73,11 +73,13 @@ MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit pe
                "(Megatron-LM / Narayanan et al. 2021 Eq. 3)")
 
 
-#: Why an MoE plan's numbers are a lower bound (README, "What is validated and what is not").
+#: Why an MoE plan's numbers are uncertain (README, "What is validated and what is not"); the
+#: figures are ``plan validate``'s on the shipped MoE runs (a test keeps them so).
 MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token permutation, "
-              "all-to-all) are not validated; the two measured MoE runs in the shipped set "
-              "(DeepSeek-V3 and Qwen3-30B-A3B on H100) took 1.3x and 2.5x the step time this "
-              "model predicts, so read the step time, days and cost as lower bounds")
+              "all-to-all) are not validated: the 6 measured MoE runs in the shipped set "
+              "(DeepSeek-V3, Qwen3-235B-A22B and Qwen3-30B-A3B on H100, Qwen3-235B-A22B on "
+              "GB200) took 0.8x to 3.0x the step time this model predicts, 4 of them longer, "
+              "so read the step time, days and cost as uncertain by that much either way")
 
 
 def caveats(inst: Instance) -> list[str]:

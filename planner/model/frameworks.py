@@ -103,9 +103,9 @@ class Framework:
         return dict(self.overlap_defaults).get(name, False)
 
 
-#: The four overlap knobs (Megatron-Core / NeMo names; their cost rules: planner/model/terms.py)
+#: The overlap knobs (Megatron-Core / NeMo names; their cost rules: planner/model/terms.py)
 OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-                 "overlap_p2p_comm")
+                 "overlap_p2p_comm", "overlap_moe_expert_parallel_comm")
 
 # Overlap defaults, each checked in the framework's code:
 # - Megatron-LM (megatron/training/arguments.py): --overlap-grad-reduce, --overlap-param-gather
@@ -122,6 +122,11 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #   default; its pipeline schedules have no p2p-overlap switch.
 # - DeepSpeed (deepspeed/runtime/zero/config.py): zero_optimization.overlap_comm is false for
 #   ZeRO-1/2 (true for ZeRO-3); no tensor-parallel, parameter-gather or p2p overlap switch.
+# - overlap_moe_expert_parallel_comm (Megatron-Core ModelParallelConfig, "overlap EP A2A
+#   communications with independent computations of different micro-batches in 1f1b phase"):
+#   off in Megatron-LM (--overlap-moe-expert-parallel-comm, store_true) and in NeMo /
+#   Megatron-Bridge (CommOverlapConfig; the performance recipes switch it on per model,
+#   moe_a2a_overlap in scripts/performance/configs); torchtitan and DeepSpeed have no such switch.
 # Gradient buckets (parameters): Megatron-Core DistributedDataParallelConfig.bucket_size defaults
 # to max(40M, 1M * dp) (40M is the value up to dp = 40; the rule keeps the 40M); NeMo's
 # MegatronCommOverlapCallback sets 128 * 1024 * 1024 when dp > 1; torchtitan reduces per

@@ -62,6 +62,7 @@ class Knobs:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     overlap_p2p_comm: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
     #: The pipeline layout, as the search chooses it (independent of the pipeline degree): how
     #: many decoder layers the first / last stage holds fewer than a middle one (a middle stage
     #: holds ``m = (layers + first_short + last_short) / pp``), and whether that shortfall is
@@ -354,6 +355,7 @@ class Plan:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     overlap_p2p_comm: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
     #: Pipeline layout, Megatron-LM's names: decoder layers of the first / last pipeline stage
     #: (0: not given, an even share), and the embedding / loss counted as one layer each
     first_stage_layers: int = 0
@@ -388,6 +390,12 @@ class Plan:
         # (Megatron-LM: --overlap-param-gather needs the distributed optimizer)
         object.__setattr__(self, "overlap_param_gather",
                            self.overlap_param_gather and k.dp_sharding != "none")
+        # likewise the expert all-to-all overlap where Megatron-Core cannot run it (a pin or a
+        # framework default over a search space that holds such plans)
+        object.__setattr__(self, "overlap_moe_expert_parallel_comm",
+                           self.overlap_moe_expert_parallel_comm
+                           and moe_overlap_refusal(self.ep, self.pp, self.vp,
+                                                   self.recompute) is None)
 
     @staticmethod
     def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int,
@@ -545,6 +553,12 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                          f"{tp} (Megatron-LM: tensor-parallel communication overlap runs only "
                          "with sequence parallelism); set sequence_parallel = true or "
                          "tp_comm_overlap = false")
+    if f.get("overlap_moe_expert_parallel_comm"):
+        # Megatron-Core's TransformerConfig asserts these for the combined 1F1B schedule
+        why = moe_overlap_refusal(ep, pp, f.get("vp") or 1, f["recompute"])
+        if why:
+            raise InputError(f"plan.overlap_moe_expert_parallel_comm = true {why}; set "
+                             "overlap_moe_expert_parallel_comm = false")
     mode = _sharding(inst, f)
     if mode == "none" and f.get("dp_shard_size") not in (None, dp):
         # (the search refuses the same pair in [constraints]; here it was dropped silently)
@@ -680,6 +694,21 @@ def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
     if pin is not None:
         return pin
     return overlap_default(inst, name) if name in OVERLAP_KNOBS else KNOB_DEFAULTS[name]
+
+
+def moe_overlap_refusal(ep: int, pp: int, vp: int, recompute: str) -> str | None:
+    """Why ``overlap_moe_expert_parallel_comm`` cannot run on this plan, or None: Megatron-Core
+    (``TransformerConfig.__post_init__``) asserts expert parallelism, an interleaved schedule
+    when pipelined ("virtual_pipeline_model_parallel_size must be specified when
+    pipeline_model_parallel_size > 1") and no full recompute."""
+    if ep <= 1:
+        return "needs expert parallelism (ep > 1): there is no all-to-all to overlap"
+    if pp > 1 and vp <= 1:
+        return (f"needs the interleaved schedule at pp = {pp} (vp > 1; Megatron-Core: "
+                "\"virtual_pipeline_model_parallel_size must be specified\")")
+    if recompute == "full":
+        return "cannot run with recompute = \"full\" (Megatron-Core asserts it)"
+    return None
 
 
 def overlap_default(inst: Instance, name: str) -> bool:

@@ -60,6 +60,13 @@ OVERLAP_DESCRIPTIONS = {
                        "one chunk, or what the GEMMs cannot hide)",
     "overlap_p2p_comm": "interleaved pipeline (vp > 1): sends and receives overlap the next "
                         "chunk's compute (exposed: the transfers of the pipeline fill and flush)",
+    "overlap_moe_expert_parallel_comm": "MoE with ep > 1, at pp = 1 or interleaved (vp > 1), "
+                                        "no full recompute: each micro-batch's expert "
+                                        "all-to-alls overlap another micro-batch's layer "
+                                        "compute (Megatron-Core's combined 1F1B; exposed: "
+                                        "what the layer's compute cannot hide, and the "
+                                        "warm-up forwards' and cool-down backwards' "
+                                        "all-to-alls)",
 }
 REPLACED_OVERLAP_KEYS = {"dp_overlap": "overlap_grad_reduce / overlap_param_gather",
                          "tp_overlap": "tp_comm_overlap"}
@@ -361,6 +368,9 @@ class ConstraintSpec(_Strict):
     overlap_p2p_comm: bool | None = Field(
         default=None, description="pin; " + OVERLAP_DESCRIPTIONS["overlap_p2p_comm"]
         + "; default: the framework's")
+    overlap_moe_expert_parallel_comm: bool | None = Field(
+        default=None, description="pin; " + OVERLAP_DESCRIPTIONS["overlap_moe_expert_parallel_comm"]
+        + "; default: the framework's")
     framework: FrameworkName | None = Field(
         default=None, description="only plans this framework runs, with its defaults "
         "(planner/model/frameworks.py); default: any framework, Megatron-LM's defaults")
@@ -560,6 +570,9 @@ class PlanSpec(_Strict):
         + "; default: the [constraints] pin, else the framework's")
     overlap_p2p_comm: bool | None = Field(
         default=None, description=OVERLAP_DESCRIPTIONS["overlap_p2p_comm"]
+        + "; default: the [constraints] pin, else the framework's")
+    overlap_moe_expert_parallel_comm: bool | None = Field(
+        default=None, description=OVERLAP_DESCRIPTIONS["overlap_moe_expert_parallel_comm"]
         + "; default: the [constraints] pin, else the framework's")
 
     @model_validator(mode="after")

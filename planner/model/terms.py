@@ -469,6 +469,29 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         "cp_comm": m * stage_layers * cp_layer,
         "ep_comm": m * stage_moe * ep_layer,
     }
+    if k.overlap_moe_expert_parallel_comm and sh.n_moe:
+        # overlap_moe_expert_parallel_comm (Megatron-Core's combined 1F1B, schedules.py and
+        # combined_1f1b.py): in the 1F1B phase the forward of one micro-batch and the backward
+        # of another run layer by layer on two streams, each one's all-to-alls beside the
+        # other's compute, so per MoE layer and paired micro-batch only what the layer's
+        # compute cannot hide stays exposed. The warm-up forwards and cool-down backwards run
+        # alone, 2 (p - 1) + (v - 1) p + 1 chunks each way on the first rank (one more than
+        # without the overlap): p + (p - 1) / v micro-batches of the stage (1 at pp = 1, the
+        # first forward and the last backward). Their all-to-alls are exposed: p micro-batches'
+        # here, the (p - 1) / v of the fill and flush in the bubble, which already charges the
+        # all-to-all (interleaving keeps m a multiple of p, so m - p >= 0 pairs remain).
+        # Megatron-Core runs it at pp = 1 or interleaved only: eq1(p) + gt1(v) selects those
+        # plans, the others (gt1(p) eq1(v)) pay the raw all-to-all (docs/model.md, "Overlap").
+        # Under full recompute Megatron-Core refuses it: the raw all-to-all, the maximum kept
+        # at weight 0 so that every combination of the search has the same terms' shape.
+        raw = time["ep_comm"]
+        shown = (vmax(0.0, (m - p) * stage_moe * (ep_layer - moe_compute))
+                 + p * stage_moe * ep_layer)
+        if full:
+            time["ep_comm"] = raw + 0.0 * shown
+        else:
+            time["ep_comm"] = ((eq1(p) + gt1(v)) * hidden_cost(raw, shown, slow)
+                               + gt1(p) * eq1(v) * raw)
 
     # ---- pipeline point-to-point ------------------------------------------------------------
     pp_bytes = act_bytes / t
