@@ -113,21 +113,32 @@ def test_reshard_after_forward_trades_gathers_for_memory():
 
 def test_hsdp_replicas_add_an_all_reduce_across_nodes():
     """HSDP on 2 nodes, 4 micro-batches: sharding inside a node (dp_shard_size 8) keeps the
-    per-micro-batch gathers on NVLink and adds one all-reduce of the shard across the 2
-    replicas. By hand, per GPU across nodes (P parameters, 8 GPUs per node, fp32 reduction,
-    reduced once per step): full sharding gathers 2-byte parameters twice per micro-batch,
-    (2P/8)(1/2) each, and reduce-scatters 4-byte gradients once, (4P/8)(1/2): 4 * P/4 + P/4;
-    HSDP all-reduces the 4P/8 shard over 2 replicas, 2 (1/2) 4P/8 = P/2."""
-    inst = inst_of(plan={"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1,
-                         "dp_sharding": "optim_grads_params"}, training={"global_batch": 64})
-    full, hsdp = report(inst), report(inst, dp_shard_size=8)
-    assert hsdp.plan.dp_replicate == 2 and hsdp.plan.to_dict()["dp_shard_size"] == 8
-    assert hsdp.memory_gib["total"] > full.memory_gib["total"]
-    bytes_full = float(internode_bytes(inst, full.plan.grid.degrees(), full.plan.knobs))
-    bytes_hsdp = float(internode_bytes(inst, hsdp.plan.grid.degrees(), hsdp.plan.knobs))
-    P = Shape.of(inst.model).total_params
-    assert bytes_full == pytest.approx(4 * P / 4 + P / 4, rel=1e-9)
-    assert bytes_hsdp == pytest.approx(P / 2, rel=1e-9)
+    per-micro-batch gathers and reduce-scatters on NVLink and adds one all-reduce of the shard
+    across the 2 replicas. By hand, per GPU across nodes (P parameters, 8 GPUs per node, fp32
+    reduction): full sharding gathers 2-byte parameters twice per micro-batch, (2P/8)(1/2)
+    each, and reduce-scatters 4-byte gradients after every micro-batch's backward (Megatron-FSDP,
+    the default framework), (4P/8)(1/2) each: 4 * P/4 + 4 * P/4, or 4 * P/4 + P/4 reduced once
+    per step (``[training] grad_reduce_every_microbatch = false``); HSDP all-reduces the 4P/8
+    shard over 2 replicas, 2 (1/2) 4P/8 = P/2."""
+    P = None
+    for every, reduces in ((None, 4), (False, 1)):
+        training = {"global_batch": 64, **({} if every is None
+                                           else {"grad_reduce_every_microbatch": every})}
+        inst = inst_of(plan={"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1,
+                             "dp_sharding": "optim_grads_params"}, training=training)
+        full, hsdp = report(inst), report(inst, dp_shard_size=8)
+        assert hsdp.plan.dp_replicate == 2 and hsdp.plan.to_dict()["dp_shard_size"] == 8
+        assert hsdp.memory_gib["total"] > full.memory_gib["total"]
+        bytes_full = float(internode_bytes(inst, full.plan.grid.degrees(), full.plan.knobs))
+        bytes_hsdp = float(internode_bytes(inst, hsdp.plan.grid.degrees(), hsdp.plan.knobs))
+        P = Shape.of(inst.model).total_params
+        assert bytes_full == pytest.approx(4 * P / 4 + reduces * P / 4, rel=1e-9)
+        assert bytes_hsdp == pytest.approx(P / 2, rel=1e-9)
+        # and the gradients at the last backward: the 4P/16 shard and one layer's unsharded
+        # when reduce-scattered every micro-batch, whole (4P) when they accumulate unsharded
+        grads = full.memory_gib["gradients"] * 2**30
+        layer = 4 * Shape.of(inst.model).layer_params
+        assert grads == pytest.approx(4 * P / 16 + layer if reduces == 4 else 4 * P, rel=1e-9)
     bad = report(inst, dp_shard_size=4)          # a shard group smaller than the node's ranks
     assert any("dp_shard_size = 4" in v for v in bad.violations)
 

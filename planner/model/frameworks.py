@@ -137,8 +137,11 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #:   optim_grads_params}`` with ``--use-megatron-fsdp`` (docs/discussions/megatron-fsdp-user-guide),
 #:   ``--use-distributed-optimizer`` for ``optim``; ``DistributedInitConfig.use_torch_fsdp2``
 #:   "FSDP2 is not currently working with Pipeline Parallel" (sharded gradients / parameters are
-#:   taken as pp = 1 only); the training loop reduces gradients once per step (``no_sync`` for
-#:   all micro-batches but the last); bf16 main gradients are fp32
+#:   taken as pp = 1 only); the training loop reduces unsharded gradients once per step
+#:   (``no_sync`` for all micro-batches but the last), but Megatron-FSDP reduce-scatters sharded
+#:   ones after every backward (megatron_fsdp.py ``grad_reduce_every_bprop`` for optim_grads and
+#:   optim_grads_params, ahead of ``is_last_microbatch``; so since custom FSDP's first version,
+#:   ``is_delay_grad_reduce`` only for no_shard and optim); bf16 main gradients are fp32
 #:   (``accumulate_allreduce_grads_in_fp32`` is set by ``validate_args`` under ``--bf16``;
 #:   ``--grad-reduce-in-bf16`` switches it off); replicas of the shard group:
 #:   ``--num-distributed-optimizer-instances``.
@@ -193,6 +196,7 @@ _NEMO_FP8_GATHER = ("NeMo's fp8_param_gather runs with the distributed optimizer
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
                           overlap_defaults=(("overlap_p2p_comm", True),),
+                          reduce_every_microbatch=True,
                           overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=40_000_000,
                           sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                           sharding_no_pp_source="Megatron-LM's FSDP path does not run with "
@@ -200,7 +204,7 @@ FRAMEWORKS: dict[str, Framework] = {
                           optimizer_offload_modes=("optim",), activation_offload=True,
                           offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
                           cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER),
-    "nemo": Framework("nemo", "NeMo",
+    "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=True,
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
                                         ("overlap_p2p_comm", True)),

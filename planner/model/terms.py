@@ -101,8 +101,8 @@ def reduce_dtype(inst: Instance) -> str:
 
 def reduce_every_microbatch(inst: Instance) -> bool:
     """``[training] grad_reduce_every_microbatch``, else the framework's default: whether sharded
-    gradients are reduce-scattered after every micro-batch (torchtitan, DeepSpeed) or once per
-    step (Megatron-LM, NeMo)."""
+    gradients are reduce-scattered after every micro-batch (every framework here: Megatron-FSDP,
+    torchtitan, DeepSpeed) or once per step (the override's false)."""
     pin = inst.spec.training.grad_reduce_every_microbatch
     return framework_of(inst.spec.constraints.framework).reduce_every_microbatch \
         if pin is None else pin
