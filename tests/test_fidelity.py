@@ -116,6 +116,35 @@ def test_reserve_default_depends_on_the_gpu_and_the_key_overrides_it():
     assert _step(inst2).memory_gib["reserve"] == 1.5
 
 
+
+def test_expandable_segments_leave_the_reserve_its_fixed_part():
+    """``[training] expandable_segments``: PyTorch's allocator grows one virtual segment per
+    pool and stream, so the reserve keeps the CUDA context and NCCL (2 GiB) and no share of
+    the capacity for fragmentation; an explicit memory_reserve_GiB still wins, and the launch
+    exports say the setting the limit assumes (the megatron one sets it)."""
+    from planner.app.emit import emit
+    doc = {"model": {"preset": "gpt-1.3b"},
+           "training": {"global_batch": 512, "expandable_segments": True},
+           "cluster": {"gpu": "a100-80gb", "nodes": 1},
+           "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 8}}
+    inst = parse_instance(doc)
+    rep = _step(inst)
+    plain = _step(parse_instance({**doc, "training": {"global_batch": 512}}))
+    assert rep.memory_gib["reserve"] == pytest.approx(2.0)
+    assert plain.memory_gib["reserve"] - rep.memory_gib["reserve"] == pytest.approx(
+        0.05 * inst.hw.gpu.hbm_capacity_GiB, abs=0.01)
+    assert rep.memory_gib["total"] == plain.memory_gib["total"]
+    pinned = parse_instance({**doc, "constraints": {"memory_reserve_GiB": 4.0}})
+    assert _step(pinned).memory_gib["reserve"] == 4.0
+    plan = plan_from_spec(inst, inst.spec.plan)
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in emit(inst, plan, "megatron")
+    ddp = plan_from_spec(inst, inst.spec.plan, dp_sharding="none")    # (torchtitan's DDP)
+    for fmt in ("nemo", "torchtitan", "deepspeed"):
+        assert "expandable_segments:True" in emit(inst, ddp, fmt), fmt
+    assert "expandable_segments" not in emit(parse_instance({**doc, "training": {
+        "global_batch": 512}}), plan, "megatron")
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "instances").glob("*.toml")))
 def test_headroom_in_every_result(path):
     res = CliRunner().invoke(app, ["evaluate", str(path), "--json"])

@@ -338,7 +338,15 @@ def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> lis
         gpus,
         f"global batch {plan.global_batch} = dp {plan.dp} x micro_batch {plan.micro_batch} x "
         f"{plan.micro_batches} micro-batches per step",
-    ] + ([_BF16_STATES] if inst.spec.training.optimizer_dtype == "bf16" else [])
+    ] + ([_BF16_STATES] if inst.spec.training.optimizer_dtype == "bf16" else []) \
+        + ([_EXPANDABLE] if inst.spec.training.expandable_segments else [])
+
+
+#: what every export says of ``[training] expandable_segments`` (an environment variable of the
+#: launch, not a framework argument; the megatron export also sets it)
+_EXPANDABLE = ("memory: the plan's limit keeps no fragmentation share, as PyTorch's caching "
+               "allocator runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+               "([training] expandable_segments): set it in the launch environment")
 
 
 #: what the exports say of ``[training] optimizer_dtype = "bf16"``, which none of them can write
@@ -408,6 +416,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
                         "CUDA_DEVICE_MAX_CONNECTIONS=1 (before Blackwell GPUs), set by the export "
                         "line; the lines after it are the arguments of pretrain_gpt.py")
         env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    if inst.spec.training.expandable_segments:
+        env.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
 
     args: list[str] = [
         f"--tensor-model-parallel-size {plan.tp}",
@@ -1029,6 +1039,8 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                                        if on and n != "overlap_grad_reduce"],
             **({"optimizer_dtype_how": _BF16_STATES}
                if inst.spec.training.optimizer_dtype == "bf16" else {}),
+            **({"environment": _EXPANDABLE}
+               if inst.spec.training.expandable_segments else {}),
         },
     }
     return json.dumps(doc, indent=2) + "\n"

@@ -190,6 +190,11 @@ class TrainingSpec(_Strict):
         "catalog's main figures); pytorch = PyTorch eager modules (torch.nn.Linear on cuBLAS, a "
         "Triton or SDPA flash-attention kernel), as llm-foundry's MPT benchmarks and torchtitan "
         "without torch.compile run; a GPU type without figures for the stack uses the fused ones")
+    expandable_segments: bool = Field(
+        default=False, description="the process runs PyTorch's caching allocator with "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the default memory_reserve_GiB keeps "
+        "no fragmentation share (2 GiB instead of 2 GiB + 5% of the capacity; "
+        "planner/model/schema.py default_reserve_GiB)")
     fused_cross_entropy: bool = Field(
         default=False, description="the loss is a fused cross-entropy kernel that writes the "
         "logits' gradient in place in their 16-bit dtype (flash-attn's xentropy, llm-foundry's "
@@ -307,14 +312,24 @@ class ClusterSpec(_Strict):
 #:   channel and protocol for each peer it connects to, plus NVLink SHARP buffers on Hopper;
 #: - 5% of the capacity for the caching allocator's fragmentation (reserved but not allocated
 #:   blocks; PyTorch "CUDA semantics": ``memory_reserved`` exceeds ``memory_allocated``, the
-#:   reason for ``expandable_segments``).
-RESERVE_FIXED_GiB, RESERVE_FRAGMENTATION = 2.0, 0.05
+#:   reason for ``expandable_segments``), unless the process runs with
+#:   ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (``[training] expandable_segments``):
+#:   then the allocator maps physical pages into one growing virtual segment per pool and
+#:   stream, so free blocks merge across what would have been separate ``cudaMalloc``
+#:   segments (PyTorch devlog "When does fragmentation occur in the CUDA caching allocator?",
+#:   E. Yang, 2026-06-01), and NVIDIA's performance recipes switch it on where a plan would
+#:   otherwise run out of memory on fragmentation (Megatron-Bridge scripts/performance/
+#:   perf_plugins.py: Llama 3.1 405B at FP8 on GB200 / GB300). What it leaves, free blocks
+#:   pinned between live ones and the rounding to its 20 MiB pages, is not reserved.
+RESERVE_FIXED_GiB, RESERVE_FRAGMENTATION, RESERVE_FRAGMENTATION_EXPANDABLE = 2.0, 0.05, 0.0
 
 
-def default_reserve_GiB(capacity_GiB: float) -> float:
+def default_reserve_GiB(capacity_GiB: float, expandable_segments: bool = False) -> float:
     """The default ``constraints.memory_reserve_GiB`` for a GPU of ``capacity_GiB``:
-    ``2 GiB + 5%`` of the capacity (6 GiB on an 80 GiB GPU); see :data:`RESERVE_FIXED_GiB`."""
-    return round(RESERVE_FIXED_GiB + RESERVE_FRAGMENTATION * capacity_GiB, 2)
+    ``2 GiB + 5%`` of the capacity (6 GiB on an 80 GiB GPU), ``2 GiB`` under expandable
+    segments; see :data:`RESERVE_FIXED_GiB`."""
+    share = RESERVE_FRAGMENTATION_EXPANDABLE if expandable_segments else RESERVE_FRAGMENTATION
+    return round(RESERVE_FIXED_GiB + share * capacity_GiB, 2)
 
 
 class ConstraintSpec(_Strict):
@@ -356,7 +371,8 @@ class ConstraintSpec(_Strict):
         default=None, description="only plans reaching this MFU (a cap on the step time)")
     memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="per-GPU memory kept free (CUDA context, NCCL buffers, "
-        "allocator fragmentation); default: default_reserve_GiB(capacity)")
+        "allocator fragmentation); default: default_reserve_GiB(capacity, "
+        "[training] expandable_segments)")
     overlap_grad_reduce: bool | None = Field(
         default=None, description="pin; " + OVERLAP_DESCRIPTIONS["overlap_grad_reduce"]
         + "; default: the framework's")

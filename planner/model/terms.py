@@ -1014,7 +1014,9 @@ def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 def memory_reserve_GiB(inst: Instance) -> float:
     """The per-GPU reserve: ``constraints.memory_reserve_GiB``, else the GPU's default."""
     reserve = inst.spec.constraints.memory_reserve_GiB
-    return default_reserve_GiB(inst.hw.gpu.hbm_capacity_GiB) if reserve is None else reserve
+    return (default_reserve_GiB(inst.hw.gpu.hbm_capacity_GiB,
+                                inst.spec.training.expandable_segments)
+            if reserve is None else reserve)
 
 
 def memory_limit_bytes(inst: Instance) -> float:
