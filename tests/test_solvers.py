@@ -344,6 +344,20 @@ def test_backends_agree_where_the_optimizer_step_row_decides():
     assert res.report.plan != loose.report.plan and res.report.memory_gib["total"] <= limit
 
 
+def test_backends_agree_with_the_flex_dispatcher():
+    """DeepEP's once-per-remote-node dispatch: the expected remote nodes of a token are a
+    tabulated function of the expert group's nodes (algebra.remote_nodes), searched like any
+    other factor; every backend finds the same plan."""
+    doc = {"model": {"layers": 8, "hidden": 4096, "heads": 32, "kv_heads": 8, "vocab": 32000,
+                     "seq_len": 4096, "experts": 64, "top_k": 8, "moe_ffn_hidden": 4096},
+           "training": {"global_batch": 64, "precision": "bf16",
+                        "moe_token_dispatcher": "deepep"},
+           "cluster": {"gpu": "h100-sxm", "nodes": 4},
+           "constraints": {"tp": 1, "pp": 1, "max_recompute_layers": 0,
+                           "optimizer_offload": False}}
+    _agree(doc)
+
+
 @pytest.mark.parametrize("pp", [1, 4])
 def test_backends_agree_with_the_expert_all_to_all_overlap(pp):
     """An MoE model whose experts span two nodes, with overlap_moe_expert_parallel_comm on:

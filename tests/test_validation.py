@@ -212,11 +212,10 @@ def _moe_ids(data) -> set[str]:
 
 
 @pytest.mark.xfail(strict=True, reason="MoE (plan validate): DeepSeek-V3 on H100 -25.7%, "
-                   "Qwen3-30B-A3B on H100 -66.1% (Megatron-Bridge 25.11) and +20.1% (26.04, "
+                   "Qwen3-30B-A3B on H100 -66.1% (Megatron-Bridge 25.11) and -20.0% (26.04, "
                    "HybridEP), Qwen3-235B-A22B on H100 -13.9% / -10.9%, on GB200 +8.0%: "
                    "fine-grained expert GEMMs, routing and permutation cost more than the model "
-                   "charges, HybridEP's once-per-node dispatch less (README, 'What is validated "
-                   "and what is not')")
+                   "charges (README, 'What is validated and what is not')")
 def test_moe_runs_are_predicted_unseen(data, results):
     """The MoE runs with a full plan (held out): the target is the dense runs' 15%; not met
     (strict: passes once it is)."""

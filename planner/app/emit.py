@@ -514,7 +514,12 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         # TransformerConfig.moe_token_dispatcher_type (allgather | alltoall | flex, default
         # allgather) and moe_grouped_gemm, flags of megatron/training/arguments.py: the model
         # prices the all-to-all dispatch and combine, and one grouped GEMM for the local experts
-        args += ["--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+        dispatcher = inst.spec.training.moe_token_dispatcher
+        if dispatcher == "alltoall":
+            args += ["--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+        else:               # the flex dispatcher with the plan's backend (deepep / hybridep)
+            args += ["--moe-token-dispatcher-type flex",
+                     f"--moe-flex-dispatcher-backend {dispatcher}", "--moe-grouped-gemm"]
     if precision == "fp16":
         args.append("--fp16")
     else:
@@ -622,7 +627,10 @@ def _nemo_moe(inst: Instance) -> dict[str, object]:
         out["moe_shared_expert_intermediate_size"] = moe["shared_ffn"]
     out["moe_layer_freq"] = 1 if moe["freq"] == 1 else moe["pattern"]
     # Megatron-Core TransformerConfig fields (megatron/core/transformer/transformer_config.py)
-    out["moe_token_dispatcher_type"] = "alltoall"
+    dispatcher = inst.spec.training.moe_token_dispatcher
+    out["moe_token_dispatcher_type"] = "alltoall" if dispatcher == "alltoall" else "flex"
+    if dispatcher != "alltoall":
+        out["moe_flex_dispatcher_backend"] = dispatcher
     out["moe_grouped_gemm"] = True
     return out
 
@@ -874,6 +882,11 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "less memory than planned)")
     if precision == "fp8" and _moe(inst):
         comments.append(_torchtitan_fp8_experts(plan))
+    if _moe(inst) and inst.spec.training.moe_token_dispatcher != "alltoall":
+        comments.append("expert_parallel_comm_backend: torchtitan's DeepEP / HybridEP backends "
+                        "(torchtitan/distributed/deepep) came after 0.2; with an older "
+                        "torchtitan drop the key (its standard all-to-all costs more across "
+                        "nodes than the plan counts)")
     if plan.recompute == "selective" and selective_recompute(inst) != "op":
         comments.append("selective: torchtitan's per-op checkpointing saves matmul outputs and "
                         "recomputes the rest, close to but not the same as Megatron's attention-only "
@@ -929,6 +942,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if _moe(inst):
         par["expert_parallel_degree"] = _ep(plan)
         par["expert_tensor_parallel_degree"] = 1
+        if inst.spec.training.moe_token_dispatcher != "alltoall":
+            par["expert_parallel_comm_backend"] = inst.spec.training.moe_token_dispatcher
     sections.append(("parallelism", par))
     ac: dict[str, object] = {"mode": plan.recompute}
     if plan.recompute == "selective":

@@ -346,6 +346,27 @@ def quotient_excess(x, num: int, cap: int):
     return _apply(name, x)
 
 
+def remote_nodes(x, experts: int, top_k: int):
+    """The expected number of nodes other than its own that a token's ``top_k`` experts sit on,
+    with ``experts`` spread evenly over ``x`` nodes (x a degree) and the experts drawn without
+    replacement, uniformly (balanced routing): ``(x - 1) (1 - C(E - E/x, k) / C(E, k))``, the
+    tokens a deduplicating dispatcher (DeepEP / HybridEP) sends across nodes, one per remote
+    node. Registered per ``(experts, top_k)`` as a named function of one form."""
+    name = f"remote_{experts}_{top_k}"
+    if name not in FUNCTIONS:
+        def one(v, e=experts, k=top_k):
+            v = float(v)
+            if v <= 1 + 1e-9:
+                return 0.0
+            per = e / v                       # experts per node (whole where v divides e)
+            miss = math.comb(e - round(per), k) / math.comb(e, k) if e - round(per) >= k \
+                else 0.0
+            return (v - 1.0) * (1.0 - miss)
+        FUNCTIONS[name] = one
+        ARRAY_FUNCTIONS[name] = np.vectorize(one, otypes=[float])
+    return _apply(name, x)
+
+
 def vmax(*args):
     """Maximum of expressions; symbolic arguments make a ``max`` term of a :class:`Sig`."""
     if any(isinstance(a, Sig) for a in args):

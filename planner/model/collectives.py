@@ -10,7 +10,7 @@ the node. Each function is plain arithmetic so it works on numbers, arrays and
 
 from __future__ import annotations
 
-from planner.model.algebra import gt1, ring_share, steps
+from planner.model.algebra import gt1, remote_nodes, ring_share, steps
 
 
 def allreduce(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
@@ -50,4 +50,24 @@ def all_to_all(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter)
     """
     return (size * steps(n_intra) / (n_intra * n_inter) / bw_intra
             + size * ring_share(n_inter) / bw_inter
+            + steps(n_intra) * lat_intra + steps(n_inter) * lat_inter)
+
+
+def dedup_all_to_all(size, experts, top_k, n_intra, n_inter, bw_intra, bw_inter, lat_intra,
+                     lat_inter):
+    """Seconds for the MoE dispatch (or combine) of a deduplicating dispatcher, DeepEP or
+    HybridEP (Megatron-Core's flex dispatcher: "removes redundant tokens during cross-node
+    communication", megatron/core/transformer/moe/README.md): ``size`` is the bytes of a GPU's
+    ``top_k`` token copies, as :func:`all_to_all` takes them. Across nodes a token goes once to
+    each remote node one of its experts sits on (to the GPU of the same local index there,
+    :func:`~planner.model.algebra.remote_nodes` of them on average), then over NVLink to the
+    experts' GPUs of that node, beside the copies for the sender's own node. The two parts are
+    added (DeepEP runs them in one kernel: an upper bound).
+
+    >>> round(dedup_all_to_all(8e9, 128, 8, 8, 1, 400e9, 50e9, 0, 0), 6)   # one node: all_to_all
+    0.0175
+    """
+    return (size * steps(n_intra) / (n_intra * n_inter) / bw_intra
+            + size * ring_share(n_inter) * ring_share(n_intra) / bw_intra
+            + (size / top_k) * remote_nodes(n_inter, experts, top_k) / bw_inter
             + steps(n_intra) * lat_intra + steps(n_inter) * lat_inter)

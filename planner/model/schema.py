@@ -190,6 +190,12 @@ class TrainingSpec(_Strict):
         "catalog's main figures); pytorch = PyTorch eager modules (torch.nn.Linear on cuBLAS, a "
         "Triton or SDPA flash-attention kernel), as llm-foundry's MPT benchmarks and torchtitan "
         "without torch.compile run; a GPU type without figures for the stack uses the fused ones")
+    moe_token_dispatcher: Literal["alltoall", "deepep", "hybridep"] = Field(
+        default="alltoall", description="MoE token dispatch: alltoall (Megatron-Core's "
+        "all-to-all dispatcher: one message per token copy) or a deduplicating flex dispatcher, "
+        "deepep / hybridep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend: "
+        "a token crosses to each remote node its experts sit on once, then fans out over "
+        "NVLink); both flex backends are costed alike")
     expandable_segments: bool = Field(
         default=False, description="the process runs PyTorch's caching allocator with "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the default memory_reserve_GiB keeps "

@@ -28,7 +28,7 @@ import numpy as np
 from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, is_zero,
                                    quotient_excess, ring_share, steps, vmax)
 from planner.model.catalog import GiB
-from planner.model.collectives import all_to_all, allreduce, ring_step
+from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
                                       grad_reduce_dtype, selective_recompute_of)
 from planner.model.instance import Hardware, Instance
@@ -409,8 +409,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # top_k copies of its tokens' hidden states (all-to-all over ep), forward and backward.
     if sh.n_moe:
         a2a_bytes = 2 * tokens * h * sh.top_k / t
-        ep_layer = 2 * (n_fwd + 1) * all_to_all(a2a_bytes, x.e_in, x.e_out, hw.bw_intra,
-                                                hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        if tr.moe_token_dispatcher == "alltoall":
+            a2a = all_to_all(a2a_bytes, x.e_in, x.e_out, hw.bw_intra, hw.bw_inter,
+                             hw.lat_intra, hw.lat_inter)
+        else:       # DeepEP / HybridEP: a token crosses to each remote node once
+            a2a = dedup_all_to_all(a2a_bytes, sh.experts, sh.top_k, x.e_in, x.e_out,
+                                   hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        ep_layer = 2 * (n_fwd + 1) * a2a
     else:
         ep_layer = 0.0
     layer_compute = dense_share * dense_compute + moe_share * moe_compute   # model average
