@@ -79,7 +79,8 @@ def test_fp8_parameters_need_fp8_and_the_distributed_optimizer():
         "cluster": {"gpu": "h100-sxm", "gpus": 512},
         "plan": {"tp": 4, "pp": 8, "dp": 16, "dp_sharding": "none"},
     })
-    with pytest.raises(InputError, match="needs dp_sharding = \"optim\", not \"none\""):
+    with pytest.raises(InputError, match="needs dp_sharding = \"optim\" \\| \"optim_grads\" \\| "
+                       "\"optim_grads_params\", not \"none\""):
         plan_from_spec(inst, inst.spec.plan)
 
 
@@ -93,12 +94,13 @@ def small(**constraints):
 
 
 def test_the_search_keeps_the_distributed_optimizer_and_the_backends_agree():
-    """Every backend searches ZeRO-1 only and returns the same plan and step time."""
+    """Every backend searches the modes FP8 parameters run with (the distributed optimizer and
+    Megatron-FSDP's) and returns the same plan and step time."""
     inst = small(max_micro_batch=4)
     res = {b: solve(inst, solver=b, explain=False) for b in ("cpsat", "highs", "enumerate")}
     plans = {b: r.report.plan for b, r in res.items()}
     assert plans["cpsat"] == plans["highs"] == plans["enumerate"], plans
-    assert all(p.dp_sharding == "optim" for p in plans.values())
+    assert all(p.dp_sharding != "none" for p in plans.values())
     z = res["enumerate"].objective
     for b in ("cpsat", "highs"):
         assert res[b].objective == pytest.approx(z, rel=1e-6)
@@ -107,7 +109,7 @@ def test_the_search_keeps_the_distributed_optimizer_and_the_backends_agree():
 
 @pytest.mark.parametrize("constraints, says", [
     ({"framework": "torchtitan"}, "torchtitan has no FP8 parameters"),
-    ({"dp_sharding": ["none", "optim_grads_params"]}, "needs dp_sharding = \"optim\""),
+    ({"dp_sharding": ["none"]}, "needs dp_sharding = \"optim\""),
 ])
 def test_no_mode_left_is_explained(constraints, says):
     with pytest.raises(InfeasibleError) as err:
@@ -125,3 +127,31 @@ def test_exports_carry_or_refuse_the_fp8_parameters():
         with pytest.raises(InputError) as err:
             emit(inst, plan, fmt)
         assert any(says in why for why in err.value.problems), err.value.problems
+
+
+def test_megatron_fsdp_keeps_fp8_shards_and_gathers_layers_in_one_byte():
+    """Megatron-FSDP with FP8 parameters (Megatron-Bridge's 70B recipes on GB200 / GB300):
+    each GPU holds an FP8 shard of the layers' weights and gathers them layer by layer in one
+    byte, with no FP8 copy of every unsharded layer beside its shards (keep_fp8_transpose_cache
+    = False). By hand for Llama 3 70B over 64 GB300: without FP8 parameters Transformer
+    Engine's FP8 copies of the 80 layers' weights (1 byte each on Blackwell) are most of the
+    weights' memory; with them the weights are a 1-byte shard, a 16-bit head shard and two
+    gathered layers: under 5 GiB. The per-layer all-gathers move half the bytes."""
+    from planner.model.workload import Shape
+    doc = {"model": {"preset": "llama3-70b"},
+           "training": {"global_batch": 256, "precision": "fp8", "grad_reduce_dtype": "bf16"},
+           "cluster": {"gpu": "gb300", "gpus": 64},
+           "plan": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": 2, "recompute": "none",
+                    "dp_sharding": "optim_grads_params", "overlap_grad_reduce": False,
+                    "overlap_param_gather": False}}
+    cached = parse_instance(doc)
+    fp8p = parse_instance({**doc, "training": {**doc["training"], "fp8_param_gather": True}})
+    a = evaluate(cached, plan_from_spec(cached, cached.spec.plan))
+    b = evaluate(fp8p, plan_from_spec(fp8p, fp8p.spec.plan))
+    sh = Shape.of(cached.model)
+    layers_gib = cached.model.layers * sh.layer_params / 2**30     # 1 byte each
+    assert a.memory_gib["weights"] - b.memory_gib["weights"] == pytest.approx(
+        layers_gib, rel=0.1)
+    assert b.memory_gib["weights"] < 5
+    assert b.breakdown_s["dp_comm"] < 0.75 * a.breakdown_s["dp_comm"]
+    assert b.breakdown_s["compute"] == a.breakdown_s["compute"]

@@ -183,15 +183,19 @@ _MEGATRON_OFFLOAD = ("Megatron-Core --optimizer-cpu-offload needs the distribute
 #:   ("Keep the compute param in fp8 ... and perform the param all-gather in fp8";
 #:   validate_args asserts the distributed optimizer, torch FSDP2 or Megatron-FSDP, and turns it
 #:   off under FSDP2 with TE >= 2.0); Megatron-Core's DDP puts such parameters in a uint8
-#:   buffer (``param_and_grad_buffer.py``: ``param_dtype = torch.uint8``). NeMo 2: the
+#:   buffer (``param_and_grad_buffer.py``: ``param_dtype = torch.uint8``), Megatron-FSDP
+#:   builds them as FP8 shards (``megatron_fsdp/param_and_grad_buffer.py``:
+#:   ``init_param_with_fp8`` = ``ddp_config.fp8_param_gather``). NeMo 2: the
 #:   MegatronMixedPrecision plugin's ``fp8_param_gather`` (``fp8_params`` in 25.02), set by its
-#:   FP8 recipes (``bf16_with_fp8_mixed``); its performance scripts switch it off under
-#:   Megatron-FSDP ("Currently FSDP does not support FP8 param gather"). The model takes it with
-#:   the distributed optimizer (ZeRO-1) only.
-_MEGATRON_FP8_GATHER = ("Megatron-LM --fp8-param-gather needs the distributed optimizer "
-                        "(dp_sharding = \"optim\"; megatron/training/arguments.py)")
-_NEMO_FP8_GATHER = ("NeMo's fp8_param_gather runs with the distributed optimizer (dp_sharding "
-                    "= \"optim\"); its scripts switch it off under FSDP")
+#:   FP8 recipes (``bf16_with_fp8_mixed``); NeMo's 25.x performance scripts switched it off under
+#:   Megatron-FSDP ("Currently FSDP does not support FP8 param gather"), Megatron-Bridge's
+#:   (26.04: scripts/performance/utils/overrides.py ``_set_megatron_fsdp_overrides``) keep it,
+#:   with ``keep_fp8_transpose_cache = False``. The model takes it with the distributed
+#:   optimizer (ZeRO-1) and Megatron-FSDP's modes (not torchtitan's FSDP2 or DeepSpeed).
+_MEGATRON_FP8_GATHER = ("Megatron-LM --fp8-param-gather needs the distributed optimizer or "
+                        "Megatron-FSDP (megatron/training/arguments.py)")
+_NEMO_FP8_GATHER = ("NeMo's fp8_param_gather runs with the distributed optimizer or "
+                    "Megatron-FSDP (Megatron-Bridge's FSDP recipes keep it)")
 
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
@@ -203,7 +207,8 @@ FRAMEWORKS: dict[str, Framework] = {
                           "pipeline parallelism (DistributedInitConfig.use_torch_fsdp2)",
                           optimizer_offload_modes=("optim",), activation_offload=True,
                           offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
-                          cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER),
+                          cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER,
+                          fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params")),
     "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=True,
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
@@ -214,7 +219,8 @@ FRAMEWORKS: dict[str, Framework] = {
                                             "pipeline parallelism",
                       optimizer_offload_modes=("optim",), activation_offload=True,
                       offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
-                      cpu_adam_share=1 / 6, fp8_param_gather_source=_NEMO_FP8_GATHER),
+                      cpu_adam_share=1 / 6, fp8_param_gather_source=_NEMO_FP8_GATHER,
+                      fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params")),
     "torchtitan": Framework("torchtitan", "torchtitan",
                             overlap_defaults=(("overlap_grad_reduce", True),
                                               ("overlap_param_gather", True)),

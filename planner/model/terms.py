@@ -584,7 +584,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # embedding and output layer (FSDP2's root unit) likewise.
     layer_params_gpu = dense_layer_avg / t
     expert_layer = moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe else 0.0
-    ag_layer = over_group(WIRE_16, layer_params_gpu, expert_layer) if mode.params else 0.0
+    # (FP8 parameters under Megatron-FSDP: the layers are gathered in one byte)
+    ag_layer = (over_group(FP8_WIRE if fp8_params else WIRE_16, layer_params_gpu, expert_layer)
+                if mode.params else 0.0)
     ag_head = over_group(WIRE_16, head_p, 0.0) if mode.params else 0.0
     # the reshard policy: the plan's, else the framework's default by the pipeline degree
     # (and its complement, written with the complementary indicators: every term >= 0)
@@ -790,7 +792,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             one_layer = layer_p / t + (experts_p / stage_layers if kind == "moe" else 0.0)
             # (the root unit: the embedding on the first stage, the output layer on the last)
             head = 0.0 if stage == "middle" else (sh.V * h + 2 * h) / t
-            working_w = (units * one_layer + head) * WIRE_16 if mode.params else 0.0
+            if mode.params and fp8_params:
+                # Megatron-FSDP with FP8 parameters: the gathered layers arrive in FP8 (their
+                # transpose made per use on Hopper: the cache's bytes), the root unit 16-bit
+                working_w = units * one_layer * fp8_cache + head * WIRE_16
+            else:
+                working_w = (units * one_layer + head) * WIRE_16 if mode.params else 0.0
             # (gradients accumulated whole hold it already)
             working_g = one_layer * grad_bytes * working_layer if mode.grads else 0.0
             # host offload: the optimizer states leave the GPU; the offloaded layers'
@@ -817,8 +824,16 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # the FP8 weight copies are of the layers' GEMM weights only: the embedding is a
             # lookup and Megatron-Core's output layer a tensor_parallel.ColumnParallelLinear,
             # outside Transformer Engine's FP8 modules (gpt_model.py)
-            if fp8_params:
-                # FP8 parameters (ZeRO-1 only: whole): the layers' GEMM weights are the FP8
+            if fp8_params and mode.params:
+                # FP8 parameters sharded (Megatron-FSDP): each GPU holds an FP8 shard of the
+                # layers' GEMM weights and a 16-bit shard of the rest, and no FP8 copy of the
+                # unsharded weights beside them (Megatron-Bridge's FSDP recipes set
+                # keep_fp8_transpose_cache = False): the working set is the gathered layers
+                weights = ((layers_p * weight_share + experts_p * expert_weight_share)
+                           * FP8_WIRE + stage_head * weight_share * WEIGHT_BYTES
+                           + working_w)
+            elif fp8_params:
+                # FP8 parameters (ZeRO-1: whole): the layers' GEMM weights are the FP8
                 # copy alone, the embedding, output layer and final norm stay 16-bit
                 weights = stage_head * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache
             else:
