@@ -607,7 +607,7 @@ def build_space(inst: Instance) -> SearchSpace:
                    + (" (constraints.dp_shard_size needs a sharded mode)"
                       if c.dp_shard_size is not None else ""))
     if shardings:
-        # FP8 parameters run with the distributed optimizer only (frameworks.py)
+        # FP8 parameters run with the framework's fp8_param_gather_modes only (frameworks.py)
         kept = tuple(m for m in shardings
                      if fp8_param_gather_refusal(inst.spec.training, c.framework, m) is None)
         if not kept:

@@ -792,12 +792,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             one_layer = layer_p / t + (experts_p / stage_layers if kind == "moe" else 0.0)
             # (the root unit: the embedding on the first stage, the output layer on the last)
             head = 0.0 if stage == "middle" else (sh.V * h + 2 * h) / t
-            if mode.params and fp8_params:
-                # Megatron-FSDP with FP8 parameters: the gathered layers arrive in FP8 (their
-                # transpose made per use on Hopper: the cache's bytes), the root unit 16-bit
-                working_w = units * one_layer * fp8_cache + head * WIRE_16
-            else:
-                working_w = (units * one_layer + head) * WIRE_16 if mode.params else 0.0
+            # (Megatron-FSDP with FP8 parameters gathers the layers in FP8, their transpose
+            # made per use on Hopper: the cache's bytes; the root unit stays 16-bit)
+            gathered = fp8_cache if fp8_params else WIRE_16
+            working_w = (units * one_layer * gathered + head * WIRE_16) if mode.params else 0.0
             # (gradients accumulated whole hold it already)
             working_g = one_layer * grad_bytes * working_layer if mode.grads else 0.0
             # host offload: the optimizer states leave the GPU; the offloaded layers'
