@@ -53,7 +53,7 @@ from planner.model.errors import InfeasibleError
 from planner.model.instance import Instance
 from types import SimpleNamespace
 
-from planner.model.frameworks import OVERLAP_KNOBS, fp8_param_gather_refusal, framework_of
+from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_of
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
                                 overlap_default, recompute_share_choices)
 from planner.model.words import pinned
@@ -607,11 +607,12 @@ def build_space(inst: Instance) -> SearchSpace:
                    + (" (constraints.dp_shard_size needs a sharded mode)"
                       if c.dp_shard_size is not None else ""))
     if shardings:
-        # FP8 parameters run with the framework's fp8_param_gather_modes only (frameworks.py)
+        # FP8 parameters and master weights as remainders run with the framework's modes
+        # for them only (frameworks.py sharding_refusal)
         kept = tuple(m for m in shardings
-                     if fp8_param_gather_refusal(inst.spec.training, c.framework, m) is None)
+                     if sharding_refusal(inst.spec.training, c.framework, m) is None)
         if not kept:
-            why.append(fp8_param_gather_refusal(inst.spec.training, c.framework, shardings[0])
+            why.append(sharding_refusal(inst.spec.training, c.framework, shardings[0])
                        + f"; the constraints and framework leave dp_sharding "
                        f"{' | '.join(shardings)}")
         shardings = kept

@@ -87,6 +87,8 @@ def instances(draw):
             constraints[knob] = False          # (a switch the framework has not: an error)
     if constraints.get("sequence_parallel") is False:
         constraints["tp_comm_overlap"] = False     # (it needs sequence parallelism: an error)
+    if constraints.get("distributed_optimizer") is False:
+        constraints["overlap_param_gather"] = False    # (it needs a sharded mode: an error)
     if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
         constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
     # host offload (searched by default): a small host binds its memory row, a slow host link
@@ -143,6 +145,11 @@ def instances(draw):
     # the expert all-to-all overlap of an MoE model (Megatron-Core / NeMo only), drawn last
     if moe and constraints.get("framework") in (None, "megatron", "nemo") and draw(st.booleans()):
         constraints["overlap_moe_expert_parallel_comm"] = True
+    # master weights as remainders (bf16 weights, fp32 states, ZeRO-1 only), drawn last
+    if (precision != "fp16" and not doc["training"].get("fp8_param_gather")
+            and constraints.get("framework") in (None, "megatron", "nemo")
+            and draw(st.integers(0, 3)) == 0):
+        doc["training"]["store_param_remainders"] = True
     return doc
 
 

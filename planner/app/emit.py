@@ -120,7 +120,11 @@ precision
 fp8_param_gather ([training])
     ``--fp8-param-gather`` | ``trainer.plugins.fp8_param_gather`` (said either way under FP8:
     NeMo's FP8 recipes switch it on) | an error | an error (neither keeps FP8 parameters:
-    :func:`planner.model.frameworks.fp8_param_gather_refusal`)
+    :func:`planner.model.frameworks.sharding_refusal`)
+store_param_remainders ([training])
+    ``--use-precision-aware-optimizer`` (``store_param_remainders`` is its default) |
+    ``optim.config.use_precision_aware_optimizer`` and ``store_param_remainders`` | an error |
+    an error (:func:`planner.model.frameworks.sharding_refusal`)
 pp > 1 (NeMo)
     ``trainer.strategy.pipeline_dtype`` = the training dtype (``torch.bfloat16`` /
     ``torch.float16``): the dtype of the activations sent between stages
@@ -164,7 +168,7 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
-from planner.model.frameworks import (SHARDING_MODES, fp8_param_gather_refusal, framework_violations,
+from planner.model.frameworks import (SHARDING_MODES, sharding_refusal, framework_violations,
                                       offload_violations)
 from planner.model.terms import reduce_dtype, selective_recompute
 from planner.model.instance import Instance
@@ -198,7 +202,7 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
                          + ", ".join(FORMATS)) from None
     problems = (_launch_problems(inst, plan) + framework_violations(fmt, plan)
                 + offload_violations(fmt, plan))
-    refused = fp8_param_gather_refusal(inst.spec.training, fmt, plan.dp_sharding)
+    refused = sharding_refusal(inst.spec.training, fmt, plan.dp_sharding)
     if refused:
         problems.append(refused)
     if problems:
@@ -566,6 +570,17 @@ def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[
                             "here: expect its default policy")
     if mode != "none":
         args.append("--use-distributed-optimizer")
+    if inst.spec.training.store_param_remainders and not plan.optimizer_offload:
+        # the master weights as remainders: Megatron-Core's precision-aware optimizer, whose
+        # OptimizerConfig.store_param_remainders is on by default (TE >= 2.1); under optimizer
+        # offload _megatron_offload already passes the flag
+        args.append("--use-precision-aware-optimizer")
+        comments.append("master weights stored as 16-bit remainders (store_param_remainders, "
+                        "OptimizerConfig's default with --use-precision-aware-optimizer from "
+                        "Transformer Engine 2.1; main gradients and Adam moments stay fp32)"
+                        + ("; with the default --fp8-recipe delayed (under current scaling "
+                           "Megatron-Core keeps a whole fp32 master)"
+                           if inst.spec.training.precision == "fp8" else ""))
     if mode != "none" and plan.dp_replicate > 1:
         comments.append(f"HSDP: shard group of {plan.dp_shard_size} data-parallel ranks, "
                         f"{plan.dp_replicate} replicas across nodes")
@@ -769,6 +784,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0,
                     "overlap_cpu_optimizer_d2h_h2d": True,
                     "use_precision_aware_optimizer": True} if plan.optimizer_offload else {}),
+                # the master weights as remainders (Megatron-Core OptimizerConfig)
+                **({"use_precision_aware_optimizer": True, "store_param_remainders": True}
+                   if inst.spec.training.store_param_remainders else {}),
             },
         },
     }

@@ -97,6 +97,10 @@ class Framework:
     #: them in FP8 (``[training] fp8_param_gather``; empty: it cannot)
     fp8_param_gather_modes: tuple[str, ...] = ("optim",)
     fp8_param_gather_source: str = ""
+    #: the sharding modes under which its optimizer keeps the fp32 master weight as the bf16
+    #: weight plus a 16-bit remainder (``[training] store_param_remainders``; empty: it cannot)
+    param_remainders_modes: tuple[str, ...] = ("optim",)
+    param_remainders_source: str = ""
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -197,6 +201,28 @@ _MEGATRON_FP8_GATHER = ("Megatron-LM --fp8-param-gather needs the distributed op
 _NEMO_FP8_GATHER = ("NeMo's fp8_param_gather runs with the distributed optimizer or "
                     "Megatron-FSDP (Megatron-Bridge's FSDP recipes keep it)")
 
+#: - Master weights as remainders (``[training] store_param_remainders``): an fp32 master
+#:   weight is the bf16 weight (its upper 16 bits) plus the lower 16 bits, so the optimizer
+#:   needs to store only the latter: 2 bytes per parameter instead of 4. Megatron-Core: the
+#:   precision-aware optimizer (``--use-precision-aware-optimizer``, Transformer Engine's
+#:   FusedAdam, ``OptimizerConfig.store_param_remainders`` default True from TE 2.1;
+#:   ``distrib_optimizer.py`` allocates the ``master_param`` state as int16 when bf16), which
+#:   ``get_megatron_optimizer`` refuses without the distributed optimizer and Megatron-Bridge's
+#:   performance scripts switch off under Megatron-FSDP (``_set_megatron_fsdp_overrides``) and
+#:   on for BF16 runs (``set_post_overrides``, 25.11 and 26.04). NeMo 1 (the launcher's
+#:   ``optim.name: distributed_fused_adam``): ``megatron_base_model.setup_optimization`` passes
+#:   ``store_params = False, store_param_remainders = True`` to Apex's DistributedFusedAdam
+#:   when the optimizer dtype is fp32 and the weights bf16 (megatron_amp_O2), and that
+#:   optimizer's ``StateBucket`` then holds an int16 ``param_remainders_shard`` beside the fp32
+#:   ``exp_avg`` / ``exp_avg_sq`` shards (apex/contrib/optimizers/distributed_fused_adam.py).
+#:   Both are ZeRO-1 optimizers: the model takes the remainders with dp_sharding = "optim".
+_MEGATRON_REMAINDERS = ("Megatron-Core's precision-aware optimizer stores remainders with the "
+                        "distributed optimizer only (get_megatron_optimizer; Megatron-FSDP "
+                        "keeps its own fp32 main weights)")
+_NEMO_REMAINDERS = ("NeMo stores remainders with its distributed Adam (NeMo 1 "
+                    "distributed_fused_adam, NeMo 2 / Megatron-Bridge "
+                    "use_precision_aware_optimizer), the distributed optimizer only")
+
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
                           overlap_defaults=(("overlap_p2p_comm", True),),
@@ -208,7 +234,8 @@ FRAMEWORKS: dict[str, Framework] = {
                           optimizer_offload_modes=("optim",), activation_offload=True,
                           offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
                           cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER,
-                          fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params")),
+                          fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params"),
+                          param_remainders_source=_MEGATRON_REMAINDERS),
     "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=True,
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
@@ -220,7 +247,8 @@ FRAMEWORKS: dict[str, Framework] = {
                       optimizer_offload_modes=("optim",), activation_offload=True,
                       offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
                       cpu_adam_share=1 / 6, fp8_param_gather_source=_NEMO_FP8_GATHER,
-                      fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params")),
+                      fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params"),
+                      param_remainders_source=_NEMO_REMAINDERS),
     "torchtitan": Framework("torchtitan", "torchtitan",
                             overlap_defaults=(("overlap_grad_reduce", True),
                                               ("overlap_param_gather", True)),
@@ -239,6 +267,9 @@ FRAMEWORKS: dict[str, Framework] = {
                             fp8_param_gather_source="its FP8 all-gather is torchao's "
                             "float8 enable_fsdp_float8_all_gather under FSDP2, which this "
                             "model does not cost",
+                            param_remainders_modes=(),
+                            param_remainders_source="its FSDP2 shard is the fp32 master "
+                            "weight itself (MixedPrecisionPolicy), with no remainder storage",
                             offload_source="torchtitan's only CPU offload is FSDP2's "
                             "CPUOffloadPolicy (parameters, gradients and optimizer states "
                             "together), which this model does not cost"),
@@ -263,7 +294,10 @@ FRAMEWORKS: dict[str, Framework] = {
                            "activation offload",
                            fp8_param_gather_modes=(),
                            fp8_param_gather_source="DeepSpeed keeps 16-bit parameters (no FP8 "
-                           "parameter storage or all-gather)"),
+                           "parameter storage or all-gather)",
+                           param_remainders_modes=(),
+                           param_remainders_source="DeepSpeed's ZeRO optimizers keep a whole "
+                           "fp32 master copy of their partition"),
 }
 
 #: the framework whose defaults apply when ``[constraints] framework`` is not given
@@ -289,22 +323,26 @@ def selective_recompute_of(name: str | None) -> str:
     return framework_of(name).selective_recompute
 
 
-def fp8_param_gather_refusal(training, name: str | None, mode: str) -> str | None:
-    """Why the instance's ``[training]`` (its ``fp8_param_gather``) cannot run with sharding
-    ``mode`` under the named framework (or Megatron-LM's rules without one), or None: always
-    None without FP8 parameters. The one test of the rule, for the plan's input check, the
-    search's sharding modes and the exports alike."""
-    if not training.fp8_param_gather:
-        return None
+def sharding_refusal(training, name: str | None, mode: str) -> str | None:
+    """Why the instance's ``[training]`` cannot run with sharding ``mode`` under the named
+    framework (or Megatron-LM's rules without one), or None: FP8 parameters
+    (``fp8_param_gather``) and master weights as remainders (``store_param_remainders``) each
+    need one of the framework's modes for them. The one test of these rules, for the plan's
+    input check, the search's sharding modes and the exports alike."""
     fw = framework_of(name)
-    if mode in fw.fp8_param_gather_modes:
-        return None
-    if not fw.fp8_param_gather_modes:
-        return (f"training.fp8_param_gather = true: {fw.label} has no FP8 parameters "
-                f"({fw.fp8_param_gather_source})")
-    modes = " | ".join('"%s"' % m for m in fw.fp8_param_gather_modes)
-    return (f"training.fp8_param_gather = true needs dp_sharding = {modes}, not \"{mode}\" "
-            f"({fw.fp8_param_gather_source})")
+    for key, on, modes, source, what in (
+            ("fp8_param_gather", training.fp8_param_gather, fw.fp8_param_gather_modes,
+             fw.fp8_param_gather_source, "FP8 parameters"),
+            ("store_param_remainders", training.store_param_remainders,
+             fw.param_remainders_modes, fw.param_remainders_source,
+             "master weights stored as remainders")):
+        if not on or mode in modes:
+            continue
+        if not modes:
+            return f"training.{key} = true: {fw.label} has no {what} ({source})"
+        listed = " | ".join('"%s"' % m for m in modes)
+        return f"training.{key} = true needs dp_sharding = {listed}, not \"{mode}\" ({source})"
+    return None
 
 
 def framework_violations(name: str | None, plan) -> list[str]:

@@ -30,7 +30,7 @@ from fractions import Fraction
 from typing import Any
 
 from planner.model.errors import InputError
-from planner.model.frameworks import OVERLAP_KNOBS, fp8_param_gather_refusal, framework_of
+from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_of
 from planner.model.instance import Instance
 from planner.model.rules import violations
 from planner.model.schema import KNOB_DEFAULTS, PlanSpec, overlap_refusal
@@ -572,7 +572,7 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                          "(Megatron-LM: --overlap-param-gather needs the distributed "
                          "optimizer), but dp_sharding = \"none\"; set overlap_param_gather = "
                          "false or choose a sharded dp_sharding")
-    refused = fp8_param_gather_refusal(inst.spec.training, inst.spec.constraints.framework, mode)
+    refused = sharding_refusal(inst.spec.training, inst.spec.constraints.framework, mode)
     if refused:
         raise InputError(f"plan.dp_sharding = \"{mode}\": {refused}")
     shard = f.get("dp_shard_size") or inst.spec.constraints.dp_shard_size or dp

@@ -218,6 +218,15 @@ class TrainingSpec(_Strict):
         "all-gathers them in FP8, 1 byte per parameter (Megatron-LM --fp8-param-gather; NeMo "
         "MegatronMixedPrecision fp8_param_gather, fp8_params in NeMo 25.02, on in its FP8 "
         "recipes); needs precision = \"fp8\" and the distributed optimizer")
+    store_param_remainders: bool = Field(
+        default=False, description="the distributed optimizer keeps each fp32 master weight "
+        "as the bf16 weight plus its lower 16 bits, 2 bytes instead of 4 (10 bytes of Adam "
+        "states per parameter instead of 12): Megatron-Core's precision-aware optimizer "
+        "(--use-precision-aware-optimizer, store_param_remainders on by default from "
+        "Transformer Engine 2.1; Megatron-Bridge's BF16 performance recipes) and NeMo 1's "
+        "distributed_fused_adam on bf16 weights with fp32 states (Apex DistributedFusedAdam "
+        "store_param_remainders); needs bf16 weights (precision bf16, or fp8 without "
+        "fp8_param_gather), optimizer_dtype = \"fp32\" and dp_sharding = \"optim\"")
 
     @model_validator(mode="before")
     @classmethod
@@ -246,6 +255,21 @@ class TrainingSpec(_Strict):
         if self.fp8_param_gather and self.precision != "fp8":
             raise ValueError(f"fp8_param_gather = true keeps the weights in FP8, which needs "
                              f"precision = \"fp8\" (precision = \"{self.precision}\")")
+        if self.store_param_remainders:
+            # the remainder is the lower half of an fp32 master whose upper half is the bf16
+            # weight: no bf16 weight (fp16, FP8 parameters), or no fp32 master (bf16 states),
+            # no remainder
+            if self.precision == "fp16":
+                raise ValueError("store_param_remainders = true stores the fp32 master weight "
+                                 "as the bf16 weight plus 16 bits: the weights must be bf16 "
+                                 "(precision bf16 or fp8), not fp16")
+            if self.fp8_param_gather:
+                raise ValueError("store_param_remainders = true needs bf16 weights, but "
+                                 "fp8_param_gather = true keeps them in FP8")
+            if self.optimizer_dtype != "fp32":
+                raise ValueError("store_param_remainders = true stores part of an fp32 master "
+                                 f"weight; optimizer_dtype = \"{self.optimizer_dtype}\" keeps "
+                                 "no master copy (set optimizer_dtype = \"fp32\")")
         if self.fp8_param_gather and self.kernel_stack != "fused":
             raise ValueError("fp8_param_gather = true is Transformer Engine's FP8 parameters "
                              "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "

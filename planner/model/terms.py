@@ -54,6 +54,13 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
 #: False when optim.dtype is the model's dtype; Apex DistributedFusedAdam StateBucket holds
 #: exp_avg / exp_avg_sq in that dtype and grads_shard in grad_sync_dtype)
 OPTIMIZER_STATE_BYTES = {"fp32": (OPTIMIZER_BYTES, GRAD_BYTES), "bf16": (4, 2)}
+#: ``[training] store_param_remainders``: the fp32 master weight's upper 16 bits are the bf16
+#: weight, so the optimizer stores only the lower 16 (an int16 state: Apex
+#: DistributedFusedAdam ``param_remainders_shard``, Megatron-Core ``master_param``): 2 of its
+#: 4 bytes saved. The Adam step's HBM bytes (:data:`ADAM_STEP_BYTES`) are not lowered: the step
+#: reads and writes the remainder and the bf16 weight where it read and wrote the master (4
+#: each way) and saves only the separate 16-bit weight write, 2 of 30 bytes
+MASTER_REMAINDER_SAVING = 2
 #: Transformer Engine's userbuffers for ``tp_comm_overlap``, bytes per element of the gathered
 #: ``[s b / c, h]`` activation (Megatron-LM ``_initialize_tp_communicators``: ``input_shape =
 #: [seq_length * micro_batch_size // context_parallel_size, hidden_size]``): ``initialize_ub``
@@ -670,6 +677,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # forward / backward peak counts the states alone, and a second row per stage, the step
     # peak (``<stage>_step``), counts the copy with no activations
     state_bytes, main_grad_bytes = OPTIMIZER_STATE_BYTES[tr.optimizer_dtype]
+    if tr.store_param_remainders and k.dp_sharding == "optim":
+        # the fp32 master weight as the bf16 weight plus a 16-bit remainder: 2 bytes instead
+        # of 4 (frameworks.py, "Master weights as remainders"; the framework rules leave only
+        # the distributed optimizer with it)
+        state_bytes -= MASTER_REMAINDER_SAVING
     step_copy = main_grad_bytes if grad_bytes == WIRE_16 else 0
     opt_bytes = state_bytes / shards
     # gradients reduced once per step accumulate unsharded over the micro-batches
