@@ -522,3 +522,22 @@ def test_gb300_fp8_figure_matches_gb200_on_the_same_release(data):
             for e in (eff - 0.0025, eff, eff + 0.0025)]
     assert gaps[1] < min(gaps[0], gaps[2]) and gaps[1] < 0.005, (target, gaps)
     assert eff > load_gpu("gb200").efficiency_fp8          # the newer GPU, not the newer release
+
+
+#: Megatron-Bridge's performance summary, 26.04 container (docs/performance-summary-archive.md):
+#: tokens/s per GPU of the DGX-B300 and DGX-B200 rows run with identical settings
+B300_B200_PAIRS = {"efficiency": (15114, 13045),      # GPT-OSS 120B, BF16, 64 GPUs
+                   "efficiency_fp8": (3131, 2815)}    # DeepSeek-V3, MXFP8, 256 GPUs
+
+
+@pytest.mark.parametrize("figure", sorted(B300_B200_PAIRS))
+def test_b300_figures_are_b200s_scaled_by_the_measured_ratio(figure):
+    """B300 has no run of its own in the set: each efficiency is B200's times the throughput
+    ratio of one release's identical B300 / B200 plans, on the calibration grid (step 0.0025);
+    its plans say their figures are not fitted."""
+    b300, b200 = load_gpu("b300"), load_gpu("b200")
+    fast, slow = B300_B200_PAIRS[figure]
+    assert getattr(b300, figure) == pytest.approx(getattr(b200, figure) * fast / slow, abs=0.00125)
+    assert b300.measured_precisions == ()
+    assert (b300.peak_tflops_bf16, b300.peak_tflops_fp8) == (b200.peak_tflops_bf16,
+                                                             b200.peak_tflops_fp8)
