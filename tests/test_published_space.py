@@ -64,10 +64,13 @@ SETTINGS = _one_per_setting(RUNS)
 @pytest.mark.parametrize("run", SETTINGS, ids=[r["id"] for r in SETTINGS])
 def test_optimum_is_at_least_as_fast_as_published(run):
     """(The search space keeps the overlap switches as the run had them: the defaults,
-    Megatron-LM's CLI's, leave them off, and the NeMo and DGX Cloud runs switched them on.)"""
+    Megatron-LM's CLI's, leave them off, and the NeMo and DGX Cloud runs switched them on; and
+    it searches activation offload up to a run's offloaded layers: off by default.)"""
     inst, plan = published(run)
     rep = evaluate(inst, plan)
     pins = {o: getattr(plan, o) for o in OVERLAP_KNOBS}
+    if plan.offload_layers:
+        pins["max_offload_layers"] = plan.offload_layers
     inst = inst.with_spec(constraints=inst.spec.constraints.model_copy(update=pins))
     best = solve(inst, solver="enumerate")
     assert best.status == Status.OPTIMAL

@@ -671,7 +671,8 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
 
     The knob space pins what the run pinned: recompute mode (and its recomputed layers per
     virtual stage, 0 for every one: partial recompute is another mode), sequence parallelism, the
-    distributed optimizer, the overlap switches, precision and attention kernel
+    data-parallel sharding mode, optimizer offload, activation offload (searched up to the run's
+    layer count, off for a run without it), the overlap switches, precision and attention kernel
     (``[training]``), the GPU count and the global batch; degrees, interleaving and
     micro-batch are free within the default caps, and within what the run's code could run
     (``code_date``: :func:`ranking_spaces`; no interleaving at pp = 2 before
@@ -699,7 +700,12 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
         published = pub_report.step_time_s
         pins = {"recompute": plan.recompute, "recompute_layers": plan.recompute_layers,
                 "sequence_parallel": plan.sequence_parallel,
-                "distributed_optimizer": plan.distributed_optimizer,
+                # the run's sharding mode (ZeRO-1 is the distributed optimizer) and its host
+                # offload: the optimizer's as it ran, activations up to its layer count
+                "dp_sharding": plan.dp_sharding,
+                "optimizer_offload": plan.optimizer_offload,
+                **({"max_offload_layers": plan.offload_layers} if plan.offload_layers
+                   else {"offload_layers": 0}),
                 **{o: getattr(plan, o) for o in OVERLAP_KNOBS}}
         free = inst.with_spec(plan=None)
         found, notes = [], []
