@@ -216,3 +216,18 @@ def test_three_backends_agree_under_the_pytorch_stack_and_op_level_recompute():
     agree(doc)
     best = solve(parse_instance(doc), solver="enumerate", explain=False).report.plan
     assert best.recompute == "selective" and best.dp_sharding == "optim_grads_params"
+
+
+def test_an_fsdp_run_is_ranked_in_its_own_sharding_mode(data):
+    """The ranking keeps a run's data-parallel sharding mode (FSDP's optim_grads_params here):
+    pinning the distributed optimizer instead (ZeRO-1, which torchtitan's rules refuse) left
+    every FSDP run unranked. Now each has an optimum, no slower than its published plan."""
+    from planner.app.validate import ranking
+    runs = [r for r in data["runs"] if r["id"] in (
+        "titan2404-a100-64gpu-llama3-8b-selop", "llmf-h100-mpt13b-s2048-8gpu-mb2-ga1")]
+    assert len(runs) == 2
+    ranked = ranking({**data, "runs": runs})
+    for run in runs:
+        got = ranked[run["id"]]
+        assert got["ratio"] is not None and got["ratio"] >= 1 - 1e-9, got
+        assert got["optimum_s"] <= got["published_s"] * (1 + 1e-9)
