@@ -439,6 +439,11 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
 
             raise explain_infeasible(space, objective_cap(inst, kind), kind,
                                      suggest=explain != "brief")
+        # (without the explanation: the count tells a size no degrees fit from one whose
+        # plans all break a limit, which capacity and pareto report per size)
+        if not size["space_plans"]:
+            raise InfeasibleError(f"no plan keeps the structural rules on {inst.gpus} GPUs "
+                                  "(degrees, layers, heads, batch)")
         raise InfeasibleError("no plan satisfies the limits" + (
             f" (besides the {len(exclude)} excluded)" if exclude else ""))
     if raw.status in (Status.ERROR, Status.NO_SOLUTION_IN_LIMIT) or raw.choice is None:

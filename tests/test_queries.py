@@ -78,6 +78,21 @@ def test_capacity_answer_is_minimal():
     assert impossible.nodes is None
 
 
+def test_capacity_says_when_one_node_fewer_has_no_valid_degrees():
+    """Three nodes (24 GPUs) of a model with 8 heads, 8 layers split evenly and a batch of 64
+    leave no degrees: the 3 fits neither tp, pp nor dp. Capacity says that, not that the plans
+    break a limit."""
+    inst = parse_instance(doc(constraints={"max_stage_shortfall": 0}))
+    two = solve(inst.with_nodes(2)).report.total_days
+    four = solve(inst.with_nodes(4)).report.total_days
+    assert four < two
+    ans = queries.capacity(inst, (two + four) / 2)
+    assert ans.nodes == 4
+    ns = ans.next_smaller
+    assert ns["nodes"] == 3 and ns["feasible"] is False
+    assert "structural rules on 24 GPUs" in ns["proof"]
+
+
 def test_capacity_skips_sizes_by_the_lower_bound():
     # (sizes 1-24: the 15 below the bound are skipped, the 9 from 16 up are solved, by the
     # enumerator: the skipping is the point, and the backends' agreement is tested elsewhere)
