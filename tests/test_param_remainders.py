@@ -38,10 +38,11 @@ LAYER = 12 * h * h + 13 * h
 WITH_REMAINDERS, WITHOUT = 2 + 4 + 4, 4 + 4 + 4
 
 
-def gpt3(remainders: bool, **plan):
+def gpt3(remainders: bool, optimizer_dtype: str = "fp32", **plan):
     inst = parse_instance({
         "model": {"preset": "gpt3-175b"},
         "training": {"global_batch": 256, "precision": "bf16",
+                     "optimizer_dtype": optimizer_dtype,
                      "store_param_remainders": remainders},
         "cluster": {"gpu": "h100-sxm", "gpus": 512},
         "plan": {"tp": 4, "pp": 8, "dp": 16, "vp": 1, "micro_batch": 1, "recompute": "none",
@@ -59,10 +60,16 @@ def test_the_last_stage_keeps_ten_bytes_of_states_per_parameter():
         params * WITH_REMAINDERS / 16, rel=1e-9)
     assert off.memory_by_stage_gib["last"]["optimizer_states"] * GiB == pytest.approx(
         params * WITHOUT / 16, rel=1e-9)
-    # the weights, gradients and activations are the same, and so is the time
+    # the weights, gradients and activations are the same, and so is the time but for the
+    # Adam step, which moves 28 bytes per parameter instead of 30 (the remainder and the bf16
+    # weight read and written where the fp32 master was, no separate weight write)
     for part in ("weights", "gradients", "activations", "logits"):
         assert on.memory_by_stage_gib["last"][part] == off.memory_by_stage_gib["last"][part]
-    assert on.step_time_s == off.step_time_s
+    for term, seconds in off.breakdown_s.items():
+        if term != "optimizer":
+            assert on.breakdown_s[term] == seconds, term
+    assert on.breakdown_s["optimizer"] == pytest.approx(off.breakdown_s["optimizer"] * 28 / 30,
+                                                        rel=1e-12)
 
 
 def test_expert_states_keep_remainders_too():
@@ -84,12 +91,37 @@ def test_expert_states_keep_remainders_too():
             row["optimizer_states"] * WITH_REMAINDERS / WITHOUT, rel=1e-9), stage
 
 
+def test_bf16_moments_with_remainders_keep_six_bytes():
+    """Megatron-Core's precision-aware optimizer with bf16 moments (Megatron-Bridge's
+    DeepSeek-V3 recipes: exp_avg_dtype / exp_avg_sq_dtype bf16) keeps the int16 remainder and
+    two bf16 moments: 6 bytes per shard parameter, where NeMo 1's bf16 states (no master) keep
+    4. The exports write it."""
+    params = (L // 8 * LAYER + V * h + 2 * h) / 4
+    on, off = gpt3(True, optimizer_dtype="bf16"), gpt3(False, optimizer_dtype="bf16")
+    assert on.memory_by_stage_gib["last"]["optimizer_states"] * GiB == pytest.approx(
+        params * (2 + 2 + 2) / 16, rel=1e-9)
+    assert off.memory_by_stage_gib["last"]["optimizer_states"] * GiB == pytest.approx(
+        params * (2 + 2) / 16, rel=1e-9)
+    inst = parse_instance({"model": {"preset": "gpt-1.3b"},
+                           "training": {"global_batch": 64, "precision": "bf16",
+                                        "optimizer_dtype": "bf16",
+                                        "store_param_remainders": True},
+                           "cluster": {"gpu": "h100-sxm", "gpus": 8},
+                           "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 8,
+                                    "dp_sharding": "optim"}})
+    plan = plan_from_spec(inst, inst.spec.plan)
+    megatron = emit(inst, plan, "megatron")
+    assert "--exp-avg-dtype bf16" in megatron and "--exp-avg-sq-dtype bf16" in megatron
+    assert "cannot express" not in megatron
+    nemo = emit(inst, plan, "nemo")
+    assert "exp_avg_dtype: torch.bfloat16" in nemo and "store_param_remainders: true" in nemo
+
+
 @pytest.mark.parametrize("training, says", [
     ({"precision": "fp16"}, "not fp16"),
     ({"precision": "fp8", "fp8_param_gather": True}, "keeps them in FP8"),
-    ({"optimizer_dtype": "bf16"}, "keeps no master copy"),
 ])
-def test_weights_that_are_not_bf16_or_states_that_are_not_fp32_are_input_errors(training, says):
+def test_weights_that_are_not_bf16_are_input_errors(training, says):
     with pytest.raises(InputError) as exc:
         parse_instance({"model": {"preset": "gpt-1.3b"},
                         "training": {"global_batch": 64, "precision": "bf16",

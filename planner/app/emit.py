@@ -122,9 +122,11 @@ fp8_param_gather ([training])
     NeMo's FP8 recipes switch it on) | an error | an error (neither keeps FP8 parameters:
     :func:`planner.model.frameworks.sharding_refusal`)
 store_param_remainders ([training])
-    ``--use-precision-aware-optimizer`` (``store_param_remainders`` is its default) |
-    ``optim.config.use_precision_aware_optimizer`` and ``store_param_remainders`` | an error |
-    an error (:func:`planner.model.frameworks.sharding_refusal`)
+    ``--use-precision-aware-optimizer`` (``store_param_remainders`` is its default; with
+    ``optimizer_dtype = "bf16"`` also ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``) |
+    ``optim.config.use_precision_aware_optimizer``, ``store_param_remainders`` (and
+    ``exp_avg_dtype`` / ``exp_avg_sq_dtype``) | an error | an error
+    (:func:`planner.model.frameworks.sharding_refusal`)
 pp > 1 (NeMo)
     ``trainer.strategy.pipeline_dtype`` = the training dtype (``torch.bfloat16`` /
     ``torch.float16``): the dtype of the activations sent between stages
@@ -342,7 +344,7 @@ def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> lis
         gpus,
         f"global batch {plan.global_batch} = dp {plan.dp} x micro_batch {plan.micro_batch} x "
         f"{plan.micro_batches} micro-batches per step",
-    ] + ([_BF16_STATES] if inst.spec.training.optimizer_dtype == "bf16" else []) \
+    ] + ([_BF16_STATES] if _bf16_without_master(inst) else []) \
         + ([_EXPANDABLE] if inst.spec.training.expandable_segments else [])
 
 
@@ -353,7 +355,16 @@ _EXPANDABLE = ("memory: the plan's limit keeps no fragmentation share, as PyTorc
                "([training] expandable_segments): set it in the launch environment")
 
 
-#: what the exports say of ``[training] optimizer_dtype = "bf16"``, which none of them can write
+def _bf16_without_master(inst: Instance) -> bool:
+    """bf16 optimizer states with no master copy (NeMo 1's distributed_fused_adam), which no
+    export can write; with ``store_param_remainders`` they are Megatron-Core's precision-aware
+    optimizer with bf16 moments, which the Megatron and NeMo exports write."""
+    tr = inst.spec.training
+    return tr.optimizer_dtype == "bf16" and not tr.store_param_remainders
+
+
+#: what the exports say of ``[training] optimizer_dtype = "bf16"`` without a master copy, which
+#: none of them can write
 _BF16_STATES = ("optimizer_dtype bf16: cannot express; the plan's memory counts bf16 Adam "
                 "moments and no master copy (NeMo 1's distributed_fused_adam with optim.dtype: "
                 "bf16), while this framework keeps fp32 main parameters and moments: the plan "
@@ -575,9 +586,14 @@ def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[
         # OptimizerConfig.store_param_remainders is on by default (TE >= 2.1); under optimizer
         # offload _megatron_offload already passes the flag
         args.append("--use-precision-aware-optimizer")
+        bf16_moments = inst.spec.training.optimizer_dtype == "bf16"
+        if bf16_moments:
+            args += ["--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
         comments.append("master weights stored as 16-bit remainders (store_param_remainders, "
                         "OptimizerConfig's default with --use-precision-aware-optimizer from "
-                        "Transformer Engine 2.1; main gradients and Adam moments stay fp32)"
+                        "Transformer Engine 2.1; "
+                        + ("Adam moments in bf16" if bf16_moments
+                           else "main gradients and Adam moments stay fp32") + ")"
                         + ("; with the default --fp8-recipe delayed (under current scaling "
                            "Megatron-Core keeps a whole fp32 master)"
                            if inst.spec.training.precision == "fp8" else ""))
@@ -787,6 +803,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # the master weights as remainders (Megatron-Core OptimizerConfig)
                 **({"use_precision_aware_optimizer": True, "store_param_remainders": True}
                    if inst.spec.training.store_param_remainders else {}),
+                # bf16 moments of the precision-aware optimizer (OptimizerConfig dtypes)
+                **({"exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16"}
+                   if inst.spec.training.store_param_remainders
+                   and inst.spec.training.optimizer_dtype == "bf16" else {}),
             },
         },
     }
@@ -1071,7 +1091,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             "overlap_cannot_express": [n for n, on in _overlaps(plan).items()
                                        if on and n != "overlap_grad_reduce"],
             **({"optimizer_dtype_how": _BF16_STATES}
-               if inst.spec.training.optimizer_dtype == "bf16" else {}),
+               if _bf16_without_master(inst) else {}),
             **({"environment": _EXPANDABLE}
                if inst.spec.training.expandable_segments else {}),
         },

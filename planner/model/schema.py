@@ -211,7 +211,9 @@ class TrainingSpec(_Strict):
         "weights and Adam moments, Megatron-LM / Megatron-Core and torchtitan) or bf16 (two "
         "bf16 Adam moments and no master copy: NeMo's distributed_fused_adam with optim.dtype "
         "= bf16, whose Apex DistributedFusedAdam keeps its states in that dtype and, the "
-        "optimizer dtype being the weights', stores no parameter copy)")
+        "optimizer dtype being the weights', stores no parameter copy; with "
+        "store_param_remainders, Megatron-Core's precision-aware optimizer with bf16 moments "
+        "and the fp32 master kept as remainders)")
     fp8_param_gather: bool = Field(
         default=False, description="FP8 parameters: the layers' GEMM weights are kept in FP8 "
         "(no 16-bit copy beside Transformer Engine's FP8 one) and the distributed optimizer "
@@ -225,8 +227,10 @@ class TrainingSpec(_Strict):
         "(--use-precision-aware-optimizer, store_param_remainders on by default from "
         "Transformer Engine 2.1; Megatron-Bridge's BF16 performance recipes) and NeMo 1's "
         "distributed_fused_adam on bf16 weights with fp32 states (Apex DistributedFusedAdam "
-        "store_param_remainders); needs bf16 weights (precision bf16, or fp8 without "
-        "fp8_param_gather), optimizer_dtype = \"fp32\" and dp_sharding = \"optim\"")
+        "store_param_remainders); with optimizer_dtype = \"bf16\", Megatron-Core's "
+        "precision-aware optimizer with bf16 moments (--exp-avg-dtype / --exp-avg-sq-dtype "
+        "bf16, Megatron-Bridge's DeepSeek-V3 recipes): 6 bytes; needs bf16 weights (precision "
+        "bf16, or fp8 without fp8_param_gather) and dp_sharding = \"optim\"")
 
     @model_validator(mode="before")
     @classmethod
@@ -266,10 +270,6 @@ class TrainingSpec(_Strict):
             if self.fp8_param_gather:
                 raise ValueError("store_param_remainders = true needs bf16 weights, but "
                                  "fp8_param_gather = true keeps them in FP8")
-            if self.optimizer_dtype != "fp32":
-                raise ValueError("store_param_remainders = true stores part of an fp32 master "
-                                 f"weight; optimizer_dtype = \"{self.optimizer_dtype}\" keeps "
-                                 "no master copy (set optimizer_dtype = \"fp32\")")
         if self.fp8_param_gather and self.kernel_stack != "fused":
             raise ValueError("fp8_param_gather = true is Transformer Engine's FP8 parameters "
                              "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "

@@ -54,13 +54,15 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
 #: False when optim.dtype is the model's dtype; Apex DistributedFusedAdam StateBucket holds
 #: exp_avg / exp_avg_sq in that dtype and grads_shard in grad_sync_dtype)
 OPTIMIZER_STATE_BYTES = {"fp32": (OPTIMIZER_BYTES, GRAD_BYTES), "bf16": (4, 2)}
-#: ``[training] store_param_remainders``: the fp32 master weight's upper 16 bits are the bf16
-#: weight, so the optimizer stores only the lower 16 (an int16 state: Apex
-#: DistributedFusedAdam ``param_remainders_shard``, Megatron-Core ``master_param``): 2 of its
-#: 4 bytes saved. The Adam step's HBM bytes (:data:`ADAM_STEP_BYTES`) are not lowered: the step
-#: reads and writes the remainder and the bf16 weight where it read and wrote the master (4
-#: each way) and saves only the separate 16-bit weight write, 2 of 30 bytes
-MASTER_REMAINDER_SAVING = 2
+#: The fp32 master weight's bytes among :data:`OPTIMIZER_STATE_BYTES`: 4 with fp32 states, none
+#: with bf16 ones (NeMo 1's distributed_fused_adam keeps no master when the states are the
+#: weights' dtype). ``[training] store_param_remainders`` keeps the master as its lower 16
+#: bits beside the bf16 weight (an int16 state: Apex DistributedFusedAdam
+#: ``param_remainders_shard``, Megatron-Core ``master_param``), :data:`MASTER_REMAINDER_BYTES`:
+#: 10 bytes of states with fp32 moments, 6 with bf16 ones (Megatron-Core's precision-aware
+#: optimizer with ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` bf16)
+MASTER_BYTES = {"fp32": 4, "bf16": 0}
+MASTER_REMAINDER_BYTES = 2
 #: Transformer Engine's userbuffers for ``tp_comm_overlap``, bytes per element of the gathered
 #: ``[s b / c, h]`` activation (Megatron-LM ``_initialize_tp_communicators``: ``input_shape =
 #: [seq_length * micro_batch_size // context_parallel_size, hidden_size]``): ``initialize_ub``
@@ -677,11 +679,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # forward / backward peak counts the states alone, and a second row per stage, the step
     # peak (``<stage>_step``), counts the copy with no activations
     state_bytes, main_grad_bytes = OPTIMIZER_STATE_BYTES[tr.optimizer_dtype]
-    if tr.store_param_remainders and k.dp_sharding == "optim":
-        # the fp32 master weight as the bf16 weight plus a 16-bit remainder: 2 bytes instead
-        # of 4 (frameworks.py, "Master weights as remainders"; the framework rules leave only
-        # the distributed optimizer with it)
-        state_bytes -= MASTER_REMAINDER_SAVING
+    if remainders(inst, k):
+        # the fp32 master weight as the bf16 weight plus a 16-bit remainder (frameworks.py,
+        # "Master weights as remainders")
+        state_bytes += MASTER_REMAINDER_BYTES - MASTER_BYTES[tr.optimizer_dtype]
     step_copy = main_grad_bytes if grad_bytes == WIRE_16 else 0
     opt_bytes = state_bytes / shards
     # gradients reduced once per step accumulate unsharded over the micro-batches
@@ -905,9 +906,23 @@ def host_optimizer_bytes(optimizer_dtype: str) -> int:
     return states + grad
 
 
-def adam_step_bytes(optimizer_dtype: str) -> int:
-    """Bytes the Adam step touches per parameter, on the GPU or the CPU alike."""
-    return ADAM_STEP_BYTES if optimizer_dtype == "fp32" else ADAM_STEP_BYTES_BF16
+def adam_step_bytes(optimizer_dtype: str, remainders: bool = False) -> int:
+    """Bytes the Adam step touches per parameter, on the GPU or the CPU alike. With the master
+    as remainders it reads and writes the bf16 weight and the 16-bit remainder (4 each way)
+    where it read and wrote the fp32 master and wrote the weight (4 + 6): 28 bytes with fp32
+    moments; with bf16 ones the remainder's 2 each way come on top of the 14: 18."""
+    if optimizer_dtype == "fp32":
+        return ADAM_STEP_BYTES - 2 if remainders else ADAM_STEP_BYTES
+    return ADAM_STEP_BYTES_BF16 + (2 * MASTER_REMAINDER_BYTES if remainders else 0)
+
+
+def remainders(inst: Instance, k: Knobs) -> bool:
+    """Whether the plan's optimizer keeps its master weights as remainders on the GPU:
+    ``[training] store_param_remainders`` under the distributed optimizer (the framework rules
+    leave no other mode with it) and the optimizer not offloaded (the host's CPU optimizer
+    steps on whole fp32 copies)."""
+    return (inst.spec.training.store_param_remainders and k.dp_sharding == "optim"
+            and not k.optimizer_offload)
 
 
 #: Layers whose compute an activation transfer hides behind: the next layer's forward (its
@@ -950,7 +965,7 @@ def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire):
     exposes both transfers. All three are the local parameters times a per-instance rate, so
     the maximum is one number per instance (no maximum of the search's forms)."""
     hw = inst.hw
-    step = adam_step_bytes(inst.spec.training.optimizer_dtype)
+    step = adam_step_bytes(inst.spec.training.optimizer_dtype, remainders(inst, k))
     if not k.optimizer_offload:
         return local_params * step / hw.hbm_bw, 0.0
     fw = framework_of(inst.spec.constraints.framework)
