@@ -105,6 +105,41 @@ def test_never_returns_hf_config_and_needs_no_warning(path):
 
 # ---- the other families (inline configs with public values) -------------------------------
 
+#: gpt-oss-120b's public config.json (openai/gpt-oss-120b), the keys the reader uses
+GPT_OSS_120B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "head_dim": 64,
+    "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "num_local_experts": 128,
+    "num_experts_per_tok": 4, "experts_per_token": 4, "vocab_size": 201088,
+    "max_position_embeddings": 131072, "sliding_window": 128, "tie_word_embeddings": False,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+}
+
+
+def test_gpt_oss_120b(tmp_path):
+    """Every layer MoE (128 experts of 2880, top 4), 64 heads of 64 on a hidden of 2880, and
+    the sliding half of its layers said to be costed as full attention. The shape's parameters
+    are OpenAI's: 116.8B in all (the model card; biases, attention sinks and norms, which the
+    shape leaves out, are the rest), 5.1B active per token without the input embedding."""
+    with pytest.warns(UserWarning, match="18 of 36 layers attend within a window of 128"):
+        d = read_hf_config(write(tmp_path, GPT_OSS_120B))
+    assert d == {
+        "layers": 36, "hidden": 2880, "heads": 64, "kv_heads": 8, "ffn_hidden": 2880,
+        "gated_mlp": True, "vocab": 201088, "tied_embeddings": False,
+        "position_embedding": "rope", "dropout": False, "head_dim": 64,
+        "experts": 128, "top_k": 4, "moe_ffn_hidden": 2880, **MOE_DEFAULTS,
+    }
+    sh = Shape.of(spec(d))
+    assert sh.total_params == pytest.approx(116.83e9, rel=1e-3)
+    experts = 36 * 128 * sh.expert_params
+    active = sh.total_params - experts * (1 - 4 / 128) - sh.embedding_params
+    assert active == pytest.approx(5.13e9, rel=5e-3)
+    # OpenAI's own key for the routed count, when the Hugging Face one is absent
+    own = {k: v for k, v in GPT_OSS_120B.items() if k != "num_experts_per_tok"}
+    with pytest.warns(UserWarning):
+        assert read_hf_config(write(tmp_path, own, "own.json"))["top_k"] == 4
+
+
 def test_mistral_and_qwen2_dense(tmp_path):
     mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
                "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,

@@ -7,7 +7,8 @@ the instance loader to merge under the keys the instance gives explicitly. Every
 Supported ``model_type`` values (``architectures``, e.g. ``LlamaForCausalLM``, is the fallback
 when ``model_type`` is absent or not one of these):
 
-    llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3
+    llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3,
+    gpt_oss
 
 Key mapping, all families (required unless a default is given)::
 
@@ -32,6 +33,9 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
 
     mixtral      num_local_experts -> experts, num_experts_per_tok -> top_k,
                  intermediate_size -> moe_ffn_hidden (every layer is MoE; no shared experts)
+    gpt_oss      the same keys (num_experts_per_tok, or experts_per_token as OpenAI's own
+                 config writes it); every layer is MoE; head_dim (64 on gpt-oss-20b / 120b,
+                 against hidden / heads = 45) is read as below
     qwen2_moe,   num_experts -> experts, num_experts_per_tok -> top_k,
     qwen3_moe    moe_intermediate_size -> moe_ffn_hidden,
                  shared_expert_intermediate_size (default 0) -> shared_experts =
@@ -72,6 +76,11 @@ Approximations (what the returned shape does not capture):
   :class:`UserWarning` when it is not empty (it is empty in the published configs).
 * Sliding-window attention (``sliding_window``) is ignored: attention is modelled as full causal
   attention. The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
+  gpt-oss alternates sliding (128 tokens) and full attention (``layer_types``): its sliding
+  half is costed as full, an over-count of the attention core that grows with the sequence
+  (at 4,096 tokens the core is about a tenth of a full layer's FLOPs, so the whole model's
+  are over-counted by about 5%), with a :class:`UserWarning`. Its attention sinks (one logit
+  per head), projection and router biases and the SwiGLU clamp are not counted.
 """
 
 from __future__ import annotations
@@ -85,13 +94,13 @@ from typing import Any
 from planner.model.errors import InputError
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-             "deepseek_v2", "deepseek_v3")
+             "deepseek_v2", "deepseek_v3", "gpt_oss")
 
 # ``architectures`` entries are ``<Prefix>For<Task>``; the prefix names the family
 _ARCH_PREFIX = {
     "Llama": "llama", "Mistral": "mistral", "Mixtral": "mixtral",
     "Qwen2": "qwen2", "Qwen2Moe": "qwen2_moe", "Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe",
-    "DeepseekV2": "deepseek_v2", "DeepseekV3": "deepseek_v3",
+    "DeepseekV2": "deepseek_v2", "DeepseekV3": "deepseek_v3", "GptOss": "gpt_oss",
 }
 
 _REQUIRED = object()
@@ -206,6 +215,17 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
                "top_k": r.count("num_experts_per_tok"),
                "moe_ffn_hidden": out["ffn_hidden"],
                "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
+    elif family == "gpt_oss":
+        top_k = (r.count("num_experts_per_tok", None) if "num_experts_per_tok" in cfg
+                 else r.count("experts_per_token"))
+        moe = {"experts": r.count("num_local_experts", minimum=0), "top_k": top_k,
+               "moe_ffn_hidden": out["ffn_hidden"],
+               "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
+        kinds = cfg.get("layer_types") or []
+        if cfg.get("sliding_window") and "sliding_attention" in kinds:
+            notes.append(f"{kinds.count('sliding_attention')} of {len(kinds)} layers attend "
+                         f"within a window of {cfg['sliding_window']} tokens; modelled as full "
+                         "causal attention (an over-count of their attention core)")
     elif family in ("qwen2_moe", "qwen3_moe"):
         width = r.count("moe_intermediate_size")
         shared = r.count("shared_expert_intermediate_size", 0, minimum=0)
