@@ -216,8 +216,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
                "moe_ffn_hidden": out["ffn_hidden"],
                "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
     elif family == "gpt_oss":
-        top_k = (r.count("num_experts_per_tok", None) if "num_experts_per_tok" in cfg
-                 else r.count("experts_per_token"))
+        # (Hugging Face's key, else OpenAI's own; null counts as absent, as _Reader reads it)
+        top_k = r.count("num_experts_per_tok" if cfg.get("num_experts_per_tok") is not None
+                        else "experts_per_token")
         moe = {"experts": r.count("num_local_experts", minimum=0), "top_k": top_k,
                "moe_ffn_hidden": out["ffn_hidden"],
                "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}

@@ -679,7 +679,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # forward / backward peak counts the states alone, and a second row per stage, the step
     # peak (``<stage>_step``), counts the copy with no activations
     state_bytes, main_grad_bytes = OPTIMIZER_STATE_BYTES[tr.optimizer_dtype]
-    if remainders(inst, k):
+    if keeps_remainders(inst, k):
         # the fp32 master weight as the bf16 weight plus a 16-bit remainder (frameworks.py,
         # "Master weights as remainders")
         state_bytes += MASTER_REMAINDER_BYTES - MASTER_BYTES[tr.optimizer_dtype]
@@ -906,23 +906,23 @@ def host_optimizer_bytes(optimizer_dtype: str) -> int:
     return states + grad
 
 
-def adam_step_bytes(optimizer_dtype: str, remainders: bool = False) -> int:
+def adam_step_bytes(optimizer_dtype: str, with_remainders: bool = False) -> int:
     """Bytes the Adam step touches per parameter, on the GPU or the CPU alike. With the master
     as remainders it reads and writes the bf16 weight and the 16-bit remainder (4 each way)
     where it read and wrote the fp32 master and wrote the weight (4 + 6): 28 bytes with fp32
     moments; with bf16 ones the remainder's 2 each way come on top of the 14: 18."""
     if optimizer_dtype == "fp32":
-        return ADAM_STEP_BYTES - 2 if remainders else ADAM_STEP_BYTES
-    return ADAM_STEP_BYTES_BF16 + (2 * MASTER_REMAINDER_BYTES if remainders else 0)
+        return ADAM_STEP_BYTES - 2 if with_remainders else ADAM_STEP_BYTES
+    return ADAM_STEP_BYTES_BF16 + (2 * MASTER_REMAINDER_BYTES if with_remainders else 0)
 
 
-def remainders(inst: Instance, k: Knobs) -> bool:
+def keeps_remainders(inst: Instance, k: Knobs) -> bool:
     """Whether the plan's optimizer keeps its master weights as remainders on the GPU:
-    ``[training] store_param_remainders`` under the distributed optimizer (the framework rules
-    leave no other mode with it) and the optimizer not offloaded (the host's CPU optimizer
-    steps on whole fp32 copies)."""
-    return (inst.spec.training.store_param_remainders and k.dp_sharding == "optim"
-            and not k.optimizer_offload)
+    ``[training] store_param_remainders`` with the optimizer not offloaded (the host's CPU
+    optimizer steps on whole fp32 copies). Which sharding modes may carry it is the
+    framework's rule (:func:`planner.model.frameworks.sharding_refusal`): the plan's input
+    check and the search's modes leave only those."""
+    return inst.spec.training.store_param_remainders and not k.optimizer_offload
 
 
 #: Layers whose compute an activation transfer hides behind: the next layer's forward (its
@@ -965,7 +965,7 @@ def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire):
     exposes both transfers. All three are the local parameters times a per-instance rate, so
     the maximum is one number per instance (no maximum of the search's forms)."""
     hw = inst.hw
-    step = adam_step_bytes(inst.spec.training.optimizer_dtype, remainders(inst, k))
+    step = adam_step_bytes(inst.spec.training.optimizer_dtype, keeps_remainders(inst, k))
     if not k.optimizer_offload:
         return local_params * step / hw.hbm_bw, 0.0
     fw = framework_of(inst.spec.constraints.framework)
