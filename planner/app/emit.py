@@ -117,6 +117,12 @@ precision
     ``training.mixed_precision_param = "bfloat16"``, fp8 via ``model.converters =
     ["quantize.linear.float8"]`` with ``filter_fqns = ["output"]`` (MoE: the experts' FP8 is a
     "cannot express" comment) | ``bf16.enabled`` / ``fp16.enabled`` (fp8: none)
+fp8_recipe ([training])
+    ``--fp8-recipe R`` (mxfp8: ``--fp8-format e4m3``, and with FP8 parameters
+    ``--reuse-grad-buf-for-mxfp8-param-ag``) | ``trainer.plugins.fp8_recipe`` (mxfp8: ``fp8:
+    e4m3``) | mxfp8: ``model.converters = ["quantize.linear.mx"]``, ``recipe_name =
+    "mxfp8_cublas"``, with a comment (torchao's kernels, not the costed ones) | not said
+    (DeepSpeed's config has no FP8)
 fp8_param_gather ([training])
     ``--fp8-param-gather`` | ``trainer.plugins.fp8_param_gather`` (said either way under FP8:
     NeMo's FP8 recipes switch it on) | an error | an error (neither keeps FP8 parameters:
@@ -540,9 +546,16 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     else:
         args.append("--bf16")
         if precision == "fp8":
-            args.append("--fp8-format hybrid")
+            recipe = inst.spec.training.fp8_recipe
+            # MXFP8 in e4m3 throughout, as Megatron-Bridge's bf16_with_mxfp8_mixed sets it
+            args.append("--fp8-format " + ("e4m3" if recipe == "mxfp8" else "hybrid"))
+            if recipe:
+                args.append(f"--fp8-recipe {recipe}")
             if inst.spec.training.fp8_param_gather:
                 args.append("--fp8-param-gather")
+                if recipe == "mxfp8":
+                    # the 16-bit all-gather through the gradient buffer the model costs
+                    args.append("--reuse-grad-buf-for-mxfp8-param-ag")
     lines = _comments(comments) + env
     lines += [a + " \\" for a in args[:-1]] + [args[-1]]
     return "\n".join(lines) + "\n"
@@ -748,7 +761,11 @@ def _nemo(inst: Instance, plan: Plan) -> str:
             },
             "plugins": {
                 "precision": "16-mixed" if precision == "fp16" else "bf16-mixed",
-                "fp8": "hybrid" if precision == "fp8" else None,
+                "fp8": (("e4m3" if inst.spec.training.fp8_recipe == "mxfp8" else "hybrid")
+                        if precision == "fp8" else None),
+                # MegatronMixedPrecision(fp8_recipe): NeMo's default is delayed scaling
+                **({"fp8_recipe": inst.spec.training.fp8_recipe}
+                   if precision == "fp8" and inst.spec.training.fp8_recipe else {}),
                 # MegatronMixedPrecision(fp8_param_gather): NeMo's FP8 recipes switch it on,
                 # so the export says what the plan costs either way
                 **({"fp8_param_gather": inst.spec.training.fp8_param_gather}
@@ -931,8 +948,15 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "selective recompute")
 
     sections: list[tuple[str, dict]] = []
+    mx = inst.spec.training.fp8_recipe == "mxfp8"
+    if precision == "fp8" and mx:
+        comments.append("mxfp8: torchtitan's MXFP8 is torchao's (converter quantize.linear.mx, "
+                        "recipe mxfp8_cublas, as dgxc-benchmarking's torchtitan DeepSeek-V3 "
+                        "launch runs it); the plan costs Transformer Engine's MXFP8, whose "
+                        "held activations and weight copies torchao's need not match")
     if precision == "fp8":
-        sections.append(("model", {"converters": ["quantize.linear.float8"]}))
+        sections.append(("model", {"converters": [
+            "quantize.linear.mx" if mx else "quantize.linear.float8"]}))
     sections.append(("training", {
         "local_batch_size": mb * micro if plan.pp > 1 else mb,
         "global_batch_size": plan.global_batch,
@@ -987,7 +1011,10 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
     sections.append(("activation_checkpoint", ac))
-    if precision == "fp8":
+    if precision == "fp8" and mx:
+        sections.append(("quantize.linear.mx", {"recipe_name": "mxfp8_cublas",
+                                                "filter_fqns": ["output"]}))
+    elif precision == "fp8":
         # tensorwise scaling is the converter's path without recipe_name: with a recipe_name
         # it asserts enable_fsdp_float8_all_gather is off (components/quantization/float8.py);
         # the output layer stays 16-bit as the model costs it (torchtitan's own llama3_405b

@@ -76,6 +76,10 @@ class GPU(BaseModel):
         "(Hopper runs FP8 GEMMs in the TN layout only), which Transformer Engine caches beside "
         "the FP8 copy: 2 bytes per GEMM parameter; false where FP8 GEMMs take any layout "
         "(Blackwell): 1 byte")
+    mxfp8: bool = Field(
+        default=False, description="the tensor cores run block-scaled FP8 GEMMs (MXFP8: an E8M0 "
+        "scale per 32 elements), which [training] fp8_recipe = \"mxfp8\" needs: Blackwell "
+        "(compute capability 10.x); Hopper has none")
     overlap_slowdown: float = Field(
         default=0.0, ge=0, le=1, description="how much slower compute runs while a collective "
         "runs beside it (its kernels take SMs and HBM bandwidth from the GEMMs): 0.189 = 18.9% "
@@ -121,7 +125,7 @@ _FIGURES = (
 #: Figures that need a source when the file gives them (their defaults leave the model as before).
 _OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "gemm_knee_tokens",
                      "gemm_knee_width", "attention_efficiency", "overlap_slowdown",
-                     "fp8_weight_transpose",
+                     "fp8_weight_transpose", "mxfp8",
                      "host_link_bandwidth_GBps",
                      "host_memory_GiB", "host_memory_bandwidth_GBps", "measured_precisions")
 

@@ -323,6 +323,13 @@ def selective_recompute_of(name: str | None) -> str:
     return framework_of(name).selective_recompute
 
 
+#: Why MXFP8 parameters keep ZeRO-1 (sharding_refusal)
+MXFP8_PARAMS_SOURCE = ("Megatron-Core all-gathers MXFP8 parameters in 16 bits through the "
+                       "gradient buffer, a path of the distributed optimizer only: "
+                       "distrib_optimizer.py _copy_main_params_to_param_buffer raises "
+                       "NotImplementedError under Megatron-FSDP")
+
+
 def sharding_refusal(training, name: str | None, mode: str) -> str | None:
     """Why the instance's ``[training]`` cannot run with sharding ``mode`` under the named
     framework (or Megatron-LM's rules without one), or None: FP8 parameters
@@ -330,9 +337,13 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
     need one of the framework's modes for them. The one test of these rules, for the plan's
     input check, the search's sharding modes and the exports alike."""
     fw = framework_of(name)
+    mx_params = training.fp8_param_gather and training.fp8_recipe == "mxfp8"
     for key, on, modes, source, what in (
             ("fp8_param_gather", training.fp8_param_gather, fw.fp8_param_gather_modes,
              fw.fp8_param_gather_source, "FP8 parameters"),
+            ("fp8_param_gather", mx_params,
+             tuple(m for m in fw.fp8_param_gather_modes if m == "optim"), MXFP8_PARAMS_SOURCE,
+             "MXFP8 parameters"),
             ("store_param_remainders", training.store_param_remainders,
              fw.param_remainders_modes, fw.param_remainders_source,
              "master weights stored as remainders")):

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.model.catalog import GPU, GiB, load_gpu
+from planner.model.catalog import GPU, GiB, known_gpus, load_gpu
 from planner.model.errors import InputError
 from planner.model.schema import InstanceSpec, ModelSpec, default_reserve_GiB
 from planner.model.words import article, toml_value
@@ -26,6 +26,14 @@ from planner.model.words import article, toml_value
 def presets() -> dict[str, dict[str, Any]]:
     """Model presets shipped in ``planner/data/presets.toml``."""
     return tomllib.loads(resources.files("planner").joinpath("data/presets.toml").read_text())
+
+
+#: An MXFP8 tensor that serves both GEMM directions (a weight: forward and input gradient; an
+#: activation: forward and weight gradient) is held twice, rowwise and columnwise, each
+#: quantized from the 16-bit tensor with one E8M0 scale byte per 32 elements (Transformer
+#: Engine MXFP8BlockScaling: "the quantized tensor and its transpose are not numerically
+#: equivalent ... both versions are computed from the high precision input")
+MXFP8_BOTH_BYTES = 2 * (1 + 1 / 32)
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,8 @@ class Hardware:
     #: "Overlap")
     overlap_slowdown: float = 0.0
     #: bytes per GEMM parameter of Transformer Engine's FP8 weight cache (GPU.fp8_weight_transpose:
-    #: the FP8 copy, and its transpose where FP8 GEMMs are TN only)
+    #: the FP8 copy, and its transpose where FP8 GEMMs are TN only; under MXFP8 both
+    #: directions with their scales, MXFP8_BOTH_BYTES)
     fp8_weight_cache_bytes: float = 2.0
     #: host offload (docs/model.md, "Host offload"): the GPU <-> host link per GPU and
     #: direction (B/s), host memory per host (bytes) and its bandwidth per host (B/s); 0: the
@@ -261,6 +270,12 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
     if precision == "fp8" and gpu.peak_tflops_fp8 <= 0:
         raise InputError(f"{source}: invalid instance",
                          [f"training.precision: {gpu.key} has no FP8 tensor cores; use bf16 or fp16"])
+    if spec.training.fp8_recipe == "mxfp8" and not gpu.mxfp8:
+        raise InputError(f"{source}: invalid instance", [
+            f"training.fp8_recipe: \"mxfp8\" needs block-scaled FP8 tensor cores "
+            f"({', '.join(g for g in known_gpus() if load_gpu(g).mxfp8)}); {gpu.key} has none "
+            "(Transformer Engine refuses MXFP8 below compute capability 10.0); use "
+            "\"tensorwise\" or \"delayed\""])
     offload = spec.constraints.offload_layers
     if offload and offload >= spec.model.layers:
         raise InputError(f"{source}: invalid instance", [
@@ -304,7 +319,8 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         attention_efficiency=c.attention_efficiency or attn_eff,
         overlap_slowdown=(gpu.overlap_slowdown if c.overlap_slowdown is None
                           else c.overlap_slowdown),
-        fp8_weight_cache_bytes=2.0 if gpu.fp8_weight_transpose else 1.0,
+        fp8_weight_cache_bytes=(MXFP8_BOTH_BYTES if spec.training.fp8_recipe == "mxfp8"
+                                else 2.0 if gpu.fp8_weight_transpose else 1.0),
         knee_tokens=knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
         knee_width=knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,

@@ -220,6 +220,14 @@ class TrainingSpec(_Strict):
         "all-gathers them in FP8, 1 byte per parameter (Megatron-LM --fp8-param-gather; NeMo "
         "MegatronMixedPrecision fp8_param_gather, fp8_params in NeMo 25.02, on in its FP8 "
         "recipes); needs precision = \"fp8\" and the distributed optimizer")
+    fp8_recipe: Literal["tensorwise", "delayed", "mxfp8"] | None = Field(
+        default=None, description="how FP8 tensors are scaled (Megatron-Core --fp8-recipe): "
+        "tensorwise / delayed = one scale per tensor (current or delayed scaling, costed "
+        "alike; None: per-tensor too); mxfp8 = Transformer Engine's MXFP8BlockScaling, one "
+        "E8M0 scale per 32 elements, Blackwell only: every FP8 tensor is held twice (rowwise "
+        "and columnwise, each quantized from 16 bits) and FP8 parameters are all-gathered in "
+        "16 bits through the gradient buffer (docs/model.md, \"FP8\", item 5); needs "
+        "precision = \"fp8\"")
     store_param_remainders: bool = Field(
         default=False, description="the distributed optimizer keeps each fp32 master weight "
         "as the bf16 weight plus its lower 16 bits, 2 bytes instead of 4 (10 bytes of Adam "
@@ -259,6 +267,13 @@ class TrainingSpec(_Strict):
         if self.fp8_param_gather and self.precision != "fp8":
             raise ValueError(f"fp8_param_gather = true keeps the weights in FP8, which needs "
                              f"precision = \"fp8\" (precision = \"{self.precision}\")")
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            raise ValueError(f"fp8_recipe = \"{self.fp8_recipe}\" scales FP8 tensors, which "
+                             f"needs precision = \"fp8\" (precision = \"{self.precision}\")")
+        if self.fp8_recipe == "mxfp8" and self.kernel_stack != "fused":
+            raise ValueError("fp8_recipe = \"mxfp8\" is Transformer Engine's MXFP8 block "
+                             "scaling (kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "
+                             "has no MXFP8 costs in this model")
         if self.store_param_remainders:
             # the remainder is the lower half of an fp32 master whose upper half is the bf16
             # weight: no bf16 weight (fp16, FP8 parameters), or no fp32 master (bf16 states),
@@ -270,6 +285,12 @@ class TrainingSpec(_Strict):
             if self.fp8_param_gather:
                 raise ValueError("store_param_remainders = true needs bf16 weights, but "
                                  "fp8_param_gather = true keeps them in FP8")
+            if self.fp8_recipe in ("tensorwise", "mxfp8"):
+                raise ValueError(
+                    f"store_param_remainders = true with fp8_recipe = \"{self.fp8_recipe}\": "
+                    "Megatron-Core's precision-aware optimizer keeps a whole fp32 master "
+                    "under current and MXFP8 scaling (OptimizerConfig "
+                    "use_precision_aware_optimizer_no_fp8_or_ds_fp8); drop one of them")
         if self.fp8_param_gather and self.kernel_stack != "fused":
             raise ValueError("fp8_param_gather = true is Transformer Engine's FP8 parameters "
                              "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "

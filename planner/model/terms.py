@@ -81,6 +81,10 @@ WIRE_16, GRAD_WIRE_FP32 = 2, 4
 #: FP8 parameters (``[training] fp8_param_gather``) on the wire and in memory: 1 byte each
 FP8_WIRE = 1
 GRAD_WIRE_BYTES = WIRE_16
+#: Block-scaled (MXFP8) GEMMs and their quantization run at this share of the per-tensor FP8
+#: rate (docs/model.md, "FP8", item 5: fitted once on Megatron-Bridge 25.11's three same-plan
+#: FP8-CS / FP8-MX pairs; the MXFP8 rows of later releases are held out)
+MXFP8_GEMM_RATE = 0.94
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     peak16 = hw.peak * hw.efficiency
     fp8 = tr.precision == "fp8"
     peak_gemm = hw.peak_fp8 * hw.efficiency_fp8 if fp8 else peak16
+    if fp8 and tr.fp8_recipe == "mxfp8":
+        peak_gemm = peak_gemm * MXFP8_GEMM_RATE
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -540,6 +546,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     mode = SHARDING[k.dp_sharding]
     fw = framework_of(inst.spec.constraints.framework)
     fp8_params = tr.fp8_param_gather        # (the distributed optimizer only: frameworks.py)
+    # the layers' weights on the wire when they are FP8 parameters: 1 byte, but MXFP8
+    # parameters are gathered in 16 bits through the gradient buffer and quantized after
+    # (Megatron-Core reuse_grad_buf_for_mxfp8_param_ag; docs/model.md, "FP8", item 5)
+    param_wire = WIRE_16 if tr.fp8_recipe == "mxfp8" else FP8_WIRE
     gw = GRAD_WIRE_FP32 if reduce_dtype(inst) == "fp32" else WIRE_16
     r = x.r
     s_in, s_out = x.d_in * x.c_in, x.d_out * x.c_out / r
@@ -572,11 +582,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         if mode.params:
             gather_raw = 0.0
         elif fp8_params:
-            # FP8 parameters: the layers' weights on the wire in 1 byte, the embedding, output
-            # layer and final norm in 16 bits (Megatron-Core keeps them in a uint8 and a bf16
-            # buffer; taken as one collective)
-            gather_raw = over_group(1.0, FP8_WIRE * stage_layers * dense_layer_avg / t
-                                    + WIRE_16 * head_p, FP8_WIRE * expert_gpu)
+            # FP8 parameters: the layers' weights on the wire in 1 byte (MXFP8: 16 bits), the
+            # embedding, output layer and final norm in 16 bits (Megatron-Core keeps them in a
+            # uint8 and a bf16 buffer; taken as one collective)
+            gather_raw = over_group(1.0, param_wire * stage_layers * dense_layer_avg / t
+                                    + WIRE_16 * head_p, param_wire * expert_gpu)
         else:
             gather_raw = over_group(WIRE_16, params_gpu, expert_gpu)
     else:
@@ -594,7 +604,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     layer_params_gpu = dense_layer_avg / t
     expert_layer = moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe else 0.0
     # (FP8 parameters under Megatron-FSDP: the layers are gathered in one byte)
-    ag_layer = (over_group(FP8_WIRE if fp8_params else WIRE_16, layer_params_gpu, expert_layer)
+    ag_layer = (over_group(param_wire if fp8_params else WIRE_16, layer_params_gpu, expert_layer)
                 if mode.params else 0.0)
     ag_head = over_group(WIRE_16, head_p, 0.0) if mode.params else 0.0
     # the reshard policy: the plan's, else the framework's default by the pipeline degree
@@ -637,7 +647,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             if not (mode.grads and every_mb):
                 bucket_rs = bucket_rs + half(gw * bucket_params, s_in, s_out)
             bucket_ag = 0.0 if mode.params else half(
-                (FP8_WIRE if fp8_params else WIRE_16) * bucket_params, s_in, s_out)
+                (param_wire if fp8_params else WIRE_16) * bucket_params, s_in, s_out)
         else:
             bucket_rs = allreduce(gw * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
                                   hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
