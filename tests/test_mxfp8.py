@@ -1,0 +1,156 @@
+"""MXFP8 (``[training] fp8_recipe = "mxfp8"``): Transformer Engine's block-scaled FP8 on Blackwell.
+
+What is checked, and against what:
+
+- the weight bytes, by a hand count of Llama 3 8B's GEMM weights from its shape and TE's MXFP8
+  layout (each weight quantized rowwise and columnwise, one E8M0 scale byte per 32 values),
+  the embedding, output layer and norms in bf16;
+- the parameter all-gather: Megatron-Core gathers MXFP8 parameters in 16 bits through the
+  gradient buffer, so its data-parallel time equals that of 16-bit parameters (no FP8
+  parameters) on the same plan, where per-tensor FP8 parameters gather one byte;
+- the input rules (Hopper, precision, the remainders, the sharding modes);
+- Megatron-Bridge 25.11's three same-plan FP8-CS / FP8-MX pairs (the fit of the GEMM rate,
+  so in sample: a guard that the rate and the costs stay together);
+- CP-SAT = HiGHS = enumerator on an instance where MXFP8's weight copies move the optimum.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from formulations.solve import solve
+from planner.app.emit import emit
+from planner.model.catalog import GiB
+from planner.model.errors import InputError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+
+
+def llama8b(recipe: str | None, gpu: str = "b200", fp8_params: bool = True, **plan):
+    inst = parse_instance({
+        "model": {"preset": "llama3-8b"},
+        "training": {"global_batch": 128, "precision": "fp8", "grad_reduce_dtype": "bf16",
+                     "fp8_param_gather": fp8_params,
+                     **({"fp8_recipe": recipe} if recipe else {})},
+        "cluster": {"gpu": gpu, "gpus": 8},
+        "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 2, "recompute": "none",
+                 "dp_sharding": "optim", **plan},
+    })
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+
+
+def test_weights_hold_both_directions_with_their_scales():
+    h, kv, f, layers, vocab = 4096, 1024, 14336, 32, 128256
+    gemm = layers * (h * (h + 2 * kv) + h * h + 3 * h * f)     # QKV, projection, gated MLP
+    sixteen_bit = 2 * vocab * h + layers * 2 * h + h            # embedding, output, norms
+    mx_bytes = 2 * (1 + 1 / 32)                                 # rowwise + columnwise + E8M0
+    expected = (gemm * mx_bytes + sixteen_bit * 2) / GiB
+    got = llama8b("mxfp8").memory_gib["weights"]
+    assert got == pytest.approx(expected, rel=1e-3)
+    # per-tensor FP8 parameters on Blackwell: one FP8 copy, no transpose
+    assert llama8b("tensorwise").memory_gib["weights"] == pytest.approx(
+        (gemm * 1 + sixteen_bit * 2) / GiB, rel=1e-3)
+
+
+def test_mxfp8_parameters_are_gathered_in_16_bits():
+    # no overlap: the whole gather is exposed
+    mx = llama8b("mxfp8").breakdown_s["dp_comm"]
+    plain = llama8b("mxfp8", fp8_params=False).breakdown_s["dp_comm"]
+    per_tensor = llama8b("tensorwise").breakdown_s["dp_comm"]
+    assert mx == pytest.approx(plain, rel=1e-9)
+    assert per_tensor < mx
+
+
+def test_mxfp8_runs_slower_than_per_tensor_fp8_on_the_same_plan():
+    mx, cs = llama8b("mxfp8"), llama8b("tensorwise")
+    assert 1.02 < mx.step_time_s / cs.step_time_s < 1.08
+    assert mx.memory_gib["total"] > cs.memory_gib["total"]
+
+
+@pytest.mark.parametrize("training, gpu, says", [
+    ({"precision": "fp8", "fp8_recipe": "mxfp8"}, "h100-sxm", "training.fp8_recipe"),
+    ({"precision": "bf16", "fp8_recipe": "mxfp8"}, "b200", "needs precision = \"fp8\""),
+    ({"precision": "fp8", "fp8_recipe": "mxfp8", "store_param_remainders": True}, "b200",
+     "whole fp32 master"),
+    ({"precision": "fp8", "fp8_recipe": "mxfp8", "kernel_stack": "pytorch"}, "b200",
+     "kernel_stack"),
+])
+def test_input_errors(training, gpu, says):
+    with pytest.raises(InputError) as exc:
+        parse_instance({"model": {"preset": "llama3-8b"},
+                        "training": {"global_batch": 128, **training},
+                        "cluster": {"gpu": gpu, "gpus": 8}})
+    assert says in str(exc.value) + " ".join(getattr(exc.value, "problems", []) or [])
+
+
+def test_mxfp8_parameters_keep_zero_1():
+    with pytest.raises(InputError) as exc:
+        llama8b("mxfp8", dp_sharding="optim_grads_params")
+    assert "MXFP8 parameters" in str(exc.value) + " ".join(
+        getattr(exc.value, "problems", []) or [])
+    # the search keeps to ZeRO-1 too
+    res = solve(parse_instance({
+        "model": {"preset": "llama3-8b"},
+        "training": {"global_batch": 128, "precision": "fp8", "fp8_recipe": "mxfp8",
+                     "fp8_param_gather": True},
+        "cluster": {"gpu": "b200", "gpus": 8}}), solver="enumerate")
+    assert res.report.plan.dp_sharding == "optim"
+
+
+#: Megatron-Bridge 25.11's performance summary: tokens/s/GPU of FP8-CS (FP8-MX) on one plan
+PAIRS = {"mbridge2511-gb200-llama3-8b-fp8-8": (31508, 29789),
+         "mbridge2511-b200-llama3-8b-fp8-8": (30624, 29521),
+         "mbridge2511-b200-llama31-405b-fp8-128": (661, 624)}
+
+
+@pytest.mark.parametrize("rid", sorted(PAIRS))
+def test_same_plan_pairs_of_megatron_bridge_25_11(rid):
+    from planner.app.validate import load_runs, run_instance
+    data = load_runs()
+    run = next(r for r in data["runs"] if r["id"] == rid)
+    times = []
+    for recipe in ("tensorwise", "mxfp8"):
+        r = copy.deepcopy(run)
+        r["training"]["fp8_recipe"] = recipe
+        inst = run_instance(data, r)
+        times.append(evaluate(inst, plan_from_spec(inst, inst.spec.plan),
+                              spec=inst.spec.plan).step_time_s)
+    cs, mx = PAIRS[rid]
+    assert times[1] / times[0] == pytest.approx(cs / mx, abs=0.025)
+
+
+MX_DECIDES = {
+    "model": {"preset": "llama3-70b"},
+    "training": {"global_batch": 64, "precision": "fp8", "fp8_recipe": "mxfp8",
+                 "fp8_param_gather": True, "grad_reduce_dtype": "bf16"},
+    "cluster": {"gpu": "b200", "gpus": 16},
+}
+
+
+def test_backends_agree_where_mxfp8_decides():
+    from tests.test_solvers import _agree
+    _agree(MX_DECIDES)
+    mx = solve(parse_instance(MX_DECIDES), solver="cpsat").report
+    doc = copy.deepcopy(MX_DECIDES)
+    doc["training"]["fp8_recipe"] = "tensorwise"
+    cs = solve(parse_instance(doc), solver="cpsat").report
+    assert (mx.plan.tp, mx.plan.pp) != (cs.plan.tp, cs.plan.pp)
+    assert mx.memory_gib["total"] <= mx.memory_gib["limit"]
+
+
+def test_exports_say_the_recipe():
+    inst = parse_instance({**MX_DECIDES, "plan": {"tp": 4, "pp": 2, "dp": 2, "vp": 20,
+                                                   "micro_batch": 2}})
+    plan = plan_from_spec(inst, inst.spec.plan)
+    megatron = emit(inst, plan, "megatron")
+    assert "--fp8-recipe mxfp8" in megatron and "--fp8-format e4m3" in megatron
+    assert "--reuse-grad-buf-for-mxfp8-param-ag" in megatron
+    assert "fp8_recipe: mxfp8" in emit(inst, plan, "nemo")
+    doc = copy.deepcopy(MX_DECIDES)
+    doc["training"]["fp8_param_gather"] = False       # torchtitan has no FP8 parameters
+    inst = parse_instance({**doc, "plan": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1,
+                                           "dp_sharding": "optim_grads_params"}})
+    torchtitan = emit(inst, plan_from_spec(inst, inst.spec.plan), "torchtitan")
+    assert "quantize.linear.mx" in torchtitan and "mxfp8_cublas" in torchtitan
