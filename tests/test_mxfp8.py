@@ -105,6 +105,12 @@ PAIRS = {"mbridge2511-gb200-llama3-8b-fp8-8": (31508, 29789),
          "mbridge2511-b200-llama31-405b-fp8-128": (661, 624)}
 
 
+#: 25.11's MXFP8 Llama 3.1 405B builder switches the parameter-gather overlap off ("keeping
+#: this eanbled causes NaN grad norm", llama31_llm_pretrain.py at 877ce8c5f); its FP8-CS twin
+#: keeps it
+MX_WITHOUT_PARAM_GATHER_OVERLAP = {"mbridge2511-b200-llama31-405b-fp8-128"}
+
+
 @pytest.mark.parametrize("rid", sorted(PAIRS))
 def test_same_plan_pairs_of_megatron_bridge_25_11(rid):
     from planner.app.validate import load_runs, run_instance
@@ -114,6 +120,8 @@ def test_same_plan_pairs_of_megatron_bridge_25_11(rid):
     for recipe in ("tensorwise", "mxfp8"):
         r = copy.deepcopy(run)
         r["training"]["fp8_recipe"] = recipe
+        if recipe == "mxfp8" and rid in MX_WITHOUT_PARAM_GATHER_OVERLAP:
+            r["plan"]["overlap_param_gather"] = False
         inst = run_instance(data, r)
         times.append(evaluate(inst, plan_from_spec(inst, inst.spec.plan),
                               spec=inst.spec.plan).step_time_s)
