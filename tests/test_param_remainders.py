@@ -183,3 +183,18 @@ def test_backends_agree_where_the_remainders_decide():
     assert with_r.plan.dp_sharding == "optim" and without.plan.dp_sharding != "optim"
     assert with_r.step_time_s < without.step_time_s
     assert with_r.memory_gib["total"] <= with_r.memory_gib["limit"]
+
+
+def test_exports_under_optimizer_offload_carry_no_remainders():
+    """The CPU optimizer steps on whole fp32 copies (terms.keeps_remainders): neither export
+    asks for the remainders the model does not cost there."""
+    inst = parse_instance({
+        "model": {"preset": "gpt3-175b"},
+        "training": {"global_batch": 256, "precision": "bf16", "store_param_remainders": True},
+        "cluster": {"gpu": "gb200", "gpus": 512},
+        "plan": {"tp": 4, "pp": 8, "dp": 16, "micro_batch": 1, "dp_sharding": "optim",
+                 "optimizer_offload": True},
+    })
+    plan = plan_from_spec(inst, inst.spec.plan)
+    assert "store_param_remainders" not in emit(inst, plan, "nemo")
+    assert "16-bit remainders" not in emit(inst, plan, "megatron")

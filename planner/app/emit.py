@@ -178,7 +178,7 @@ from collections.abc import Callable
 from planner.model.errors import InputError
 from planner.model.frameworks import (SHARDING_MODES, sharding_refusal, framework_violations,
                                       offload_violations)
-from planner.model.terms import reduce_dtype, selective_recompute
+from planner.model.terms import keeps_remainders, reduce_dtype, selective_recompute
 from planner.model.instance import Instance
 from planner.model.plan import Plan, default_placement
 from planner.model.rules import violations
@@ -594,7 +594,7 @@ def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[
                             "here: expect its default policy")
     if mode != "none":
         args.append("--use-distributed-optimizer")
-    if inst.spec.training.store_param_remainders and not plan.optimizer_offload:
+    if keeps_remainders(inst, plan.knobs):
         # the master weights as remainders: Megatron-Core's precision-aware optimizer, whose
         # OptimizerConfig.store_param_remainders is on by default (TE >= 2.1); under optimizer
         # offload _megatron_offload already passes the flag
@@ -717,6 +717,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
     fsdp = _megatron_fsdp(plan)
     replicas = plan.dp_replicate if plan.dp_sharding != "none" and plan.dp_replicate > 1 else 0
     fp32_reduce = reduce_dtype(inst) == "fp32"
+    remainders = keeps_remainders(inst, plan.knobs)
     tree = {
         "trainer": {
             "num_nodes": plan.nodes,
@@ -817,13 +818,14 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0,
                     "overlap_cpu_optimizer_d2h_h2d": True,
                     "use_precision_aware_optimizer": True} if plan.optimizer_offload else {}),
-                # the master weights as remainders (Megatron-Core OptimizerConfig)
+                # the master weights as remainders (Megatron-Core OptimizerConfig), where the
+                # model costs them: not under optimizer offload, whose CPU step keeps fp32
+                # copies (terms.keeps_remainders; the megatron export's rule too)
                 **({"use_precision_aware_optimizer": True, "store_param_remainders": True}
-                   if inst.spec.training.store_param_remainders else {}),
+                   if remainders else {}),
                 # bf16 moments of the precision-aware optimizer (OptimizerConfig dtypes)
                 **({"exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16"}
-                   if inst.spec.training.store_param_remainders
-                   and inst.spec.training.optimizer_dtype == "bf16" else {}),
+                   if remainders and inst.spec.training.optimizer_dtype == "bf16" else {}),
             },
         },
     }
