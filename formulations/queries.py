@@ -18,6 +18,7 @@ from typing import Any
 from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.instance import Instance
 from planner.model.schema import ConstraintSpec
+from planner.model.terms import gemm_rate
 from planner.model.workload import Shape
 
 from formulations.result import SolveResult, Status
@@ -181,8 +182,7 @@ def days_lower_bound(inst: Instance, nodes: int) -> float:
     this compute)."""
     sh = Shape.of(inst.model)
     hw = inst.hw
-    rate = max(hw.peak * hw.efficiency,
-               hw.peak_fp8 * hw.efficiency_fp8 if inst.spec.training.precision == "fp8" else 0)
+    rate = max(hw.peak * hw.efficiency, gemm_rate(inst))
     sequences = inst.spec.training.tokens / sh.s
     return sh.model_flops(sequences) / (nodes * hw.gpus_per_host * rate) / 86400
 

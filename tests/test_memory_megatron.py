@@ -168,6 +168,10 @@ KNOWN_MISFITS = {
     # same plan with expandable segments, whose 2 GiB reserve it fits
     "mbridge2602-gb300-llama3-70b-mxfp8-64": "MXFP8 on GB300: 248.3 GiB, 11.5 GiB left of the HBM",
     "mbridge2604-gb300-llama3-70b-mxfp8-64": "MXFP8 on GB300: 248.3 GiB, 11.5 GiB left of the HBM",
+    # the same plan at NVFP4 in the same releases (bf16 weights beside their NVFP4 copies), also
+    # without expandable segments
+    "mbridge2602-gb300-llama3-70b-nvfp4-64": "NVFP4 on GB300: 248.9 GiB, 10.9 GiB left of the HBM",
+    "mbridge2604-gb300-llama3-70b-nvfp4-64": "NVFP4 on GB300: 248.9 GiB, 10.9 GiB left of the HBM",
 }
 
 _DATA = load_runs()

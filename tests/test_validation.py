@@ -254,7 +254,7 @@ def test_the_catalog_lists_the_precisions_its_runs_were_measured_at(data):
     for path in (None, ROOT / "planner" / "data" / "fsdp_runs.toml"):
         for run in load_runs(path)["runs"]:
             measured.setdefault(run["gpu"], set()).add(
-                "fp8" if run["precision"] == "fp8" else "16-bit")
+                run["precision"] if run["precision"] in ("fp8", "nvfp4") else "16-bit")
     for gpu in known_gpus():
         assert set(load_gpu(gpu).measured_precisions) == measured.get(gpu, set()), gpu
 

@@ -117,6 +117,9 @@ precision
     ``training.mixed_precision_param = "bfloat16"``, fp8 via ``model.converters =
     ["quantize.linear.float8"]`` with ``filter_fqns = ["output"]`` (MoE: the experts' FP8 is a
     "cannot express" comment) | ``bf16.enabled`` / ``fp16.enabled`` (fp8: none)
+precision = "nvfp4"
+    ``--bf16 --fp4-format e2m1 --fp4-recipe nvfp4`` | ``trainer.plugins.fp4: e2m1``,
+    ``fp4_recipe: nvfp4`` | a "cannot express" comment (bfloat16 emitted) | ``bf16.enabled``
 fp8_recipe ([training])
     ``--fp8-recipe R`` (mxfp8: ``--fp8-format e4m3``, and with FP8 parameters
     ``--reuse-grad-buf-for-mxfp8-param-ag``) | ``trainer.plugins.fp8_recipe`` (mxfp8: ``fp8:
@@ -417,8 +420,9 @@ def _megatron(inst: Instance, plan: Plan) -> str:
             f"order (tp innermost, then cp, dp, pp) does not give (it gives "
             f"{_fmt_intra(_placed(plan, node, MEGATRON_ORDER))}); order the hosts or ranks to match, "
             "or expect the communication times to differ from the plan's")
-    if precision == "fp8":
-        comments.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine)")
+    if precision in ("fp8", "nvfp4"):
+        comments.append(f"{precision} needs Transformer Engine (--transformer-impl "
+                        "transformer_engine)")
     comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")
     if _op_selective(inst, plan):
         comments.append(_OP_SELECTIVE)
@@ -545,6 +549,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append("--fp16")
     else:
         args.append("--bf16")
+        if precision == "nvfp4":
+            # Megatron-Core's NVFP4 (TE NVFP4BlockScaling), as Megatron-Bridge's
+            # bf16_with_nvfp4_mixed sets it; FP4 parameters (--fp4-param-gather) not costed
+            args += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
         if precision == "fp8":
             recipe = inst.spec.training.fp8_recipe
             # MXFP8 in e4m3 throughout, as Megatron-Bridge's bf16_with_mxfp8_mixed sets it
@@ -771,6 +779,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # so the export says what the plan costs either way
                 **({"fp8_param_gather": inst.spec.training.fp8_param_gather}
                    if precision == "fp8" else {}),
+                # MegatronMixedPrecision(fp4, fp4_recipe): NVFP4 GEMMs on bf16 weights
+                **({"fp4": "e2m1", "fp4_recipe": "nvfp4"} if precision == "nvfp4" else {}),
                 # MegatronMixedPrecision(grad_reduce_in_fp32=True by default) overrides the ddp
                 # config's value in MegatronStrategy.connect (update_config_with_dtype_overrides)
                 "grad_reduce_in_fp32": fp32_reduce,
@@ -937,6 +947,10 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "activation_checkpoint has full (every layer) or selective per layer "
                         "frequency, not a count per stage: mode = \"full\" is emitted (slower, "
                         "less memory than planned)")
+    if precision == "nvfp4":
+        comments.append("nvfp4: cannot express; the plan costs Transformer Engine's NVFP4 "
+                        "GEMMs, for which torchtitan has no converter here: bfloat16 GEMMs are "
+                        "emitted (slower than planned)")
     if precision == "fp8" and _moe(inst):
         comments.append(_torchtitan_fp8_experts(plan))
     if _moe(inst) and inst.spec.training.moe_token_dispatcher != "alltoall":
@@ -1065,7 +1079,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": int(plan.micro_batches),
-        "bf16": {"enabled": precision in ("bf16", "fp8")},
+        "bf16": {"enabled": precision in ("bf16", "fp8", "nvfp4")},
         "fp16": {"enabled": precision == "fp16"},
         # ZeRO stage = the sharding mode's index (none, optim, optim_grads, optim_grads_params);
         # overlap_comm: reduce gradients during the backward (DeepSpeed's overlap_grad_reduce)
@@ -1090,8 +1104,8 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                          "standard tensor/pipeline-parallel keys; pass these to the model code "
                          "(e.g. Megatron-DeepSpeed --tensor-model-parallel-size, "
                          "PipelineModule(num_stages=pipeline)); virtual_pipeline and context "
-                         "are 1 (DeepSpeed runs neither). fp8 needs Transformer Engine in the "
-                         "model."),
+                         "are 1 (DeepSpeed runs neither). fp8 and nvfp4 need Transformer "
+                         "Engine in the model."),
             "recompute_how": _ds_recompute(plan.recompute, plan.recompute_layers,
                                            _op_selective(inst, plan)),
             "plan": plan.label(),

@@ -441,7 +441,7 @@ class Calibrator:
         self.runs = data["runs"]
         self.measured = [float(r["measured_step_time_s"]) for r in self.runs]
         self._grid16 = {i: _grid_times(data, r, None) for i, r in enumerate(self.runs)
-                        if r["precision"] != "fp8" and stack_of(r) == "fused"}
+                        if r["precision"] in ("bf16", "fp16") and stack_of(r) == "fused"}
         self._grid8: dict[tuple, np.ndarray] = {}
         #: the fit keys whose fitted runs come from one source (on the whole file)
         self._one_source = single_source_keys(data)
@@ -449,7 +449,7 @@ class Calibrator:
         # sum per GPU type and stack (a fit without a source subtracts that source's runs)
         self._stack_err = {i: np.abs(_grid_times(data, r, None) / self.measured[i] - 1)
                            .astype(np.float32) for i, r in enumerate(self.runs)
-                           if r["precision"] != "fp8" and stack_of(r) != "fused"
+                           if r["precision"] in ("bf16", "fp16") and stack_of(r) != "fused"
                            and held_out(r) is None}
         self._stack_total: dict[str, np.ndarray] = {}
         for i, e in self._stack_err.items():

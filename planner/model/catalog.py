@@ -45,6 +45,8 @@ class GPU(BaseModel):
     peak_tflops_bf16: float = Field(gt=0, description="dense BF16 tensor-core peak")
     peak_tflops_fp16: float = Field(gt=0, description="dense FP16 tensor-core peak")
     peak_tflops_fp8: float = Field(ge=0, description="dense FP8 tensor-core peak; 0 = no FP8")
+    peak_tflops_fp4: float = Field(default=0.0, ge=0, description="dense FP4 (NVFP4) "
+                                   "tensor-core peak; 0 = no FP4, or no figure in the catalog")
     hbm_capacity_GiB: float = Field(gt=0)
     hbm_bandwidth_GBps: float = Field(gt=0)
     gpus_per_node: int = Field(gt=0, description="GPUs per NVLink domain (the largest group the "
@@ -93,7 +95,7 @@ class GPU(BaseModel):
     host_memory_bandwidth_GBps: float | None = Field(
         default=None, gt=0, description="host memory bandwidth per host (peak), which bounds "
         "the optimizer step offloaded to the CPU")
-    measured_precisions: tuple[Literal["16-bit", "fp8"], ...] = Field(
+    measured_precisions: tuple[Literal["16-bit", "fp8", "nvfp4"], ...] = Field(
         default=(), description="the precision classes of this GPU type's measured runs in the "
         "shipped runs files (planner/data): a plan at another one rests on assumed figures and "
         "says so (planner.model.evaluate.caveats)")
@@ -112,9 +114,9 @@ class GPU(BaseModel):
         return self.gpus_per_host or self.gpus_per_node
 
     def peak_flops(self, precision: str) -> float:
-        """Dense peak in FLOP/s for a precision name (bf16, fp16, fp8)."""
+        """Dense peak in FLOP/s for a precision name (bf16, fp16, fp8, nvfp4)."""
         return {"bf16": self.peak_tflops_bf16, "fp16": self.peak_tflops_fp16,
-                "fp8": self.peak_tflops_fp8}[precision] * 1e12
+                "fp8": self.peak_tflops_fp8, "nvfp4": self.peak_tflops_fp4}[precision] * 1e12
 
 
 _FIGURES = (
@@ -125,7 +127,7 @@ _FIGURES = (
 #: Figures that need a source when the file gives them (their defaults leave the model as before).
 _OPTIONAL_FIGURES = ("intra_node_bus_efficiency", "inter_node_bus_efficiency", "gemm_knee_tokens",
                      "gemm_knee_width", "attention_efficiency", "overlap_slowdown",
-                     "fp8_weight_transpose", "mxfp8",
+                     "fp8_weight_transpose", "mxfp8", "peak_tflops_fp4",
                      "host_link_bandwidth_GBps",
                      "host_memory_GiB", "host_memory_bandwidth_GBps", "measured_precisions")
 

@@ -89,7 +89,7 @@ def caveats(inst: Instance) -> list[str]:
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     precision = inst.spec.training.precision
     gpu = inst.hw.gpu
-    if ("fp8" if precision == "fp8" else "16-bit") not in gpu.measured_precisions:
+    if (precision if precision in ("fp8", "nvfp4") else "16-bit") not in gpu.measured_precisions:
         out.append(f"{gpu.key} has no measured run at {precision} in the shipped set: its "
                    f"efficiencies there are assumptions (hardware_catalog/{gpu.key}.toml, "
                    "calibration), not fitted on runs of its own")

@@ -34,6 +34,10 @@ def presets() -> dict[str, dict[str, Any]]:
 #: Engine MXFP8BlockScaling: "the quantized tensor and its transpose are not numerically
 #: equivalent ... both versions are computed from the high precision input")
 MXFP8_BOTH_BYTES = 2 * (1 + 1 / 32)
+#: The same for NVFP4 (Transformer Engine NVFP4BlockScaling): two E2M1 copies of half a byte
+#: per value, each with one E4M3 scale byte per 16 values (weights share a scale over a 16 x 16
+#: block, written per 16-value row for the GEMMs), plus one fp32 scale per tensor (not counted)
+NVFP4_BOTH_BYTES = 2 * (0.5 + 1 / 16)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class Hardware:
     #: the FP8 copy, and its transpose where FP8 GEMMs are TN only; under MXFP8 both
     #: directions with their scales, MXFP8_BOTH_BYTES)
     fp8_weight_cache_bytes: float = 2.0
+    #: dense FP4 (NVFP4) FLOP/s, 0 when the catalog has none
+    peak_fp4: float = 0.0
     #: host offload (docs/model.md, "Host offload"): the GPU <-> host link per GPU and
     #: direction (B/s), host memory per host (bytes) and its bandwidth per host (B/s); 0: the
     #: catalog has no figure (offload is then refused)
@@ -270,6 +276,12 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
     if precision == "fp8" and gpu.peak_tflops_fp8 <= 0:
         raise InputError(f"{source}: invalid instance",
                          [f"training.precision: {gpu.key} has no FP8 tensor cores; use bf16 or fp16"])
+    if precision == "nvfp4" and gpu.peak_tflops_fp4 <= 0:
+        raise InputError(f"{source}: invalid instance", [
+            f"training.precision: \"nvfp4\" needs FP4 tensor cores with a peak in the catalog "
+            f"({', '.join(g for g in known_gpus() if load_gpu(g).peak_tflops_fp4 > 0)}); "
+            f"{gpu.key} has none (hardware_catalog/{gpu.key}.toml peak_tflops_fp4); use fp8, "
+            "bf16 or fp16"])
     if spec.training.fp8_recipe == "mxfp8" and not gpu.mxfp8:
         raise InputError(f"{source}: invalid instance", [
             f"training.fp8_recipe: \"mxfp8\" needs block-scaled FP8 tensor cores "
@@ -314,12 +326,14 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         gpu=gpu,
         peak=gpu.peak_flops("fp16" if precision == "fp16" else "bf16"),
         peak_fp8=gpu.peak_flops("fp8"),
+        peak_fp4=gpu.peak_flops("nvfp4"),
         efficiency=c.efficiency or gpu.efficiency,
         efficiency_fp8=eff8,
         attention_efficiency=c.attention_efficiency or attn_eff,
         overlap_slowdown=(gpu.overlap_slowdown if c.overlap_slowdown is None
                           else c.overlap_slowdown),
-        fp8_weight_cache_bytes=(MXFP8_BOTH_BYTES if spec.training.fp8_recipe == "mxfp8"
+        fp8_weight_cache_bytes=(NVFP4_BOTH_BYTES if precision == "nvfp4"
+                                else MXFP8_BOTH_BYTES if spec.training.fp8_recipe == "mxfp8"
                                 else 2.0 if gpu.fp8_weight_transpose else 1.0),
         knee_tokens=knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
         knee_width=knee_width if c.gemm_knee_width is None else c.gemm_knee_width,

@@ -18,7 +18,7 @@ from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, 
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp16", "fp8"]
+Precision = Literal["bf16", "fp16", "fp8", "nvfp4"]
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
@@ -270,6 +270,10 @@ class TrainingSpec(_Strict):
         if self.fp8_recipe is not None and self.precision != "fp8":
             raise ValueError(f"fp8_recipe = \"{self.fp8_recipe}\" scales FP8 tensors, which "
                              f"needs precision = \"fp8\" (precision = \"{self.precision}\")")
+        if self.precision == "nvfp4" and self.kernel_stack != "fused":
+            raise ValueError("precision = \"nvfp4\" is Transformer Engine's NVFP4BlockScaling "
+                             "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" has no "
+                             "NVFP4 costs in this model")
         if self.fp8_recipe == "mxfp8" and self.kernel_stack != "fused":
             raise ValueError("fp8_recipe = \"mxfp8\" is Transformer Engine's MXFP8 block "
                              "scaling (kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "

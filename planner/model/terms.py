@@ -85,6 +85,30 @@ GRAD_WIRE_BYTES = WIRE_16
 #: rate (docs/model.md, "FP8", item 5: fitted once on Megatron-Bridge 25.11's three same-plan
 #: FP8-CS / FP8-MX pairs; the MXFP8 rows of later releases are held out)
 MXFP8_GEMM_RATE = 0.94
+#: NVFP4 GEMMs (and their quantization, random Hadamard transforms and stochastic rounding) at
+#: this share of the FP4 peak times the GPU's FP8 efficiency (docs/model.md, "FP8", item 6:
+#: fitted once on Megatron-Bridge 26.02's same-plan NVFP4 / MXFP8 pairs; later releases held out)
+NVFP4_GEMM_RATE = 0.66
+#: The narrow formats whose linear GEMMs run through Transformer Engine's quantized path
+LOW_PRECISIONS = ("fp8", "nvfp4")
+#: Bytes per element of an input a linear layer keeps for its weight gradient: FP8's one byte;
+#: NVFP4's columnwise E2M1 copy (half a byte) with its E4M3 scale per 16 values
+FP8_HELD_BYTES, NVFP4_HELD_BYTES = 1.0, 0.5 + 1 / 16
+
+
+def gemm_rate(inst: Instance):
+    """FLOP/s the layers' linear GEMMs reach at the instance's precision before the GEMM size
+    curve: the 16-bit peak times its efficiency; FP8's peak times the FP8 efficiency (MXFP8
+    at MXFP8_GEMM_RATE of it); NVFP4's FP4 peak times the FP8 efficiency times
+    NVFP4_GEMM_RATE (no NVFP4 run fits a figure of its own). One owner for the search's
+    bounds and the step terms."""
+    hw, tr = inst.hw, inst.spec.training
+    if tr.precision == "fp8":
+        return (hw.peak_fp8 * hw.efficiency_fp8
+                * (MXFP8_GEMM_RATE if tr.fp8_recipe == "mxfp8" else 1.0))
+    if tr.precision == "nvfp4":
+        return hw.peak_fp4 * hw.efficiency_fp8 * NVFP4_GEMM_RATE
+    return hw.peak * hw.efficiency
 
 
 @dataclass(frozen=True)
@@ -236,10 +260,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     flash = tr.flash_attention
     sp = k.sequence_parallel
     peak16 = hw.peak * hw.efficiency
+    # FP8 and NVFP4 run the layers' linear GEMMs in a narrow format through Transformer
+    # Engine, with the same kinds of costs beside them (casts, weight copies, narrow held
+    # activations: docs/model.md, "FP8"); NVFP4 with its own byte counts
     fp8 = tr.precision == "fp8"
-    peak_gemm = hw.peak_fp8 * hw.efficiency_fp8 if fp8 else peak16
-    if fp8 and tr.fp8_recipe == "mxfp8":
-        peak_gemm = peak_gemm * MXFP8_GEMM_RATE
+    lowp = tr.precision in LOW_PRECISIONS
+    peak_gemm = gemm_rate(inst) if lowp else peak16
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -328,7 +354,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # fewer than the 16-bit write counted above) and it is transposed later (read 1, write
     # 1: +1), under sequence parallelism on the gathered tensor (2 h) after the cast of the
     # rank's tokens; the activation's backward casts its own output (fused, +0).
-    if fp8:
+    if lowp:
         norm_fed = h + (h * ring_share(t) if sp else 0)     # the QKV / fc1 input: 2h - h/t
         row_grad = 2 * h + 2 * h / shard              # the projection's / fc2's output gradient
         attn_cast = (norm_fed + 4 * sh.q / t, 4 * qkv_w / t + row_grad)
@@ -678,7 +704,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- memory per GPU, first and last pipeline stage --------------------------------------
     # A stage is checked as if all its L/p layers were of one kind, for each kind the model
     # has: a stage mixing dense and MoE layers needs no more than the larger of the two.
-    fp8_cache = hw.fp8_weight_cache_bytes if fp8 else 0
+    fp8_cache = hw.fp8_weight_cache_bytes if lowp else 0
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
     # 16-bit gradients: the optimizer steps on a main-gradient copy of its shard (fp32: Megatron-LM's
     # fp16 row, 20 bytes per parameter, 4 + 16/d distributed; with bf16 states a bf16 shard:
@@ -722,9 +748,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     # Transformer Engine keeps the linear layers' inputs for the backward in FP8 (the fused
     # stack only: torchao's float8 keeps them in 16 bits and casts again)
-    fp8_held = fp8 and tr.kernel_stack == "fused"
-    replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes if fp8_held
-                                                  else 0)
+    fp8_held = lowp and tr.kernel_stack == "fused"
+    held = NVFP4_HELD_BYTES if tr.precision == "nvfp4" else FP8_HELD_BYTES
+    replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes(held)
+                                                  if fp8_held else 0)
 
     def stored_per_layer(parallel_bytes, mlp_kept):
         """(stored bytes per layer and micro-batch, working set of one re-materialised layer).
@@ -781,12 +808,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     for kind in kinds:
         if kind == "dense":
             layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
-            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash) if fp8_held else 0
+            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash, held) if fp8_held else 0
         else:
             layer_p = sh.moe_dense_params
             experts_p = stage_layers * sh.experts * sh.expert_params / x.e
             act_bytes_p = sh.moe_act_parallel_bytes
-            act_bytes_p -= sh.moe_fp8_saved_parallel_bytes(flash) if fp8_held else 0
+            act_bytes_p -= sh.moe_fp8_saved_parallel_bytes(flash, held) if fp8_held else 0
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
         stored, working = stored_per_layer(act_bytes_p, mlp_kept)
@@ -1086,7 +1113,7 @@ def internode_bytes(inst: Instance, x: Degrees, k: Knobs):
     own collectives means the bytes can never disagree with the time terms; the search uses
     them to break ties between plans of equal step time (docs/encoding.md, "Ties")."""
     free = float("inf")
-    hw = replace(inst.hw, peak=free, peak_fp8=free, hbm_bw=free, bw_intra=free, bw_inter=1.0,
+    hw = replace(inst.hw, peak=free, peak_fp8=free, peak_fp4=free, hbm_bw=free, bw_intra=free, bw_inter=1.0,
                  lat_intra=0.0, lat_inter=0.0)
     network = replace(inst, hw=hw)
     time = step_terms(network, x, replace(k, **{o: False for o in OVERLAP_KNOBS})).time

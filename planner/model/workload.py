@@ -202,33 +202,33 @@ class Shape:
         return (4 * self.q + 4 * self.kv_w
                 + self.top_k * (2 * self.h + mlp) + self.shared * mlp)
 
-    # FP8 under Transformer Engine -----------------------------------------------------------
-    # A linear layer casts its input to FP8 and keeps, for the weight gradient, only that FP8
-    # copy (TE module/linear.py: ``saved_inputmat_t`` / ``saved_inputmat``, 1 byte per
-    # element); the norms' and the activation's backward still need their 16-bit inputs.
-    @property
-    def fp8_saved_replicated_bytes(self) -> float:
-        """The QKV and fc1 inputs (the norms' outputs), 1 byte each instead of 2: ``2 h`` fewer
-        of :attr:`act_replicated_bytes`."""
-        return 2 * self.h
+    # FP8 (and NVFP4) under Transformer Engine ----------------------------------------------
+    # A linear layer casts its input to the narrow format and keeps, for the weight gradient,
+    # only that copy (TE module/linear.py: ``saved_inputmat_t`` / ``saved_inputmat``): ``held``
+    # bytes per element, 1 for FP8, 0.5625 for NVFP4 (terms.FP8_HELD_BYTES / NVFP4_HELD_BYTES);
+    # the norms' and the activation's backward still need their 16-bit inputs.
+    def fp8_saved_replicated_bytes(self, held: float = 1.0) -> float:
+        """The QKV and fc1 inputs (the norms' outputs), ``held`` bytes each instead of 2:
+        ``2 (2 - held) h`` fewer of :attr:`act_replicated_bytes`."""
+        return 2 * (2 - held) * self.h
 
-    def fp8_saved_projection_bytes(self, flash: bool) -> float:
-        """The projection input (``q`` wide) in FP8: ``q`` fewer bytes, except under fused
-        attention, whose backward keeps its output (the projection input) in 16 bits: the FP8
-        copy is ``q`` more."""
-        return -self.q if flash else self.q
+    def fp8_saved_projection_bytes(self, flash: bool, held: float = 1.0) -> float:
+        """The projection input (``q`` wide) kept narrow: ``(2 - held) q`` fewer bytes, except
+        under fused attention, whose backward keeps its output (the projection input) in 16
+        bits: the narrow copy is ``held q`` more."""
+        return -held * self.q if flash else (2 - held) * self.q
 
-    def fp8_saved_parallel_bytes(self, flash: bool) -> float:
-        """Fewer bytes of :attr:`act_parallel_bytes` in FP8: the projection input
+    def fp8_saved_parallel_bytes(self, flash: bool, held: float = 1.0) -> float:
+        """Fewer bytes of :attr:`act_parallel_bytes` kept narrow: the projection input
         (:meth:`fp8_saved_projection_bytes`) and the fc2 input (the activation's output,
         ``f``)."""
-        return self.fp8_saved_projection_bytes(flash) + self.f
+        return self.fp8_saved_projection_bytes(flash, held) + (2 - held) * self.f
 
-    def moe_fp8_saved_parallel_bytes(self, flash: bool) -> float:
+    def moe_fp8_saved_parallel_bytes(self, flash: bool, held: float = 1.0) -> float:
         """An MoE layer: the projection input, and per routed copy the experts' fc1 input (the
         permuted hidden state) and fc2 input, per shared expert its fc2 input."""
-        return (self.fp8_saved_projection_bytes(flash) + self.top_k * (self.h + self.f_e)
-                + self.shared * self.f_e)
+        return (self.fp8_saved_projection_bytes(flash, held)
+                + (2 - held) * (self.top_k * (self.h + self.f_e) + self.shared * self.f_e))
 
     @property
     def act_score_bytes_per_element(self) -> float:
