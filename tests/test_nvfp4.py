@@ -1,0 +1,132 @@
+"""NVFP4 (``precision = "nvfp4"``): Transformer Engine's NVFP4BlockScaling on Blackwell.
+
+What is checked, and against what:
+
+- the weight bytes, by a hand count of Llama 3 8B from its shape: bf16 weights beside two
+  NVFP4 copies of every GEMM weight (rowwise and columnwise, half a byte per value and one E4M3
+  scale byte per 16 values);
+- the GEMM rate against the catalog's FP4 peak: a plan whose GEMMs dominate runs faster at
+  NVFP4 than at FP8, and faster on GB300 (three times FP8's peak) than on GB200 (twice);
+- narrower held activations than FP8's on the same plan;
+- the input rules (a GPU without an FP4 figure, FP8-only keys, the kernel stack);
+- Megatron-Bridge 26.02's three same-plan NVFP4 / MXFP8 pairs (the fit of the rate, so in
+  sample: a guard that the rate and the costs stay together);
+- CP-SAT = HiGHS = enumerator on an NVFP4 instance, and the exports.
+"""
+from __future__ import annotations
+
+import pytest
+
+from formulations.solve import solve
+from planner.app.emit import emit
+from planner.model.catalog import GiB
+from planner.model.errors import InputError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+
+
+def llama8b(precision: str, gpu: str = "gb200", **training):
+    inst = parse_instance({
+        "model": {"preset": "llama3-8b"},
+        "training": {"global_batch": 128, "precision": precision, "grad_reduce_dtype": "bf16",
+                     **training},
+        "cluster": {"gpu": gpu, "gpus": 8},
+        "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 2, "recompute": "none",
+                 "dp_sharding": "optim"},
+    })
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+
+
+def test_weights_are_bf16_beside_two_nvfp4_copies():
+    h, kv, f, layers, vocab = 4096, 1024, 14336, 32, 128256
+    gemm = layers * (h * (h + 2 * kv) + h * h + 3 * h * f)     # QKV, projection, gated MLP
+    sixteen_bit = 2 * vocab * h + layers * 2 * h + h            # embedding, output, norms
+    nvfp4 = 2 * (0.5 + 1 / 16)                                  # rowwise + columnwise + E4M3
+    expected = (gemm * (2 + nvfp4) + sixteen_bit * 2) / GiB
+    assert llama8b("nvfp4").memory_gib["weights"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_nvfp4_gemms_run_at_the_fp4_peak():
+    nv, f8 = llama8b("nvfp4"), llama8b("fp8")
+    assert nv.step_time_s < f8.step_time_s
+    # GB300's FP4 peak is three times its FP8 one, GB200's twice: NVFP4 gains more there
+    gain_gb200 = f8.breakdown_s["compute"] / nv.breakdown_s["compute"]
+    gain_gb300 = (llama8b("fp8", "gb300").breakdown_s["compute"]
+                  / llama8b("nvfp4", "gb300").breakdown_s["compute"])
+    assert 1.0 < gain_gb200 < gain_gb300
+
+
+def test_held_activations_are_narrower_than_fp8s():
+    acts = {p: llama8b(p).memory_gib["activations"] for p in ("bf16", "fp8", "nvfp4")}
+    assert acts["nvfp4"] < acts["fp8"] < acts["bf16"]
+
+
+@pytest.mark.parametrize("training, gpu, says", [
+    ({"precision": "nvfp4"}, "h100-sxm", "training.precision"),
+    ({"precision": "nvfp4"}, "b300", "peak_tflops_fp4"),
+    ({"precision": "nvfp4", "fp8_param_gather": True}, "gb200", "fp8_param_gather"),
+    ({"precision": "nvfp4", "fp8_recipe": "mxfp8"}, "gb200", "fp8_recipe"),
+    ({"precision": "nvfp4", "kernel_stack": "pytorch"}, "gb200", "kernel_stack"),
+])
+def test_input_errors(training, gpu, says):
+    with pytest.raises(InputError) as exc:
+        parse_instance({"model": {"preset": "llama3-8b"},
+                        "training": {"global_batch": 128, **training},
+                        "cluster": {"gpu": gpu, "gpus": 8}})
+    assert says in str(exc.value) + " ".join(getattr(exc.value, "problems", []) or [])
+
+
+#: Megatron-Bridge 26.02's NVFP4 rows and the MXFP8 rows of the same plan
+PAIRS = [("mbridge2602-gb300-llama3-70b-nvfp4-64", "mbridge2602-gb300-llama3-70b-mxfp8-64"),
+         ("mbridge2602-gb200-llama3-70b-nvfp4-64", "mbridge2602-gb200-llama3-70b-mxfp8-64"),
+         ("mbridge2602-gb200-llama31-405b-nvfp4-256", "mbridge2602-gb200-llama31-405b-mxfp8-256")]
+
+
+def test_same_plan_pairs_of_megatron_bridge_26_02():
+    """In sample (they set the rate): the model's MXFP8 / NVFP4 step ratio against the
+    measured one, within the spread the fit left (docs/model.md, "FP8", item 6)."""
+    from planner.app.validate import load_runs, run_instance
+    data = load_runs()
+    runs = {r["id"]: r for r in data["runs"]}
+
+    def predicted(rid):
+        inst = run_instance(data, runs[rid])
+        return evaluate(inst, plan_from_spec(inst, inst.spec.plan),
+                        spec=inst.spec.plan).step_time_s
+    diffs = []
+    for nv, mx in PAIRS:
+        measured = runs[mx]["measured_step_time_s"] / runs[nv]["measured_step_time_s"]
+        diffs.append(predicted(mx) / predicted(nv) - measured)
+    assert all(abs(d) < 0.16 for d in diffs)
+    assert sum(abs(d) for d in diffs) / len(diffs) < 0.08
+
+
+NVFP4_INSTANCE = {
+    "model": {"preset": "llama3-70b"},
+    "training": {"global_batch": 64, "precision": "nvfp4", "grad_reduce_dtype": "bf16"},
+    "cluster": {"gpu": "gb200", "gpus": 16},
+}
+
+
+def test_backends_agree_at_nvfp4():
+    from tests.test_solvers import _agree
+    _agree(NVFP4_INSTANCE)
+    res = solve(parse_instance(NVFP4_INSTANCE), solver="cpsat").report
+    assert res.memory_gib["total"] <= res.memory_gib["limit"]
+
+
+def test_exports_say_nvfp4():
+    inst = parse_instance({**NVFP4_INSTANCE, "plan": {"tp": 4, "pp": 2, "dp": 2, "vp": 20,
+                                                       "micro_batch": 1}})
+    plan = plan_from_spec(inst, inst.spec.plan)
+    megatron = emit(inst, plan, "megatron")
+    assert "--fp4-format e2m1" in megatron and "--fp4-recipe nvfp4" in megatron
+    assert "--fp8" not in megatron
+    nemo = emit(inst, plan, "nemo")
+    assert "fp4: e2m1" in nemo and "fp4_recipe: nvfp4" in nemo
+    inst = parse_instance({**NVFP4_INSTANCE, "plan": {"tp": 4, "pp": 1, "dp": 4,
+                                                       "micro_batch": 1,
+                                                       "dp_sharding": "optim_grads_params"}})
+    assert "nvfp4: cannot express" in emit(inst, plan_from_spec(inst, inst.spec.plan),
+                                           "torchtitan")
