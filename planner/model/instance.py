@@ -65,9 +65,9 @@ class Hardware:
     #: how much slower compute runs beside a collective (GPU.overlap_slowdown; docs/model.md,
     #: "Overlap")
     overlap_slowdown: float = 0.0
-    #: bytes per GEMM parameter of Transformer Engine's FP8 weight cache (GPU.fp8_weight_transpose:
+    #: bytes per GEMM parameter of Transformer Engine's narrow weight cache (GPU.fp8_weight_transpose:
     #: the FP8 copy, and its transpose where FP8 GEMMs are TN only; under MXFP8 both
-    #: directions with their scales, MXFP8_BOTH_BYTES)
+    #: directions with their scales, MXFP8_BOTH_BYTES; under NVFP4, NVFP4_BOTH_BYTES)
     fp8_weight_cache_bytes: float = 2.0
     #: dense FP4 (NVFP4) FLOP/s, 0 when the catalog has none
     peak_fp4: float = 0.0
