@@ -130,3 +130,41 @@ def test_exports_say_nvfp4():
                                                        "dp_sharding": "optim_grads_params"}})
     assert "nvfp4: cannot express" in emit(inst, plan_from_spec(inst, inst.spec.plan),
                                            "torchtitan")
+
+
+def test_fp4_parameters_hold_no_bf16_copy_and_gather_in_fp4():
+    """``fp4_param_gather``: the GEMM weights are the NVFP4 copies alone (hand count as above,
+    the embedding, output layer and norms still bf16), and the parameter all-gather moves FP4
+    values with their scales instead of bf16 ones."""
+    h, kv, f, layers, vocab = 4096, 1024, 14336, 32, 128256
+    gemm = layers * (h * (h + 2 * kv) + h * h + 3 * h * f)
+    sixteen_bit = 2 * vocab * h + layers * 2 * h + h
+    fp4 = llama8b("nvfp4", fp4_param_gather=True)
+    assert fp4.memory_gib["weights"] == pytest.approx(
+        (gemm * 2 * (0.5 + 1 / 16) + sixteen_bit * 2) / GiB, rel=1e-3)
+    assert fp4.breakdown_s["dp_comm"] < llama8b("nvfp4").breakdown_s["dp_comm"]
+
+
+@pytest.mark.parametrize("training, says", [
+    ({"precision": "fp8", "fp4_param_gather": True}, "needs precision = \"nvfp4\""),
+    ({"precision": "nvfp4", "fp4_param_gather": True, "store_param_remainders": True},
+     "fp4_param_gather = true keeps them in FP4"),
+])
+def test_fp4_parameter_input_errors(training, says):
+    with pytest.raises(InputError) as exc:
+        parse_instance({"model": {"preset": "llama3-8b"},
+                        "training": {"global_batch": 128, **training},
+                        "cluster": {"gpu": "gb200", "gpus": 8}})
+    assert says in str(exc.value) + " ".join(getattr(exc.value, "problems", []) or [])
+
+
+def test_fp4_parameters_keep_zero_1():
+    inst = parse_instance({
+        "model": {"preset": "llama3-8b"},
+        "training": {"global_batch": 128, "precision": "nvfp4", "fp4_param_gather": True},
+        "cluster": {"gpu": "gb200", "gpus": 8}})
+    res = solve(inst, solver="enumerate")
+    assert res.report.plan.dp_sharding == "optim"
+    megatron = emit(inst, res.report.plan, "megatron")
+    assert "--fp4-param-gather" in megatron
+    assert "fp4_param_gather: cannot express" in emit(inst, res.report.plan, "nemo")

@@ -553,6 +553,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
             # Megatron-Core's NVFP4 (TE NVFP4BlockScaling), as Megatron-Bridge's
             # bf16_with_nvfp4_mixed sets it; FP4 parameters (--fp4-param-gather) not costed
             args += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
+            if inst.spec.training.fp4_param_gather:
+                args.append("--fp4-param-gather")
         if precision == "fp8":
             recipe = inst.spec.training.fp8_recipe
             # MXFP8 in e4m3 throughout, as Megatron-Bridge's bf16_with_mxfp8_mixed sets it
@@ -705,6 +707,11 @@ def _nemo(inst: Instance, plan: Plan) -> str:
         comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
                         "Megatron-Core's default (tp innermost, then cp, dp, pp), and no stock "
                         "order gives it")
+    if inst.spec.training.fp4_param_gather:
+        comments.append("fp4_param_gather: cannot express; NeMo 2's MegatronMixedPrecision has no "
+                        "FP4-parameter switch (Megatron-Bridge's MixedPrecisionConfig."
+                        "fp4_param_gather, Megatron-LM --fp4-param-gather); without it the "
+                        "weights stay bf16 beside their NVFP4 copies (more memory than planned)")
     if _op_selective(inst, plan):
         comments.append(_OP_SELECTIVE)
     if plan.pp > 1:
@@ -781,6 +788,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                    if precision == "fp8" else {}),
                 # MegatronMixedPrecision(fp4, fp4_recipe): NVFP4 GEMMs on bf16 weights
                 **({"fp4": "e2m1", "fp4_recipe": "nvfp4"} if precision == "nvfp4" else {}),
+                # (FP4 parameters: NeMo 2's MegatronMixedPrecision has no switch; a comment)
                 # MegatronMixedPrecision(grad_reduce_in_fp32=True by default) overrides the ddp
                 # config's value in MegatronStrategy.connect (update_config_with_dtype_overrides)
                 "grad_reduce_in_fp32": fp32_reduce,

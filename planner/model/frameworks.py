@@ -323,6 +323,12 @@ def selective_recompute_of(name: str | None) -> str:
     return framework_of(name).selective_recompute
 
 
+#: Why FP4 parameters keep ZeRO-1 here (sharding_refusal): the distributed optimizer quantizes
+#: its fp32 shard into them (Megatron-Core fp4_utils.quantize_nvfp4_param_shard); their
+#: Megatron-FSDP path is not modelled
+FP4_PARAMS_SOURCE = ("Megatron-Core's distributed optimizer quantizes its fp32 shard into the "
+                     "NVFP4 parameters and all-gathers them (quantize_nvfp4_param_shard); the "
+                     "model costs that path only")
 #: Why MXFP8 parameters keep ZeRO-1 (sharding_refusal)
 MXFP8_PARAMS_SOURCE = ("Megatron-Core all-gathers MXFP8 parameters in 16 bits through the "
                        "gradient buffer, a path of the distributed optimizer only: "
@@ -344,6 +350,10 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
             ("fp8_param_gather", mx_params,
              tuple(m for m in fw.fp8_param_gather_modes if m == "optim"), MXFP8_PARAMS_SOURCE,
              "MXFP8 parameters"),
+            ("fp4_param_gather", training.fp4_param_gather,
+             tuple(m for m in fw.fp8_param_gather_modes if m == "optim"),
+             FP4_PARAMS_SOURCE if fw.fp8_param_gather_modes else fw.fp8_param_gather_source,
+             "FP4 parameters"),
             ("store_param_remainders", training.store_param_remainders,
              fw.param_remainders_modes, fw.param_remainders_source,
              "master weights stored as remainders")):

@@ -220,6 +220,11 @@ class TrainingSpec(_Strict):
         "all-gathers them in FP8, 1 byte per parameter (Megatron-LM --fp8-param-gather; NeMo "
         "MegatronMixedPrecision fp8_param_gather, fp8_params in NeMo 25.02, on in its FP8 "
         "recipes); needs precision = \"fp8\" and the distributed optimizer")
+    fp4_param_gather: bool = Field(
+        default=False, description="FP4 parameters: the layers' GEMM weights are kept in NVFP4 "
+        "alone (no bf16 copy) and the distributed optimizer quantizes its fp32 shard into them "
+        "and all-gathers them in FP4 (Megatron-LM --fp4-param-gather; Megatron-Bridge's NVFP4 "
+        "recipes from 26.04.01); needs precision = \"nvfp4\" and dp_sharding = \"optim\"")
     fp8_recipe: Literal["tensorwise", "delayed", "mxfp8"] | None = Field(
         default=None, description="how FP8 tensors are scaled (Megatron-Core --fp8-recipe): "
         "tensorwise / delayed = one scale per tensor (current or delayed scaling, costed "
@@ -267,6 +272,9 @@ class TrainingSpec(_Strict):
         if self.fp8_param_gather and self.precision != "fp8":
             raise ValueError(f"fp8_param_gather = true keeps the weights in FP8, which needs "
                              f"precision = \"fp8\" (precision = \"{self.precision}\")")
+        if self.fp4_param_gather and self.precision != "nvfp4":
+            raise ValueError(f"fp4_param_gather = true keeps the weights in NVFP4, which needs "
+                             f"precision = \"nvfp4\" (precision = \"{self.precision}\")")
         if self.fp8_recipe is not None and self.precision != "fp8":
             raise ValueError(f"fp8_recipe = \"{self.fp8_recipe}\" scales FP8 tensors, which "
                              f"needs precision = \"fp8\" (precision = \"{self.precision}\")")
@@ -286,9 +294,10 @@ class TrainingSpec(_Strict):
                 raise ValueError("store_param_remainders = true stores the fp32 master weight "
                                  "as the bf16 weight plus 16 bits: the weights must be bf16 "
                                  "(precision bf16 or fp8), not fp16")
-            if self.fp8_param_gather:
-                raise ValueError("store_param_remainders = true needs bf16 weights, but "
-                                 "fp8_param_gather = true keeps them in FP8")
+            if self.fp8_param_gather or self.fp4_param_gather:
+                key = "fp8_param_gather" if self.fp8_param_gather else "fp4_param_gather"
+                raise ValueError(f"store_param_remainders = true needs bf16 weights, but {key} "
+                                 f"= true keeps them in {key[:3].upper()}")
             if self.fp8_recipe in ("tensorwise", "mxfp8"):
                 raise ValueError(
                     f"store_param_remainders = true with fp8_recipe = \"{self.fp8_recipe}\": "

@@ -94,6 +94,9 @@ LOW_PRECISIONS = ("fp8", "nvfp4")
 #: Bytes per element of an input a linear layer keeps for its weight gradient: FP8's one byte;
 #: NVFP4's columnwise E2M1 copy (half a byte) with its E4M3 scale per 16 values
 FP8_HELD_BYTES, NVFP4_HELD_BYTES = 1.0, 0.5 + 1 / 16
+#: FP4 parameters (``[training] fp4_param_gather``) on the wire: the E2M1 values with their E4M3
+#: scale per 16
+NVFP4_WIRE = 0.5 + 1 / 16
 
 
 def gemm_rate(inst: Instance):
@@ -571,11 +574,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # dp_inter x cp_inter / r), replicated r = dp / dp_shard_size times across nodes.
     mode = SHARDING[k.dp_sharding]
     fw = framework_of(inst.spec.constraints.framework)
-    fp8_params = tr.fp8_param_gather        # (the distributed optimizer only: frameworks.py)
-    # the layers' weights on the wire when they are FP8 parameters: 1 byte, but MXFP8
-    # parameters are gathered in 16 bits through the gradient buffer and quantized after
-    # (Megatron-Core reuse_grad_buf_for_mxfp8_param_ag; docs/model.md, "FP8", item 5)
-    param_wire = WIRE_16 if tr.fp8_recipe == "mxfp8" else FP8_WIRE
+    # narrow parameters, FP8 or FP4 (the distributed optimizer: frameworks.sharding_refusal)
+    fp8_params = tr.fp8_param_gather or tr.fp4_param_gather
+    # the layers' weights on the wire when they are narrow parameters: FP8's 1 byte; MXFP8
+    # parameters gathered in 16 bits through the gradient buffer and quantized after
+    # (Megatron-Core reuse_grad_buf_for_mxfp8_param_ag; docs/model.md, "FP8", item 5); FP4
+    # parameters in FP4 with their block scales (item 6)
+    param_wire = (NVFP4_WIRE if tr.precision == "nvfp4"
+                  else WIRE_16 if tr.fp8_recipe == "mxfp8" else FP8_WIRE)
     gw = GRAD_WIRE_FP32 if reduce_dtype(inst) == "fp32" else WIRE_16
     r = x.r
     s_in, s_out = x.d_in * x.c_in, x.d_out * x.c_out / r
