@@ -134,8 +134,9 @@ def test_exports_say_nvfp4():
 
 def test_fp4_parameters_hold_no_bf16_copy_and_gather_in_fp4():
     """``fp4_param_gather``: the GEMM weights are the NVFP4 copies alone (hand count as above,
-    the embedding, output layer and norms still bf16), and the parameter all-gather moves FP4
-    values with their scales instead of bf16 ones."""
+    the embedding, output layer and norms still bf16), and the parameter all-gather moves the
+    packed FP4 values (half a byte; the scales are recomputed on every rank) instead of bf16
+    ones."""
     h, kv, f, layers, vocab = 4096, 1024, 14336, 32, 128256
     gemm = layers * (h * (h + 2 * kv) + h * h + 3 * h * f)
     sixteen_bit = 2 * vocab * h + layers * 2 * h + h

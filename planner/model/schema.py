@@ -223,7 +223,8 @@ class TrainingSpec(_Strict):
     fp4_param_gather: bool = Field(
         default=False, description="FP4 parameters: the layers' GEMM weights are kept in NVFP4 "
         "alone (no bf16 copy) and the distributed optimizer quantizes its fp32 shard into them "
-        "and all-gathers them in FP4 (Megatron-LM --fp4-param-gather; Megatron-Bridge's NVFP4 "
+        "and all-gathers their packed FP4 values, half a byte each (Megatron-LM "
+        "--fp4-param-gather; Megatron-Bridge's NVFP4 "
         "recipes from 26.04.01); needs precision = \"nvfp4\" and dp_sharding = \"optim\"")
     fp8_recipe: Literal["tensorwise", "delayed", "mxfp8"] | None = Field(
         default=None, description="how FP8 tensors are scaled (Megatron-Core --fp8-recipe): "

@@ -94,9 +94,12 @@ LOW_PRECISIONS = ("fp8", "nvfp4")
 #: Bytes per element of an input a linear layer keeps for its weight gradient: FP8's one byte;
 #: NVFP4's columnwise E2M1 copy (half a byte) with its E4M3 scale per 16 values
 FP8_HELD_BYTES, NVFP4_HELD_BYTES = 1.0, 0.5 + 1 / 16
-#: FP4 parameters (``[training] fp4_param_gather``) on the wire: the E2M1 values with their E4M3
-#: scale per 16
-NVFP4_WIRE = 0.5 + 1 / 16
+#: FP4 parameters (``[training] fp4_param_gather``) on the wire: the packed E2M1 values alone
+#: (Megatron-Core's uint8 parameter buffer maps each weight's rowwise data only); every rank
+#: recomputes the E4M3 block scales from an all-reduced amax per 16 x 16 tile (Transformer
+#: Engine _cast_master_weights_to_nvfp4_2d: about 1/64 byte per parameter, not costed) and
+#: transposes the gathered values into the columnwise copy (post_all_gather_processing)
+NVFP4_WIRE = 0.5
 
 
 def gemm_rate(inst: Instance):
@@ -579,7 +582,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # the layers' weights on the wire when they are narrow parameters: FP8's 1 byte; MXFP8
     # parameters gathered in 16 bits through the gradient buffer and quantized after
     # (Megatron-Core reuse_grad_buf_for_mxfp8_param_ag; docs/model.md, "FP8", item 5); FP4
-    # parameters in FP4 with their block scales (item 6)
+    # parameters as packed FP4 values, their scales recomputed on every rank (item 6)
     param_wire = (NVFP4_WIRE if tr.precision == "nvfp4"
                   else WIRE_16 if tr.fp8_recipe == "mxfp8" else FP8_WIRE)
     gw = GRAD_WIRE_FP32 if reduce_dtype(inst) == "fp32" else WIRE_16
