@@ -362,7 +362,8 @@ def validate(
         summ["max_ranking_ratio"] = max(ratios)
         summ["runs_ranking_within_10pct"] = sum(1 for x in ratios if x <= v.RANKING_TARGET)
     if as_json:
-        _emit_json({"runs": [{"id": r.id, "gpu": r.gpu, "precision": r.precision, "gpus": r.gpus,
+        _emit_json({"runs": [{"id": r.id, "gpu": r.gpu, "precision": r.precision,
+                              "fp8_recipe": r.fp8_recipe, "gpus": r.gpus,
                               "measured_s": r.measured_s, "predicted_s": r.predicted_s,
                               "error": r.error, "error_out_of_sample": oos[r.id],
                               "source_group": v.source_of(run),
@@ -384,7 +385,7 @@ def validate(
         style = "red" if abs(r.error) > 0.15 else ("yellow" if abs(r.error) > 0.08 else "")
         style = "dim" if r.held_out else style
         mem = f"{r.report.memory_gib['total']:.1f}" + ("" if r.report.fits else " (!)")
-        row = [r.id, str(r.gpus), r.gpu, r.precision, f"{r.measured_s:.3f}",
+        row = [r.id, str(r.gpus), r.gpu, r.label, f"{r.measured_s:.3f}",
                f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%",
                "-" if oos[r.id] is None else f"{100 * oos[r.id]:+.1f}%", mem]
         if ranks:

@@ -64,6 +64,13 @@ class RunResult:
     #: the source of a run whose GPU type (its fit_key) the catalog fits on that source alone:
     #: fitted, but out of the error bounds (:func:`calibration_only_keys`); None: in them
     calibration_only: str | None = None
+    #: the run's FP8 scaling recipe (``[training] fp8_recipe``; None: per-tensor)
+    fp8_recipe: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The precision as the table shows it: ``mxfp8`` for an MXFP8 run."""
+        return "mxfp8" if self.fp8_recipe == "mxfp8" else self.precision
 
     @property
     def predicted_s(self) -> float:
@@ -218,7 +225,8 @@ def validate_runs(data: dict[str, Any], overrides: dict[str, dict[str, float]] |
         out.append(RunResult(run["id"], run["gpu"], run["precision"], plan.gpus,
                              float(run["measured_step_time_s"]), rep,
                              run.get("source", run.get("reported", "")), held_out(run),
-                             singles.get(fit_key(run)) if held_out(run) is None else None))
+                             singles.get(fit_key(run)) if held_out(run) is None else None,
+                             run.get("training", {}).get("fp8_recipe")))
     return out
 
 
