@@ -106,6 +106,7 @@ NVFP4_INSTANCE = {
     "model": {"preset": "llama3-70b"},
     "training": {"global_batch": 64, "precision": "nvfp4", "grad_reduce_dtype": "bf16"},
     "cluster": {"gpu": "gb200", "gpus": 16},
+    "constraints": {"recompute": "none", "max_micro_batch": 2},     # (a smaller space)
 }
 
 
