@@ -544,3 +544,31 @@ def test_b300_figures_are_b200s_scaled_by_the_measured_ratio(figure):
     assert b300.measured_precisions == ()
     assert (b300.peak_tflops_bf16, b300.peak_tflops_fp8) == (b200.peak_tflops_bf16,
                                                              b200.peak_tflops_fp8)
+
+
+@pytest.mark.parametrize("gpu", ["gb200", "gb300"])
+def test_the_blackwell_caveat_states_what_the_2026_releases_measured(data, results, gpu):
+    """The catalog ``caveat`` of GB200 / GB300 quotes how far the model sat from Megatron-Bridge's
+    2026 dense Llama rows (held out); the figures it quotes are these runs' mean errors, so a
+    change of the model that moves them makes the text stale and this test fail."""
+    runs = {r["id"]: r for r in data["runs"]}
+    groups: dict[str, list[float]] = {"fp8": [], "nvfp4": []}
+    for r in results:
+        run = runs[r.id]
+        if (r.gpu == gpu and run.get("source", "").startswith("Megatron-Bridge 26")
+                and not run["model"].startswith(("qwen", "deepseek"))):
+            assert r.held_out
+            groups["nvfp4" if r.precision == "nvfp4" else "fp8"].append(r.error)
+    text = load_gpu(gpu).caveat
+    for cls, said in (("fp8", "at FP8 and MXFP8"), ("nvfp4", "at NVFP4")):
+        errs = groups[cls]
+        mean = round(100 * sum(errs) / len(errs))
+        assert f"{mean}% above their measured step times on average {said} ({len(errs)} runs)" \
+            in text or f"{mean}% {said} ({len(errs)} runs)" in text, (gpu, cls, mean, len(errs))
+    # and every plan on the type carries it
+    from planner.model.evaluate import caveats
+    from planner.model.instance import parse_instance
+    inst = parse_instance({"model": {"preset": "llama3-8b"},
+                           "training": {"global_batch": 64, "precision": "fp8"},
+                           "cluster": {"gpu": gpu, "gpus": 8}})
+    assert any(c.startswith(f"{gpu}: ") and text in c for c in caveats(inst))

@@ -99,6 +99,10 @@ class GPU(BaseModel):
         default=(), description="the precision classes of this GPU type's measured runs in the "
         "shipped runs files (planner/data): a plan at another one rests on assumed figures and "
         "says so (planner.model.evaluate.caveats)")
+    caveat: str | None = Field(
+        default=None, description="what every plan on this type should be read with, measured "
+        "(planner.model.evaluate.caveats adds it): e.g. how far the model's step times sat "
+        "from a newer software release's measured runs")
     kernel_stacks: dict[str, KernelStack] = Field(
         default_factory=dict, description="figures of other kernel stacks ([training] "
         "kernel_stack) than the fused one the main figures are calibrated for")

@@ -84,8 +84,9 @@ MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token pe
 
 def caveats(inst: Instance) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
-    confirm: the MoE terms, and a GPU type at a precision it has no measured run at (its
-    figures there are assumptions, catalog ``measured_precisions``)."""
+    confirm: the MoE terms, a GPU type at a precision it has no measured run at (its
+    figures there are assumptions, catalog ``measured_precisions``), and the type's own
+    measured caveat (catalog ``caveat``: how far newer software ran from the figures)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     precision = inst.spec.training.precision
     gpu = inst.hw.gpu
@@ -93,6 +94,8 @@ def caveats(inst: Instance) -> list[str]:
         out.append(f"{gpu.key} has no measured run at {precision} in the shipped set: its "
                    f"efficiencies there are assumptions (hardware_catalog/{gpu.key}.toml, "
                    "calibration), not fitted on runs of its own")
+    if gpu.caveat:
+        out.append(f"{gpu.key}: {gpu.caveat}")
     return out
 
 
