@@ -349,7 +349,7 @@ def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> lis
     if torchrun:
         gpus += f" (torchrun --nnodes {plan.nodes} --nproc-per-node {per_node})"
     return [
-        f"{what} for plan {plan.label()} ({m.name or 'model'}, {inst.spec.training.precision})",
+        f"{what} for plan {plan.label()} ({m.name or 'model'}, {inst.spec.training.precision_label})",
         gpus,
         f"global batch {plan.global_batch} = dp {plan.dp} x micro_batch {plan.micro_batch} x "
         f"{plan.micro_batches} micro-batches per step",

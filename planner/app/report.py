@@ -64,7 +64,7 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     if inst.node_size != inst.hw.gpus_per_host:
         hosts += f", NVLink segments of {inst.node_size}"
     t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({hosts}), "
-              f"{inst.spec.training.precision}")
+              f"{inst.spec.training.precision_label}")
     t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}"
               + (f"  EP {p.ep} (inside a node {p.ep_intra}, expert DP {p.expert_dp:g})"
                  if p.ep > 1 else ""))

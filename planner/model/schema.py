@@ -246,6 +246,16 @@ class TrainingSpec(_Strict):
         "bf16, Megatron-Bridge's DeepSeek-V3 recipes): 6 bytes; needs bf16 weights (precision "
         "bf16, or fp8 without fp8_param_gather) and dp_sharding = \"optim\"")
 
+    @property
+    def precision_label(self) -> str:
+        """The precision as reports and export headers name it: ``fp8 (mxfp8)`` for MXFP8,
+        ``nvfp4 (FP4 parameters)`` with them, else ``precision``."""
+        if self.fp8_recipe == "mxfp8":
+            return "fp8 (mxfp8)"
+        if self.fp4_param_gather:
+            return "nvfp4 (FP4 parameters)"
+        return self.precision
+
     @model_validator(mode="before")
     @classmethod
     def _replaced_keys(cls, data):
