@@ -181,7 +181,8 @@ from collections.abc import Callable
 from planner.model.errors import InputError
 from planner.model.frameworks import (SHARDING_MODES, sharding_refusal, framework_violations,
                                       offload_violations)
-from planner.model.terms import keeps_remainders, reduce_dtype, selective_recompute
+from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
+                                  selective_recompute)
 from planner.model.instance import Instance
 from planner.model.plan import Plan, default_placement
 from planner.model.rules import violations
@@ -420,7 +421,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
             f"order (tp innermost, then cp, dp, pp) does not give (it gives "
             f"{_fmt_intra(_placed(plan, node, MEGATRON_ORDER))}); order the hosts or ranks to match, "
             "or expect the communication times to differ from the plan's")
-    if precision in ("fp8", "nvfp4"):
+    if precision in LOW_PRECISIONS:
         comments.append(f"{precision} needs Transformer Engine (--transformer-impl "
                         "transformer_engine)")
     comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")

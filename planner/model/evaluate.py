@@ -15,8 +15,9 @@ from planner.model.catalog import GiB
 from planner.model.instance import Instance
 from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
-from planner.model.terms import (MEMORY_TERMS, TIME_TERMS, host_memory_limit_bytes,
-                                 memory_limit_bytes, memory_reserve_GiB, step_terms)
+from planner.model.terms import (LOW_PRECISIONS, MEMORY_TERMS, TIME_TERMS,
+                                 host_memory_limit_bytes, memory_limit_bytes, memory_reserve_GiB,
+                                 step_terms)
 from planner.model.words import stage_words
 from planner.model.workload import Shape
 
@@ -90,7 +91,7 @@ def caveats(inst: Instance) -> list[str]:
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     precision = inst.spec.training.precision
     gpu = inst.hw.gpu
-    if (precision if precision in ("fp8", "nvfp4") else "16-bit") not in gpu.measured_precisions:
+    if (precision if precision in LOW_PRECISIONS else "16-bit") not in gpu.measured_precisions:
         out.append(f"{gpu.key} has no measured run at {precision} in the shipped set: its "
                    f"efficiencies there are assumptions (hardware_catalog/{gpu.key}.toml, "
                    "calibration), not fitted on runs of its own")

@@ -344,16 +344,14 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
     input check, the search's sharding modes and the exports alike."""
     fw = framework_of(name)
     mx_params = training.fp8_param_gather and training.fp8_recipe == "mxfp8"
+    # (MXFP8 and FP4 parameters: the distributed optimizer's path, where the framework has it)
+    zero1 = tuple(m for m in fw.fp8_param_gather_modes if m == "optim")
     for key, on, modes, source, what in (
             ("fp8_param_gather", training.fp8_param_gather, fw.fp8_param_gather_modes,
              fw.fp8_param_gather_source, "FP8 parameters"),
-            ("fp8_param_gather", mx_params,
-             tuple(m for m in fw.fp8_param_gather_modes if m == "optim"), MXFP8_PARAMS_SOURCE,
-             "MXFP8 parameters"),
-            ("fp4_param_gather", training.fp4_param_gather,
-             tuple(m for m in fw.fp8_param_gather_modes if m == "optim"),
-             FP4_PARAMS_SOURCE if fw.fp8_param_gather_modes else fw.fp8_param_gather_source,
-             "FP4 parameters"),
+            ("fp8_param_gather", mx_params, zero1, MXFP8_PARAMS_SOURCE, "MXFP8 parameters"),
+            ("fp4_param_gather", training.fp4_param_gather, zero1,
+             FP4_PARAMS_SOURCE if zero1 else fw.fp8_param_gather_source, "FP4 parameters"),
             ("store_param_remainders", training.store_param_remainders,
              fw.param_remainders_modes, fw.param_remainders_source,
              "master weights stored as remainders")):

@@ -34,10 +34,12 @@ def presets() -> dict[str, dict[str, Any]]:
 #: Engine MXFP8BlockScaling: "the quantized tensor and its transpose are not numerically
 #: equivalent ... both versions are computed from the high precision input")
 MXFP8_BOTH_BYTES = 2 * (1 + 1 / 32)
-#: The same for NVFP4 (Transformer Engine NVFP4BlockScaling): two E2M1 copies of half a byte
-#: per value, each with one E4M3 scale byte per 16 values (weights share a scale over a 16 x 16
-#: block, written per 16-value row for the GEMMs), plus one fp32 scale per tensor (not counted)
-NVFP4_BOTH_BYTES = 2 * (0.5 + 1 / 16)
+#: One NVFP4 copy (Transformer Engine NVFP4BlockScaling): E2M1 values of half a byte, each 16
+#: with one E4M3 scale byte (weights share a scale over a 16 x 16 block, written per 16-value
+#: row for the GEMMs), plus one fp32 scale per tensor (not counted)
+NVFP4_COPY_BYTES = 0.5 + 1 / 16
+#: NVFP4's weight held for both GEMM directions: two such copies
+NVFP4_BOTH_BYTES = 2 * NVFP4_COPY_BYTES
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
                                       grad_reduce_dtype, selective_recompute_of)
-from planner.model.instance import Hardware, Instance
+from planner.model.instance import NVFP4_COPY_BYTES, Hardware, Instance
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
@@ -92,8 +92,8 @@ NVFP4_GEMM_RATE = 0.66
 #: The narrow formats whose linear GEMMs run through Transformer Engine's quantized path
 LOW_PRECISIONS = ("fp8", "nvfp4")
 #: Bytes per element of an input a linear layer keeps for its weight gradient: FP8's one byte;
-#: NVFP4's columnwise E2M1 copy (half a byte) with its E4M3 scale per 16 values
-FP8_HELD_BYTES, NVFP4_HELD_BYTES = 1.0, 0.5 + 1 / 16
+#: NVFP4's columnwise copy (E2M1 values with their E4M3 scale per 16)
+FP8_HELD_BYTES, NVFP4_HELD_BYTES = 1.0, NVFP4_COPY_BYTES
 #: FP4 parameters (``[training] fp4_param_gather``) on the wire: the packed E2M1 values alone
 #: (Megatron-Core's uint8 parameter buffer maps each weight's rowwise data only); every rank
 #: recomputes the E4M3 block scales from an all-reduced amax per 16 x 16 tile (Transformer
