@@ -289,6 +289,34 @@ def test_fp8_activations_keep_the_linear_inputs_in_fp8():
         assert saved == pytest.approx(fewer * plan.micro_batch * S * L, rel=1e-9)
 
 
+@pytest.mark.parametrize("training, gathered", [
+    ({"precision": "fp8"}, 1.0),                                 # per-tensor FP8: 1 byte
+    ({"precision": "fp8", "fp8_recipe": "mxfp8"}, 1 + 1 / 32),   # + an E8M0 scale per 32
+    ({"precision": "nvfp4"}, 0.5 + 1 / 16),                      # + an E4M3 scale per 16
+    ({"precision": "fp8", "kernel_stack": "pytorch"}, 2.0),      # torchao: 16-bit gathers
+])
+def test_sequence_parallel_all_gathers_move_what_transformer_engine_quantized(training,
+                                                                              gathered):
+    """Under sequence parallelism a layer's four tensor-parallel collectives are each an
+    all-gather (a column-parallel input forward, a row-parallel output's gradient backward)
+    and a reduce-scatter (a GEMM's 16-bit output). Transformer Engine gathers the tensors it
+    has already quantized (layernorm_linear.py, base.py grad_output_preprocess), so on a
+    ring of t = 4 (no latency), where each moves (t - 1) / t of its tensor, the time is
+    (gathered + 2) / (2 + 2) of the 16-bit one; without sequence parallelism the four
+    all-reduces of 16-bit outputs stay as they are."""
+    def tp_time(tr, sp):
+        inst = no_latency(make_inst(4, training=tr, cluster={"gpu": "b200"}))
+        return terms_of(inst, make_plan(inst, tp=4, sp=sp)).time["tp_comm"]
+    bf16 = tp_time({"precision": "bf16"}, True)
+    tokens, bytes_16 = S, 2 * S * H                        # one micro-batch of S tokens
+    per_step = L * 8                                       # layers x micro-batches (8 of 1)
+    assert bf16 == pytest.approx(per_step * 4 * 2 * (3 / 4) * bytes_16 / BWI, rel=REL)
+    assert tp_time(training, True) == pytest.approx(
+        per_step * 4 * (3 / 4) * (gathered * tokens * H + bytes_16) / BWI, rel=REL)
+    assert tp_time(training, False) == pytest.approx(tp_time({"precision": "bf16"}, False),
+                                                     rel=REL)
+
+
 # ------------------------------------------------------------------------------------------
 # pipeline bubble (its size against Narayanan et al. Sec. 2.2 is in test_papers.py)
 # ------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ def presets() -> dict[str, dict[str, Any]]:
 #: quantized from the 16-bit tensor with one E8M0 scale byte per 32 elements (Transformer
 #: Engine MXFP8BlockScaling: "the quantized tensor and its transpose are not numerically
 #: equivalent ... both versions are computed from the high precision input")
-MXFP8_BOTH_BYTES = 2 * (1 + 1 / 32)
+MXFP8_COPY_BYTES = 1 + 1 / 32
+MXFP8_BOTH_BYTES = 2 * MXFP8_COPY_BYTES
 #: One NVFP4 copy (Transformer Engine NVFP4BlockScaling): E2M1 values of half a byte, each 16
 #: with one E4M3 scale byte (weights share a scale over a 16 x 16 block, written per 16-value
 #: row for the GEMMs), plus one fp32 scale per tensor (not counted)

@@ -31,7 +31,7 @@ from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
                                       grad_reduce_dtype, selective_recompute_of)
-from planner.model.instance import NVFP4_COPY_BYTES, Hardware, Instance
+from planner.model.instance import MXFP8_COPY_BYTES, NVFP4_COPY_BYTES, Hardware, Instance
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
@@ -88,18 +88,28 @@ MXFP8_GEMM_RATE = 0.94
 #: NVFP4 GEMMs (and their quantization, random Hadamard transforms and stochastic rounding) at
 #: this share of the FP4 peak times the GPU's FP8 efficiency (docs/model.md, "FP8", item 6:
 #: fitted once on Megatron-Bridge 26.02's same-plan NVFP4 / MXFP8 pairs; later releases held out)
-NVFP4_GEMM_RATE = 0.66
+NVFP4_GEMM_RATE = 0.64
 #: The narrow formats whose linear GEMMs run through Transformer Engine's quantized path
 LOW_PRECISIONS = ("fp8", "nvfp4")
-#: Bytes per element of an input a linear layer keeps for its weight gradient: FP8's one byte;
-#: NVFP4's columnwise copy (E2M1 values with their E4M3 scale per 16)
-FP8_HELD_BYTES, NVFP4_HELD_BYTES = 1.0, NVFP4_COPY_BYTES
+#: One byte per element of a per-tensor-scaled FP8 activation (its one scale not counted)
+FP8_COPY_BYTES = 1.0
 #: FP4 parameters (``[training] fp4_param_gather``) on the wire: the packed E2M1 values alone
 #: (Megatron-Core's uint8 parameter buffer maps each weight's rowwise data only); every rank
 #: recomputes the E4M3 block scales from an all-reduced amax per 16 x 16 tile (Transformer
 #: Engine _cast_master_weights_to_nvfp4_2d: about 1/64 byte per parameter, not costed) and
 #: transposes the gathered values into the columnwise copy (post_all_gather_processing)
 NVFP4_WIRE = 0.5
+
+
+def narrow_bytes(tr) -> float:
+    """Bytes per element of an activation Transformer Engine quantizes for a linear GEMM, one
+    direction with its scales: 1 for per-tensor FP8, 1 + 1/32 for MXFP8 (an E8M0 scale per 32),
+    0.5 + 1/16 for NVFP4 (an E4M3 scale per 16). It is what a linear layer keeps of its input
+    for the weight gradient (``saved_inputmat``) and what a sequence-parallel all-gather of
+    that input, or of a row-parallel output's gradient, moves (:func:`step_terms`)."""
+    if tr.precision == "nvfp4":
+        return NVFP4_COPY_BYTES
+    return MXFP8_COPY_BYTES if tr.fp8_recipe == "mxfp8" else FP8_COPY_BYTES
 
 
 def gemm_rate(inst: Instance):
@@ -272,6 +282,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     fp8 = tr.precision == "fp8"
     lowp = tr.precision in LOW_PRECISIONS
     peak_gemm = gemm_rate(inst) if lowp else peak16
+    # Transformer Engine's quantized linear path (the fused stack: torchao's float8 keeps the
+    # held inputs in 16 bits and casts again, and is costed gathering 16-bit inputs)
+    te_narrow = lowp and tr.kernel_stack == "fused"
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -401,10 +414,20 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # a dense layer: 2 collectives forward (attention, MLP), 2 backward, 2 more under full
     # recompute; an MoE layer only the attention's half (its experts have expert tensor
     # parallelism 1: tokens stay sequence-sharded and reach the experts by the all-to-all)
+    # With sequence parallelism each collective is an all-gather of a linear layer's input
+    # (forward) or of a row-parallel output's gradient (backward) and a reduce-scatter of a
+    # GEMM's 16-bit output; Transformer Engine quantizes what it gathers first, so at FP8 /
+    # NVFP4 the all-gather moves narrow_bytes per element (TE layernorm_linear.py: the norm
+    # writes the quantized input, gather_along_first_dim(ln_out, quantizer=...); base.py
+    # grad_output_preprocess: the gradient is quantized, then gathered; so since TE 1.0)
     act_bytes = 2 * tokens * h
     n_allreduce = 4 + (2 if full else 0)
-    tp_one = allreduce(act_bytes, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
-                       hw.lat_intra, hw.lat_inter)
+    gathered = narrow_bytes(tr) * tokens * h if (sp and te_narrow) else act_bytes
+    tp_rs = 0.5 * allreduce(act_bytes, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
+                            hw.lat_intra, hw.lat_inter)
+    tp_ag = 0.5 * allreduce(gathered, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
+                            hw.lat_intra, hw.lat_inter)
+    tp_one = tp_ag + tp_rs
     tp_layer = n_allreduce * tp_one
     tp_moe = n_allreduce / 2 * tp_one
     if k.tp_comm_overlap and sp and not is_one(t):
@@ -424,7 +447,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # Korthikanti et al. 2022, Sec. 5, Table 4). The recomputed forward's are exposed.
         def backward_exposed(wgrad):
             if sp:
-                return tp_one / 2 + hidden_cost(tp_one / 2, vmax(0.0, tp_one / 2 - wgrad), slow)
+                return tp_ag + hidden_cost(tp_rs, vmax(0.0, tp_rs - wgrad), slow)
             return hidden_cost(tp_one, vmax(0.0, tp_one - wgrad), slow)
         wgrad_qkv = gemm_s([attn_gemms[0]], peak_gemm)
         exposed_qkv = backward_exposed(wgrad_qkv)
@@ -755,12 +778,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     units = (2 * resharded + kept * stage_layers) if mode.params else 0
     kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
-    # Transformer Engine keeps the linear layers' inputs for the backward in FP8 (the fused
-    # stack only: torchao's float8 keeps them in 16 bits and casts again)
-    fp8_held = lowp and tr.kernel_stack == "fused"
-    held = NVFP4_HELD_BYTES if tr.precision == "nvfp4" else FP8_HELD_BYTES
+    # Transformer Engine keeps the linear layers' inputs for the backward narrow (te_narrow)
+    held = narrow_bytes(tr)
     replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes(held)
-                                                  if fp8_held else 0)
+                                                  if te_narrow else 0)
 
     def stored_per_layer(parallel_bytes, mlp_kept):
         """(stored bytes per layer and micro-batch, working set of one re-materialised layer).
@@ -817,12 +838,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     for kind in kinds:
         if kind == "dense":
             layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
-            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash, held) if fp8_held else 0
+            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash, held) if te_narrow else 0
         else:
             layer_p = sh.moe_dense_params
             experts_p = stage_layers * sh.experts * sh.expert_params / x.e
             act_bytes_p = sh.moe_act_parallel_bytes
-            act_bytes_p -= sh.moe_fp8_saved_parallel_bytes(flash, held) if fp8_held else 0
+            act_bytes_p -= sh.moe_fp8_saved_parallel_bytes(flash, held) if te_narrow else 0
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
         stored, working = stored_per_layer(act_bytes_p, mlp_kept)
