@@ -483,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--b-layers", type=int, default=128,
                     help="layers of model B (default 128; 126 is the real preset, infeasible on "
                          "power-of-two GPU counts)")
+    ap.add_argument("--max-cp", type=int, default=None,
+                    help="context-parallel cap of both models (default: A 1, B 2); a larger cap "
+                         "grows the space by the CP degrees and their splits")
     ap.add_argument("--json", dest="json_out", type=Path, default=None,
                     help="write the raw measurements to this file")
     ap.add_argument("--keep", action="store_true", help="keep the instance TOML directory")
@@ -518,6 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = {k: dict(v) for k, v in MODELS.items()}
     cfg["A"]["gpu"] = args.gpu_a
     cfg["B"]["layers"] = args.b_layers if args.b_layers != 126 else None
+    if args.max_cp is not None:
+        if args.max_cp < 1:
+            ap.error("--max-cp must be >= 1")
+        for m in cfg.values():
+            m["max_cp"] = args.max_cp
     cmd = plan_command()
 
     print("plan solve scaling benchmark (benchmarks/solve_scaling.py)")
@@ -540,7 +548,9 @@ def main(argv: list[str] | None = None) -> int:
              "objective = time per sequence" if args.batch_range else
              "  (max(2048, GPUs // 16), fixed: objective = step time)"))
     print("constraints: schema defaults (no pins; max_cp = 1, micro-batch 1..32, recompute/SP/"
-          "distributed optimizer free; tp_within_node = false), model B max_cp = 2")
+          "distributed optimizer free; tp_within_node = false), "
+          + (f"max_cp = {args.max_cp} for both models" if args.max_cp is not None
+             else "model B max_cp = 2"))
     sys.stdout.flush()
 
     all_rows: dict[str, list[dict]] = {}
