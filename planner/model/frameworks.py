@@ -66,6 +66,11 @@ class Framework:
     grad_reduce_dtype: str = "fp32"
     #: FSDP2 ``reshard_after_forward`` default: (without pipeline parallelism, with it)
     reshard_after_forward: tuple[bool, bool] = (True, False)
+    #: Megatron-Core's interleaved schedule: each virtual chunk's gradient reduction starts
+    #: once that chunk's last micro-batch backward is done (schedules.py,
+    #: backward_step_helper_postprocess / _preprocess), so it overlaps the rest of the
+    #: cool-down (docs/model.md, "Overlap")
+    chunked_grad_sync: bool = False
     #: with sharded parameters, a 16-bit shard besides the fp32 master (18 bytes per parameter
     #: over the group: Megatron-FSDP, DeepSpeed ZeRO-3) or the fp32 master is the shard and
     #: only the gathered layers are 16-bit (16 bytes: PyTorch FSDP's MixedPrecisionPolicy)
@@ -226,7 +231,7 @@ _NEMO_REMAINDERS = ("NeMo stores remainders with its distributed Adam (NeMo 1 "
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
                           overlap_defaults=(("overlap_p2p_comm", True),),
-                          reduce_every_microbatch=True,
+                          reduce_every_microbatch=True, chunked_grad_sync=True,
                           overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=40_000_000,
                           sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                           sharding_no_pp_source="Megatron-LM's FSDP path does not run with "
@@ -236,7 +241,7 @@ FRAMEWORKS: dict[str, Framework] = {
                           cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER,
                           fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params"),
                           param_remainders_source=_MEGATRON_REMAINDERS),
-    "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=True,
+    "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=True, chunked_grad_sync=True,
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
                                         ("overlap_p2p_comm", True)),

@@ -88,7 +88,7 @@ MXFP8_GEMM_RATE = 0.94
 #: NVFP4 GEMMs (and their quantization, random Hadamard transforms and stochastic rounding) at
 #: this share of the FP4 peak times the GPU's FP8 efficiency (docs/model.md, "FP8", item 6:
 #: fitted once on Megatron-Bridge 26.02's same-plan NVFP4 / MXFP8 pairs; later releases held out)
-NVFP4_GEMM_RATE = 0.64
+NVFP4_GEMM_RATE = 0.65
 #: The narrow formats whose linear GEMMs run through Transformer Engine's quantized path
 LOW_PRECISIONS = ("fp8", "nvfp4")
 #: One byte per element of a per-tensor-scaled FP8 activation (its one scale not counted)
@@ -710,7 +710,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             bucket_rs = allreduce(gw * bucket_params, x.d_in * x.c_in, x.d_out * x.c_out,
                                   hw.bw_intra, hw.bw_inter, hw.lat_intra, hw.lat_inter)
             bucket_ag = 0.0
-        step_reduce = exposed(reduce_raw, backward, bucket_rs, og, slow)
+        if fw.chunked_grad_sync:
+            # Interleaved (v > 1) under Megatron-Core's schedule: virtual chunk c's reduction
+            # starts after its last micro-batch backward, aligned across the pipeline ranks
+            # (align_grad_reduce, on by default), which leaves c p chunk-backwards (backward /
+            # v each) of the cool-down after it; chunk 0's starts after the last one. On a
+            # serial network the exposed time is the larger of chunk 0's whole reduction
+            # (raw / v) and what the (v - 1) p chunk-backwards cannot hide. At v = 1 (plain
+            # 1F1B) the buckets reduce during the last micro-batch's backward, as below.
+            reduce_window = eq1(v) * backward + gt1(v) * backward * p * ring_share(v)
+            reduce_unit = eq1(v) * bucket_rs + gt1(v) * reduce_raw / v
+        else:
+            reduce_window, reduce_unit = backward, bucket_rs
+        step_reduce = exposed(reduce_raw, reduce_window, reduce_unit, og, slow)
         step_gather = exposed(gather_raw, forward, bucket_ag, opg, slow)
     else:
         step_reduce, step_gather = reduce_raw, gather_raw
