@@ -213,9 +213,9 @@ def _moe_ids(data) -> set[str]:
     return {r["id"] for r in data["runs"] if Shape.of(run_instance(data, r).model).n_moe}
 
 
-@pytest.mark.xfail(strict=True, reason="MoE (plan validate): DeepSeek-V3 on H100 -25.7%, "
-                   "Qwen3-30B-A3B on H100 -66.1% (Megatron-Bridge 25.11) and -20.0% (26.04, "
-                   "HybridEP), Qwen3-235B-A22B on H100 -13.9% / -10.9%, on GB200 +8.0%: "
+@pytest.mark.xfail(strict=True, reason="MoE (plan validate): DeepSeek-V3 on H100 -25.4%, "
+                   "Qwen3-30B-A3B on H100 -65.2% (Megatron-Bridge 25.11) and -18.5% (26.04, "
+                   "HybridEP), Qwen3-235B-A22B on H100 -14.1% / -11.2%, on GB200 +9.5%: "
                    "fine-grained expert GEMMs, routing and permutation cost more than the model "
                    "charges (README, 'What is validated and what is not')")
 def test_moe_runs_are_predicted_unseen(data, results):
