@@ -555,6 +555,41 @@ def test_grad_reduce_and_param_gather_overlap_hide_behind_backward_and_forward()
     assert gather_only.time["dp_comm"] == allred
 
 
+@pytest.mark.parametrize("bw_inter, regime", [(100 * BWO, "last chunk"), (BWO, "cool-down")])
+def test_interleaved_gradient_reduction_matches_a_simulation_of_the_cool_down(bw_inter, regime):
+    """Megatron-Core's interleaved schedule starts a virtual chunk's gradient reduction once its
+    last micro-batch backward is done (schedules.py, aligned across the pipeline ranks). In the
+    cool-down's last round chunks v-1, ..., 0 run p chunk-backwards each, so chunk c's reduction
+    starts c p chunk-backwards (backward / v each) before the end and chunk 0's at the end.
+    Simulated here as a queue on one network, each chunk's reduction taking reduce / v in
+    launch order: the exposed time the model charges must be the simulation's, on a fast
+    network (the last chunk's reduction alone shows) and on a slow one (the cool-down hides
+    what it can). Plain data parallelism across nodes, no recompute (backward = 2/3 of a
+    micro-batch's compute), free overlap (make_inst)."""
+    p, v, dp = 2, 4, 2
+    inst = no_latency(with_hw(make_inst(p * dp, model={"layers": 8, "seq_len": 1024},
+                                        cluster={"gpus_per_node": 1}), bw_inter=bw_inter))
+    shape = dict(pp=p, dp=dp, vp=v, b=1, tp_intra=1, pp_intra=1, dp_intra=1)
+    reduce = terms_of(inst, make_plan(inst, **shape)).time["dp_comm"]       # raw, exposed
+    ov = terms_of(inst, make_plan(inst, **shape, overlap_grad_reduce=True))
+    backward = 2 / 3 * (8 // p) * ov.layer["compute"]
+    chunk_backward = backward / v
+    finish = float("-inf")                    # the end of the schedule is time 0
+    for c in reversed(range(v)):              # chunk v-1 is launched first
+        finish = max(finish, -c * p * chunk_backward) + reduce / v
+    assert ov.time["dp_comm"] == pytest.approx(finish, rel=1e-9)
+    # plain 1F1B (v = 1): the buckets reduce during the last micro-batch's backward, one bucket
+    # exposed at best, all beyond one backward at worst
+    plain = terms_of(inst, make_plan(inst, **dict(shape, vp=1), overlap_grad_reduce=True))
+    if regime == "last chunk":
+        assert ov.time["dp_comm"] == pytest.approx(reduce / v, rel=1e-9)
+        assert plain.time["dp_comm"] < ov.time["dp_comm"]       # a bucket, not a whole chunk
+    else:
+        assert ov.time["dp_comm"] > reduce / v
+        assert plain.time["dp_comm"] == pytest.approx(reduce - backward, rel=1e-9)
+        assert plain.time["dp_comm"] > ov.time["dp_comm"]       # the cool-down hides more
+
+
 def test_p2p_overlap_leaves_the_fill_and_flush_only_when_interleaved():
     """overlap_p2p_comm: with vp > 1 only the 2 (p - 1) transfers of the pipeline fill and flush
     stay exposed; at vp = 1 (Megatron turns the overlap off) the transfers are unchanged."""
