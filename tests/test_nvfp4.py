@@ -167,3 +167,30 @@ def test_fp4_parameters_keep_zero_1():
     megatron = emit(inst, res.report.plan, "megatron")
     assert "--fp4-param-gather" in megatron
     assert "fp4_param_gather: cannot express" in emit(inst, res.report.plan, "nemo")
+
+
+@pytest.mark.parametrize("gpu, training, vp", [
+    ("gb200", {"precision": "nvfp4"}, 1),
+    ("b200", {"precision": "fp8", "fp8_recipe": "mxfp8"}, 1),
+    ("h100-sxm", {"precision": "fp8"}, 2),
+])
+def test_an_moe_layer_holds_its_narrow_inputs_whatever_dense_layers_precede_it(gpu, training, vp):
+    """A stage is checked as if its layers were all of one kind, so an MoE model's MoE-kind
+    activations must not depend on whether dense layers come first: with one leading dense
+    layer they equal those of the all-MoE model (the narrow bytes each linear layer holds,
+    terms.narrow_bytes, are the same for both kinds; a name shared with the stage loop's
+    micro-batch count once made the MoE kind of a mixed model hold 1 byte at NVFP4)."""
+    def activations(first_dense):
+        inst = parse_instance({
+            "model": {"layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000,
+                      "seq_len": 2048, "experts": 8, "top_k": 2, "moe_ffn_hidden": 1024,
+                      "first_dense_layers": first_dense},
+            "training": {"global_batch": 16, **training},
+            "cluster": {"gpu": gpu, "gpus": 8},
+            "plan": {"tp": 1, "pp": 2, "dp": 4, "ep": 2, "vp": vp, "micro_batch": 1}})
+        rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+        return {k: v["activations"] for k, v in rep.memory_by_stage_gib.items()}
+    mixed, moe = activations(1), activations(0)
+    assert mixed["first_moe"] == pytest.approx(moe["first"], rel=1e-12)
+    assert mixed["last_moe"] == pytest.approx(moe["last"], rel=1e-12)
+    assert mixed["first_dense"] != pytest.approx(mixed["first_moe"], rel=1e-3)

@@ -790,9 +790,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     units = (2 * resharded + kept * stage_layers) if mode.params else 0
     kinds = [kind for kind, n_kind in (("dense", sh.n_dense), ("moe", sh.n_moe)) if n_kind]
 
-    # Transformer Engine keeps the linear layers' inputs for the backward narrow (te_narrow)
-    held = narrow_bytes(tr)
-    replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes(held)
+    # Transformer Engine keeps the linear layers' inputs for the backward narrow (te_narrow),
+    # narrow_held bytes each (not ``held``: the stage loop below counts micro-batches in that)
+    narrow_held = narrow_bytes(tr)
+    replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes(narrow_held)
                                                   if te_narrow else 0)
 
     def stored_per_layer(parallel_bytes, mlp_kept):
@@ -850,12 +851,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     for kind in kinds:
         if kind == "dense":
             layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
-            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash, held) if te_narrow else 0
+            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash, narrow_held) if te_narrow else 0
         else:
             layer_p = sh.moe_dense_params
             experts_p = stage_layers * sh.experts * sh.expert_params / x.e
             act_bytes_p = sh.moe_act_parallel_bytes
-            act_bytes_p -= sh.moe_fp8_saved_parallel_bytes(flash, held) if te_narrow else 0
+            act_bytes_p -= (sh.moe_fp8_saved_parallel_bytes(flash, narrow_held) if te_narrow
+                            else 0)
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
         stored, working = stored_per_layer(act_bytes_p, mlp_kept)
