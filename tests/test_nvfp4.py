@@ -178,7 +178,7 @@ def test_an_moe_layer_holds_its_narrow_inputs_whatever_dense_layers_precede_it(g
     """A stage is checked as if its layers were all of one kind, so an MoE model's MoE-kind
     activations must not depend on whether dense layers come first: with one leading dense
     layer they equal those of the all-MoE model (the narrow bytes each linear layer holds,
-    terms.narrow_bytes, are the same for both kinds; a name shared with the stage loop's
+    instance.narrow_bytes, are the same for both kinds; a name shared with the stage loop's
     micro-batch count once made the MoE kind of a mixed model hold 1 byte at NVFP4)."""
     def activations(first_dense):
         inst = parse_instance({

@@ -28,19 +28,36 @@ def presets() -> dict[str, dict[str, Any]]:
     return tomllib.loads(resources.files("planner").joinpath("data/presets.toml").read_text())
 
 
-#: An MXFP8 tensor that serves both GEMM directions (a weight: forward and input gradient; an
-#: activation: forward and weight gradient) is held twice, rowwise and columnwise, each
-#: quantized from the 16-bit tensor with one E8M0 scale byte per 32 elements (Transformer
-#: Engine MXFP8BlockScaling: "the quantized tensor and its transpose are not numerically
-#: equivalent ... both versions are computed from the high precision input")
+#: One per-tensor-scaled FP8 copy of a tensor: a byte per element (its one scale not counted)
+FP8_COPY_BYTES = 1.0
+#: One MXFP8 copy (Transformer Engine MXFP8BlockScaling): a byte per element and one E8M0
+#: scale byte per 32
 MXFP8_COPY_BYTES = 1 + 1 / 32
-MXFP8_BOTH_BYTES = 2 * MXFP8_COPY_BYTES
 #: One NVFP4 copy (Transformer Engine NVFP4BlockScaling): E2M1 values of half a byte, each 16
 #: with one E4M3 scale byte (weights share a scale over a 16 x 16 block, written per 16-value
 #: row for the GEMMs), plus one fp32 scale per tensor (not counted)
 NVFP4_COPY_BYTES = 0.5 + 1 / 16
-#: NVFP4's weight held for both GEMM directions: two such copies
-NVFP4_BOTH_BYTES = 2 * NVFP4_COPY_BYTES
+
+
+def narrow_bytes(training) -> float:
+    """Bytes per element of one copy of a tensor Transformer Engine quantizes for a linear
+    GEMM, with its scales: 1 for per-tensor FP8, 1 + 1/32 for MXFP8, 0.5 + 1/16 for NVFP4.
+    The one owner of these widths: a weight's cache (:func:`resolve`, a copy per GEMM
+    direction it keeps), the input a linear layer holds for its weight gradient and the
+    sequence-parallel all-gathers (:func:`planner.model.terms.step_terms`)."""
+    if training.precision == "nvfp4":
+        return NVFP4_COPY_BYTES
+    return MXFP8_COPY_BYTES if training.fp8_recipe == "mxfp8" else FP8_COPY_BYTES
+
+
+def both_directions(training, gpu: GPU) -> bool:
+    """Whether Transformer Engine keeps a narrow weight twice, once per GEMM direction:
+    block-scaled formats always (MXFP8, NVFP4: "the quantized tensor and its transpose are not
+    numerically equivalent ... both versions are computed from the high precision input",
+    MXFP8BlockScaling; rowwise and columnwise NVFP4 copies), per-tensor FP8 only where FP8
+    GEMMs are TN only (GPU.fp8_weight_transpose: Hopper's transposed copy)."""
+    return (training.precision == "nvfp4" or training.fp8_recipe == "mxfp8"
+            or gpu.fp8_weight_transpose)
 
 
 @dataclass(frozen=True)
@@ -68,9 +85,8 @@ class Hardware:
     #: how much slower compute runs beside a collective (GPU.overlap_slowdown; docs/model.md,
     #: "Overlap")
     overlap_slowdown: float = 0.0
-    #: bytes per GEMM parameter of Transformer Engine's narrow weight cache (GPU.fp8_weight_transpose:
-    #: the FP8 copy, and its transpose where FP8 GEMMs are TN only; under MXFP8 both
-    #: directions with their scales, MXFP8_BOTH_BYTES; under NVFP4, NVFP4_BOTH_BYTES)
+    #: bytes per GEMM parameter of Transformer Engine's narrow weight cache: one copy of
+    #: narrow_bytes per GEMM direction kept (both_directions)
     fp8_weight_cache_bytes: float = 2.0
     #: dense FP4 (NVFP4) FLOP/s, 0 when the catalog has none
     peak_fp4: float = 0.0
@@ -335,9 +351,8 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
         attention_efficiency=c.attention_efficiency or attn_eff,
         overlap_slowdown=(gpu.overlap_slowdown if c.overlap_slowdown is None
                           else c.overlap_slowdown),
-        fp8_weight_cache_bytes=(NVFP4_BOTH_BYTES if precision == "nvfp4"
-                                else MXFP8_BOTH_BYTES if spec.training.fp8_recipe == "mxfp8"
-                                else 2.0 if gpu.fp8_weight_transpose else 1.0),
+        fp8_weight_cache_bytes=(narrow_bytes(spec.training)
+                                * (2 if both_directions(spec.training, gpu) else 1)),
         knee_tokens=knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
         knee_width=knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,

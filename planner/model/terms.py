@@ -31,7 +31,7 @@ from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
                                       grad_reduce_dtype, selective_recompute_of)
-from planner.model.instance import MXFP8_COPY_BYTES, NVFP4_COPY_BYTES, Hardware, Instance
+from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
@@ -78,8 +78,8 @@ UB_BYTES_16, UB_BYTES_FP8 = 10 * 2, 6 * 1 + 4 * 2
 #: default ``accumulate_allreduce_grads_in_fp32``, NeMo's ``grad_reduce_in_fp32``, torchtitan's
 #: ``mixed_precision_reduce = "float32"``).
 WIRE_16, GRAD_WIRE_FP32 = 2, 4
-#: FP8 parameters (``[training] fp8_param_gather``) on the wire and in memory: 1 byte each
-FP8_WIRE = 1
+#: FP8 parameters (``[training] fp8_param_gather``) on the wire and in memory: one FP8 copy
+FP8_WIRE = FP8_COPY_BYTES
 GRAD_WIRE_BYTES = WIRE_16
 #: Block-scaled (MXFP8) GEMMs and their quantization run at this share of the per-tensor FP8
 #: rate (docs/model.md, "FP8", item 5: fitted once on Megatron-Bridge 25.11's three same-plan
@@ -91,25 +91,12 @@ MXFP8_GEMM_RATE = 0.94
 NVFP4_GEMM_RATE = 0.65
 #: The narrow formats whose linear GEMMs run through Transformer Engine's quantized path
 LOW_PRECISIONS = ("fp8", "nvfp4")
-#: One byte per element of a per-tensor-scaled FP8 activation (its one scale not counted)
-FP8_COPY_BYTES = 1.0
 #: FP4 parameters (``[training] fp4_param_gather``) on the wire: the packed E2M1 values alone
 #: (Megatron-Core's uint8 parameter buffer maps each weight's rowwise data only); every rank
 #: recomputes the E4M3 block scales from an all-reduced amax per 16 x 16 tile (Transformer
 #: Engine _cast_master_weights_to_nvfp4_2d: about 1/64 byte per parameter, not costed) and
 #: transposes the gathered values into the columnwise copy (post_all_gather_processing)
 NVFP4_WIRE = 0.5
-
-
-def narrow_bytes(tr) -> float:
-    """Bytes per element of an activation Transformer Engine quantizes for a linear GEMM, one
-    direction with its scales: 1 for per-tensor FP8, 1 + 1/32 for MXFP8 (an E8M0 scale per 32),
-    0.5 + 1/16 for NVFP4 (an E4M3 scale per 16). It is what a linear layer keeps of its input
-    for the weight gradient (``saved_inputmat``) and what a sequence-parallel all-gather of
-    that input, or of a row-parallel output's gradient, moves (:func:`step_terms`)."""
-    if tr.precision == "nvfp4":
-        return NVFP4_COPY_BYTES
-    return MXFP8_COPY_BYTES if tr.fp8_recipe == "mxfp8" else FP8_COPY_BYTES
 
 
 def gemm_rate(inst: Instance):

@@ -205,7 +205,7 @@ class Shape:
     # FP8 (and NVFP4) under Transformer Engine ----------------------------------------------
     # A linear layer casts its input to the narrow format and keeps, for the weight gradient,
     # only that copy (TE module/linear.py: ``saved_inputmat_t`` / ``saved_inputmat``): ``held``
-    # bytes per element, 1 for FP8, 1.03125 for MXFP8, 0.5625 for NVFP4 (terms.narrow_bytes);
+    # bytes per element, 1 for FP8, 1.03125 for MXFP8, 0.5625 for NVFP4 (instance.narrow_bytes);
     # the norms' and the activation's backward still need their 16-bit inputs.
     def fp8_saved_replicated_bytes(self, held: float = 1.0) -> float:
         """The QKV and fc1 inputs (the norms' outputs), ``held`` bytes each instead of 2:
