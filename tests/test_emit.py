@@ -13,7 +13,7 @@ import pytest
 from planner.app.emit import FORMATS, emit
 from planner.model.frameworks import SHARDING_MODES, framework_violations
 from planner.model.errors import InputError
-from planner.model.instance import Instance, load_instance
+from planner.model.instance import Instance, load_instance, parse_instance
 from planner.model.plan import ORDER, Plan, default_placement, plan_from_spec
 from planner.model.schema import ModelSpec
 
@@ -48,6 +48,13 @@ CASES = {
                        {"tp": 4, "pp": 16, "dp": 16, "vp": 1, "tp_intra": 4, "pp_intra": 2,
                         "dp_intra": 1, "sequence_parallel": False, "distributed_optimizer": False}),
 }
+
+
+def emitted(doc: dict, plan: dict, fmt: str) -> str:
+    """The ``fmt`` launch configuration of the instance ``doc`` (a dict, as an instance file
+    reads) run with ``plan`` as its ``[plan]``: how the tests of one knob's exports build them."""
+    inst = parse_instance({**doc, "plan": plan})
+    return emit(inst, plan_from_spec(inst, inst.spec.plan), fmt)
 
 
 @pytest.fixture(params=sorted(CASES))

@@ -20,12 +20,12 @@ import copy
 import pytest
 
 from formulations.solve import solve
-from planner.app.emit import emit
 from planner.model.catalog import GiB
 from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
+from tests.test_emit import emitted
 
 
 def llama8b(recipe: str | None, gpu: str = "b200", fp8_params: bool = True, **plan):
@@ -156,16 +156,13 @@ def test_backends_agree_where_mxfp8_decides():
 
 
 def test_exports_say_the_recipe():
-    inst = parse_instance({**MX_DECIDES, "plan": {"tp": 4, "pp": 2, "dp": 2, "vp": 20,
-                                                   "micro_batch": 2}})
-    plan = plan_from_spec(inst, inst.spec.plan)
-    megatron = emit(inst, plan, "megatron")
+    plan = {"tp": 4, "pp": 2, "dp": 2, "vp": 20, "micro_batch": 2}
+    megatron = emitted(MX_DECIDES, plan, "megatron")
     assert "--fp8-recipe mxfp8" in megatron and "--fp8-format e4m3" in megatron
     assert "--reuse-grad-buf-for-mxfp8-param-ag" in megatron
-    assert "fp8_recipe: mxfp8" in emit(inst, plan, "nemo")
+    assert "fp8_recipe: mxfp8" in emitted(MX_DECIDES, plan, "nemo")
     doc = copy.deepcopy(MX_DECIDES)
     doc["training"]["fp8_param_gather"] = False       # torchtitan has no FP8 parameters
-    inst = parse_instance({**doc, "plan": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1,
-                                           "dp_sharding": "optim_grads_params"}})
-    torchtitan = emit(inst, plan_from_spec(inst, inst.spec.plan), "torchtitan")
+    torchtitan = emitted(doc, {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1,
+                               "dp_sharding": "optim_grads_params"}, "torchtitan")
     assert "quantize.linear.mx" in torchtitan and "mxfp8_cublas" in torchtitan

@@ -24,6 +24,7 @@ from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
+from tests.test_emit import emitted
 from tests.test_mxfp8 import LLAMA8B_16BIT_PARAMS, LLAMA8B_GEMM_PARAMS
 
 
@@ -117,19 +118,15 @@ def test_backends_agree_at_nvfp4():
 
 
 def test_exports_say_nvfp4():
-    inst = parse_instance({**NVFP4_INSTANCE, "plan": {"tp": 4, "pp": 2, "dp": 2, "vp": 20,
-                                                       "micro_batch": 1}})
-    plan = plan_from_spec(inst, inst.spec.plan)
-    megatron = emit(inst, plan, "megatron")
+    plan = {"tp": 4, "pp": 2, "dp": 2, "vp": 20, "micro_batch": 1}
+    megatron = emitted(NVFP4_INSTANCE, plan, "megatron")
     assert "--fp4-format e2m1" in megatron and "--fp4-recipe nvfp4" in megatron
     assert "--fp8" not in megatron
-    nemo = emit(inst, plan, "nemo")
+    nemo = emitted(NVFP4_INSTANCE, plan, "nemo")
     assert "fp4: e2m1" in nemo and "fp4_recipe: nvfp4" in nemo
-    inst = parse_instance({**NVFP4_INSTANCE, "plan": {"tp": 4, "pp": 1, "dp": 4,
-                                                       "micro_batch": 1,
-                                                       "dp_sharding": "optim_grads_params"}})
-    assert "nvfp4: cannot express" in emit(inst, plan_from_spec(inst, inst.spec.plan),
-                                           "torchtitan")
+    assert "nvfp4: cannot express" in emitted(
+        NVFP4_INSTANCE, {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1,
+                         "dp_sharding": "optim_grads_params"}, "torchtitan")
 
 
 def test_fp4_parameters_hold_no_bf16_copy_and_gather_in_fp4():

@@ -29,6 +29,7 @@ from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
+from tests.test_emit import emitted
 
 GiB = 2**30
 L, h, V = 96, 12288, 51200
@@ -102,18 +103,15 @@ def test_bf16_moments_with_remainders_keep_six_bytes():
         params * (2 + 2 + 2) / 16, rel=1e-9)
     assert off.memory_by_stage_gib["last"]["optimizer_states"] * GiB == pytest.approx(
         params * (2 + 2) / 16, rel=1e-9)
-    inst = parse_instance({"model": {"preset": "gpt-1.3b"},
-                           "training": {"global_batch": 64, "precision": "bf16",
-                                        "optimizer_dtype": "bf16",
-                                        "store_param_remainders": True},
-                           "cluster": {"gpu": "h100-sxm", "gpus": 8},
-                           "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 8,
-                                    "dp_sharding": "optim"}})
-    plan = plan_from_spec(inst, inst.spec.plan)
-    megatron = emit(inst, plan, "megatron")
+    doc = {"model": {"preset": "gpt-1.3b"},
+           "training": {"global_batch": 64, "precision": "bf16", "optimizer_dtype": "bf16",
+                        "store_param_remainders": True},
+           "cluster": {"gpu": "h100-sxm", "gpus": 8}}
+    plan = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 8, "dp_sharding": "optim"}
+    megatron = emitted(doc, plan, "megatron")
     assert "--exp-avg-dtype bf16" in megatron and "--exp-avg-sq-dtype bf16" in megatron
     assert "cannot express" not in megatron
-    nemo = emit(inst, plan, "nemo")
+    nemo = emitted(doc, plan, "nemo")
     assert "exp_avg_dtype: torch.bfloat16" in nemo and "store_param_remainders: true" in nemo
 
 
