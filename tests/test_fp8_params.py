@@ -14,6 +14,8 @@ References
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 
 from formulations.solve import solve
@@ -108,8 +110,10 @@ def test_the_search_keeps_the_distributed_optimizer_and_the_backends_agree():
 
 
 @pytest.mark.parametrize("constraints, says", [
-    ({"framework": "torchtitan"}, "torchtitan has no FP8 parameters"),
+    ({"framework": "deepspeed"}, "DeepSpeed has no FP8 parameters"),
     ({"dp_sharding": ["none"]}, "needs dp_sharding = \"optim\""),
+    ({"framework": "torchtitan", "dp_sharding": ["none"]},
+     "needs dp_sharding = \"optim_grads_params\""),
 ])
 def test_no_mode_left_is_explained(constraints, says):
     with pytest.raises(InfeasibleError) as err:
@@ -122,7 +126,7 @@ def test_exports_carry_or_refuse_the_fp8_parameters():
     plan = solve(inst, solver="enumerate", explain=False).report.plan
     assert "--fp8-param-gather" in emit(inst, plan, "megatron").split()
     assert "fp8_param_gather" in emit(inst, plan, "nemo")
-    for fmt, says in (("torchtitan", "torchtitan has no FP8 parameters"),
+    for fmt, says in (("torchtitan", "needs dp_sharding = \"optim_grads_params\""),
                       ("deepspeed", "DeepSpeed has no FP8 parameters")):
         with pytest.raises(InputError) as err:
             emit(inst, plan, fmt)
@@ -155,3 +159,86 @@ def test_megatron_fsdp_keeps_fp8_shards_and_gathers_layers_in_one_byte():
     assert b.memory_gib["weights"] < 5
     assert b.breakdown_s["dp_comm"] < 0.75 * a.breakdown_s["dp_comm"]
     assert b.breakdown_s["compute"] == a.breakdown_s["compute"]
+
+
+def titan(fp8_params: bool, **training):
+    return parse_instance({
+        "model": {"preset": "llama3-70b"},
+        "training": {"global_batch": 128, "precision": "fp8", "kernel_stack": "pytorch",
+                     **({"fp8_param_gather": True} if fp8_params else {}), **training},
+        "cluster": {"gpu": "h100-sxm", "gpus": 64},
+        "constraints": {"framework": "torchtitan"},
+        "plan": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": 1, "recompute": "full",
+                 "dp_sharding": "optim_grads_params", "overlap_grad_reduce": False,
+                 "overlap_param_gather": False},
+    })
+
+
+def test_torchtitan_fp8_all_gather_halves_the_layers_gathers_and_says_so_in_the_export():
+    """torchtitan's FP8 parameters are torchao's FSDP2 FP8 all-gather
+    (``enable_fsdp_float8_all_gather``: each Float8Linear weight's fp32 shard is cast to FP8,
+    then gathered). Llama 3 70B under FSDP2 over 64 H100, nothing overlapped: the per-layer
+    gathers (forward, and again for the backward when resharded) move one byte per layer
+    parameter instead of two, the gradients' reduce-scatter in fp32 is unchanged, so the
+    data-parallel time falls by more than a sixth and less than a third; compute is the same,
+    and the gathered working set (two layers) takes less memory. The export turns the FP8
+    all-gather on exactly when the plan costs it."""
+    off, on = titan(False), titan(True)
+    a = evaluate(off, plan_from_spec(off, off.spec.plan))
+    b = evaluate(on, plan_from_spec(on, on.spec.plan))
+    assert 0.66 < b.breakdown_s["dp_comm"] / a.breakdown_s["dp_comm"] < 0.84
+    assert b.breakdown_s["compute"] == a.breakdown_s["compute"]
+    assert b.memory_gib["weights"] < a.memory_gib["weights"]
+    for inst, flag in ((off, False), (on, True)):
+        f8 = tomllib.loads(emit(inst, plan_from_spec(inst, inst.spec.plan), "torchtitan"))[
+            "quantize"]["linear"]["float8"]
+        assert f8["enable_fsdp_float8_all_gather"] is flag
+        assert f8["precompute_float8_dynamic_scale_for_fsdp"] is flag
+
+
+def test_torchtitan_fp8_parameters_solve_the_same_on_every_backend():
+    """Under torchtitan the search keeps FSDP2 for FP8 parameters, and every backend returns
+    the same plan and step time, which the evaluator reproduces."""
+    inst = parse_instance({
+        "model": {"layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+        "training": {"global_batch": 64, "precision": "fp8", "fp8_param_gather": True,
+                     "kernel_stack": "pytorch"},
+        "cluster": {"gpu": "h100-sxm", "nodes": 2},
+        "constraints": {"framework": "torchtitan", "max_micro_batch": 4},
+    })
+    res = {b: solve(inst, solver=b, explain=False) for b in ("cpsat", "highs", "enumerate")}
+    plans = {b: r.report.plan for b, r in res.items()}
+    assert plans["cpsat"] == plans["highs"] == plans["enumerate"], plans
+    assert plans["cpsat"].dp_sharding == "optim_grads_params"
+    z = res["enumerate"].objective
+    for b in ("cpsat", "highs"):
+        assert res[b].objective == pytest.approx(z, rel=1e-6)
+    assert evaluate(inst, plans["cpsat"]).step_time_s == pytest.approx(z, rel=1e-6)
+
+
+def test_torchao_holds_the_fp8_copy_of_one_layer_only():
+    """torchao's Float8Linear saves the 16-bit weight for the backward and casts it to FP8 per
+    GEMM (float8_linear.py, matmul_with_hp_or_float8_args), where Transformer Engine keeps the
+    FP8 copy of every layer from the forward to the backward. So under FSDP2 on the PyTorch
+    stack, FP8 adds to the weights exactly one layer's FP8 copy over BF16: 2 bytes per layer
+    parameter on H100 (the value and its transpose), not the 80 layers' 140 GB."""
+    from planner.model.workload import Shape
+    fp8, bf16 = titan(False), titan(False, precision="bf16")
+    a = evaluate(fp8, plan_from_spec(fp8, fp8.spec.plan))
+    b = evaluate(bf16, plan_from_spec(bf16, bf16.spec.plan))
+    extra = (a.memory_gib["weights"] - b.memory_gib["weights"]) * GiB
+    assert extra == pytest.approx(2 * Shape.of(fp8.model).layer_params, rel=1e-9)
+
+
+def test_torchao_fp8_parameters_need_torchtitan():
+    """On the PyTorch stack FP8 parameters can only be torchtitan's FSDP2 FP8 all-gather: under
+    another framework, or none, it is an input error naming both keys."""
+    doc = {"model": {"preset": "llama3-70b"},
+           "training": {"global_batch": 128, "precision": "fp8", "kernel_stack": "pytorch",
+                        "fp8_param_gather": True},
+           "cluster": {"gpu": "h100-sxm", "gpus": 64}}
+    for constraints in ({}, {"framework": "megatron"}):
+        with pytest.raises(InputError) as err:
+            parse_instance({**doc, "constraints": constraints})
+        assert any("training.fp8_param_gather" in p and "constraints.framework = \"torchtitan\""
+                   in p for p in err.value.problems), err.value.problems

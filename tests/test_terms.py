@@ -293,14 +293,21 @@ def test_fp8_activations_keep_the_linear_inputs_in_fp8():
     ({"precision": "fp8"}, 1.0),                                 # per-tensor FP8: 1 byte
     ({"precision": "fp8", "fp8_recipe": "mxfp8"}, 1 + 1 / 32),   # + an E8M0 scale per 32
     ({"precision": "nvfp4"}, 0.5 + 1 / 16),                      # + an E4M3 scale per 16
-    ({"precision": "fp8", "kernel_stack": "pytorch"}, 2.0),      # torchao: 16-bit gathers
+    # torchao's float8 TP (torchtitan's Float8ColwiseParallel / Float8RowwiseParallel) casts
+    # before it gathers at dynamic per-tensor scaling and refuses delayed scaling
+    ({"precision": "fp8", "kernel_stack": "pytorch"}, 1.0),
+    ({"precision": "fp8", "kernel_stack": "pytorch", "fp8_recipe": "tensorwise"}, 1.0),
+    ({"precision": "fp8", "kernel_stack": "pytorch", "fp8_recipe": "delayed"}, 2.0),
 ])
 def test_sequence_parallel_all_gathers_move_what_transformer_engine_quantized(training,
                                                                               gathered):
     """Under sequence parallelism a layer's four tensor-parallel collectives are each an
     all-gather (a column-parallel input forward, a row-parallel output's gradient backward)
     and a reduce-scatter (a GEMM's 16-bit output). Transformer Engine gathers the tensors it
-    has already quantized (layernorm_linear.py, base.py grad_output_preprocess), so on a
+    has already quantized (layernorm_linear.py, base.py grad_output_preprocess), and so does
+    torchao's float8 TP (torchao/float8/float8_tensor_parallel.py: the input is cast before
+    ``redistribute``, the output gradient by ``_NoopFwToFloat8BwDynamic`` before the backward
+    gather), so on a
     ring of t = 4 (no latency), where each moves (t - 1) / t of its tensor, the time is
     (gathered + 2) / (2 + 2) of the 16-bit one; without sequence parallelism the four
     all-reduces of 16-bit outputs stay as they are."""

@@ -128,7 +128,9 @@ fp8_recipe ([training])
     (DeepSpeed's config has no FP8)
 fp8_param_gather ([training])
     ``--fp8-param-gather`` | ``trainer.plugins.fp8_param_gather`` (said either way under FP8:
-    NeMo's FP8 recipes switch it on) | an error | an error (neither keeps FP8 parameters:
+    NeMo's FP8 recipes switch it on) | ``[quantize.linear.float8]
+    enable_fsdp_float8_all_gather`` and ``precompute_float8_dynamic_scale_for_fsdp`` (true
+    under FSDP2 with it, false otherwise; other modes an error) | an error (no FP8 parameters:
     :func:`planner.model.frameworks.sharding_refusal`)
 store_param_remainders ([training])
     ``--use-precision-aware-optimizer`` (``store_param_remainders`` is its default; with
@@ -1042,11 +1044,14 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     elif precision == "fp8":
         # tensorwise scaling is the converter's path without recipe_name: with a recipe_name
         # it asserts enable_fsdp_float8_all_gather is off (components/quantization/float8.py);
-        # the output layer stays 16-bit as the model costs it (torchtitan's own llama3_405b
+        # the FP8 all-gather under FSDP2 is the plan's FP8 parameters ([training]
+        # fp8_param_gather: the model costs the layers' gathers in 1 byte only then); the
+        # output layer stays 16-bit as the model costs it (torchtitan's own llama3_405b
         # config filters "output" too)
+        fp8_gather = inst.spec.training.fp8_param_gather and not ddp
         sections.append(("quantize.linear.float8", {
-            "enable_fsdp_float8_all_gather": True,
-            "precompute_float8_dynamic_scale_for_fsdp": True,
+            "enable_fsdp_float8_all_gather": fp8_gather,
+            "precompute_float8_dynamic_scale_for_fsdp": fp8_gather,
             "filter_fqns": ["output"],
         }))
     lines = _comments(comments)

@@ -200,9 +200,15 @@ _MEGATRON_OFFLOAD = ("Megatron-Core --optimizer-cpu-offload needs the distribute
 #:   Megatron-FSDP ("Currently FSDP does not support FP8 param gather"), Megatron-Bridge's
 #:   (26.04: scripts/performance/utils/overrides.py ``_set_megatron_fsdp_overrides``) keep it,
 #:   with ``keep_fp8_transpose_cache = False``. The model takes it with the distributed
-#:   optimizer (ZeRO-1) and Megatron-FSDP's modes (not torchtitan's FSDP2 or DeepSpeed).
+#:   optimizer (ZeRO-1) and Megatron-FSDP's modes. torchtitan: ``[quantize.linear.float8]
+#:   enable_fsdp_float8_all_gather`` (docs/float8.md: "cast Float8Linear.weight from high
+#:   precision to float8 before FSDP all-gather"), torchao's ``WeightWithDynamicFloat8CastTensor``
+#:   under FSDP2: the fp32 shard is cast per step and the layers' linear weights gathered in
+#:   FP8, the embedding, norms and output layer in 16 bits; FSDP2 only. DeepSpeed: none.
 _MEGATRON_FP8_GATHER = ("Megatron-LM --fp8-param-gather needs the distributed optimizer or "
                         "Megatron-FSDP (megatron/training/arguments.py)")
+_TORCHTITAN_FP8_GATHER = ("torchtitan's FP8 parameters are torchao's FSDP2 FP8 all-gather "
+                          "([quantize.linear.float8] enable_fsdp_float8_all_gather)")
 _NEMO_FP8_GATHER = ("NeMo's fp8_param_gather runs with the distributed optimizer or "
                     "Megatron-FSDP (Megatron-Bridge's FSDP recipes keep it)")
 
@@ -268,10 +274,8 @@ FRAMEWORKS: dict[str, Framework] = {
                             # the SDPA kernels and reduce-scatter, except every second mm
                             # (torchtitan/parallelisms/parallelize_llama.py @1ea476e)
                             selective_recompute="op", partial_recompute=False,
-                            fp8_param_gather_modes=(),
-                            fp8_param_gather_source="its FP8 all-gather is torchao's "
-                            "float8 enable_fsdp_float8_all_gather under FSDP2, which this "
-                            "model does not cost",
+                            fp8_param_gather_modes=("optim_grads_params",),
+                            fp8_param_gather_source=_TORCHTITAN_FP8_GATHER,
                             param_remainders_modes=(),
                             param_remainders_source="its FSDP2 shard is the fp32 master "
                             "weight itself (MixedPrecisionPolicy), with no remainder storage",

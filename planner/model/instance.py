@@ -307,6 +307,16 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
             f"({', '.join(g for g in known_gpus() if load_gpu(g).mxfp8)}); {gpu.key} has none "
             "(Transformer Engine refuses MXFP8 below compute capability 10.0); use "
             "\"tensorwise\" or \"delayed\""])
+    if (spec.training.fp8_param_gather and spec.training.kernel_stack == "pytorch"
+            and spec.constraints.framework != "torchtitan"):
+        # torchao's float8 has FP8 parameters only as FSDP2's FP8 all-gather, which torchtitan
+        # runs; Megatron's and NeMo's are Transformer Engine's (the fused stack)
+        raise InputError(f"{source}: invalid instance", [
+            "training.fp8_param_gather: true with kernel_stack = \"pytorch\" is torchao's "
+            "FSDP2 FP8 all-gather (torchtitan's enable_fsdp_float8_all_gather), which needs "
+            "constraints.framework = \"torchtitan\" (framework = "
+            f"{toml_value(spec.constraints.framework)}); Megatron-LM's and NeMo's FP8 "
+            "parameters are Transformer Engine's: kernel_stack = \"fused\""])
     offload = spec.constraints.offload_layers
     if offload and offload >= spec.model.layers:
         raise InputError(f"{source}: invalid instance", [

@@ -315,10 +315,6 @@ class TrainingSpec(_Strict):
                     "Megatron-Core's precision-aware optimizer keeps a whole fp32 master "
                     "under current and MXFP8 scaling (OptimizerConfig "
                     "use_precision_aware_optimizer_no_fp8_or_ds_fp8); drop one of them")
-        if self.fp8_param_gather and self.kernel_stack != "fused":
-            raise ValueError("fp8_param_gather = true is Transformer Engine's FP8 parameters "
-                             "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "
-                             "(torchao float8) is not costed with them")
         return self
 
 

@@ -270,8 +270,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     lowp = tr.precision in LOW_PRECISIONS
     peak_gemm = gemm_rate(inst) if lowp else peak16
     # Transformer Engine's quantized linear path (the fused stack: torchao's float8 keeps the
-    # held inputs in 16 bits and casts again, and is costed gathering 16-bit inputs)
+    # held inputs in 16 bits and casts again)
     te_narrow = lowp and tr.kernel_stack == "fused"
+    # what the sequence-parallel all-gathers move narrow: Transformer Engine's quantized path,
+    # and torchao's float8 TP at per-tensor dynamic scaling (torchtitan's Float8ColwiseParallel,
+    # Float8RowwiseParallel and PrepareFloat8ModuleInput cast to FP8 before the all-gather,
+    # forward and backward; they refuse delayed scaling: 16-bit gathers then)
+    gather_narrow = te_narrow or (fp8 and tr.fp8_recipe != "delayed")
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -406,10 +411,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # GEMM's 16-bit output; Transformer Engine quantizes what it gathers first, so at FP8 /
     # NVFP4 the all-gather moves narrow_bytes per element (TE layernorm_linear.py: the norm
     # writes the quantized input, gather_along_first_dim(ln_out, quantizer=...); base.py
-    # grad_output_preprocess: the gradient is quantized, then gathered; so since TE 1.0)
+    # grad_output_preprocess: the gradient is quantized, then gathered; so since TE 1.0), and
+    # so does torchao's float8 at per-tensor dynamic scaling (gather_narrow)
     act_bytes = 2 * tokens * h
     n_allreduce = 4 + (2 if full else 0)
-    gathered = narrow_bytes(tr) * tokens * h if (sp and te_narrow) else act_bytes
+    gathered = narrow_bytes(tr) * tokens * h if (sp and gather_narrow) else act_bytes
     tp_rs = 0.5 * allreduce(act_bytes, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
                             hw.lat_intra, hw.lat_inter)
     tp_ag = 0.5 * allreduce(gathered, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
@@ -900,6 +906,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             layer_info[f"working_{name}"] = kept_working
             layer_info[f"extra_{name}"] = embed_mask if stage == "first" else 0.0
             opt_gpu = dense_p * opt_bytes + experts_p * expert_opt
+            # the weights whose FP8 copies are held: every layer's under Transformer Engine,
+            # which keeps them from the forward to the backward; torchao's float8 (the PyTorch
+            # stack) saves the 16-bit weight for the backward and casts it per GEMM
+            # (float8_linear.py matmul_with_hp_or_float8_args), so only the layer being
+            # computed has one
+            fp8_copies = layers_p + experts_p if te_narrow or not lowp else one_layer
             # the FP8 weight copies are of the layers' GEMM weights only: the embedding is a
             # lookup and Megatron-Core's output layer a tensor_parallel.ColumnParallelLinear,
             # outside Transformer Engine's FP8 modules (gpt_model.py)
@@ -917,7 +929,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 weights = stage_head * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache
             else:
                 weights = ((dense_p * weight_share + experts_p * expert_weight_share)
-                           * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache + working_w)
+                           * WEIGHT_BYTES + fp8_copies * fp8_cache + working_w)
             memory[name] = {
                 "weights": weights,
                 "gradients": (dense_p * grad_share + experts_p * expert_grad_share) * grad_bytes
