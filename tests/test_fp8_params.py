@@ -230,6 +230,25 @@ def test_torchao_holds_the_fp8_copy_of_one_layer_only():
     assert extra == pytest.approx(2 * Shape.of(fp8.model).layer_params, rel=1e-9)
 
 
+def test_under_torchtitan_fp8_is_torchao_whatever_figures_the_gemms_take():
+    """torchtitan's FP8 is torchao's converter on either kernel stack (the stack picks the
+    GEMM and attention figures only): the same memory, component by component, and the same
+    tensor-parallel bytes (FP8 gathers) at TP 2 with sequence parallelism."""
+    plan = {"tp": 2, "pp": 1, "dp": 32, "micro_batch": 1, "recompute": "none",
+            "sequence_parallel": True, "dp_sharding": "optim_grads_params"}
+    rep = {}
+    for stack in ("fused", "pytorch"):
+        inst = parse_instance({
+            "model": {"preset": "llama3-70b"},
+            "training": {"global_batch": 128, "precision": "fp8", "kernel_stack": stack},
+            "cluster": {"gpu": "h100-sxm", "gpus": 64},
+            "constraints": {"framework": "torchtitan"}, "plan": plan})
+        rep[stack] = evaluate(inst, plan_from_spec(inst, inst.spec.plan))
+    assert rep["fused"].memory_gib == rep["pytorch"].memory_gib
+    assert rep["fused"].breakdown_s["tp_comm"] == rep["pytorch"].breakdown_s["tp_comm"]
+    assert rep["fused"].breakdown_s["compute"] != rep["pytorch"].breakdown_s["compute"]
+
+
 def test_torchao_fp8_parameters_need_torchtitan():
     """On the PyTorch stack FP8 parameters can only be torchtitan's FSDP2 FP8 all-gather: under
     another framework, or none, it is an input error naming both keys."""

@@ -50,6 +50,18 @@ def narrow_bytes(training) -> float:
     return MXFP8_COPY_BYTES if training.fp8_recipe == "mxfp8" else FP8_COPY_BYTES
 
 
+def torchao_float8(training, framework: str | None) -> bool:
+    """Whether the FP8 linear layers are torchao's float8 (``Float8Linear``) rather than
+    Transformer Engine's: on the PyTorch kernel stack, and under torchtitan (its
+    ``quantize.linear.float8`` converter) whatever figures the GEMMs are costed with, at
+    per-tensor scaling. MXFP8 and NVFP4 are costed as Transformer Engine's everywhere. The
+    two differ in what they hold and gather (planner.model.terms.step_terms: torchao keeps
+    the 16-bit linear inputs and one layer's FP8 weight copy, and its tensor-parallel
+    all-gathers are FP8 only at dynamic scaling)."""
+    return (training.precision == "fp8" and training.fp8_recipe != "mxfp8"
+            and (training.kernel_stack == "pytorch" or framework == "torchtitan"))
+
+
 def both_directions(training, gpu: GPU) -> bool:
     """Whether Transformer Engine keeps a narrow weight twice, once per GEMM direction:
     block-scaled formats always (MXFP8, NVFP4: "the quantized tensor and its transpose are not

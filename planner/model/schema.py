@@ -189,7 +189,9 @@ class TrainingSpec(_Strict):
         "[kernel_stacks.*]): fused = Megatron-Core / NeMo with Transformer Engine (the "
         "catalog's main figures); pytorch = PyTorch eager modules (torch.nn.Linear on cuBLAS, a "
         "Triton or SDPA flash-attention kernel), as llm-foundry's MPT benchmarks and torchtitan "
-        "without torch.compile run; a GPU type without figures for the stack uses the fused ones")
+        "without torch.compile run; a GPU type without figures for the stack uses the fused ones. "
+        "FP8 on the pytorch stack, and under constraints.framework = \"torchtitan\" on either, "
+        "is torchao's float8 (docs/model.md, \"FP8\")")
     moe_token_dispatcher: Literal["alltoall", "deepep", "hybridep"] = Field(
         default="alltoall", description="MoE token dispatch: alltoall (Megatron-Core's "
         "all-to-all dispatcher: one message per token copy) or a deduplicating flex dispatcher, "

@@ -31,7 +31,8 @@ from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
                                       grad_reduce_dtype, selective_recompute_of)
-from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
+from planner.model.instance import (FP8_COPY_BYTES, Hardware, Instance, narrow_bytes,
+                                     torchao_float8)
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
@@ -269,14 +270,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     fp8 = tr.precision == "fp8"
     lowp = tr.precision in LOW_PRECISIONS
     peak_gemm = gemm_rate(inst) if lowp else peak16
-    # Transformer Engine's quantized linear path (the fused stack: torchao's float8 keeps the
-    # held inputs in 16 bits and casts again)
-    te_narrow = lowp and tr.kernel_stack == "fused"
+    # Transformer Engine's quantized linear path, or torchao's float8 (instance.torchao_float8),
+    # which keeps the held inputs in 16 bits and casts again
+    torchao = torchao_float8(tr, inst.spec.constraints.framework)
+    te_narrow = lowp and not torchao
     # what the sequence-parallel all-gathers move narrow: Transformer Engine's quantized path,
     # and torchao's float8 TP at per-tensor dynamic scaling (torchtitan's Float8ColwiseParallel,
     # Float8RowwiseParallel and PrepareFloat8ModuleInput cast to FP8 before the all-gather,
     # forward and backward; they refuse delayed scaling: 16-bit gathers then)
-    gather_narrow = te_narrow or (fp8 and tr.fp8_recipe != "delayed")
+    gather_narrow = te_narrow or (torchao and tr.fp8_recipe != "delayed")
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -907,11 +909,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             layer_info[f"extra_{name}"] = embed_mask if stage == "first" else 0.0
             opt_gpu = dense_p * opt_bytes + experts_p * expert_opt
             # the weights whose FP8 copies are held: every layer's under Transformer Engine,
-            # which keeps them from the forward to the backward; torchao's float8 (the PyTorch
-            # stack) saves the 16-bit weight for the backward and casts it per GEMM
+            # which keeps them from the forward to the backward; torchao's float8 saves the
+            # 16-bit weight for the backward and casts it per GEMM
             # (float8_linear.py matmul_with_hp_or_float8_args), so only the layer being
             # computed has one
-            fp8_copies = layers_p + experts_p if te_narrow or not lowp else one_layer
+            fp8_copies = one_layer if torchao else layers_p + experts_p
             # the FP8 weight copies are of the layers' GEMM weights only: the embedding is a
             # lookup and Megatron-Core's output layer a tensor_parallel.ColumnParallelLinear,
             # outside Transformer Engine's FP8 modules (gpt_model.py)
