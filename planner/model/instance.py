@@ -7,6 +7,8 @@ raised as :class:`~planner.model.errors.InputError`; the CLI prints them without
 
 from __future__ import annotations
 
+import re
+
 import tomllib
 from dataclasses import dataclass, replace
 from functools import cache
@@ -168,12 +170,20 @@ def nvlink_segment(gpus: int, host: int, domain: int) -> int:
     return fits[0]
 
 
-def _fmt_loc(loc: tuple) -> str:
-    """The key path of a pydantic error, without pydantic's own union-member tags
-    (``int``, ``constrained-int``, ``tuple[...]``, ``list[literal[...]]``)."""
-    keep = [str(p) for p in loc
-            if isinstance(p, int) or (isinstance(p, str) and p.isidentifier()
-                                      and p not in ("int", "float", "str", "bool", "none"))]
+#: pydantic's own union-member tags in an error's location (``int``, ``constrained-int``,
+#: ``tuple[...]``, ``list[literal[...]]``, ``function-after[...]``), which are no user's key
+_UNION_TAG = re.compile(r"(int|float|str|bool|none|constrained-[a-z]+|[a-z-]+\[.*\])")
+
+
+def _fmt_loc(loc: tuple, key_last: bool = False) -> str:
+    """The key path of a pydantic error, without pydantic's own union-member tags.
+    ``key_last``: the last element is the user's key whatever it looks like (an unknown key,
+    ``global-batch`` or a quoted ``"global batch"``), so it is kept as written."""
+    body, last = (loc[:-1], loc[-1:]) if key_last and loc else (loc, ())
+    keep = [str(p) for p in body
+            if isinstance(p, int) or (isinstance(p, str) and not _UNION_TAG.fullmatch(p))]
+    keep += [str(p) if isinstance(p, int) or p.isidentifier() else toml_value(p)
+             for p in last]
     return ".".join(keep) or "<file>"
 
 
@@ -201,9 +211,18 @@ def _unknown_key(loc: tuple) -> str:
     from difflib import get_close_matches
 
     cls = _section_model(loc)
-    near = get_close_matches(str(loc[-1]), list(cls.model_fields), n=1) if cls else []
-    hint = f"did you mean {near[0]}?" if near else "check the spelling"
-    return f"unknown key ({hint} see the README instance reference)"
+    key = str(loc[-1])
+    near = get_close_matches(key, list(cls.model_fields), n=1) if cls else []
+    if not near:
+        # a key of another section, or one written with '-' or ' ' for '_' (global-batch)
+        spelled = key.replace("-", "_").replace(" ", "_")
+        keys = {f"{name}.{k}": k for name, f in InstanceSpec.model_fields.items()
+                if (m := _section_model((name, ""))) is not None and m is not InstanceSpec
+                for k in m.model_fields}
+        near = [full for full, k in keys.items() if k == spelled] or get_close_matches(
+            spelled, list(cls.model_fields) if cls else [], n=1)
+    hint = f"did you mean {near[0]}? See" if near else "check the spelling; see"
+    return f"unknown key ({hint} the README's instance reference)"
 
 
 def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
@@ -213,7 +232,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
     out: dict[str, str] = {}
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     for err in errors:
-        key = f"{prefix}{_fmt_loc(err['loc'])}"
+        key = f"{prefix}{_fmt_loc(err['loc'], err['type'] == 'extra_forbidden')}"
         parent = key.rsplit(".", 1)[0]
         if key in out or any(k.startswith(key + ".") for k in out):
             continue
