@@ -579,6 +579,17 @@ def test_torchtitan_fp8_keeps_the_output_layer_16_bit_and_passes_the_converter_a
     assert not (f8.get("recipe_name") and f8["enable_fsdp_float8_all_gather"])
 
 
+def test_torchtitan_says_it_cannot_scale_fp8_with_delay():
+    """torchtitan's float8 converter scales dynamically; a plan costed with delayed scaling
+    (whose torchao TP all-gathers stay 16-bit) says what the export runs instead."""
+    inst = _inst("llama3-70b-h100.toml", "fp8")
+    plan = plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params")
+    assert "fp8_recipe delayed" not in comment_text(emit(inst, plan, "torchtitan"))
+    delayed = inst.with_spec(training=inst.spec.training.model_copy(
+        update={"fp8_recipe": "delayed"}))
+    assert "fp8_recipe delayed: cannot express" in comment_text(emit(delayed, plan, "torchtitan"))
+
+
 @pytest.mark.parametrize("pp", [1, 4])
 def test_torchtitan_fp8_experts_are_said_to_be_unwritable(pp):
     """Float8Linear does not convert GroupedExperts, and the grouped-GEMM FP8 prototype

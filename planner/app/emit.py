@@ -185,7 +185,7 @@ from planner.model.frameworks import (SHARDING_MODES, sharding_refusal, framewor
                                       offload_violations)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
-from planner.model.instance import Instance
+from planner.model.instance import Instance, torchao_float8
 from planner.model.plan import Plan, default_placement
 from planner.model.rules import violations
 
@@ -976,6 +976,14 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
 
     sections: list[tuple[str, dict]] = []
     mx = inst.spec.training.fp8_recipe == "mxfp8"
+    if precision == "fp8" and inst.spec.training.fp8_recipe == "delayed":
+        comments.append("fp8_recipe delayed: cannot express (torchtitan's float8 converter "
+                        "scales dynamically); tensorwise is emitted"
+                        + (", whose tensor-parallel all-gathers move FP8 where the plan costs "
+                           "16 bits (faster than planned)"
+                           if plan.tp > 1 and plan.sequence_parallel
+                           and torchao_float8(inst.spec.training, inst.spec.constraints.framework)
+                           else ""))
     if precision == "fp8" and mx:
         comments.append("mxfp8: torchtitan's MXFP8 is torchao's (converter quantize.linear.mx, "
                         "recipe mxfp8_cublas, as dgxc-benchmarking's torchtitan DeepSeek-V3 "
