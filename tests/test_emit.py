@@ -587,7 +587,16 @@ def test_torchtitan_says_it_cannot_scale_fp8_with_delay():
     assert "fp8_recipe delayed" not in comment_text(emit(inst, plan, "torchtitan"))
     delayed = inst.with_spec(training=inst.spec.training.model_copy(
         update={"fp8_recipe": "delayed"}))
-    assert "fp8_recipe delayed: cannot express" in comment_text(emit(delayed, plan, "torchtitan"))
+    said = comment_text(emit(delayed, plan, "torchtitan"))
+    assert "fp8_recipe delayed: cannot express" in said
+    # costed as Transformer Engine's (no framework): its gathers were FP8 already
+    assert "tensorwise is emitted, whose" not in said
+    titan = delayed.with_spec(constraints=delayed.spec.constraints.model_copy(
+        update={"framework": "torchtitan"}))
+    if plan.tp > 1 and plan.sequence_parallel:
+        # costed as torchao's: 16-bit gathers, where the emitted tensorwise gathers FP8
+        assert "tensorwise is emitted, whose tensor-parallel all-gathers move FP8 where the " \
+            "plan costs 16 bits" in comment_text(emit(titan, plan, "torchtitan"))
 
 
 @pytest.mark.parametrize("pp", [1, 4])

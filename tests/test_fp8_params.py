@@ -239,27 +239,66 @@ def test_under_torchtitan_fp8_is_torchao_whatever_figures_the_gemms_take():
     plan = {"tp": 2, "pp": 1, "dp": 32, "micro_batch": 1, "recompute": "none",
             "sequence_parallel": True, "dp_sharding": "optim_grads_params"}
     rep = {}
-    for stack in ("fused", "pytorch"):
+    for stack, precision in (("fused", "fp8"), ("pytorch", "fp8"), ("pytorch", "bf16")):
         inst = parse_instance({
             "model": {"preset": "llama3-70b"},
-            "training": {"global_batch": 128, "precision": "fp8", "kernel_stack": stack},
+            "training": {"global_batch": 128, "precision": precision, "kernel_stack": stack},
             "cluster": {"gpu": "h100-sxm", "gpus": 64},
             "constraints": {"framework": "torchtitan"}, "plan": plan})
-        rep[stack] = evaluate(inst, plan_from_spec(inst, inst.spec.plan))
-    assert rep["fused"].memory_gib == rep["pytorch"].memory_gib
-    assert rep["fused"].breakdown_s["tp_comm"] == rep["pytorch"].breakdown_s["tp_comm"]
-    assert rep["fused"].breakdown_s["compute"] != rep["pytorch"].breakdown_s["compute"]
+        rep[stack, precision] = evaluate(inst, plan_from_spec(inst, inst.spec.plan))
+    fused, pytorch, bf16 = rep["fused", "fp8"], rep["pytorch", "fp8"], rep["pytorch", "bf16"]
+    assert fused.memory_gib == pytorch.memory_gib
+    assert fused.breakdown_s["tp_comm"] == pytorch.breakdown_s["tp_comm"]
+    # the all-gathers in 1 byte, the reduce-scatters in 2: 3/4 of BF16's time when all four
+    # pairs are exposed, 2/3 when the backward reduce-scatters hide behind the weight-gradient
+    # GEMMs (asynchronous TP, the default): (2 (1 + 2) + 2 x 1) / (2 (2 + 2) + 2 x 2)
+    assert 2 / 3 < pytorch.breakdown_s["tp_comm"] / bf16.breakdown_s["tp_comm"] < 3 / 4
+    assert fused.breakdown_s["compute"] != pytorch.breakdown_s["compute"]
 
 
 def test_torchao_fp8_parameters_need_torchtitan():
     """On the PyTorch stack FP8 parameters can only be torchtitan's FSDP2 FP8 all-gather: under
-    another framework, or none, it is an input error naming both keys."""
-    doc = {"model": {"preset": "llama3-70b"},
-           "training": {"global_batch": 128, "precision": "fp8", "kernel_stack": "pytorch",
+    another framework, or none, a [plan] with them is an input error naming both keys, a
+    search has no sharding mode left and says why, and the same file solves once the
+    framework is torchtitan (as ``plan solve --emit torchtitan`` sets it)."""
+    doc = {"model": {"layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+           "training": {"global_batch": 64, "precision": "fp8", "kernel_stack": "pytorch",
                         "fp8_param_gather": True},
-           "cluster": {"gpu": "h100-sxm", "gpus": 64}}
+           "cluster": {"gpu": "h100-sxm", "nodes": 2}}
+    plan = {"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1, "dp_sharding": "optim_grads_params"}
+    says = "needs constraints.framework = \"torchtitan\""
     for constraints in ({}, {"framework": "megatron"}):
-        with pytest.raises(InputError) as err:
-            parse_instance({**doc, "constraints": constraints})
-        assert any("training.fp8_param_gather" in p and "constraints.framework = \"torchtitan\""
-                   in p for p in err.value.problems), err.value.problems
+        inst = parse_instance({**doc, "constraints": constraints, "plan": plan})
+        with pytest.raises(InputError, match="training.fp8_param_gather = true .*" + says):
+            plan_from_spec(inst, inst.spec.plan)
+        with pytest.raises(InfeasibleError) as err:
+            solve(parse_instance({**doc, "constraints": constraints}), solver="enumerate",
+                  explain=False)
+        assert any(says in why for why in err.value.explanation), err.value.explanation
+    titan = parse_instance({**doc, "constraints": {"framework": "torchtitan"}})
+    assert solve(titan, solver="enumerate", explain=False).report.plan.dp_sharding == \
+        "optim_grads_params"
+
+
+def test_fp8_library_overrides_the_frameworks_default():
+    """llm-foundry's amp_fp8 runs Transformer Engine's FP8 linears under PyTorch FSDP (the
+    rules of torchtitan here): with ``fp8_library = "transformer_engine"`` the plan holds
+    every layer's FP8 copy (80 layers, not one: 79 x 2 bytes per layer parameter more on
+    H100) and torchao's 16-bit held inputs become FP8 (less activation memory)."""
+    from planner.model.workload import Shape
+    ao, te = titan(False), titan(False, fp8_library="transformer_engine")
+    a = evaluate(ao, plan_from_spec(ao, ao.spec.plan))
+    b = evaluate(te, plan_from_spec(te, te.spec.plan))
+    extra = (b.memory_gib["weights"] - a.memory_gib["weights"]) * GiB
+    assert extra == pytest.approx(79 * 2 * Shape.of(ao.model).layer_params, rel=1e-9)
+    assert b.memory_gib["activations"] < a.memory_gib["activations"]
+    assert a.breakdown_s == b.breakdown_s                      # the same time at TP 1
+
+
+@pytest.mark.parametrize("training", [{"precision": "nvfp4"},
+                                      {"precision": "fp8", "fp8_recipe": "mxfp8"}])
+def test_torchao_has_no_block_scaled_costs(training):
+    with pytest.raises(InputError, match="fp8_library = \"torchao\" with"):
+        parse_instance({"model": {"preset": "llama3-70b"},
+                        "training": {"global_batch": 128, "fp8_library": "torchao", **training},
+                        "cluster": {"gpu": "b200", "gpus": 64}})

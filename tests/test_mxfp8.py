@@ -162,7 +162,7 @@ def test_exports_say_the_recipe():
     assert "--reuse-grad-buf-for-mxfp8-param-ag" in megatron
     assert "fp8_recipe: mxfp8" in emitted(MX_DECIDES, plan, "nemo")
     doc = copy.deepcopy(MX_DECIDES)
-    doc["training"]["fp8_param_gather"] = False       # torchtitan has no FP8 parameters
+    doc["training"]["fp8_param_gather"] = False       # torchtitan has no MXFP8 parameters
     torchtitan = emitted(doc, {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1,
                                "dp_sharding": "optim_grads_params"}, "torchtitan")
     assert "quantize.linear.mx" in torchtitan and "mxfp8_cublas" in torchtitan

@@ -145,17 +145,22 @@ def test_a_runs_file_is_checked_key_by_key(runner, tmp_path):
 
 
 def test_an_unknown_key_is_named_as_written_with_the_key_it_likely_meant(runner, tmp_path):
-    """A key with '-' or a space (a quoted TOML key) is named as the user wrote it, each on
-    its own line, with the key of whichever section it most likely meant (a fuzzer found such
-    keys reported as a bare "<file>: unknown key")."""
+    """A key with '-' (a bare TOML key) or a space (a quoted one) is named as the user wrote
+    it, each on its own line, with the key of whichever section it most likely meant (a
+    fuzzer found such keys reported as a bare "<file>: unknown key"); a key of another
+    section is pointed there rather than to a near name in its own."""
     f = tmp_path / "i.toml"
-    f.write_text('"global batch" = 16\nglobal-batch = 3\n' + GPT13.read_text())
+    f.write_text('"global batch" = 16\nglobal-batch = 3\n' + GPT13.read_text()
+                 + "\n[constraints]\nfp8_param_gather = true\n")
     r = runner.invoke(app, ["evaluate", str(f)])
     assert r.exit_code == 2
-    lines = r.stderr.splitlines()
-    for key in ('"global batch"', '"global-batch"'):
-        assert any(ln.strip().startswith(f"- {key}: unknown key (did you mean "
-                                          "training.global_batch?") for ln in lines), lines
+    lines = [ln.strip() for ln in r.stderr.splitlines()]
+    for key in ('"global batch"', "global-batch"):
+        assert f"- {key}: unknown key (did you mean training.global_batch? See the README's " \
+               "instance reference)" in lines, lines
+    # (not constraints.overlap_param_gather, the nearest name of its own section)
+    assert any(ln.startswith("- constraints.fp8_param_gather: unknown key (did you mean "
+                             "training.fp8_param_gather?") for ln in lines), lines
 
 
 def test_messages_name_the_users_keys(runner, tmp_path):

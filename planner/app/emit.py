@@ -124,8 +124,8 @@ fp8_recipe ([training])
     ``--fp8-recipe R`` (mxfp8: ``--fp8-format e4m3``, and with FP8 parameters
     ``--reuse-grad-buf-for-mxfp8-param-ag``) | ``trainer.plugins.fp8_recipe`` (mxfp8: ``fp8:
     e4m3``) | mxfp8: ``model.converters = ["quantize.linear.mx"]``, ``recipe_name =
-    "mxfp8_cublas"``, with a comment (torchao's kernels, not the costed ones) | not said
-    (DeepSpeed's config has no FP8)
+    "mxfp8_cublas"``, with a comment (torchao's kernels, not the costed ones); delayed: a
+    "cannot express" comment (tensorwise emitted) | not said (DeepSpeed's config has no FP8)
 fp8_param_gather ([training])
     ``--fp8-param-gather`` | ``trainer.plugins.fp8_param_gather`` (said either way under FP8:
     NeMo's FP8 recipes switch it on) | ``[quantize.linear.float8]

@@ -352,6 +352,14 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
     need one of the framework's modes for them. The one test of these rules, for the plan's
     input check, the search's sharding modes and the exports alike."""
     fw = framework_of(name)
+    if training.fp8_param_gather and training.kernel_stack == "pytorch" and \
+            fw.name != "torchtitan":
+        # on the PyTorch stack the only FP8 parameters are torchao's FSDP2 FP8 all-gather
+        return ("training.fp8_param_gather = true with kernel_stack = \"pytorch\" is torchao's "
+                "FSDP2 FP8 all-gather (torchtitan's enable_fsdp_float8_all_gather), which needs "
+                f"constraints.framework = \"torchtitan\" (the rules now: {fw.label}'s); "
+                "Megatron-LM's and "
+                "NeMo's FP8 parameters are Transformer Engine's: kernel_stack = \"fused\"")
     mx_params = training.fp8_param_gather and training.fp8_recipe == "mxfp8"
     # (MXFP8 and FP4 parameters: the distributed optimizer's path, where the framework has it)
     zero1 = tuple(m for m in fw.fp8_param_gather_modes if m == "optim")
@@ -359,8 +367,8 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
             ("fp8_param_gather", training.fp8_param_gather, fw.fp8_param_gather_modes,
              fw.fp8_param_gather_source, "FP8 parameters"),
             ("fp8_param_gather", mx_params, zero1, MXFP8_PARAMS_SOURCE, "MXFP8 parameters"),
-            ("fp4_param_gather", training.fp4_param_gather, zero1,
-             FP4_PARAMS_SOURCE if zero1 else fw.fp8_param_gather_source, "FP4 parameters"),
+            ("fp4_param_gather", training.fp4_param_gather, zero1, FP4_PARAMS_SOURCE,
+             "FP4 parameters"),
             ("store_param_remainders", training.store_param_remainders,
              fw.param_remainders_modes, fw.param_remainders_source,
              "master weights stored as remainders")):

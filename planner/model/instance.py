@@ -54,14 +54,18 @@ def narrow_bytes(training) -> float:
 
 def torchao_float8(training, framework: str | None) -> bool:
     """Whether the FP8 linear layers are torchao's float8 (``Float8Linear``) rather than
-    Transformer Engine's: on the PyTorch kernel stack, and under torchtitan (its
-    ``quantize.linear.float8`` converter) whatever figures the GEMMs are costed with, at
-    per-tensor scaling. MXFP8 and NVFP4 are costed as Transformer Engine's everywhere. The
-    two differ in what they hold and gather (planner.model.terms.step_terms: torchao keeps
-    the 16-bit linear inputs and one layer's FP8 weight copy, and its tensor-parallel
-    all-gathers are FP8 only at dynamic scaling)."""
+    Transformer Engine's: ``[training] fp8_library``, by default torchao under torchtitan (its
+    ``quantize.linear.float8`` converter) and Transformer Engine elsewhere, whatever figures
+    the GEMMs are costed with (``kernel_stack``: llm-foundry's ``amp_fp8``, the PyTorch-stack
+    FP8 runs, which validate under torchtitan's data-parallel rules, swaps in Transformer
+    Engine's FP8 linears). Per-tensor scaling only: MXFP8 and NVFP4 are costed as Transformer
+    Engine's everywhere. The two differ in what they hold and gather
+    (planner.model.terms.step_terms: torchao keeps the 16-bit linear inputs and one layer's FP8
+    weight copy, and its tensor-parallel all-gathers are FP8 only at dynamic scaling)."""
+    library = training.fp8_library or ("torchao" if framework == "torchtitan"
+                                       else "transformer_engine")
     return (training.precision == "fp8" and training.fp8_recipe != "mxfp8"
-            and (training.kernel_stack == "pytorch" or framework == "torchtitan"))
+            and library == "torchao")
 
 
 def both_directions(training, gpu: GPU) -> bool:
@@ -172,6 +176,8 @@ def nvlink_segment(gpus: int, host: int, domain: int) -> int:
 
 #: pydantic's own union-member tags in an error's location (``int``, ``constrained-int``,
 #: ``tuple[...]``, ``list[literal[...]]``, ``function-after[...]``), which are no user's key
+#: a TOML bare key, written without quotes
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _UNION_TAG = re.compile(r"(int|float|str|bool|none|constrained-[a-z]+|[a-z-]+\[.*\])")
 
 
@@ -182,7 +188,7 @@ def _fmt_loc(loc: tuple, key_last: bool = False) -> str:
     body, last = (loc[:-1], loc[-1:]) if key_last and loc else (loc, ())
     keep = [str(p) for p in body
             if isinstance(p, int) or (isinstance(p, str) and not _UNION_TAG.fullmatch(p))]
-    keep += [str(p) if isinstance(p, int) or p.isidentifier() else toml_value(p)
+    keep += [str(p) if isinstance(p, int) or _BARE_KEY.fullmatch(p) else toml_value(p)
              for p in last]
     return ".".join(keep) or "<file>"
 
@@ -211,16 +217,16 @@ def _unknown_key(loc: tuple) -> str:
     from difflib import get_close_matches
 
     cls = _section_model(loc)
-    key = str(loc[-1])
-    near = get_close_matches(key, list(cls.model_fields), n=1) if cls else []
-    if not near:
-        # a key of another section, or one written with '-' or ' ' for '_' (global-batch)
-        spelled = key.replace("-", "_").replace(" ", "_")
-        keys = {f"{name}.{k}": k for name, f in InstanceSpec.model_fields.items()
-                if (m := _section_model((name, ""))) is not None and m is not InstanceSpec
-                for k in m.model_fields}
-        near = [full for full, k in keys.items() if k == spelled] or get_close_matches(
-            spelled, list(cls.model_fields) if cls else [], n=1)
+    here = list(cls.model_fields) if cls else []
+    # the key itself; then the same key spelt with '_' for '-' or ' ' (global-batch), in this
+    # section or, named with its section, in another (fp8_param_gather under [constraints]);
+    # then the closest key of this section
+    spelled = str(loc[-1]).replace("-", "_").replace(" ", "_")
+    elsewhere = [f"{name}.{spelled}" for name in InstanceSpec.model_fields
+                 if (m := _section_model((name, ""))) not in (None, cls, InstanceSpec)
+                 and spelled in m.model_fields]
+    near = ([spelled] if spelled in here else elsewhere[:1]
+            or get_close_matches(spelled, here, n=1))
     hint = f"did you mean {near[0]}? See" if near else "check the spelling; see"
     return f"unknown key ({hint} the README's instance reference)"
 
@@ -338,16 +344,6 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
             f"({', '.join(g for g in known_gpus() if load_gpu(g).mxfp8)}); {gpu.key} has none "
             "(Transformer Engine refuses MXFP8 below compute capability 10.0); use "
             "\"tensorwise\" or \"delayed\""])
-    if (spec.training.fp8_param_gather and spec.training.kernel_stack == "pytorch"
-            and spec.constraints.framework != "torchtitan"):
-        # torchao's float8 has FP8 parameters only as FSDP2's FP8 all-gather, which torchtitan
-        # runs; Megatron's and NeMo's are Transformer Engine's (the fused stack)
-        raise InputError(f"{source}: invalid instance", [
-            "training.fp8_param_gather: true with kernel_stack = \"pytorch\" is torchao's "
-            "FSDP2 FP8 all-gather (torchtitan's enable_fsdp_float8_all_gather), which needs "
-            "constraints.framework = \"torchtitan\" (framework = "
-            f"{toml_value(spec.constraints.framework)}); Megatron-LM's and NeMo's FP8 "
-            "parameters are Transformer Engine's: kernel_stack = \"fused\""])
     offload = spec.constraints.offload_layers
     if offload and offload >= spec.model.layers:
         raise InputError(f"{source}: invalid instance", [

@@ -190,8 +190,7 @@ class TrainingSpec(_Strict):
         "catalog's main figures); pytorch = PyTorch eager modules (torch.nn.Linear on cuBLAS, a "
         "Triton or SDPA flash-attention kernel), as llm-foundry's MPT benchmarks and torchtitan "
         "without torch.compile run; a GPU type without figures for the stack uses the fused ones. "
-        "FP8 on the pytorch stack, and under constraints.framework = \"torchtitan\" on either, "
-        "is torchao's float8 (docs/model.md, \"FP8\")")
+        "Whose FP8 linears run is fp8_library, not the stack")
     moe_token_dispatcher: Literal["alltoall", "deepep", "hybridep"] = Field(
         default="alltoall", description="MoE token dispatch: alltoall (Megatron-Core's "
         "all-to-all dispatcher: one message per token copy) or a deduplicating flex dispatcher, "
@@ -236,6 +235,13 @@ class TrainingSpec(_Strict):
         "and columnwise, each quantized from 16 bits) and FP8 parameters are all-gathered in "
         "16 bits through the gradient buffer (docs/model.md, \"FP8\", item 5); needs "
         "precision = \"fp8\"")
+    fp8_library: Literal["transformer_engine", "torchao"] | None = Field(
+        default=None, description="whose FP8 linear layers run: transformer_engine (Megatron-LM, "
+        "NeMo, llm-foundry's amp_fp8) or torchao (torchtitan's float8 converter); default the "
+        "framework's: torchao under constraints.framework = \"torchtitan\", else "
+        "transformer_engine. They differ in the inputs they hold, the FP8 weight copies and, "
+        "under delayed scaling, the tensor-parallel all-gathers (docs/model.md, \"FP8\"); "
+        "MXFP8 and NVFP4 are costed as Transformer Engine's")
     store_param_remainders: bool = Field(
         default=False, description="the distributed optimizer keeps each fp32 master weight "
         "as the bf16 weight plus its lower 16 bits, 2 bytes instead of 4 (10 bytes of Adam "
@@ -295,6 +301,13 @@ class TrainingSpec(_Strict):
             raise ValueError("precision = \"nvfp4\" is Transformer Engine's NVFP4BlockScaling "
                              "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" has no "
                              "NVFP4 costs in this model")
+        if self.fp8_library == "torchao" and (self.precision == "nvfp4"
+                                              or self.fp8_recipe == "mxfp8"):
+            what = "precision = \"nvfp4\"" if self.precision == "nvfp4" else \
+                "fp8_recipe = \"mxfp8\""
+            raise ValueError(f"fp8_library = \"torchao\" with {what}: this model costs "
+                             "Transformer Engine's block-scaled formats only; drop fp8_library "
+                             "or set it to \"transformer_engine\"")
         if self.fp8_recipe == "mxfp8" and self.kernel_stack != "fused":
             raise ValueError("fp8_recipe = \"mxfp8\" is Transformer Engine's MXFP8 block "
                              "scaling (kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "
