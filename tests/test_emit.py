@@ -632,3 +632,20 @@ def test_torchtitan_uneven_interleaved_layout_names_the_real_key_and_split():
     meta = plan_from_spec(inst, inst.spec.plan, recompute_layers=0,
                           dp_sharding="optim_grads_params")
     assert "module_fqns_per_model_part" not in comment_text(emit(inst, meta, "torchtitan"))
+
+
+def test_an_export_says_when_its_framework_runs_other_fp8_linears():
+    """A plan costed with Transformer Engine's FP8 linears exported to torchtitan (torchao's),
+    or with torchao's exported to Megatron-LM / NeMo (Transformer Engine's), says so; a plan
+    whose FP8 linears are the framework's own does not."""
+    te = _inst("llama3-70b-h100.toml", "fp8")                  # no framework: Transformer Engine
+    plan = plan_from_spec(te, te.spec.plan, dp_sharding="optim_grads_params")
+    ao = te.with_spec(training=te.spec.training.model_copy(update={"fp8_library": "torchao"}))
+    mark = "fp8_library {}: cannot express"
+    assert mark.format("transformer_engine") in comment_text(emit(te, plan, "torchtitan"))
+    assert mark.format("torchao") not in comment_text(emit(ao, plan, "torchtitan"))
+    assert mark.format("transformer_engine") not in comment_text(emit(ao, plan, "torchtitan"))
+    zero1 = plan_from_spec(te, te.spec.plan, dp_sharding="optim")
+    for fmt in ("megatron", "nemo"):
+        assert mark.format("torchao") in comment_text(emit(ao, zero1, fmt))
+        assert "fp8_library" not in comment_text(emit(te, zero1, fmt))

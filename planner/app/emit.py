@@ -426,6 +426,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if precision in LOW_PRECISIONS:
         comments.append(f"{precision} needs Transformer Engine (--transformer-impl "
                         "transformer_engine)")
+    if (note := _fp8_library_note(inst, "megatron")) is not None:
+        comments.append(note)
     comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")
     if _op_selective(inst, plan):
         comments.append(_OP_SELECTIVE)
@@ -710,6 +712,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
         comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
                         "Megatron-Core's default (tp innermost, then cp, dp, pp), and no stock "
                         "order gives it")
+    if (note := _fp8_library_note(inst, "nemo")) is not None:
+        comments.append(note)
     if inst.spec.training.fp4_param_gather:
         comments.append("fp4_param_gather: cannot express; NeMo 2's MegatronMixedPrecision has no "
                         "FP4-parameter switch (Megatron-Bridge's MixedPrecisionConfig."
@@ -882,6 +886,28 @@ def _torchtitan_rank_layers(layers: int, pp: int, per_stage: int, first_less: in
     return [sum(stages[r::pp]) for r in range(pp)]
 
 
+def _fp8_library_note(inst: Instance, fmt: str) -> str | None:
+    """A comment when the plan's FP8 linears ([training] fp8_library) are not the ones the
+    framework runs: torchtitan's FP8 is torchao's float8 converter, Megatron-LM's and NeMo's
+    Transformer Engine's. They hold different bytes (docs/model.md, "FP8"), so the run's
+    memory differs from the plan's."""
+    tr = inst.spec.training
+    if tr.precision != "fp8" or tr.fp8_recipe == "mxfp8":
+        return None
+    torchao = torchao_float8(tr, inst.spec.constraints.framework)
+    if fmt == "torchtitan" and not torchao:
+        return ("fp8_library transformer_engine: cannot express (torchtitan's FP8 linears are "
+                "torchao's float8); the plan costs Transformer Engine's, which keep every "
+                "layer's FP8 weight copy and FP8 linear inputs: expect less weight and more "
+                "activation memory than planned")
+    if fmt in ("megatron", "nemo") and torchao:
+        return ("fp8_library torchao: cannot express (Megatron-Core's FP8 linears are "
+                "Transformer Engine's); the plan costs torchao's float8, which keeps one layer's "
+                "FP8 weight copy and 16-bit linear inputs: expect more weight and less "
+                "activation memory than planned")
+    return None
+
+
 def _torchtitan_fp8_experts(plan: Plan) -> str:
     """What the torchtitan export says of a plan that costs FP8 expert GEMMs."""
     why = ("torchtitan 0.2.2's quantize.linear.float8 converts nn.Linear modules only, and "
@@ -962,6 +988,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         comments.append("nvfp4: cannot express; the plan costs Transformer Engine's NVFP4 "
                         "GEMMs, for which torchtitan has no converter here: bfloat16 GEMMs are "
                         "emitted (slower than planned)")
+    if (note := _fp8_library_note(inst, "torchtitan")) is not None:
+        comments.append(note)
     if precision == "fp8" and _moe(inst):
         comments.append(_torchtitan_fp8_experts(plan))
     if _moe(inst) and inst.spec.training.moe_token_dispatcher != "alltoall":
