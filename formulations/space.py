@@ -612,8 +612,11 @@ def build_space(inst: Instance) -> SearchSpace:
         kept = tuple(m for m in shardings
                      if sharding_refusal(inst.spec.training, c.framework, m) is None)
         if not kept:
-            why.append(sharding_refusal(inst.spec.training, c.framework, shardings[0])
-                       + f"; the constraints and framework leave dp_sharding "
+            # (the modes left are said where the refusal depends on the mode)
+            reasons = {sharding_refusal(inst.spec.training, c.framework, m) for m in shardings}
+            first = sharding_refusal(inst.spec.training, c.framework, shardings[0])
+            why.append(first if len(reasons) == 1 and len(shardings) > 1 else
+                       first + f"; the constraints and framework leave dp_sharding "
                        f"{' | '.join(shardings)}")
         shardings = kept
     if why:

@@ -257,13 +257,14 @@ def test_under_torchtitan_fp8_is_torchao_whatever_figures_the_gemms_take():
 
 
 def test_torchao_fp8_parameters_need_torchtitan():
-    """On the PyTorch stack FP8 parameters can only be torchtitan's FSDP2 FP8 all-gather: under
-    another framework, or none, a [plan] with them is an input error naming both keys, a
-    search has no sharding mode left and says why, and the same file solves once the
-    framework is torchtitan (as ``plan solve --emit torchtitan`` sets it)."""
+    """torchao's FP8 parameters can only be torchtitan's FSDP2 FP8 all-gather: under another
+    framework, or none, a [plan] with them is an input error naming both keys, a search has
+    no sharding mode left and says why, and the same file solves once the framework is
+    torchtitan (as ``plan solve --emit torchtitan`` sets it). Transformer Engine's FP8
+    parameters on the PyTorch stack's figures are Megatron's and solve."""
     doc = {"model": {"layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
            "training": {"global_batch": 64, "precision": "fp8", "kernel_stack": "pytorch",
-                        "fp8_param_gather": True},
+                        "fp8_param_gather": True, "fp8_library": "torchao"},
            "cluster": {"gpu": "h100-sxm", "nodes": 2}}
     plan = {"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1, "dp_sharding": "optim_grads_params"}
     says = "needs constraints.framework = \"torchtitan\""
@@ -275,9 +276,14 @@ def test_torchao_fp8_parameters_need_torchtitan():
             solve(parse_instance({**doc, "constraints": constraints}), solver="enumerate",
                   explain=False)
         assert any(says in why for why in err.value.explanation), err.value.explanation
+        # (a refusal that holds in every mode does not list the modes the constraints leave)
+        assert not any("leave dp_sharding" in why for why in err.value.explanation)
     titan = parse_instance({**doc, "constraints": {"framework": "torchtitan"}})
     assert solve(titan, solver="enumerate", explain=False).report.plan.dp_sharding == \
         "optim_grads_params"
+    te = parse_instance({**doc, "training": {**doc["training"],
+                                             "fp8_library": "transformer_engine"}})
+    assert solve(te, solver="enumerate", explain=False).report is not None
 
 
 def test_fp8_library_overrides_the_frameworks_default():
@@ -293,6 +299,11 @@ def test_fp8_library_overrides_the_frameworks_default():
     assert extra == pytest.approx(79 * 2 * Shape.of(ao.model).layer_params, rel=1e-9)
     assert b.memory_gib["activations"] < a.memory_gib["activations"]
     assert a.breakdown_s == b.breakdown_s                      # the same time at TP 1
+
+
+def test_fp8_library_needs_a_narrow_precision():
+    with pytest.raises(InputError, match="fp8_library = \"torchao\" names whose FP8 linears"):
+        titan(False, precision="bf16", fp8_library="torchao")
 
 
 @pytest.mark.parametrize("training", [{"precision": "nvfp4"},

@@ -182,10 +182,10 @@ from collections.abc import Callable
 
 from planner.model.errors import InputError
 from planner.model.frameworks import (SHARDING_MODES, sharding_refusal, framework_violations,
-                                      offload_violations)
+                                      offload_violations, torchao_float8)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
-from planner.model.instance import Instance, torchao_float8
+from planner.model.instance import Instance
 from planner.model.plan import Plan, default_placement
 from planner.model.rules import violations
 
@@ -897,14 +897,14 @@ def _fp8_library_note(inst: Instance, fmt: str) -> str | None:
     torchao = torchao_float8(tr, inst.spec.constraints.framework)
     if fmt == "torchtitan" and not torchao:
         return ("fp8_library transformer_engine: cannot express (torchtitan's FP8 linears are "
-                "torchao's float8); the plan costs Transformer Engine's, which keep every "
-                "layer's FP8 weight copy and FP8 linear inputs: expect less weight and more "
-                "activation memory than planned")
+                "torchao's float8); the plan costs Transformer Engine's, which hold other "
+                "weight copies and linear inputs (docs/model.md, \"FP8\"): expect the memory "
+                "to differ from the plan's")
     if fmt in ("megatron", "nemo") and torchao:
         return ("fp8_library torchao: cannot express (Megatron-Core's FP8 linears are "
-                "Transformer Engine's); the plan costs torchao's float8, which keeps one layer's "
-                "FP8 weight copy and 16-bit linear inputs: expect more weight and less "
-                "activation memory than planned")
+                "Transformer Engine's); the plan costs torchao's float8, which holds other "
+                "weight copies and linear inputs (docs/model.md, \"FP8\"): expect the memory "
+                "to differ from the plan's")
     return None
 
 

@@ -345,6 +345,22 @@ MXFP8_PARAMS_SOURCE = ("Megatron-Core all-gathers MXFP8 parameters in 16 bits th
                        "NotImplementedError under Megatron-FSDP")
 
 
+def torchao_float8(training, framework: str | None) -> bool:
+    """Whether the FP8 linear layers are torchao's float8 (``Float8Linear``) rather than
+    Transformer Engine's: ``[training] fp8_library``, by default torchao under torchtitan (its
+    ``quantize.linear.float8`` converter) and Transformer Engine elsewhere, whatever figures
+    the GEMMs are costed with (``kernel_stack``: llm-foundry's ``amp_fp8``, the PyTorch-stack
+    FP8 runs, which validate under torchtitan's data-parallel rules, swaps in Transformer
+    Engine's FP8 linears). Per-tensor scaling only: MXFP8 and NVFP4 are costed as Transformer
+    Engine's everywhere. The two differ in what they hold and gather
+    (planner.model.terms.step_terms: torchao keeps the 16-bit linear inputs and one layer's FP8
+    weight copy, and its tensor-parallel all-gathers are FP8 only at dynamic scaling)."""
+    library = training.fp8_library or ("torchao" if framework == "torchtitan"
+                                       else "transformer_engine")
+    return (training.precision == "fp8" and training.fp8_recipe != "mxfp8"
+            and library == "torchao")
+
+
 def sharding_refusal(training, name: str | None, mode: str) -> str | None:
     """Why the instance's ``[training]`` cannot run with sharding ``mode`` under the named
     framework (or Megatron-LM's rules without one), or None: FP8 parameters
@@ -352,14 +368,14 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
     need one of the framework's modes for them. The one test of these rules, for the plan's
     input check, the search's sharding modes and the exports alike."""
     fw = framework_of(name)
-    if training.fp8_param_gather and training.kernel_stack == "pytorch" and \
+    if training.fp8_param_gather and torchao_float8(training, name) and \
             fw.name != "torchtitan":
-        # on the PyTorch stack the only FP8 parameters are torchao's FSDP2 FP8 all-gather
-        return ("training.fp8_param_gather = true with kernel_stack = \"pytorch\" is torchao's "
-                "FSDP2 FP8 all-gather (torchtitan's enable_fsdp_float8_all_gather), which needs "
-                f"constraints.framework = \"torchtitan\" (the rules now: {fw.label}'s); "
-                "Megatron-LM's and "
-                "NeMo's FP8 parameters are Transformer Engine's: kernel_stack = \"fused\"")
+        # torchao's only FP8 parameters are FSDP2's FP8 all-gather, which torchtitan runs
+        return ("training.fp8_param_gather = true with torchao's FP8 linears (fp8_library) is "
+                "FSDP2's FP8 all-gather (torchtitan's enable_fsdp_float8_all_gather), which "
+                f"needs constraints.framework = \"torchtitan\" (the rules now: {fw.label}'s); "
+                "Megatron-LM's and NeMo's FP8 parameters are Transformer Engine's: "
+                "fp8_library = \"transformer_engine\"")
     mx_params = training.fp8_param_gather and training.fp8_recipe == "mxfp8"
     # (MXFP8 and FP4 parameters: the distributed optimizer's path, where the framework has it)
     zero1 = tuple(m for m in fw.fp8_param_gather_modes if m == "optim")

@@ -52,22 +52,6 @@ def narrow_bytes(training) -> float:
     return MXFP8_COPY_BYTES if training.fp8_recipe == "mxfp8" else FP8_COPY_BYTES
 
 
-def torchao_float8(training, framework: str | None) -> bool:
-    """Whether the FP8 linear layers are torchao's float8 (``Float8Linear``) rather than
-    Transformer Engine's: ``[training] fp8_library``, by default torchao under torchtitan (its
-    ``quantize.linear.float8`` converter) and Transformer Engine elsewhere, whatever figures
-    the GEMMs are costed with (``kernel_stack``: llm-foundry's ``amp_fp8``, the PyTorch-stack
-    FP8 runs, which validate under torchtitan's data-parallel rules, swaps in Transformer
-    Engine's FP8 linears). Per-tensor scaling only: MXFP8 and NVFP4 are costed as Transformer
-    Engine's everywhere. The two differ in what they hold and gather
-    (planner.model.terms.step_terms: torchao keeps the 16-bit linear inputs and one layer's FP8
-    weight copy, and its tensor-parallel all-gathers are FP8 only at dynamic scaling)."""
-    library = training.fp8_library or ("torchao" if framework == "torchtitan"
-                                       else "transformer_engine")
-    return (training.precision == "fp8" and training.fp8_recipe != "mxfp8"
-            and library == "torchao")
-
-
 def both_directions(training, gpu: GPU) -> bool:
     """Whether Transformer Engine keeps a narrow weight twice, once per GEMM direction:
     block-scaled formats always (MXFP8, NVFP4: "the quantized tensor and its transpose are not
@@ -174,10 +158,10 @@ def nvlink_segment(gpus: int, host: int, domain: int) -> int:
     return fits[0]
 
 
-#: pydantic's own union-member tags in an error's location (``int``, ``constrained-int``,
-#: ``tuple[...]``, ``list[literal[...]]``, ``function-after[...]``), which are no user's key
 #: a TOML bare key, written without quotes
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+#: pydantic's own union-member tags in an error's location (``int``, ``constrained-int``,
+#: ``tuple[...]``, ``list[literal[...]]``, ``function-after[...]``), which are no user's key
 _UNION_TAG = re.compile(r"(int|float|str|bool|none|constrained-[a-z]+|[a-z-]+\[.*\])")
 
 

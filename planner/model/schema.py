@@ -301,6 +301,10 @@ class TrainingSpec(_Strict):
             raise ValueError("precision = \"nvfp4\" is Transformer Engine's NVFP4BlockScaling "
                              "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" has no "
                              "NVFP4 costs in this model")
+        if self.fp8_library is not None and self.precision not in ("fp8", "nvfp4"):
+            raise ValueError(f"fp8_library = \"{self.fp8_library}\" names whose FP8 linears "
+                             f"run, which needs precision = \"fp8\" (precision = "
+                             f"\"{self.precision}\")")
         if self.fp8_library == "torchao" and (self.precision == "nvfp4"
                                               or self.fp8_recipe == "mxfp8"):
             what = "precision = \"nvfp4\"" if self.precision == "nvfp4" else \

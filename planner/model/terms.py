@@ -30,9 +30,9 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
-                                      grad_reduce_dtype, selective_recompute_of)
-from planner.model.instance import (FP8_COPY_BYTES, Hardware, Instance, narrow_bytes,
-                                     torchao_float8)
+                                      grad_reduce_dtype, selective_recompute_of,
+                                      torchao_float8)
+from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
@@ -270,7 +270,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     fp8 = tr.precision == "fp8"
     lowp = tr.precision in LOW_PRECISIONS
     peak_gemm = gemm_rate(inst) if lowp else peak16
-    # Transformer Engine's quantized linear path, or torchao's float8 (instance.torchao_float8),
+    # Transformer Engine's quantized linear path, or torchao's float8 (frameworks.torchao_float8),
     # which keeps the held inputs in 16 bits and casts again
     torchao = torchao_float8(tr, inst.spec.constraints.framework)
     te_narrow = lowp and not torchao
