@@ -133,6 +133,16 @@ def test_a_runs_file_is_checked_key_by_key(runner, tmp_path):
         "run r1: code_date = '2023-02-30' is not a calendar date":
             good + 'code_date = "2023-02-30"\n',
         "run r1: code_date = '2023-13' is not a calendar date": good + 'code_date = "2023-13"\n',
+        # (each was a traceback once, found by a seeded mutation of the shipped runs file)
+        "run r1: source = 1.5: expected a string": good.replace('source = "test"',
+                                                                  "source = 1.5"),
+        "run r1: missing precision": good.replace('precision = "bf16"\n', ""),
+        "run r1: model = [1, 2]: expected a string": good.replace('model = "m"',
+                                                                    "model = [1, 2]"),
+        "run r1: plan = 3: expected a table": good.replace(
+            "plan = { tp = 1, pp = 1, dp = 8, global_batch = 512 }", "plan = 3"),
+        "models.m: expected a table of [model] keys": good.replace(
+            '[models.m]\npreset = "gpt-1.3b"\n', 'models = { m = 1 }\n'),
     }
     for says, text in cases.items():
         f = tmp_path / "runs.toml"

@@ -38,6 +38,7 @@ from planner.model.instance import Instance, parse_instance, read_toml
 from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.plan import plan_from_spec
 from planner.model.schema import PlanSpec
+from planner.model.words import toml_value
 from planner.model.terms import step_terms
 
 PLAN_KEYS = set(PlanSpec.model_fields)
@@ -103,13 +104,25 @@ RUN_KEYS = ("id", "model", "gpu", "precision", "plan", "measured_step_time_s", "
             "config")
 
 
+#: the keys every run must give, the ones that hold text and the ones that hold a table
+RUN_REQUIRED = ("model", "gpu", "precision", "plan", "measured_step_time_s")
+RUN_TEXT_KEYS = ("model", "gpu", "precision", "framework", "held_out", "source", "reported",
+                 "note", "assumed")
+RUN_TABLE_KEYS = ("plan", "training", "config")
+
+
 def run_problems(data: dict[str, Any]) -> list[str]:
     """What is wrong with the runs of a runs file, each named by the run's id and key (the
     per-run plan and instance keys are checked when the run is evaluated)."""
     out, seen = [], set()
     if not isinstance(data["runs"], list) or not isinstance(data["models"], dict):
         return ["expected [models.*] tables and [[runs]] entries"]
+    out += [f"models.{name}: expected a table of [model] keys, got {toml_value(m)}"
+            for name, m in data["models"].items() if not isinstance(m, dict)]
     for i, run in enumerate(data["runs"]):
+        if not isinstance(run, dict):
+            out.append(f"runs[{i}]: expected a [[runs]] table, got {toml_value(run)}")
+            continue
         rid = run.get("id")
         if not isinstance(rid, str) or not rid:
             out.append(f"runs[{i}].id: expected a name (a non-empty string)")
@@ -121,6 +134,17 @@ def run_problems(data: dict[str, Any]) -> list[str]:
         if unknown:
             out.append(f"run {rid}: unknown key{'s' if len(unknown) > 1 else ''} "
                        f"{', '.join(unknown)}; expected among {', '.join(RUN_KEYS)}")
+        missing = [k for k in RUN_REQUIRED if k not in run]
+        if missing:
+            out.append(f"run {rid}: missing {', '.join(missing)} (every run says its model, GPU, "
+                       "precision, plan and measured step time)")
+        wrong = [f"{k} = {toml_value(run[k])}: expected {what}"
+                 for keys, what, kind in ((RUN_TEXT_KEYS, "a string", str),
+                                          (RUN_TABLE_KEYS, "a table", dict))
+                 for k in keys if k in run and not isinstance(run[k], kind)]
+        if wrong:
+            out.append(f"run {rid}: " + "; ".join(wrong))
+            continue                    # (the checks below read these keys)
         t = run.get("measured_step_time_s")
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
                               or not math.isfinite(t) or t <= 0):
