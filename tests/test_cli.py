@@ -85,6 +85,30 @@ def test_evaluate_json_contract(runner, path):
     assert d["feasible"] is True and d["violations"] == []
 
 
+@pytest.mark.parametrize("path", INSTANCES, ids=lambda p: p.name)
+def test_the_plan_spec_evaluates_to_the_same_plan(runner, path, tmp_path):
+    """``plan_spec`` is the plan as a [plan] table: each shipped instance's own [plan] (or,
+    without one, the solved optimum) written back as ``plan_spec`` evaluates to the same plan
+    and step time."""
+    import tomllib
+    doc = tomllib.loads(path.read_text())
+    if "plan" not in doc and isinstance(doc["cluster"].get("nodes"), list):
+        pytest.skip("a range of cluster sizes: no single plan to write back")
+    d = run_json(runner, ["evaluate", str(path), "--json"] if "plan" in doc else
+                 ["solve", str(path), "--solver", "enumerate", "--json"])
+    lines = path.read_text().splitlines()
+    cut = next((i for i, ln in enumerate(lines) if ln.split("#")[0].strip() == "[plan]"),
+               len(lines))
+    text = "\n".join(lines[:cut]) + "\n[plan]\n" + "".join(
+        f"{k} = {json.dumps(v)}\n" for k, v in d["plan_spec"].items())
+    assert tomllib.loads(text)["plan"] == d["plan_spec"]
+    f = tmp_path / path.name
+    f.write_text(text)
+    back = run_json(runner, ["evaluate", str(f), "--json"])
+    assert back["plan"] == d["plan"]
+    assert back["step_time_s"] == d["step_time_s"]
+
+
 def test_json_days_follow_narayanan_eq4_and_cost_the_gpu_hours(runner):
     """Narayanan et al. 2021 Eq. 4: training time ~ 8 T P / (n X) for T tokens, P parameters, n
     GPUs at X FLOP/s each (Eq. 3's count, recomputation included); Sec. 5.1 works it for GPT-3:

@@ -431,9 +431,10 @@ def _query_problems(sw: Sweep, inst) -> list[str]:
 # Running one point (in a worker)
 # ---------------------------------------------------------------------------------------------
 
-#: result keys that are not columns: constant text, per-stage detail, lists of sub-results
+#: result keys that are not columns: constant text, per-stage detail, lists of sub-results,
+#: the plan again as a [plan] table (its plan.* columns say it)
 _SKIP = {"memory_by_stage_gib", "mfu_formula", "violations", "checked", "cheapest", "all",
-         "next_smaller"}
+         "next_smaller", "plan_spec"}
 
 
 def flatten_result(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:

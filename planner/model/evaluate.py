@@ -50,6 +50,8 @@ class StepReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "plan": self.plan.to_dict(),
+            # the same plan as a [plan] table plan evaluate reads back (Plan.to_spec)
+            "plan_spec": self.plan.to_spec(),
             "step_time_s": self.step_time_s,
             "breakdown_s": self.breakdown_s,
             "memory_gib": self.memory_gib,

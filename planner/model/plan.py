@@ -501,6 +501,20 @@ class Plan:
             s += f" EP{self.ep}"
         return s + f" mb{self.micro_batch}"
 
+    def to_spec(self) -> dict[str, Any]:
+        """The plan as a ``[plan]`` table that ``plan evaluate`` reads back to this plan: every
+        ``[plan]`` key the plan sets, the layout and recompute counts only where given (0 is
+        the even split and every layer, which ``[plan]`` says by leaving the key out), the
+        sharding by ``dp_sharding`` alone (``distributed_optimizer`` is its older name)."""
+        spec = {k: getattr(self, k) for k in PlanSpec.model_fields if hasattr(self, k)}
+        spec["dp_shard_size"] = self.dp_shard_size
+        spec["micro_batches"] = self.micro_batches
+        spec.pop("distributed_optimizer", None)
+        for k in ("first_stage_layers", "last_stage_layers", "recompute_layers"):
+            if not spec[k]:
+                del spec[k]
+        return spec
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["micro_batches"] = self.micro_batches
