@@ -609,13 +609,12 @@ def build_space(inst: Instance) -> SearchSpace:
     if shardings:
         # FP8 parameters and master weights as remainders run with the framework's modes
         # for them only (frameworks.py sharding_refusal)
-        kept = tuple(m for m in shardings
-                     if sharding_refusal(inst.spec.training, c.framework, m) is None)
+        refused = {m: sharding_refusal(inst.spec.training, c.framework, m) for m in shardings}
+        kept = tuple(m for m in shardings if refused[m] is None)
         if not kept:
             # (the modes left are said where the refusal depends on the mode)
-            reasons = {sharding_refusal(inst.spec.training, c.framework, m) for m in shardings}
-            first = sharding_refusal(inst.spec.training, c.framework, shardings[0])
-            why.append(first if len(reasons) == 1 and len(shardings) > 1 else
+            first = refused[shardings[0]]
+            why.append(first if len(set(refused.values())) == 1 and len(shardings) > 1 else
                        first + f"; the constraints and framework leave dp_sharding "
                        f"{' | '.join(shardings)}")
         shardings = kept
