@@ -63,6 +63,43 @@ def test_evaluate_each_instance(runner, path):
     assert "Traceback" not in text
 
 
+def test_the_report_names_eager_kernels(runner, tmp_path):
+    """The plan report says when a plan is costed on eager PyTorch kernels (torchtitan's
+    default stack), and the step time moves with the stack; the fused default goes unsaid."""
+    base = (ROOT / "instances" / "llama3-70b-h100.toml").read_text()
+    out = {}
+    for name, extra in (("megatron", ""), ("torchtitan", 'framework = "torchtitan"\n'),
+                        ("titan-fused", 'framework = "torchtitan"\n')):
+        text = base.replace("[constraints]\n", "[constraints]\n" + extra, 1)
+        if name == "titan-fused":
+            text = text.replace("[training]\n", '[training]\nkernel_stack = "fused"\n', 1)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        args = ["evaluate", str(path), "--dp-sharding", "optim_grads_params"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, all_text(result)
+        out[name] = ("eager PyTorch kernels" in " ".join(all_text(result).split()),
+                     run_json(runner, [*args, "--json"])["step_time_s"])
+    assert [said for said, _ in out.values()] == [False, True, False]
+    assert out["torchtitan"][1] != out["titan-fused"][1]
+
+
+def test_emit_torchtitan_solves_on_torchtitans_kernels(runner, tmp_path):
+    """``plan solve --emit torchtitan`` searches under torchtitan's defaults, its kernel stack
+    included: the same plan and step time as the file naming the framework (the framework set
+    after loading once left the fused figures in place while the export said eager)."""
+    base = (ROOT / "instances" / "llama3-70b-h100.toml").read_text()
+    named = tmp_path / "titan.toml"
+    named.write_text(base.replace("[constraints]\n", '[constraints]\nframework = "torchtitan"\n', 1))
+    emitted = run_json(runner, ["solve", str(ROOT / "instances" / "llama3-70b-h100.toml"),
+                                "--emit", "torchtitan", "--emit-to", str(tmp_path / "t.toml"),
+                                "--json"])
+    direct = run_json(runner, ["solve", str(named), "--json"])
+    assert emitted["step_time_s"] == direct["step_time_s"]
+    assert emitted["plan_spec"] == direct["plan_spec"]
+    assert "enable = false" in (tmp_path / "t.toml").read_text().split("[compile]")[1]
+
+
 @pytest.mark.parametrize("path", INSTANCES, ids=lambda p: p.name)
 def test_evaluate_json_contract(runner, path):
     d = run_json(runner, ["evaluate", str(path), "--json"])

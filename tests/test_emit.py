@@ -579,6 +579,32 @@ def test_torchtitan_fp8_keeps_the_output_layer_16_bit_and_passes_the_converter_a
     assert not (f8.get("recipe_name") and f8["enable_fsdp_float8_all_gather"])
 
 
+def test_torchtitan_compiles_as_the_plan_costs_its_kernels():
+    """torch.compile off for a plan costed on eager modules (torchtitan's default stack), on
+    for one costed on fused kernels or needing async TP (which torchtitan runs compiled only),
+    each case said in a comment."""
+    base = _inst("llama3-70b-h100.toml")
+
+    def titan(**training):
+        return base.with_spec(
+            constraints=base.spec.constraints.model_copy(update={"framework": "torchtitan"}),
+            training=base.spec.training.model_copy(update=training))
+    plan = plan_from_spec(base, base.spec.plan, dp_sharding="optim_grads_params",
+                          tp_comm_overlap=False)
+    cases = [(titan(), plan, False, None),
+             (titan(kernel_stack="fused"), plan, True, "the plan costs fused kernels"),
+             (titan(), plan_from_spec(base, base.spec.plan, dp_sharding="optim_grads_params",
+                                      tp_comm_overlap=True), True,
+              "compile: enabled for async tensor parallelism")]
+    for inst, p, on, said in cases:
+        text = emit(inst, p, "torchtitan")
+        assert tomllib.loads(text)["compile"]["enable"] is on
+        if said:
+            assert said in comment_text(text)
+        else:
+            assert "compile:" not in comment_text(text)
+
+
 def test_torchtitan_says_it_cannot_scale_fp8_with_delay():
     """torchtitan's float8 converter scales dynamically; a plan costed with delayed scaling
     (whose torchao TP all-gathers stay 16-bit) says what the export runs instead."""

@@ -302,7 +302,9 @@ def test_fp8_library_overrides_the_frameworks_default():
 
 
 def test_fp8_library_needs_a_narrow_precision():
-    with pytest.raises(InputError, match="fp8_library = \"torchao\" names whose FP8 linears"):
+    # (Transformer Engine's linears run NVFP4 too: the message names both precisions)
+    with pytest.raises(InputError, match="fp8_library = \"torchao\" names whose FP8 linears "
+                       "run, which needs precision = \"fp8\" or \"nvfp4\""):
         titan(False, precision="bf16", fp8_library="torchao")
 
 

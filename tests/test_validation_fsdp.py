@@ -30,6 +30,7 @@ from planner.app.validate import (
     summary,
     validate_runs,
 )
+from planner.model.errors import InputError
 from planner.model.instance import parse_instance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,30 @@ def test_kernel_stack_figures_and_fallback():
     over = _inst(cluster={"attention_efficiency": 0.5}, kernel_stack="pytorch")
     assert over.hw.attention_efficiency == 0.5
     assert _inst("b200", kernel_stack="pytorch").hw == _inst("b200").hw
+
+
+@pytest.mark.parametrize("framework", [None, "megatron", "nemo", "deepspeed", "torchtitan"])
+def test_kernel_stack_defaults_to_the_frameworks(framework):
+    """Without ``kernel_stack`` an instance runs its framework's kernels: torchtitan's eager
+    modules (its compile.enable defaults to false), the fused ones elsewhere; a stated stack
+    wins, and NVFP4 / MXFP8, costed on Transformer Engine's kernels only, keep the fused
+    stack by default under torchtitan too (a stated "pytorch" with them is an error)."""
+    cons = {} if framework is None else {"framework": framework}
+
+    def inst(gpu="h100-sxm", **training):
+        return parse_instance({
+            "model": {"preset": "llama3-8b"}, "training": {"global_batch": 64, **training},
+            "cluster": {"gpu": gpu, "gpus": 8}, "constraints": cons}, "t")
+    titan = framework == "torchtitan"
+    assert inst().kernel_stack == ("pytorch" if titan else "fused")
+    assert inst().hw == (_inst(kernel_stack="pytorch") if titan else _inst()).hw
+    assert inst().hw != (_inst() if titan else _inst(kernel_stack="pytorch")).hw
+    for stated in ("fused", "pytorch"):
+        assert inst(kernel_stack=stated).hw == _inst(kernel_stack=stated).hw
+    for block_scaled in ({"precision": "nvfp4"}, {"precision": "fp8", "fp8_recipe": "mxfp8"}):
+        assert inst("b200", **block_scaled).kernel_stack == "fused"
+        with pytest.raises(InputError, match="kernel_stack"):
+            inst("b200", kernel_stack="pytorch", **block_scaled)
 
 
 def test_every_fsdp_run_fits(results):

@@ -1074,6 +1074,18 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
     sections.append(("activation_checkpoint", ac))
+    # torch.compile: off unless the plan costs fused kernels or needs it for async TP
+    compiled = inst.kernel_stack == "fused" or _overlaps(plan)["tp_comm_overlap"]
+    if inst.kernel_stack == "fused":
+        comments.append("compile: enabled; the plan costs fused kernels (kernel_stack = "
+                        "\"fused\": Transformer Engine's figures), of which torch.compile is "
+                        "torchtitan's nearest; kernel_stack = \"pytorch\" plans for its eager "
+                        "modules, its default")
+    elif compiled:
+        comments.append("compile: enabled for async tensor parallelism (tp_comm_overlap); the "
+                        "plan costs eager kernels (kernel_stack = \"pytorch\"), so the run may "
+                        "be faster than planned")
+    sections.append(("compile", {"enable": compiled, "components": ["model", "loss"]}))
     if precision == "fp8" and mx:
         sections.append(("quantize.linear.mx", {"recipe_name": "mxfp8_cublas",
                                                 "filter_fqns": ["output"]}))

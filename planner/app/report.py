@@ -63,8 +63,11 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     hosts = f"{plural(p.nodes, 'node')} of {inst.hw.gpus_per_host}"
     if inst.node_size != inst.hw.gpus_per_host:
         hosts += f", NVLink segments of {inst.node_size}"
+    # (the fused stack, Transformer Engine's kernels, goes unsaid: most instances run it)
+    kernels = ", eager PyTorch kernels (kernel_stack pytorch)" \
+        if inst.kernel_stack == "pytorch" else ""
     t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({hosts}), "
-              f"{inst.spec.training.precision_label}")
+              f"{inst.spec.training.precision_label}{kernels}")
     t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}"
               + (f"  EP {p.ep} (inside a node {p.ep_intra}, expert DP {p.expert_dp:g})"
                  if p.ep > 1 else ""))

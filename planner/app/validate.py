@@ -33,9 +33,8 @@ import numpy as np
 from planner.model.catalog import known_gpus, load_gpu
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
-from planner.model.frameworks import FRAMEWORKS
+from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
 from planner.model.instance import Instance, parse_instance, read_toml
-from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.plan import plan_from_spec
 from planner.model.schema import PlanSpec
 from planner.model.words import toml_value
@@ -367,8 +366,12 @@ ATTENTION_GRID = np.round(np.arange(0.20, 1.0 + 1e-9, 0.01), 4)
 
 
 def stack_of(run: dict[str, Any]) -> str:
-    """The run's ``[training] kernel_stack`` (``fused`` unless it says otherwise)."""
-    return run.get("training", {}).get("kernel_stack", "fused")
+    """The run's kernel stack: its ``[training] kernel_stack``, else the default of the
+    framework it runs under (:func:`planner.model.frameworks.kernel_stack`)."""
+    tr = run.get("training", {})
+    framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
+    return kernel_stack(tr.get("kernel_stack"), run.get("precision"), tr.get("fp8_recipe"),
+                        framework if framework in FRAMEWORKS else None)
 
 
 #: A sequence this long (tokens) makes the attention core most of a layer's work: Llama 3 8B at

@@ -106,6 +106,9 @@ class Framework:
     #: weight plus a 16-bit remainder (``[training] store_param_remainders``; empty: it cannot)
     param_remainders_modes: tuple[str, ...] = ("optim",)
     param_remainders_source: str = ""
+    #: the kernels its layers run on by default (``[training] kernel_stack``): "fused"
+    #: (Transformer Engine's, Megatron-Core / NeMo) or "pytorch" (eager PyTorch modules)
+    kernel_stack: str = "fused"
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -281,7 +284,11 @@ FRAMEWORKS: dict[str, Framework] = {
                             "weight itself (MixedPrecisionPolicy), with no remainder storage",
                             offload_source="torchtitan's only CPU offload is FSDP2's "
                             "CPUOffloadPolicy (parameters, gradients and optimizer states "
-                            "together), which this model does not cost"),
+                            "together), which this model does not cost",
+                            # its job config's [compile] enable defaults to false
+                            # (torchtitan/config/job_config.py, class Compile, 0.2.x): eager
+                            # torch.nn.Linear and SDPA, the stack of its runs here
+                            kernel_stack="pytorch"),
     "deepspeed": Framework("deepspeed", "DeepSpeed",
                            overlaps_expressible=("overlap_grad_reduce",),
                            grad_bucket_params=500_000_000,
@@ -325,6 +332,20 @@ def grad_reduce_dtype(name: str | None, precision: str) -> str:
     if fw.name == "megatron" and precision == "fp16":
         return "bf16"
     return fw.grad_reduce_dtype
+
+
+def kernel_stack(stated: str | None, precision: str, fp8_recipe: str | None,
+                 name: str | None) -> str:
+    """The kernel stack whose figures cost the GEMMs and the attention core: the ``[training]
+    kernel_stack`` ``stated``, else the framework's (:attr:`Framework.kernel_stack`: torchtitan
+    runs eager PyTorch modules unless its ``compile.enable`` is set). NVFP4 and MXFP8 are
+    costed on Transformer Engine's kernels only, so they keep the fused stack by default
+    everywhere (a stated ``kernel_stack = "pytorch"`` with them is an input error)."""
+    if stated is not None:
+        return stated
+    if precision == "nvfp4" or fp8_recipe == "mxfp8":
+        return "fused"
+    return framework_of(name).kernel_stack
 
 
 def selective_recompute_of(name: str | None) -> str:

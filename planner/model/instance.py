@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from planner.model.catalog import GPU, GiB, known_gpus, load_gpu
 from planner.model.errors import InputError
+from planner.model.frameworks import kernel_stack
 from planner.model.schema import InstanceSpec, ModelSpec, default_reserve_GiB
 from planner.model.words import article, toml_value
 
@@ -115,6 +116,11 @@ class Instance:
         return self.spec.model
 
     @property
+    def kernel_stack(self) -> str:
+        """The kernel stack whose figures ``hw`` holds (:func:`~planner.model.frameworks.kernel_stack`)."""
+        return stack_of_spec(self.spec)
+
+    @property
     def nodes(self) -> int:
         """Hosts (scheduling nodes) the job runs on."""
         g = self.hw.gpus_per_host
@@ -136,8 +142,37 @@ class Instance:
         return replace(self, gpus=nodes * self.hw.gpus_per_host, node_options=(nodes,))
 
     def with_spec(self, **sections: Any) -> Instance:
-        """A copy with whole sections of the spec replaced (constraints, plan, training...)."""
-        return replace(self, spec=self.spec.model_copy(update=sections))
+        """A copy with whole sections of the spec replaced (constraints, plan, training...).
+        When the kernel stack changes with them (a framework set after loading, as ``plan
+        solve --emit`` does), the kernel figures in ``hw`` follow it."""
+        spec = self.spec.model_copy(update=sections)
+        if stack_of_spec(spec) == stack_of_spec(self.spec):
+            return replace(self, spec=spec)
+        return replace(self, spec=spec, hw=replace(self.hw, **stack_figures(self.hw.gpu, spec)))
+
+
+def stack_of_spec(spec: InstanceSpec) -> str:
+    """An instance's kernel stack: ``[training] kernel_stack`` or its framework's default."""
+    tr = spec.training
+    return kernel_stack(tr.kernel_stack, tr.precision, tr.fp8_recipe, spec.constraints.framework)
+
+
+def stack_figures(gpu: GPU, spec: InstanceSpec) -> dict[str, Any]:
+    """The :class:`Hardware` figures the kernel stack sets: the stack's where the catalog has
+    them (``[kernel_stacks.NAME]``), else the main (fused-kernel) ones; ``[cluster]``
+    overrides apply on top of either."""
+    c = spec.cluster
+    stack = gpu.kernel_stacks.get(stack_of_spec(spec))
+    knee_tokens = stack.gemm_knee_tokens if stack else gpu.gemm_knee_tokens
+    knee_width = stack.gemm_knee_width if stack else gpu.gemm_knee_width
+    attn_eff = stack.attention_efficiency if stack else gpu.attention_efficiency
+    return {
+        "efficiency_fp8": (c.efficiency_fp8 or (stack.efficiency_fp8 if stack else None)
+                           or gpu.efficiency_fp8 or gpu.efficiency),
+        "attention_efficiency": c.attention_efficiency or attn_eff,
+        "knee_tokens": knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
+        "knee_width": knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
+    }
 
 
 def nvlink_segment(gpus: int, host: int, domain: int) -> int:
@@ -354,28 +389,17 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
                          [f"{said}: {domain} GPUs is neither a multiple nor a divisor of the "
                           f"host's {host} GPUs ({by}); expected a divisor or a multiple of "
                           f"{host}"])
-    # the kernel stack's figures where the catalog has them ([training] kernel_stack), else
-    # the main (fused-kernel) ones; instance overrides apply on top of either
-    stack = gpu.kernel_stacks.get(spec.training.kernel_stack)
-    knee_tokens = stack.gemm_knee_tokens if stack else gpu.gemm_knee_tokens
-    knee_width = stack.gemm_knee_width if stack else gpu.gemm_knee_width
-    attn_eff = stack.attention_efficiency if stack else gpu.attention_efficiency
-    eff8 = (c.efficiency_fp8 or (stack.efficiency_fp8 if stack else None) or gpu.efficiency_fp8
-            or gpu.efficiency)
     hw = Hardware(
         gpu=gpu,
         peak=gpu.peak_flops("fp16" if precision == "fp16" else "bf16"),
         peak_fp8=gpu.peak_flops("fp8"),
         peak_fp4=gpu.peak_flops("nvfp4"),
         efficiency=c.efficiency or gpu.efficiency,
-        efficiency_fp8=eff8,
-        attention_efficiency=c.attention_efficiency or attn_eff,
         overlap_slowdown=(gpu.overlap_slowdown if c.overlap_slowdown is None
                           else c.overlap_slowdown),
         fp8_weight_cache_bytes=(narrow_bytes(spec.training)
                                 * (2 if both_directions(spec.training, gpu) else 1)),
-        knee_tokens=knee_tokens if c.gemm_knee_tokens is None else c.gemm_knee_tokens,
-        knee_width=knee_width if c.gemm_knee_width is None else c.gemm_knee_width,
+        **stack_figures(gpu, spec),
         hbm_bytes=gpu.hbm_capacity_GiB * GiB,
         hbm_bw=gpu.hbm_bandwidth_GBps * 1e9,
         gpus_per_host=host,

@@ -183,14 +183,16 @@ class TrainingSpec(_Strict):
         "kept) or op (torchtitan's op-level selective checkpointing: the outputs of every "
         "second matmul and of the attention kernel are kept, the other matmuls and the "
         "element-wise ops re-run); default the framework's (torchtitan: op)")
-    kernel_stack: Literal["fused", "pytorch"] = Field(
-        default="fused", description="the kernels the GEMMs and the attention core run on, "
+    kernel_stack: Literal["fused", "pytorch"] | None = Field(
+        default=None, description="the kernels the GEMMs and the attention core run on, "
         "with their own calibrated figures per GPU type (hardware_catalog/*.toml "
         "[kernel_stacks.*]): fused = Megatron-Core / NeMo with Transformer Engine (the "
         "catalog's main figures); pytorch = PyTorch eager modules (torch.nn.Linear on cuBLAS, a "
         "Triton or SDPA flash-attention kernel), as llm-foundry's MPT benchmarks and torchtitan "
         "without torch.compile run; a GPU type without figures for the stack uses the fused ones. "
-        "Whose FP8 linears run is fp8_library, not the stack")
+        "Default the framework's: pytorch under torchtitan (its compile.enable defaults to "
+        "false), fused elsewhere and for NVFP4 / MXFP8 (costed on Transformer Engine's kernels "
+        "only). Whose FP8 linears run is fp8_library, not the stack")
     moe_token_dispatcher: Literal["alltoall", "deepep", "hybridep"] = Field(
         default="alltoall", description="MoE token dispatch: alltoall (Megatron-Core's "
         "all-to-all dispatcher: one message per token copy) or a deduplicating flex dispatcher, "
@@ -297,13 +299,13 @@ class TrainingSpec(_Strict):
         if self.fp8_recipe is not None and self.precision != "fp8":
             raise ValueError(f"fp8_recipe = \"{self.fp8_recipe}\" scales FP8 tensors, which "
                              f"needs precision = \"fp8\" (precision = \"{self.precision}\")")
-        if self.precision == "nvfp4" and self.kernel_stack != "fused":
+        if self.precision == "nvfp4" and self.kernel_stack == "pytorch":
             raise ValueError("precision = \"nvfp4\" is Transformer Engine's NVFP4BlockScaling "
                              "(kernel_stack = \"fused\"); kernel_stack = \"pytorch\" has no "
                              "NVFP4 costs in this model")
         if self.fp8_library is not None and self.precision not in ("fp8", "nvfp4"):
             raise ValueError(f"fp8_library = \"{self.fp8_library}\" names whose FP8 linears "
-                             f"run, which needs precision = \"fp8\" (precision = "
+                             f"run, which needs precision = \"fp8\" or \"nvfp4\" (precision = "
                              f"\"{self.precision}\")")
         if self.fp8_library == "torchao" and (self.precision == "nvfp4"
                                               or self.fp8_recipe == "mxfp8"):
@@ -312,7 +314,7 @@ class TrainingSpec(_Strict):
             raise ValueError(f"fp8_library = \"torchao\" with {what}: this model costs "
                              "Transformer Engine's block-scaled formats only; drop fp8_library "
                              "or set it to \"transformer_engine\"")
-        if self.fp8_recipe == "mxfp8" and self.kernel_stack != "fused":
+        if self.fp8_recipe == "mxfp8" and self.kernel_stack == "pytorch":
             raise ValueError("fp8_recipe = \"mxfp8\" is Transformer Engine's MXFP8 block "
                              "scaling (kernel_stack = \"fused\"); kernel_stack = \"pytorch\" "
                              "has no MXFP8 costs in this model")
