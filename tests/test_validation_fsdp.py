@@ -31,6 +31,7 @@ from planner.app.validate import (
     validate_runs,
 )
 from planner.model.errors import InputError
+from planner.model.evaluate import caveats
 from planner.model.instance import parse_instance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,6 +179,10 @@ def test_kernel_stack_defaults_to_the_frameworks(framework):
     assert inst().hw != (_inst() if titan else _inst(kernel_stack="pytorch")).hw
     for stated in ("fused", "pytorch"):
         assert inst(kernel_stack=stated).hw == _inst(kernel_stack=stated).hw
+    # a GPU type without the stack's figures costs it at the fused ones, and says so
+    said = [c for c in caveats(inst("b200")) if "kernel_stacks.pytorch" in c]
+    assert len(said) == (1 if titan else 0)
+    assert not [c for c in caveats(inst()) if "kernel_stacks.pytorch" in c]
     for block_scaled in ({"precision": "nvfp4"}, {"precision": "fp8", "fp8_recipe": "mxfp8"}):
         assert inst("b200", **block_scaled).kernel_stack == "fused"
         with pytest.raises(InputError, match="kernel_stack"):

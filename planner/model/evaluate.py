@@ -93,7 +93,8 @@ MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token pe
 def caveats(inst: Instance) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
     confirm: the MoE terms, a GPU type at a precision it has no measured run at (its
-    figures there are assumptions, catalog ``measured_precisions``), and the type's own
+    figures there are assumptions, catalog ``measured_precisions``), a kernel stack the type
+    has no figures for (the fused ones stand in), and the type's own
     measured caveat (catalog ``caveat``: how far newer software ran from the figures)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     precision = inst.spec.training.precision
@@ -102,6 +103,12 @@ def caveats(inst: Instance) -> list[str]:
         out.append(f"{gpu.key} has no measured run at {precision} in the shipped set: its "
                    f"efficiencies there are assumptions (hardware_catalog/{gpu.key}.toml, "
                    "calibration), not fitted on runs of its own")
+    stack = inst.kernel_stack
+    if stack != "fused" and stack not in gpu.kernel_stacks:
+        # (torchtitan's default stack on a GPU type no PyTorch-eager run has calibrated)
+        out.append(f"{gpu.key} has no figures for kernel_stack = \"{stack}\" (catalog "
+                   f"[kernel_stacks.{stack}]): its fused-kernel figures cost this plan, so "
+                   "eager modules may run slower than planned")
     if gpu.caveat:
         out.append(f"{gpu.key}: {gpu.caveat}")
     return out
