@@ -97,6 +97,11 @@ def test_emit_torchtitan_solves_on_torchtitans_kernels(runner, tmp_path):
     direct = run_json(runner, ["solve", str(named), "--json"])
     assert emitted["step_time_s"] == direct["step_time_s"]
     assert emitted["plan_spec"] == direct["plan_spec"]
+    # the JSON says whose rules and kernels costed it
+    assert (emitted["framework"], emitted["kernel_stack"]) == ("torchtitan", "pytorch")
+    plain = run_json(runner, ["evaluate", str(ROOT / "instances" / "llama3-70b-h100.toml"),
+                              "--json"])
+    assert (plain["framework"], plain["kernel_stack"]) == ("megatron", "fused")
     assert "enable = false" in (tmp_path / "t.toml").read_text().split("[compile]")[1]
 
 

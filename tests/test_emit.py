@@ -581,28 +581,50 @@ def test_torchtitan_fp8_keeps_the_output_layer_16_bit_and_passes_the_converter_a
 
 def test_torchtitan_compiles_as_the_plan_costs_its_kernels():
     """torch.compile off for a plan costed on eager modules (torchtitan's default stack), on
-    for one costed on fused kernels or needing async TP (which torchtitan runs compiled only),
-    each case said in a comment."""
+    for one costed on fused kernels, needing async TP (which torchtitan runs compiled only) or
+    running torchao's float8 casts; off for torchao's MXFP8 beside tensor parallelism, which
+    refuses compile (torchtitan 0.2 components/quantization/mx.py), where async TP cannot be
+    written either. Each case is said in a comment."""
     base = _inst("llama3-70b-h100.toml")
 
-    def titan(**training):
+    def titan(gpu="h100-sxm", **training):
         return base.with_spec(
             constraints=base.spec.constraints.model_copy(update={"framework": "torchtitan"}),
-            training=base.spec.training.model_copy(update=training))
-    plan = plan_from_spec(base, base.spec.plan, dp_sharding="optim_grads_params",
-                          tp_comm_overlap=False)
-    cases = [(titan(), plan, False, None),
-             (titan(kernel_stack="fused"), plan, True, "the plan costs fused kernels"),
-             (titan(), plan_from_spec(base, base.spec.plan, dp_sharding="optim_grads_params",
-                                      tp_comm_overlap=True), True,
-              "compile: enabled for async tensor parallelism")]
-    for inst, p, on, said in cases:
+            training=base.spec.training.model_copy(update=training),
+            cluster=base.spec.cluster.model_copy(update={"gpu": gpu}))
+
+    def plan_of(inst, **knobs):
+        return plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params", **knobs)
+    eager, mx = titan(), titan("b200", precision="fp8", fp8_recipe="mxfp8")
+    cases = [  # instance, plan, compile.enable, async TP written, said
+        (eager, plan_of(eager, tp_comm_overlap=False), False, False, None),
+        (titan(kernel_stack="fused"), plan_of(eager, tp_comm_overlap=False), True, False,
+         "the plan costs fused kernels"),
+        (eager, plan_of(eager, tp_comm_overlap=True), True, True,
+         "async tensor parallelism (tp_comm_overlap) runs compiled only"),
+        (titan(precision="fp8"), plan_of(eager, tp_comm_overlap=False), True, False,
+         "torchao's float8 casts need it"),
+        (mx, plan_of(mx, tp_comm_overlap=False), False, False,
+         "torchao's MXFP8 refuses torch.compile with tensor parallelism"),
+        (mx, plan_of(mx, tp_comm_overlap=True), False, False,
+         "tp_comm_overlap: cannot express"),
+        (titan("b200", precision="nvfp4"), plan_of(eager, tp_comm_overlap=False), True, False,
+         "the plan costs fused kernels"),
+    ]
+    for inst, p, on, async_tp, said in cases:
+        assert p.tp > 1
         text = emit(inst, p, "torchtitan")
-        assert tomllib.loads(text)["compile"]["enable"] is on
+        t = tomllib.loads(text)
+        assert t["compile"]["enable"] is on and t["compile"]["components"] == ["model", "loss"]
+        assert t["parallelism"]["enable_async_tensor_parallel"] is async_tp
+        comments = comment_text(text)
         if said:
-            assert said in comment_text(text)
+            assert said in comments
         else:
-            assert "compile:" not in comment_text(text)
+            assert "compile:" not in comments
+        # the eager stack is offered only where it is one (not for NVFP4 / MXFP8)
+        assert ("its eager modules, its default" in comments) == (
+            on and inst.kernel_stack == "fused" and inst.spec.training.precision == "bf16")
 
 
 def test_torchtitan_says_it_cannot_scale_fp8_with_delay():

@@ -50,6 +50,18 @@ def test_a_shard_group_that_does_not_divide_dp_is_a_violation_and_gets_no_export
     assert ok.exit_code == 0 and json.loads(ok.stdout)["plan"]["dp_replicate"] == 2
 
 
+def test_a_blocked_export_to_a_file_is_not_said_written(runner, tmp_path):
+    """With --emit-to, a plan that breaks a rule writes no file, and the report does not
+    claim one was written (it said "written to" above "no launch configuration written")."""
+    out = tmp_path / "launch.sh"
+    r = runner.invoke(app, ["evaluate", str(GPT3), "--dp-shard-size", "3", "--emit", "megatron",
+                            "--emit-to", str(out)])
+    assert r.exit_code == 3, r.output
+    assert not out.exists()
+    assert "written to" not in r.output + r.stderr
+    assert "no launch configuration (megatron) written" in r.stderr
+
+
 def test_contradictory_sharding_flags_are_an_input_error(runner):
     r = runner.invoke(app, ["evaluate", str(GPT13), "--no-distributed-optimizer",
                             "--dp-sharding", "optim_grads"])

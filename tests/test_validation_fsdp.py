@@ -27,6 +27,7 @@ from planner.app.validate import (
     Calibrator,
     load_runs,
     out_of_sample,
+    stack_of,
     summary,
     validate_runs,
 )
@@ -183,6 +184,20 @@ def test_kernel_stack_defaults_to_the_frameworks(framework):
     said = [c for c in caveats(inst("b200")) if "kernel_stacks.pytorch" in c]
     assert len(said) == (1 if titan else 0)
     assert not [c for c in caveats(inst()) if "kernel_stacks.pytorch" in c]
+    # [cluster] overrides of the stack's figures hold when the framework is set after loading
+    over = {"gemm_knee_tokens": 77.0, "gemm_knee_width": 99.0, "attention_efficiency": 0.33}
+    loaded = parse_instance({"model": {"preset": "llama3-8b"},
+                             "training": {"global_batch": 64},
+                             "cluster": {"gpu": "h100-sxm", "gpus": 8, **over}}, "t")
+    moved = loaded.with_spec(constraints=loaded.spec.constraints.model_copy(
+        update={"framework": framework}))
+    assert (moved.hw.knee_tokens, moved.hw.knee_width, moved.hw.attention_efficiency) == (
+        77.0, 99.0, 0.33)
+    assert moved.kernel_stack == inst().kernel_stack
+    assert moved.hw.efficiency_fp8 == inst().hw.efficiency_fp8
+    # a published run without a stated stack takes its framework's (llm-foundry: torchtitan's)
+    run = {"precision": "bf16", "framework": "llm-foundry" if titan else framework}
+    assert stack_of(run) == inst().kernel_stack
     for block_scaled in ({"precision": "nvfp4"}, {"precision": "fp8", "fp8_recipe": "mxfp8"}):
         assert inst("b200", **block_scaled).kernel_stack == "fused"
         with pytest.raises(InputError, match="kernel_stack"):

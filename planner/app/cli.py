@@ -303,7 +303,7 @@ def evaluate(
             console.print(f"The optimum under the same constraints is {best.report.plan.label()} "
                           f"at {best.report.step_time_s:.4g} s per step ({best.status.value}); "
                           f"this plan is {100 * gap:+.2f}% slower.", markup=False, highlight=False)
-        if emit_to is not None:
+        if emit_to is not None and launch is not None:
             console.print(f"launch configuration ({emit}) written to {emit_to}", markup=False,
                           highlight=False)
     if rep.violations:            # the report says which rules or limits the plan breaks

@@ -924,6 +924,44 @@ def _torchtitan_fp8_experts(plan: Plan) -> str:
             f"in FP8, but {why}; {how}: the experts run in bf16 as written (slower than planned)")
 
 
+def _torchtitan_compile(inst: Instance, plan: Plan) -> tuple[bool, list[str]]:
+    """``[compile] enable`` for a plan, and what the export says of it. torch.compile is on
+    where the plan's costs assume it: the fused kernel stack (Transformer Engine's figures,
+    of which compiled modules are torchtitan's nearest), async tensor parallelism (torchtitan
+    applies it to compiled models only: ``enable_async_tensor_parallel``) and torchao's
+    float8, whose casts torchtitan's float8 guide says need compile to perform; off for eager
+    modules (``kernel_stack = "pytorch"``, torchtitan's default). torchao's MXFP8 refuses
+    compile beside tensor parallelism (torchtitan 0.2 components/quantization/mx.py: "TP not
+    yet supported with torch.compile for mxfp8"), so such a plan runs eager."""
+    tr = inst.spec.training
+    stack, async_tp = inst.kernel_stack, _overlaps(plan)["tp_comm_overlap"]
+    mx = tr.precision == "fp8" and tr.fp8_recipe == "mxfp8"
+    ao = tr.precision == "fp8" and not mx         # (the export's quantize.linear.float8)
+    if mx and plan.tp > 1:
+        said = ["compile: off; torchao's MXFP8 refuses torch.compile with tensor parallelism "
+                "(components/quantization/mx.py), so the layers run eager, slower than the "
+                "fused kernels the plan costs"]
+        if async_tp:
+            said.append("tp_comm_overlap: cannot express (async tensor parallelism runs "
+                        "compiled only): the tensor-parallel collectives run exposed, slower "
+                        "than planned")
+        return False, said
+    if stack == "fused":
+        why = ("Transformer Engine's figures, of which torch.compile is torchtitan's nearest"
+               + ("" if tr.precision == "nvfp4" or mx else
+                  "; kernel_stack = \"pytorch\" plans for its eager modules, its default"))
+        return True, [f"compile: on; the plan costs fused kernels (kernel_stack = \"fused\": "
+                      f"{why})"]
+    if async_tp or ao:
+        why = " and ".join(w for w, on in (
+            ("async tensor parallelism (tp_comm_overlap) runs compiled only", async_tp),
+            ("torchao's float8 casts need it to run at the speed planned", ao)) if on)
+        return True, [f"compile: on, as {why}; the plan costs eager GEMM and attention "
+                      "kernels (kernel_stack = \"pytorch\"), so the run may be faster than "
+                      "planned"]
+    return False, []
+
+
 def _torchtitan(inst: Instance, plan: Plan) -> str:
     m = inst.model
     precision = inst.spec.training.precision
@@ -958,6 +996,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
         comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node; "
                         "torchtitan's mesh (pp, dp, cp, tp; tp innermost) does not")
+    compiled, said = _torchtitan_compile(inst, plan)
+    comments += said
     ov = _overlaps(plan)
     if not (ov["overlap_grad_reduce"] and ov["overlap_param_gather"]) and plan.dp > 1:
         comments.append("overlap: torchtitan always reduces gradients during the backward and "
@@ -972,7 +1012,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         comments.append("overlap_moe_expert_parallel_comm: cannot express (torchtitan has no "
                         "batch-level overlap of the expert all-to-alls); the plan costs them "
                         "mostly hidden, so the run may be slower than planned")
-    if ov["tp_comm_overlap"]:
+    if ov["tp_comm_overlap"] and compiled:
         comments.append("tp_comm_overlap: enable_async_tensor_parallel, which needs "
                         "torch.compile (compile.enable)")
     if precision == "fp16":
@@ -1032,7 +1072,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         "data_parallel_shard_degree": 1 if ddp else plan.dp_shard_size,
         "tensor_parallel_degree": plan.tp,
         # async tensor parallelism (needs torch.compile) is torchtitan's tp_comm_overlap
-        "enable_async_tensor_parallel": _overlaps(plan)["tp_comm_overlap"],
+        "enable_async_tensor_parallel": _overlaps(plan)["tp_comm_overlap"] and compiled,
         "pipeline_parallel_degree": plan.pp,
     }
     if not ddp:        # "default" would be true without pp, false with it: say the plan's
@@ -1074,17 +1114,6 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
     sections.append(("activation_checkpoint", ac))
-    # torch.compile: off unless the plan costs fused kernels or needs it for async TP
-    compiled = inst.kernel_stack == "fused" or _overlaps(plan)["tp_comm_overlap"]
-    if inst.kernel_stack == "fused":
-        comments.append("compile: enabled; the plan costs fused kernels (kernel_stack = "
-                        "\"fused\": Transformer Engine's figures), of which torch.compile is "
-                        "torchtitan's nearest; kernel_stack = \"pytorch\" plans for its eager "
-                        "modules, its default")
-    elif compiled:
-        comments.append("compile: enabled for async tensor parallelism (tp_comm_overlap); the "
-                        "plan costs eager kernels (kernel_stack = \"pytorch\"), so the run may "
-                        "be faster than planned")
     sections.append(("compile", {"enable": compiled, "components": ["model", "loss"]}))
     if precision == "fp8" and mx:
         sections.append(("quantize.linear.mx", {"recipe_name": "mxfp8_cublas",

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.model.evaluate import MFU_FORMULA, StepReport
-from planner.model.frameworks import OVERLAP_KNOBS
+from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.terms import MEMORY_TERMS, TIME_TERMS
 from planner.model.instance import Instance
 from planner.model.words import number, plural, stage_words, toml_value
@@ -68,6 +68,9 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
         if inst.kernel_stack == "pytorch" else ""
     t.add_row("cluster", f"{p.gpus} x {inst.hw.gpu.name} ({hosts}), "
               f"{inst.spec.training.precision_label}{kernels}")
+    if inst.spec.constraints.framework is not None:       # (Megatron-LM's otherwise)
+        t.add_row("framework", f"{framework_of(inst.spec.constraints.framework).label}: its "
+                  "rules and defaults")
     t.add_row("degrees", f"TP {p.tp}  PP {p.pp}  DP {p.dp}  CP {p.cp}  VP {p.vp}"
               + (f"  EP {p.ep} (inside a node {p.ep_intra}, expert DP {p.expert_dp:g})"
                  if p.ep > 1 else ""))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.model.catalog import GiB
+from planner.model.frameworks import DEFAULT_FRAMEWORK
 from planner.model.instance import Instance
 from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
@@ -42,6 +43,10 @@ class StepReport:
     #: what the model's numbers for this plan rest on that measured runs have not confirmed
     #: (:func:`caveats`), as sentences; empty where the validation covers the case
     caveats: list[str] = field(default_factory=list)
+    #: whose rules and defaults cost the plan (``[constraints] framework``, else Megatron-LM's)
+    #: and whose kernel figures (``[training] kernel_stack``, else the framework's)
+    framework: str = DEFAULT_FRAMEWORK
+    kernel_stack: str = "fused"
 
     @property
     def fits(self) -> bool:
@@ -67,6 +72,8 @@ class StepReport:
             "feasible": self.fits,
             "violations": self.violations,
             "caveats": self.caveats,
+            "framework": self.framework,
+            "kernel_stack": self.kernel_stack,
         }
 
 
@@ -180,4 +187,6 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
                       memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
                       model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
                       tokens_per_step=tokens_step, steps=n_steps, violations=violations,
-                      caveats=caveats(inst))
+                      caveats=caveats(inst),
+                      framework=inst.spec.constraints.framework or DEFAULT_FRAMEWORK,
+                      kernel_stack=inst.kernel_stack)
