@@ -627,6 +627,20 @@ def test_torchtitan_compiles_as_the_plan_costs_its_kernels():
             on and inst.kernel_stack == "fused" and inst.spec.training.precision == "bf16")
 
 
+def test_megatron_and_nemo_say_when_the_plan_costs_eager_kernels():
+    """A plan costed on eager PyTorch kernels (torchtitan's default stack) exported to
+    Megatron-LM or NeMo, which run Transformer Engine's fused kernels, says so; a plan costed
+    on the fused stack does not."""
+    base = _inst("llama3-70b-h100.toml")
+    titan = base.with_spec(constraints=base.spec.constraints.model_copy(
+        update={"framework": "torchtitan"}))
+    plan = plan_from_spec(base, base.spec.plan)
+    for fmt in ("megatron", "nemo"):
+        assert "kernel_stack pytorch: the plan costs eager" in comment_text(
+            emit(titan, plan, fmt))
+        assert "kernel_stack pytorch" not in comment_text(emit(base, plan, fmt))
+
+
 def test_torchtitan_says_it_cannot_scale_fp8_with_delay():
     """torchtitan's float8 converter scales dynamically; a plan costed with delayed scaling
     (whose torchao TP all-gathers stay 16-bit) says what the export runs instead."""

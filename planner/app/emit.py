@@ -428,6 +428,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
                         "transformer_engine)")
     if (note := _fp8_library_note(inst, "megatron")) is not None:
         comments.append(note)
+    if inst.kernel_stack == "pytorch":
+        comments.append(_EAGER_ON_TE)
     comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")
     if _op_selective(inst, plan):
         comments.append(_OP_SELECTIVE)
@@ -714,6 +716,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                         "order gives it")
     if (note := _fp8_library_note(inst, "nemo")) is not None:
         comments.append(note)
+    if inst.kernel_stack == "pytorch":
+        comments.append(_EAGER_ON_TE)
     if inst.spec.training.fp4_param_gather:
         comments.append("fp4_param_gather: cannot express; NeMo 2's MegatronMixedPrecision has no "
                         "FP4-parameter switch (Megatron-Bridge's MixedPrecisionConfig."
@@ -884,6 +888,12 @@ def _torchtitan_rank_layers(layers: int, pp: int, per_stage: int, first_less: in
     stages[0] -= first_less
     stages[-1] -= last_less
     return [sum(stages[r::pp]) for r in range(pp)]
+
+
+#: What a Megatron-LM / NeMo export says of a plan costed on eager PyTorch kernels
+_EAGER_ON_TE = ("kernel_stack pytorch: the plan costs eager PyTorch kernels (torchtitan's "
+                "default stack), while Megatron-Core runs Transformer Engine's fused ones: the "
+                "run may be faster than planned (kernel_stack = \"fused\" plans for them)")
 
 
 def _fp8_library_note(inst: Instance, fmt: str) -> str | None:
