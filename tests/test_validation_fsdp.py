@@ -32,8 +32,9 @@ from planner.app.validate import (
     validate_runs,
 )
 from planner.model.errors import InputError
-from planner.model.evaluate import caveats
+from planner.model.evaluate import caveats, evaluate
 from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "planner" / "data" / "fsdp_runs.toml"
@@ -202,6 +203,31 @@ def test_kernel_stack_defaults_to_the_frameworks(framework):
         assert inst("b200", **block_scaled).kernel_stack == "fused"
         with pytest.raises(InputError, match="kernel_stack"):
             inst("b200", kernel_stack="pytorch", **block_scaled)
+
+
+def test_torchtitans_eager_loss_holds_twelve_bytes_per_logit():
+    """torchtitan's eager F.cross_entropy(logits.float()) holds, at the start of the
+    backward, log_softmax's fp32 output, nll_loss's fp32 gradient and log_softmax's fp32
+    gradient: 12 bytes per logit. By hand for Llama 3 8B at micro-batch 2 (16,384 tokens,
+    128,256 logits each) on one tensor rank: 12 x 16384 x 128256 B = 23.48 GiB; the same plan
+    under Megatron-LM's rules or torchtitan's compiled (fused) stack holds 6 bytes, a fused
+    cross-entropy 2."""
+    def logits(framework=None, **training):
+        inst = parse_instance({
+            "model": {"preset": "llama3-8b"},
+            "training": {"global_batch": 16, **training},
+            "cluster": {"gpu": "h100-sxm", "gpus": 8},
+            "constraints": {} if framework is None else {"framework": framework},
+            "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 2, "recompute": "selective",
+                     "dp_sharding": "optim_grads_params"}}, "t")
+        plan = plan_from_spec(inst, inst.spec.plan)
+        return evaluate(inst, plan, spec=inst.spec.plan).memory_gib["logits"]
+    per_byte = 16384 * 128256 / 2**30
+    assert logits("torchtitan") == pytest.approx(12 * per_byte, rel=1e-9)
+    assert logits("torchtitan", kernel_stack="fused") == pytest.approx(6 * per_byte, rel=1e-9)
+    assert logits("megatron") == pytest.approx(6 * per_byte, rel=1e-9)
+    assert logits("torchtitan", fused_cross_entropy=True) == pytest.approx(2 * per_byte,
+                                                                          rel=1e-9)
 
 
 def test_every_fsdp_run_fits(results):

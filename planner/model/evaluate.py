@@ -97,13 +97,28 @@ MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token pe
               "mind")
 
 
+#: What every plan under torchtitan's rules is told of its memory: the model's peak against the
+#: peaks torchtitan reserved on its own runs (planner/data/torchtitan_memory.toml; the figures
+#: are kept true by tests/test_torchtitan_memory.py)
+TORCHTITAN_MEMORY_CAVEAT = (
+    "torchtitan's memory: on its own H100 benchmarks (December 2024: Llama 3.1 8B, 70B and "
+    "405B under FSDP, with TP, PP or CP, eager or compiled, BF16 or float8) torchtitan "
+    "reserved 1.1x to 2.7x the peak memory this model counts per GPU, most with TP, PP or "
+    "long sequences (planner/data/torchtitan_memory.toml); reserved memory includes the "
+    "allocator's cache, so it bounds the need from above, but keep more room than the memory "
+    "reserve before trusting a plan near the limit")
+
+
 def caveats(inst: Instance) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
-    confirm: the MoE terms, a GPU type at a precision it has no measured run at (its
+    confirm: the MoE terms, torchtitan's memory (its measured peaks sit above the model's),
+    a GPU type at a precision it has no measured run at (its
     figures there are assumptions, catalog ``measured_precisions``), a kernel stack the type
     has no figures for (the fused ones stand in), and the type's own
     measured caveat (catalog ``caveat``: how far newer software ran from the figures)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
+    if inst.spec.constraints.framework == "torchtitan":
+        out.append(TORCHTITAN_MEMORY_CAVEAT)
     precision = inst.spec.training.precision
     gpu = inst.hw.gpu
     if (precision if precision in LOW_PRECISIONS else "16-bit") not in gpu.measured_precisions:

@@ -348,6 +348,27 @@ def kernel_stack(stated: str | None, precision: str, fp8_recipe: str | None,
     return framework_of(name).kernel_stack
 
 
+def logit_bytes(fused_cross_entropy: bool, stack: str, name: str | None) -> float:
+    """Bytes per logit the loss holds at the memory peak (the start of the backward, every
+    activation still held), per tensor rank's vocabulary shard:
+
+    - a fused cross-entropy kernel (``[training] fused_cross_entropy``) writes the gradient in
+      place in the 16-bit logits: 2;
+    - torchtitan's eager loss, ``F.cross_entropy(pred.flatten(0, 1).float(), labels)``
+      (torchtitan components/loss.py; compiled only with ``[compile]``, which the fused stack
+      stands for here): the backward of ``nll_loss`` allocates an fp32 gradient of the logits'
+      shape while ``log_softmax``'s fp32 output is still saved, and ``log_softmax``'s backward
+      writes a third fp32 tensor (ATen ``_log_softmax_backward_data``): 12 (the 16-bit logits
+      are dropped after the forward, ``del pred`` in its train step);
+    - otherwise the 16-bit logits and their fp32 softmax (Megatron-Core's vocab-parallel
+      cross-entropy works in place on that copy): 6."""
+    if fused_cross_entropy:
+        return 2.0
+    if framework_of(name).name == "torchtitan" and stack == "pytorch":
+        return 12.0
+    return 6.0
+
+
 def selective_recompute_of(name: str | None) -> str:
     """What the framework's selective recompute recomputes (:attr:`Framework.selective_recompute`)."""
     return framework_of(name).selective_recompute

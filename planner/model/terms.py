@@ -30,7 +30,7 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
-                                      grad_reduce_dtype, selective_recompute_of,
+                                      grad_reduce_dtype, logit_bytes, selective_recompute_of,
                                       torchao_float8)
 from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
 from planner.model.plan import Degrees, Knobs
@@ -822,8 +822,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     last_flight = ring_share(v) + 1 / (p * v)
     in_flight = p + gt1(v) * steps(p) / v                        # micro-batches, first stage
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
-    # 16-bit logits + their fp32 softmax; a fused cross-entropy writes the gradient in place
-    logits_buffer = (2 if tr.fused_cross_entropy else 6) * tokens * sh.V / t
+    # what the loss holds per logit at the peak (frameworks.logit_bytes)
+    logits_buffer = (logit_bytes(tr.fused_cross_entropy, inst.kernel_stack,
+                                 inst.spec.constraints.framework) * tokens * sh.V / t)
 
     # every distinct stage: the first and last (their own layers), and with an uneven layout
     # the second rank, the middle stage holding most activations: (p - 1) micro-batches of
