@@ -205,27 +205,30 @@ def test_kernel_stack_defaults_to_the_frameworks(framework):
             inst("b200", kernel_stack="pytorch", **block_scaled)
 
 
-def test_torchtitans_eager_loss_holds_twelve_bytes_per_logit():
-    """torchtitan's eager F.cross_entropy(logits.float()) holds, at the start of the
-    backward, log_softmax's fp32 output, nll_loss's fp32 gradient and log_softmax's fp32
-    gradient: 12 bytes per logit. By hand for Llama 3 8B at micro-batch 2 (16,384 tokens,
-    128,256 logits each) on one tensor rank: 12 x 16384 x 128256 B = 23.48 GiB; the same plan
-    under Megatron-LM's rules or torchtitan's compiled (fused) stack holds 6 bytes, a fused
-    cross-entropy 2."""
+@pytest.mark.parametrize("tp, per_logit", [(1, 12), (2, 16)])
+def test_torchtitans_loss_holds_twelve_or_sixteen_bytes_per_logit(tp, per_logit):
+    """torchtitan's F.cross_entropy(logits.float()) holds, inside its backward,
+    log_softmax's fp32 output, nll_loss's fp32 gradient and log_softmax's fp32 gradient: 12
+    bytes per logit; under tensor parallelism its loss_parallel backward adds an fp32
+    temporary: 16 (both measured on CPU with PyTorch's profiler). By hand for Llama 3 8B at
+    micro-batch 2 (16,384 tokens, 128,256 logits each): per_logit x 16384 x 128256 / tp bytes
+    per GPU. The same plan under Megatron-LM's rules holds 6 bytes, a fused cross-entropy 2,
+    whatever the kernel stack."""
     def logits(framework=None, **training):
         inst = parse_instance({
             "model": {"preset": "llama3-8b"},
             "training": {"global_batch": 16, **training},
-            "cluster": {"gpu": "h100-sxm", "gpus": 8},
+            "cluster": {"gpu": "h100-sxm", "gpus": 8 * tp},
             "constraints": {} if framework is None else {"framework": framework},
-            "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 2, "recompute": "selective",
-                     "dp_sharding": "optim_grads_params"}}, "t")
+            "plan": {"tp": tp, "pp": 1, "dp": 8, "micro_batch": 2, "recompute": "selective",
+                     "sequence_parallel": tp > 1, "dp_sharding": "optim_grads_params"}}, "t")
         plan = plan_from_spec(inst, inst.spec.plan)
         return evaluate(inst, plan, spec=inst.spec.plan).memory_gib["logits"]
-    per_byte = 16384 * 128256 / 2**30
-    assert logits("torchtitan") == pytest.approx(12 * per_byte, rel=1e-9)
-    assert logits("torchtitan", kernel_stack="fused") == pytest.approx(6 * per_byte, rel=1e-9)
-    assert logits("megatron") == pytest.approx(6 * per_byte, rel=1e-9)
+    per_byte = 16384 * 128256 / tp / 2**30
+    for stack in ("pytorch", "fused"):
+        assert logits("torchtitan", kernel_stack=stack) == pytest.approx(per_logit * per_byte,
+                                                                         rel=1e-9)
+        assert logits("megatron", kernel_stack=stack) == pytest.approx(6 * per_byte, rel=1e-9)
     assert logits("torchtitan", fused_cross_entropy=True) == pytest.approx(2 * per_byte,
                                                                           rel=1e-9)
 

@@ -348,24 +348,28 @@ def kernel_stack(stated: str | None, precision: str, fp8_recipe: str | None,
     return framework_of(name).kernel_stack
 
 
-def logit_bytes(fused_cross_entropy: bool, stack: str, name: str | None) -> float:
-    """Bytes per logit the loss holds at the memory peak (the start of the backward, every
-    activation still held), per tensor rank's vocabulary shard:
+def logit_bytes(fused_cross_entropy: bool, name: str | None, tp):
+    """Bytes per logit the loss holds at its peak (inside its backward, every layer's
+    activations still held), per tensor rank's vocabulary shard; ``tp`` may be a symbol:
 
     - a fused cross-entropy kernel (``[training] fused_cross_entropy``) writes the gradient in
       place in the 16-bit logits: 2;
-    - torchtitan's eager loss, ``F.cross_entropy(pred.flatten(0, 1).float(), labels)``
-      (torchtitan components/loss.py; compiled only with ``[compile]``, which the fused stack
-      stands for here): the backward of ``nll_loss`` allocates an fp32 gradient of the logits'
-      shape while ``log_softmax``'s fp32 output is still saved, and ``log_softmax``'s backward
-      writes a third fp32 tensor (ATen ``_log_softmax_backward_data``): 12 (the 16-bit logits
-      are dropped after the forward, ``del pred`` in its train step);
+    - torchtitan's loss, ``F.cross_entropy(pred.flatten(0, 1).float(), labels)``
+      (components/loss.py; ``del pred`` in its train step drops the 16-bit logits): the
+      backward of ``nll_loss`` allocates an fp32 gradient of the logits' shape while
+      ``log_softmax``'s fp32 output is still saved, and ``log_softmax``'s backward writes a
+      third fp32 tensor (ATen ``_log_softmax_backward_data``): 12; under tensor parallelism its
+      default ``loss_parallel`` runs DTensor's vocab-parallel backward, ``(grad_input +
+      exp(x)) * grad_output``, one fp32 temporary more: 16 (both peaks measured on CPU with
+      PyTorch's profiler by a reviewer of this rule). A compiled loss (torchtitan's
+      ``[compile] components`` with "loss", since 2025) is not measured and counted as eager,
+      the safe side;
     - otherwise the 16-bit logits and their fp32 softmax (Megatron-Core's vocab-parallel
       cross-entropy works in place on that copy): 6."""
     if fused_cross_entropy:
         return 2.0
-    if framework_of(name).name == "torchtitan" and stack == "pytorch":
-        return 12.0
+    if framework_of(name).name == "torchtitan":
+        return 12.0 + 4.0 * gt1(tp)
     return 6.0
 
 

@@ -823,8 +823,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     in_flight = p + gt1(v) * steps(p) / v                        # micro-batches, first stage
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
     # what the loss holds per logit at the peak (frameworks.logit_bytes)
-    logits_buffer = (logit_bytes(tr.fused_cross_entropy, inst.kernel_stack,
-                                 inst.spec.constraints.framework) * tokens * sh.V / t)
+    logits_buffer = (logit_bytes(tr.fused_cross_entropy, inst.spec.constraints.framework, t)
+                     * tokens * sh.V / t)
 
     # every distinct stage: the first and last (their own layers), and with an uneven layout
     # the second rank, the middle stage holding most activations: (p - 1) micro-batches of
