@@ -361,9 +361,9 @@ def logit_bytes(fused_cross_entropy: bool, name: str | None, tp):
       third fp32 tensor (ATen ``_log_softmax_backward_data``): 12; under tensor parallelism its
       default ``loss_parallel`` runs DTensor's vocab-parallel backward, ``(grad_input +
       exp(x)) * grad_output``, one fp32 temporary more: 16 (both peaks measured on CPU with
-      PyTorch's profiler by a reviewer of this rule). A compiled loss (torchtitan's
-      ``[compile] components`` with "loss", since 2025) is not measured and counted as eager,
-      the safe side;
+      PyTorch's profiler, torch 2.13: ``python tools/loss_memory.py [--parallel]``). A
+      compiled loss (torchtitan's ``[compile] components`` with "loss", since 2025) is not
+      measured and counted as eager, the safe side;
     - otherwise the 16-bit logits and their fp32 softmax (Megatron-Core's vocab-parallel
       cross-entropy works in place on that copy): 6."""
     if fused_cross_entropy:
