@@ -50,6 +50,13 @@ RUN_FRAMEWORKS = {"llm-foundry": "torchtitan"}
 RUN_FRAMEWORK_NAMES = (*FRAMEWORKS, *RUN_FRAMEWORKS)
 
 
+def run_framework(run: dict[str, Any]) -> str | None:
+    """The framework whose rules and defaults a run follows (:data:`RUN_FRAMEWORKS` maps its
+    training code), or None for one the planner does not know (Megatron-LM's defaults)."""
+    framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
+    return framework if framework in FRAMEWORKS else None
+
+
 @dataclass
 class RunResult:
     id: str
@@ -199,8 +206,8 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
     code_date(run)                       # (checked with every run, ranked or not)
     # a run on one of the frameworks the planner knows runs under its rules and defaults
-    framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
-    cons = {"framework": framework} if framework in FRAMEWORKS else {}
+    framework = run_framework(run)
+    cons = {"framework": framework} if framework else {}
     inst = {
         "model": model,
         "training": {"global_batch": plan["global_batch"], "precision": run["precision"],
@@ -369,9 +376,8 @@ def stack_of(run: dict[str, Any]) -> str:
     """The run's kernel stack: its ``[training] kernel_stack``, else the default of the
     framework it runs under (:func:`planner.model.frameworks.kernel_stack`)."""
     tr = run.get("training", {})
-    framework = RUN_FRAMEWORKS.get(run.get("framework"), run.get("framework"))
     return kernel_stack(tr.get("kernel_stack"), run.get("precision"), tr.get("fp8_recipe"),
-                        framework if framework in FRAMEWORKS else None)
+                        run_framework(run))
 
 
 #: A sequence this long (tokens) makes the attention core most of a layer's work: Llama 3 8B at

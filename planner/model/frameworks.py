@@ -109,6 +109,10 @@ class Framework:
     #: the kernels its layers run on by default (``[training] kernel_stack``): "fused"
     #: (Transformer Engine's, Megatron-Core / NeMo) or "pytorch" (eager PyTorch modules)
     kernel_stack: str = "fused"
+    #: bytes per logit its loss holds at the peak without a fused cross-entropy, at tp = 1
+    #: and at tp > 1 (:func:`logit_bytes`): the 16-bit logits and their fp32 softmax (6),
+    #: Megatron-Core's vocab-parallel cross-entropy working in place on that copy
+    loss_bytes: tuple[float, float] = (6.0, 6.0)
 
     def overlap_default(self, name: str) -> bool:
         """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
@@ -288,7 +292,10 @@ FRAMEWORKS: dict[str, Framework] = {
                             # its job config's [compile] enable defaults to false
                             # (torchtitan/config/job_config.py, class Compile, 0.2.x): eager
                             # torch.nn.Linear and SDPA, the stack of its runs here
-                            kernel_stack="pytorch"),
+                            kernel_stack="pytorch",
+                            # F.cross_entropy(logits.float()), and its loss_parallel under
+                            # TP (logit_bytes)
+                            loss_bytes=(12.0, 16.0)),
     "deepspeed": Framework("deepspeed", "DeepSpeed",
                            overlaps_expressible=("overlap_grad_reduce",),
                            grad_bucket_params=500_000_000,
@@ -350,11 +357,13 @@ def kernel_stack(stated: str | None, precision: str, fp8_recipe: str | None,
 
 def logit_bytes(fused_cross_entropy: bool, name: str | None, tp):
     """Bytes per logit the loss holds at its peak (inside its backward, every layer's
-    activations still held), per tensor rank's vocabulary shard; ``tp`` may be a symbol:
+    activations still held), per tensor rank's vocabulary shard; ``tp`` may be a symbol.
+    A fused cross-entropy kernel (``[training] fused_cross_entropy``) writes the gradient in
+    place in the 16-bit logits: 2. Otherwise the framework's :attr:`Framework.loss_bytes`:
 
-    - a fused cross-entropy kernel (``[training] fused_cross_entropy``) writes the gradient in
-      place in the 16-bit logits: 2;
-    - torchtitan's loss, ``F.cross_entropy(pred.flatten(0, 1).float(), labels)``
+    - Megatron-Core's vocab-parallel cross-entropy: the 16-bit logits and their fp32 softmax,
+      6 (the other frameworks' default);
+    - torchtitan's ``F.cross_entropy(pred.flatten(0, 1).float(), labels)``
       (components/loss.py; ``del pred`` in its train step drops the 16-bit logits): the
       backward of ``nll_loss`` allocates an fp32 gradient of the logits' shape while
       ``log_softmax``'s fp32 output is still saved, and ``log_softmax``'s backward writes a
@@ -363,14 +372,11 @@ def logit_bytes(fused_cross_entropy: bool, name: str | None, tp):
       exp(x)) * grad_output``, one fp32 temporary more: 16 (both peaks measured on CPU with
       PyTorch's profiler, torch 2.13: ``python tools/loss_memory.py [--parallel]``). A
       compiled loss (torchtitan's ``[compile] components`` with "loss", since 2025) is not
-      measured and counted as eager, the safe side;
-    - otherwise the 16-bit logits and their fp32 softmax (Megatron-Core's vocab-parallel
-      cross-entropy works in place on that copy): 6."""
+      measured and counted as eager, the safe side."""
     if fused_cross_entropy:
         return 2.0
-    if framework_of(name).name == "torchtitan":
-        return 12.0 + 4.0 * gt1(tp)
-    return 6.0
+    one, many = framework_of(name).loss_bytes
+    return one if one == many else one + (many - one) * gt1(tp)
 
 
 def selective_recompute_of(name: str | None) -> str:
