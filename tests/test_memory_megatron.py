@@ -156,22 +156,6 @@ KNOWN_MISFITS = {
     # more than the limit (79.6 GiB less the 6 GiB reserve), though it ran in 80 GB: the
     # default reserve (2 GiB + 5% of the capacity) is more than that run left
     "nemo2407-gpt3-20b-64": "FP8: 75.1 GiB on the first stage, 37.4 GiB of it weights",
-    # Megatron-Bridge 26.04 on GB200 at FP8 under Megatron-FSDP with 40 of 80 layers' activations
-    # offloaded (held out): 169.7 GiB, within the 173.2 GiB capacity, over the 162.5 GiB limit
-    # the default reserve leaves (10.7 GiB: 2 GiB + 5% of the capacity); the same release's
-    # GB300 plan (20 layers offloaded) fits
-    "mbridge2604-gb200-llama3-70b-fp8-fsdp-64": "FSDP + offload on GB200: 169.7 GiB, 145.2 GiB "
-                                                "of it the 40 layers kept on the GPU",
-    # Megatron-Bridge 26.02 and 26.04 on GB300 at MXFP8 (held out), Llama 3 70B TP1 PP4 VP5
-    # without expandable segments: 249.5 GiB on the first stage, within the 259.8 GiB
-    # capacity, over the 244.8 GiB limit of the default reserve (15.0 GiB); 26.04.01 ran the
-    # same plan with expandable segments, whose 2 GiB reserve it fits
-    "mbridge2602-gb300-llama3-70b-mxfp8-64": "MXFP8 on GB300: 249.5 GiB, 10.3 GiB left of the HBM",
-    "mbridge2604-gb300-llama3-70b-mxfp8-64": "MXFP8 on GB300: 249.5 GiB, 10.3 GiB left of the HBM",
-    # the same plan at NVFP4 in the same releases (bf16 weights beside their NVFP4 copies), also
-    # without expandable segments
-    "mbridge2602-gb300-llama3-70b-nvfp4-64": "NVFP4 on GB300: 248.9 GiB, 10.9 GiB left of the HBM",
-    "mbridge2604-gb300-llama3-70b-nvfp4-64": "NVFP4 on GB300: 248.9 GiB, 10.9 GiB left of the HBM",
 }
 
 _DATA = load_runs()

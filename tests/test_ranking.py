@@ -55,8 +55,8 @@ def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):
 
 
 def test_most_published_plans_are_near_the_optimum(data, ranks):
-    """Measured (`plan validate`): 151 of the 161 ranked runs are within 10% of the model's
-    optimum (the two Llama 3 405B runs and the held-out plans that do not fit under the model
+    """Measured (`plan validate`): 149 of the 161 ranked runs are within 10% of the model's
+    optimum (the two Llama 3 405B runs and the held-out plan that does not fit under the model
     among them, with a ratio below 1), and the largest ratio of a dense run is 1.269
     (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2 x PP8 VP6; 1.257 before the
     interleaved schedule's per-chunk gradient reduction was costed). (34 of 44 while the H100
@@ -64,7 +64,10 @@ def test_most_published_plans_are_near_the_optimum(data, ranks):
     that the optimum's cannot, and the H100 efficiencies were fitted without them.)"""
     ratios = [r["ratio"] for r in ranks.values() if r.get("ratio")]
     assert len(ratios) == len(ranks)
-    assert sum(x <= TARGET for x in ratios) >= 151
+    # (151 while the Blackwell capacities were their datasheets' GB read as 10^9 bytes: with
+    # nvidia-smi's, 6-12 GiB more per GPU, Nemotron-4 340B at FP8 on 512 GB200 ranks 1.110
+    # against TP4 PP2 and Qwen3-235B on 256 GB200 1.102)
+    assert sum(x <= TARGET for x in ratios) >= 149
     # the dense runs; the MoE terms are not validated (README): expert parallelism across
     # nodes ranks 1.26-1.69 against 4- or 8-way inside a node (DeepSeek-V3, Qwen3 on H100)
     dense = [r["ratio"] for rid, r in ranks.items() if not _moe(data, rid)]
@@ -145,7 +148,11 @@ def test_the_ranking_keeps_to_what_the_runs_code_could_run(data, ranks):
                    "that stage sets the pace); and the MoE runs across nodes (held out, "
                    "the MoE terms not validated), DeepSeek-V3 on 1,024 H100 1.678 (EP64 against "
                    "EP8 inside a node, whose all-to-all the model charges 19 s less), "
-                   "Qwen3-235B-A22B 1.68-1.69 and Qwen3-30B-A3B (26.04, HybridEP) 1.26 on H100. Term by term "
+                   "Qwen3-235B-A22B 1.68-1.69 and Qwen3-30B-A3B (26.04, HybridEP) 1.26 on H100, "
+                   "Qwen3-235B-A22B in BF16 on 256 GB200 1.102 (EP16 PP1 against EP32 PP8 VP3); "
+                   "on GB200 at FP8 Nemotron-4 340B on 512 GPUs with a global batch of 512 "
+                   "1.110 (TP4 PP2 VP48 against the 128-GPU recipe's TP8 PP4 VP12, its gap "
+                   "the narrower TP8 GEMM shards). Term by term "
                    "(published - optimum) the A100 gap is the TP8 all-reduces and the narrower "
                    "GEMM shards, against a larger bubble and more p2p; the model reproduces "
                    "the orderings of Narayanan et al.'s own sweeps "
