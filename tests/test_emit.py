@@ -711,3 +711,18 @@ def test_an_export_says_when_its_framework_runs_other_fp8_linears():
     for fmt in ("megatron", "nemo"):
         assert mark.format("torchao") in comment_text(emit(ao, zero1, fmt))
         assert "fp8_library" not in comment_text(emit(te, zero1, fmt))
+
+
+@pytest.mark.parametrize("vp, gather, expected", [(12, True, True), (1, True, None),
+                                                   (12, False, None)])
+def test_nemo_aligns_the_interleaved_parameter_gathers(vp, gather, expected):
+    """An interleaved plan with the parameter all-gather overlapped launches it on every
+    pipeline rank together (align_param_gather), as Megatron-LM's CLI and NeMo's
+    MegatronCommOverlapCallback do; the ddp dataclass defaults to False, so the export says it.
+    Without interleaving there is nothing to align (Megatron-LM's validate_args turns it off)."""
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan, vp=vp, overlap_grad_reduce=True,
+                          overlap_param_gather=gather)
+    y = parse_yaml(emit(inst, plan, "nemo"))
+    assert y["trainer.strategy.ddp.overlap_param_gather"] is gather
+    assert y.get("trainer.strategy.ddp.align_param_gather") is expected

@@ -781,6 +781,14 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "ddp": {
                     "overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
                     "overlap_param_gather": _overlaps(plan)["overlap_param_gather"],
+                    # the interleaved schedule's gathers launched together on every pipeline
+                    # rank, as the runs the overlap rule is fitted on had them: Megatron-LM's
+                    # CLI default (--no-align-param-gather turns it off) and NeMo's
+                    # MegatronCommOverlapCallback at dp > 1, pp > 1, vp > 1; the ddp
+                    # dataclass's own default is False
+                    **({"align_param_gather": True}
+                       if _overlaps(plan)["overlap_param_gather"] and plan.vp > 1
+                       and plan.pp > 1 and plan.dp > 1 else {}),
                     "data_parallel_sharding_strategy": {"none": "no_shard"}.get(
                         plan.dp_sharding, plan.dp_sharding),
                     "grad_reduce_in_fp32": fp32_reduce,
