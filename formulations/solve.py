@@ -101,8 +101,8 @@ def part_keys(space: SearchSpace, layouts: bool = True) -> list[tuple]:
 def sharding_parts(space: SearchSpace, layouts: bool = True) -> list[SearchSpace]:
     """One narrowed space per sharding choice and (with ``layouts``) pipeline layout and
     recomputed share: the distributed optimizer (ZeRO-1) first, it wins most often, and within
-    it the even layout first, then no partial recompute first; the first part
-    both sets the cap the others must beat and breaks its own ties (:func:`_best_of_parts`).
+    it the even layout first, then no partial recompute first; the first part that holds a
+    plan both sets the cap the others must beat and breaks its own ties (:func:`_best_of_parts`).
     A part of layouts without a short last stage carries no pace maximum, one without
     offloaded layers no offload maxima, one without partial recompute no second copy of the
     maxima (:func:`_narrow`): the maxima the joint model needs
@@ -136,7 +136,7 @@ SPLIT_LAYOUTS_ABOVE = 2**20
 #: on the four batch-range instances there, the same optima and plans.
 CAPPED_JOINT = True
 #: Under CP-SAT, the parts after the first of a fixed-batch space are solved in a second thread
-#: while the first part breaks its ties: they need only its optimum, and the tie goals run one
+#: while the leading part breaks its ties: they need only its optimum, and the tie goals run one
 #: CP-SAT worker (formulations/cpsat.py, ``search_workers``), which leaves the second core of
 #: a two-core machine idle; CP-SAT releases the GIL while it solves. Once its ties are broken
 #: the first thread takes parts from the same queue. The answer is the one a single thread
@@ -218,8 +218,9 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
     per-step fixed costs shrink per sequence; the distributed optimizer first among the
     sharding modes) and every later model only has to beat the incumbent: its objective is
     capped at the best found so far, so a part that cannot win is proven infeasible, which is cheaper than
-    proving its own optimum. The first part also breaks its ties at once (the solves a later
-    re-solve of it would make), so when it alone holds the optimum no model is built twice
+    proving its own optimum. The leading part (the first solved that holds a plan) also breaks
+    its ties at once (the solves a later re-solve of it would make), so when it alone holds the
+    optimum no model is built twice
     (measured on the 40 examples of tests/test_solvers.py::test_three_backends_agree: 76 s
     of CPU against 84 s when every part's ties wait for the end).
     The time limit covers all the models. Excluded plans (top-k) go to the models that hold
@@ -242,7 +243,7 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
     results: dict[int, tuple[RawSolution, float | None] | None] = {}   # None: not solved
     known: list[float] = []             # the optima (or incumbents) found so far: the caps
 
-    def solve_part(i: int, on_optimum=None) -> None:
+    def solve_part(i: int, on_optimum=None, leader: bool = False) -> None:
         sub = parts[i]
         cap = cuts.max_objective
         if known:                                   # beat the best so far, or tie with it
@@ -252,7 +253,7 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
         # CP-SAT does that on one model of it faster than on its parts, whose Python builds
         # dominate (CAPPED_JOINT)
         raw, q_b = run_backend(sub, backend, left(), objective, cap, excluded(sub),
-                               break_ties=cuts.break_ties and i == 0,
+                               break_ties=cuts.break_ties and leader,
                                split=not (CAPPED_JOINT and kind == "fixed-batch" and known
                                           and backend == "cpsat"), on_optimum=on_optimum)
         results[i] = (raw, q_b)
@@ -261,9 +262,15 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
 
     queue = iter(range(len(parts)))                  # the parts not yet taken
     lock = threading.Lock()
+    # the part that breaks its own ties as it is solved: the first one solved uncapped that
+    # holds a plan (part 0 unless it has none), so that when it alone holds the optimum no
+    # model is built twice
+    leader: list[int] = []
 
-    def solve_parts() -> None:
-        """Take the next part and solve it, until none is left (from one or two threads)."""
+    def solve_parts(on_optimum=None) -> None:
+        """Take the next part and solve it, until none is left (from one or two threads).
+        While nothing is known the part taken leads: it breaks its own ties, and
+        ``on_optimum`` hears its optimum."""
         while True:
             with lock:
                 i = next(queue, None)
@@ -272,10 +279,14 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
             if time_limit is not None and left() <= 0:
                 results[i] = None                   # parts left unsolved: nothing proven
                 continue
-            solve_part(i)
+            leads = not known and not leader
+            solve_part(i, on_optimum if leads else None, leader=leads)
+            raw = results[i][0] if results.get(i) else None
+            if leads and raw is not None and raw.objective is not None:
+                leader.append(i)
 
-    # CP-SAT: once the first part's objective is solved, the other parts (capped at it) are
-    # solved in a thread while the first part breaks its ties, and by both threads once the
+    # CP-SAT: once the leading part's objective is solved, the other parts (capped at it) are
+    # solved in a thread while the leading part breaks its ties, and by both threads once the
     # ties are broken (PARTS_BESIDE_TIES)
     if PARTS_BESIDE_TIES and backend == "cpsat" and kind != "fixed-batch" and len(parts) > 1 \
             and cuts.break_ties:
@@ -293,9 +304,7 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
             known.append(z)
             thread = threading.Thread(target=rest, daemon=True)
             thread.start()
-        next(queue)
-        solve_part(0, first_solved)
-        solve_parts()                               # (alone when the first part has no plan)
+        solve_parts(first_solved)
         if thread is not None:
             thread.join()
             if failure is not None:
@@ -333,9 +342,9 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
     i_best, best = tied[0]
     if kind == "fixed-batch":
         tied = tied[:1]                             # the largest batch that holds a tie
-    # the first part broke its ties in its own window already: when it alone holds the
+    # the leading part broke its ties in its own window already: when it alone holds the
     # optimum (not only a tie of another part's), that window is the one asked for
-    settled = [i for i, _ in tied] == [0] and optimum(best) == z
+    settled = [i for i, _ in tied] == leader and optimum(best) == z
     if cuts.break_ties and not settled:
         # break the ties once, within the tied parts
         sub = parts[i_best] if len(tied) == 1 else _narrow(space, tuple(
