@@ -18,16 +18,17 @@ than enumeration from 4,096 GPUs up"):
 * B: Llama-3-405B-shaped GQA model (preset ``llama3-405b``) on h100-sxm, ``max_cp = 2``,
   with 128 layers by default: an even split at every power-of-two pipeline degree, the space
   the earlier measurements in benchmarks/README.md were taken on. ``--b-layers 126`` measures
-  the real preset, which solves at every size through uneven layouts (first / last stage short,
-  the embedding and loss counted as layers) and whose layout tables make CP-SAT several times
-  slower (benchmarks/README.md, "The real 126 layers").
+  the real preset, which solves wherever the 128-layer model does (from 64 GPUs) through uneven
+  layouts (first / last stage short, the embedding and loss counted as layers) and whose layout
+  tables make CP-SAT several times slower (benchmarks/README.md, "The real 126 layers").
 
 No ``[constraints]`` pins: the schema defaults (``max_cp = 1``, micro-batch 1..32, every recompute
 mode, SP and distributed optimizer free) except ``max_cp = 2`` for model B and
 ``tp_within_node = false`` (tensor parallelism may cross nodes, the space the README's figures
 were measured on). Global batch: a fixed
 ``max(2048, GPUs // 16)`` sequences (2048 up to 32,768 GPUs, 8192 at 131,072), which admits plans
-at every size where the model fits in memory at all (175B needs >= 64 GPUs, 405B >= 128).
+at every size where the model fits in memory at all (175B and the 405B-shaped model from 64
+GPUs, the latter with its optimizer states offloaded there).
 
 Example::
 

@@ -141,7 +141,7 @@ MX_DECIDES = {
     # (8 GPUs: MXFP8's extra memory moves the optimum from TP4 PP2 VP20 to TP8 here; on 16 it
     # no longer does since B200's capacity is nvidia-smi's 179.1 GiB rather than 167.6)
     "cluster": {"gpu": "b200", "gpus": 8},
-    # (a smaller space, the same optima: HiGHS takes 18 s on the free one)
+    # (a smaller space, the same optima as the free one, which HiGHS takes much longer on)
     "constraints": {"recompute": "none", "max_micro_batch": 2},
 }
 

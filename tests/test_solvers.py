@@ -321,7 +321,7 @@ def test_sharding_mode_models_give_the_joint_models_answer(monkeypatch, overlap,
         notes[backend] = res.note
         if isinstance(batch, int):     # (a range's note counts its batch models)
             assert "sharding-mode and layout models" in res.note
-    # CP-SAT solves the later parts in a thread beside the first part's tie goals
+    # CP-SAT solves the later parts in a thread beside the leading part's tie goals
     # (PARTS_BESIDE_TIES); in one thread it gives the same plan and the same count
     monkeypatch.setattr(fs, "PARTS_BESIDE_TIES", False)
     alone = solve(inst, solver="cpsat")
@@ -544,3 +544,42 @@ def test_one_shard_copies_are_left_out_alike(monkeypatch):
     res = solve(pinned, solver="cpsat")
     assert ref.report.plan.dp_sharding == "optim_grads_params" and ref.report.plan.dp == 1
     assert res.report.plan == ref.report.plan
+
+
+@pytest.mark.parametrize("batch, reserve, layers, settled", [(8, 76, 6, True), (8, 74, 5, False)])
+def test_the_first_part_holding_a_plan_leads(monkeypatch, batch, reserve, layers, settled):
+    """When the first parts hold no plan (here memory rules out the plans of the first
+    sharding-mode and layout models), the first part solved that holds one leads: it breaks
+    its own ties as it is solved, so when it alone holds the optimum its ties are not solved
+    again on a rebuilt model (``window``); where another part ties, they are. Either way every
+    backend returns the enumerator's plan."""
+    import formulations.solve as fs
+
+    inst = parse_instance({
+        "model": {"layers": layers, "hidden": 6144, "heads": 48, "vocab": 32000,
+                  "seq_len": 2048},
+        "training": {"global_batch": batch},
+        "cluster": {"gpu": "h100-sxm", "gpus": 8},
+        "constraints": {"max_tp": 2, "max_micro_batch": 2, "memory_reserve_GiB": reserve}})
+    ref = solve(inst, solver="enumerate").report.plan
+    monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)
+    monkeypatch.setattr(fs, "SPLIT_LAYOUTS_ABOVE", 0)
+    calls = []
+    run = fs.run_backend
+
+    def spy(space, backend, *args, **kwargs):
+        raw, q = run(space, backend, *args, **kwargs)
+        calls.append((kwargs.get("break_ties", True), kwargs.get("window", False),
+                      raw.objective is not None))
+        return raw, q
+    monkeypatch.setattr(fs, "run_backend", spy)
+    for backend in ("cpsat", "highs"):
+        calls.clear()
+        res = solve(inst, solver=backend)
+        assert res.report.plan == ref, backend
+        parts = calls[:-1]                              # (the last: the whole space's call)
+        lead = next(i for i, (ties, _, found) in enumerate(parts) if found)
+        assert lead > 0 and parts[lead][0], (backend, parts)
+        later = [ties for ties, window, _ in parts[lead + 1:] if not window]
+        assert not any(later), (backend, parts)   # (capped parts: no ties of their own)
+        assert any(window for _, window, _ in parts) is (not settled), (backend, parts)
