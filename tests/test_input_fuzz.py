@@ -225,7 +225,7 @@ def mutate(rng: random.Random, doc: dict[str, Any]) -> str:
     if kind == "list_item":
         s, k = rng.choice(leaves)
         old = doc[s][k]
-        items = list(old) if isinstance(old, list) else [old, old]
+        items = list(old) if isinstance(old, list) and old else [old, old]
         items[rng.randrange(len(items))] = rng.choice(NUMBERS + WRONG_TYPES)
         doc[s][k] = items
         return f"{s}.{k}={_short(items)}"
@@ -328,6 +328,8 @@ def _check(runner, case: Case, args: list[str]) -> None:
         # the plan). (Not just a ':': every message starts "FILE: ...".)
         names = {w for m in case.mutations for w in re.findall(r"[A-Za-z_][\w-]+", m)}
         names |= KEY_NAMES | set(case.extra[1:])
+        if any("''" in m for m in case.mutations):
+            names.add('""')         # an empty key, named as TOML writes it
         assert any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", message) for n in names), \
             f"exit 2 with a message that names no key\n{where}\n{text}"
     if "--json" in args:
