@@ -740,6 +740,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
     comments.append("overlaps as the plan costs them: a recipe's MegatronCommOverlapCallback "
                     "overrides these keys, so give it the same values (its tp_comm_overlap, "
                     "overlap_p2p_comm, overlap_grad_reduce, overlap_param_gather arguments)")
+    ov = _overlaps(plan)
     fsdp = _megatron_fsdp(plan)
     replicas = plan.dp_replicate if plan.dp_sharding != "none" and plan.dp_replicate > 1 else 0
     fp32_reduce = reduce_dtype(inst) == "fp32"
@@ -779,15 +780,15 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # nemo/lightning/pytorch/strategies/megatron_strategy.py)
                 **({"num_distributed_optimizer_instances": replicas} if replicas else {}),
                 "ddp": {
-                    "overlap_grad_reduce": _overlaps(plan)["overlap_grad_reduce"],
-                    "overlap_param_gather": _overlaps(plan)["overlap_param_gather"],
+                    "overlap_grad_reduce": ov["overlap_grad_reduce"],
+                    "overlap_param_gather": ov["overlap_param_gather"],
                     # the interleaved schedule's gathers launched together on every pipeline
                     # rank, as the runs the overlap rule is fitted on had them: Megatron-LM's
                     # CLI default (--no-align-param-gather turns it off) and NeMo's
                     # MegatronCommOverlapCallback at dp > 1, pp > 1, vp > 1; the ddp
                     # dataclass's own default is False
                     **({"align_param_gather": True}
-                       if _overlaps(plan)["overlap_param_gather"] and plan.vp > 1
+                       if ov["overlap_param_gather"] and plan.vp > 1
                        and plan.pp > 1 and plan.dp > 1 else {}),
                     "data_parallel_sharding_strategy": {"none": "no_shard"}.get(
                         plan.dp_sharding, plan.dp_sharding),
@@ -832,10 +833,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 else None,
                 "recompute_num_layers": (plan.recompute_layers or 1) if full else None,
                 # ModelParallelConfig overlap fields (Megatron-Core)
-                "tp_comm_overlap": _overlaps(plan)["tp_comm_overlap"],
-                "overlap_p2p_comm": _overlaps(plan)["overlap_p2p_comm"],
+                "tp_comm_overlap": ov["tp_comm_overlap"],
+                "overlap_p2p_comm": ov["overlap_p2p_comm"],
                 **({"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}
-                   if _overlaps(plan)["overlap_moe_expert_parallel_comm"] else {}),
+                   if ov["overlap_moe_expert_parallel_comm"] else {}),
                 # Megatron-FSDP runs without the fused weight-gradient accumulation (as the
                 # megatron export's --no-gradient-accumulation-fusion)
                 **({"gradient_accumulation_fusion": False} if fsdp else {}),
@@ -1090,7 +1091,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         "data_parallel_shard_degree": 1 if ddp else plan.dp_shard_size,
         "tensor_parallel_degree": plan.tp,
         # async tensor parallelism (needs torch.compile) is torchtitan's tp_comm_overlap
-        "enable_async_tensor_parallel": _overlaps(plan)["tp_comm_overlap"] and compiled,
+        "enable_async_tensor_parallel": ov["tp_comm_overlap"] and compiled,
         "pipeline_parallel_degree": plan.pp,
     }
     if not ddp:        # "default" would be true without pp, false with it: say the plan's
