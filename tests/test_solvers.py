@@ -551,7 +551,8 @@ def test_the_first_part_holding_a_plan_leads(monkeypatch, batch, reserve, layers
     """When the first parts hold no plan (here memory rules out the plans of the first
     sharding-mode and layout models), the first part solved that holds one leads: it breaks
     its own ties as it is solved, so when it alone holds the optimum its ties are not solved
-    again on a rebuilt model (``window``); where another part ties, they are. Either way every
+    again on a rebuilt model (a window re-solve, :func:`window_spy`); where another part ties,
+    they are. Either way every
     backend returns the enumerator's plan."""
     import formulations.solve as fs
 
@@ -562,7 +563,7 @@ def test_the_first_part_holding_a_plan_leads(monkeypatch, batch, reserve, layers
         "cluster": {"gpu": "h100-sxm", "gpus": 8},
         "constraints": {"max_tp": 2, "max_micro_batch": 2, "memory_reserve_GiB": reserve}})
     ref = solve(inst, solver="enumerate").report.plan
-    monkeypatch.setattr(fs, "SPLIT_ABOVE", 0)
+    windows = window_spy(monkeypatch)                   # (the split into parts forced)
     monkeypatch.setattr(fs, "SPLIT_LAYOUTS_ABOVE", 0)
     calls = []
     run = fs.run_backend
@@ -575,6 +576,7 @@ def test_the_first_part_holding_a_plan_leads(monkeypatch, batch, reserve, layers
     monkeypatch.setattr(fs, "run_backend", spy)
     for backend in ("cpsat", "highs"):
         calls.clear()
+        windows.clear()
         res = solve(inst, solver=backend)
         assert res.report.plan == ref, backend
         parts = calls[:-1]                              # (the last: the whole space's call)
@@ -582,4 +584,4 @@ def test_the_first_part_holding_a_plan_leads(monkeypatch, batch, reserve, layers
         assert lead > 0 and parts[lead][0], (backend, parts)
         later = [ties for ties, window, _ in parts[lead + 1:] if not window]
         assert not any(later), (backend, parts)   # (capped parts: no ties of their own)
-        assert any(window for _, window, _ in parts) is (not settled), (backend, parts)
+        assert any(windows) is (not settled), (backend, parts, windows)
