@@ -677,7 +677,7 @@ def build_space(inst: Instance) -> SearchSpace:
     # during the backward (overlap_grad_reduce off): they accumulate whole over the
     # micro-batches and are reduce-scattered after the last, so both modes hold the same bytes
     # and run the same collectives (planner/model/terms.py): the same plans, kept once.
-    if "optim" in shardings and not reduce_every_microbatch(inst) \
+    if "optim" in shardings and not any(reduce_every_microbatch(inst)) \
             and not overlaps["overlap_grad_reduce"][0]:
         shard_choices = [sc for sc in shard_choices if sc[0] != "optim_grads"]
     lays = [lay for lay in layouts if lay in pairs]

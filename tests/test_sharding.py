@@ -143,6 +143,39 @@ def test_hsdp_replicas_add_an_all_reduce_across_nodes():
     assert any("dp_shard_size = 4" in v for v in bad.violations)
 
 
+def test_torchtitan_pipelined_stages_hold_their_gradients_whole():
+    """torch.distributed.pipelining runs a stage's FSDP2 backwards with gradient sync off and
+    reduces once after the stage's last micro-batch (torch stage.py backward_maybe_with_nosync;
+    FSDP2 accumulates the unsharded gradients in its fp32 reduce dtype): under torchtitan a
+    pipelined stage holds the fp32 gradients of all its layers at the last backward, where
+    without a pipeline (or with the policy pinned to every micro-batch) it holds a 1/16 shard
+    and one layer's. And that reduction has no backward of the stage left to overlap: with
+    one stage per rank, overlap_grad_reduce hides nothing of it."""
+    layer = Shape.of(inst_of().model).layer_params
+    plan = {"tp": 1, "pp": 2, "dp": 8, "micro_batch": 1, "dp_sharding": "optim_grads_params"}
+    titan = {"framework": "torchtitan"}
+    piped = report(inst_of(plan=plan, training={"global_batch": 64}, constraints=titan))
+    grads = piped.memory_gib["gradients"] * 2**30
+    # the stage's 20 layers whole in fp32, and at most the embedding / output layer beside
+    assert 4 * 20 * layer <= grads <= 4 * 20 * layer + 4 * 2 * 32000 * 5120, grads / layer
+    pinned = report(inst_of(plan=plan, training={"global_batch": 64,
+                                                 "grad_reduce_every_microbatch": True},
+                            constraints=titan))
+    # a 1/8 shard of the stage and one layer's unsharded: 3.5 layers' worth of 20
+    assert pinned.memory_gib["gradients"] * 2**30 < 4 * 4 * layer
+    flat = report(inst_of(plan={**plan, "pp": 1, "dp": 16}, training={"global_batch": 64},
+                          constraints=titan))
+    assert flat.memory_gib["gradients"] * 2**30 < 4 * 4 * layer     # 40/16 + 1 layers
+    dp_comm = {og: report(inst_of(plan={**plan, "overlap_grad_reduce": og},
+                                  training={"global_batch": 64}, constraints=titan)
+                          ).breakdown_s["dp_comm"] for og in (False, True)}
+    assert dp_comm[True] == pytest.approx(dp_comm[False], rel=1e-12)
+    flat_comm = {og: report(inst_of(plan={**plan, "pp": 1, "dp": 16, "overlap_grad_reduce": og},
+                                    training={"global_batch": 64}, constraints=titan)
+                            ).breakdown_s["dp_comm"] for og in (False, True)}
+    assert flat_comm[True] < flat_comm[False]
+
+
 def test_13b_on_one_a100_40gb_node_solves_fully_sharded():
     """Without tensor or pipeline parallelism a 13B model fits one 8 x A100-40GB node only
     with its parameters sharded (18 bytes per parameter replicated is 218 GiB)."""

@@ -104,7 +104,7 @@ TORCHTITAN_MEMORY_CAVEAT = (
     "torchtitan's memory: on its own H100 benchmarks (December 2024: Llama 3.1 8B, 70B and "
     "405B under FSDP with TP, PP or CP, eager or compiled, BF16 or float8) torchtitan "
     "reserved 1.0x to 1.2x the peak memory this model counts per GPU without pipeline "
-    "parallelism and 1.4x to 1.9x with it (PP 8; planner/data/torchtitan_memory.toml); a "
+    "parallelism and 1.0x to 1.3x with it (PP 8; planner/data/torchtitan_memory.toml); a "
     "reservation includes the allocator's cache, so it bounds the need from above, but with "
     "pipeline parallelism keep more room than the memory reserve before trusting a plan near "
     "the limit")

@@ -60,8 +60,13 @@ class Framework:
     #: whether it replicates shard groups (HSDP: dp_shard_size < dp)
     hsdp: bool = True
     #: sharded gradients are reduce-scattered after every micro-batch's backward (True) or once
-    #: per step after the last one (False: they accumulate unsharded in between)
-    reduce_every_microbatch: bool = False
+    #: per step after the last one (False: they accumulate unsharded in between), without
+    #: pipeline parallelism and with it
+    reduce_every_microbatch: tuple[bool, bool] = (False, False)
+    #: under pipeline parallelism the once-per-step reduction of a stage starts after that
+    #: stage's last backward, not bucket by bucket during it (torch.distributed.pipelining's
+    #: FSDP2 stages, see torchtitan's entry)
+    reduce_after_last_backward: bool = False
     #: default ``[training] grad_reduce_dtype`` ("fp32", or "bf16": the 16-bit training dtype)
     grad_reduce_dtype: str = "fp32"
     #: FSDP2 ``reshard_after_forward`` default: (without pipeline parallelism, with it)
@@ -167,7 +172,19 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #:   alone is DDP, which ``parallelize`` applies only without other parallelism ("DDP has not
 #:   supported > 1D parallelism"); ``mixed_precision_reduce = "float32"``;
 #:   ``fsdp_reshard_after_forward = "default"``: True without pipeline parallelism, False with it;
-#:   FSDP2 reduce-scatters each backward (gradient accumulation included).
+#:   without pipeline parallelism FSDP2 reduce-scatters each backward (gradient accumulation
+#:   included).
+#: - torchtitan under pipeline parallelism: its schedules are torch.distributed.pipelining's,
+#:   whose stages run every micro-batch backward of an FSDP2 module with
+#:   ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` and call the module's ``post_backward`` (the
+#:   reduce-scatter, then the replicas' all-reduce) once, after the stage's last backward
+#:   (PyTorch torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``; in later
+#:   releases the schedule's ``REDUCE_GRAD`` action, ``perform_reduce_grad``, "scheduled after
+#:   all microbatches W, B actions"). With sync off FSDP2 upcasts each unsharded gradient to the
+#:   reduce dtype and accumulates it there (``FSDPParam.to_accumulated_grad_if_needed``,
+#:   ``accumulate_unsharded_grad_if_needed``): a pipelined stage holds its parameters'
+#:   gradients whole, in fp32 under torchtitan's ``mixed_precision_reduce``, until the step's
+#:   reduction, which has no backward of that stage left to hide behind.
 #: - torchtitan 0.2.2 ``distributed/parallel_dims.py``: ``fsdp_enabled = dp_shard_enabled or
 #:   cp_enabled`` (dp_shard > 1 or cp > 1), so a shard group of one without context
 #:   parallelism takes the DDP branch of ``models/llama3/infra/parallelize.py``, which raises
@@ -244,7 +261,7 @@ _NEMO_REMAINDERS = ("NeMo stores remainders with its distributed Adam (NeMo 1 "
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
                           overlap_defaults=(("overlap_p2p_comm", True),),
-                          reduce_every_microbatch=True, chunked_grad_sync=True,
+                          reduce_every_microbatch=(True, True), chunked_grad_sync=True,
                           overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=40_000_000,
                           sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                           sharding_no_pp_source="Megatron-LM's FSDP path does not run with "
@@ -254,7 +271,8 @@ FRAMEWORKS: dict[str, Framework] = {
                           cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER,
                           fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params"),
                           param_remainders_source=_MEGATRON_REMAINDERS),
-    "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=True, chunked_grad_sync=True,
+    "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=(True, True),
+                      chunked_grad_sync=True,
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
                                         ("overlap_p2p_comm", True)),
@@ -275,7 +293,12 @@ FRAMEWORKS: dict[str, Framework] = {
                             grad_bucket_params=1 << 40,
                             sharding_modes=("none", "optim_grads_params"), ddp_needs_1d=True,
                             unit_shard_is_ddp=True, ep_in_shard_group=True,
-                            reduce_every_microbatch=True, sharded_16bit_copy=False,
+                            # FSDP2 reduce-scatters after each backward; under pipeline
+                            # parallelism torch.distributed.pipelining runs every stage backward
+                            # with gradient sync off and reduces once after the stage's last
+                            # (the notes above, "torchtitan under pipeline parallelism")
+                            reduce_every_microbatch=(True, False),
+                            reduce_after_last_backward=True, sharded_16bit_copy=False,
                             # activation_checkpoint.mode = "selective", selective_ac_option =
                             # "op" (its train_configs): a policy that saves the outputs of mm,
                             # the SDPA kernels and reduce-scatter, except every second mm
@@ -302,7 +325,8 @@ FRAMEWORKS: dict[str, Framework] = {
                            sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                            sharding_no_pp_source="DeepSpeed's PipelineEngine refuses ZeRO "
                            "stage 2 and 3 with pipeline parallelism",
-                           hsdp=False, reduce_every_microbatch=True, grad_reduce_dtype="bf16",
+                           hsdp=False, reduce_every_microbatch=(True, True),
+                           grad_reduce_dtype="bf16",
                            interleaving=False, context_parallel=False,
                            interleaving_source="its PipelineEngine runs one stage per rank "
                            "with 1F1B (deepspeed/runtime/pipe/schedule.py TrainSchedule), no "

@@ -174,9 +174,10 @@ class TrainingSpec(_Strict):
         "(planner/model/frameworks.py: fp32 for Megatron-LM bf16, NeMo, torchtitan)")
     grad_reduce_every_microbatch: bool | None = Field(
         default=None, description="sharded gradients are reduce-scattered after every "
-        "micro-batch (true: Megatron-FSDP under Megatron-LM and NeMo, torchtitan, DeepSpeed, "
-        "PyTorch FSDP) or once per step, accumulating unsharded in between (false); default "
-        "the framework's")
+        "micro-batch (true: Megatron-FSDP under Megatron-LM and NeMo, DeepSpeed, torchtitan "
+        "without pipeline parallelism) or once per step, accumulating unsharded in between "
+        "(false: torchtitan's pipelined stages); default the framework's, by the pipeline "
+        "degree")
     selective_recompute: Literal["core_attention", "op"] | None = Field(
         default=None, description="what recompute = \"selective\" recomputes: core_attention "
         "(Megatron-Core's recompute module core_attn: the attention core re-runs, the rest is "

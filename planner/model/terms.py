@@ -140,13 +140,22 @@ def reduce_dtype(inst: Instance) -> str:
                                                      tr.precision)
 
 
-def reduce_every_microbatch(inst: Instance) -> bool:
-    """``[training] grad_reduce_every_microbatch``, else the framework's default: whether sharded
-    gradients are reduce-scattered after every micro-batch (every framework here: Megatron-FSDP,
-    torchtitan, DeepSpeed) or once per step (the override's false)."""
+def reduce_every_microbatch(inst: Instance) -> tuple[bool, bool]:
+    """``[training] grad_reduce_every_microbatch``, else the framework's default, without
+    pipeline parallelism and with it: whether sharded gradients are reduce-scattered after
+    every micro-batch (Megatron-FSDP, DeepSpeed, torchtitan without a pipeline) or once per
+    step (torchtitan's pipelined stages; the override's false)."""
     pin = inst.spec.training.grad_reduce_every_microbatch
     return framework_of(inst.spec.constraints.framework).reduce_every_microbatch \
-        if pin is None else pin
+        if pin is None else (pin, pin)
+
+
+def by_pipeline(without_pp: bool, with_pp: bool, p):
+    """A 0/1 policy chosen by the pipeline degree, as a term: the plain number where both
+    agree (so the other frameworks' terms keep their shape), else ``eq1(p)`` or ``gt1(p)``."""
+    if without_pp == with_pp:
+        return int(without_pp)
+    return eq1(p) if without_pp else gt1(p)
 
 
 def selective_recompute(inst: Instance) -> str:
@@ -607,7 +616,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     r = x.r
     s_in, s_out = x.d_in * x.c_in, x.d_out * x.c_out / r
     shards = s_in * s_out if mode.optim else 1
-    every_mb = reduce_every_microbatch(inst)
+    # 1 where sharded gradients are reduce-scattered every micro-batch, and its complement
+    # (both written by the pipeline degree where the framework's policy depends on it)
+    every_pair = reduce_every_microbatch(inst)
+    every_mb = by_pipeline(*every_pair, p) if mode.grads else 0
+    once = by_pipeline(*(not e for e in every_pair), p) if mode.grads else 1
 
     def half(size, n_in, n_out):
         """A reduce-scatter or an all-gather: half the ring all-reduce's bytes and steps."""
@@ -630,8 +643,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     if mode.optim:
         reduce_raw = allreduce(gw * params_gpu / shards, 1, r, hw.bw_intra, hw.bw_inter,
                                hw.lat_intra, hw.lat_inter)
-        if not (mode.grads and every_mb):
-            reduce_raw = reduce_raw + over_group(gw, params_gpu, expert_gpu)
+        if not is_zero(once):
+            rs_step = over_group(gw, params_gpu, expert_gpu)
+            reduce_raw = reduce_raw + (rs_step if is_one(once) else once * rs_step)
         if mode.params:
             gather_raw = 0.0
         elif fp8_params:
@@ -670,9 +684,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         resharded = 1 if k.reshard_after_forward else 0
         kept = 1 - resharded
     regather = resharded if mode.params else 0
-    rs_each = mode.grads and every_mb
-    rs_layer = over_group(gw, layer_params_gpu, expert_layer) if rs_each else 0.0
-    rs_head = over_group(gw, head_p, 0.0) if rs_each else 0.0
+    rs_layer = rs_head = 0.0
+    if not is_zero(every_mb):
+        rs_layer = over_group(gw, layer_params_gpu, expert_layer)
+        rs_head = over_group(gw, head_p, 0.0)
+        if not is_one(every_mb):
+            rs_layer, rs_head = every_mb * rs_layer, every_mb * rs_head
 
     # Overlap (docs/model.md, "Overlap"): one rule for what a bucket or a layer prefetch leaves
     # exposed, :func:`exposed`. Per step (Megatron-Core DDP buckets): the gradient reduction
@@ -697,8 +714,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         if mode.optim:      # (a unit only where its collective runs once per step)
             bucket_rs = allreduce(gw * bucket_params / shards, 1, r, hw.bw_intra, hw.bw_inter,
                                   hw.lat_intra, hw.lat_inter)
-            if not (mode.grads and every_mb):
-                bucket_rs = bucket_rs + half(gw * bucket_params, s_in, s_out)
+            if not is_zero(once):
+                rs_bucket = half(gw * bucket_params, s_in, s_out)
+                bucket_rs = bucket_rs + (rs_bucket if is_one(once) else once * rs_bucket)
             bucket_ag = 0.0 if mode.params else half(
                 (param_wire if fp8_params else WIRE_16) * bucket_params, s_in, s_out)
         else:
@@ -715,6 +733,17 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # 1F1B) the buckets reduce during the last micro-batch's backward, as below.
             reduce_window = eq1(v) * backward + gt1(v) * backward * p * ring_share(v)
             reduce_unit = eq1(v) * bucket_rs + gt1(v) * reduce_raw / v
+        elif fw.reduce_after_last_backward:
+            # torch.distributed.pipelining (torchtitan; frameworks.py, "torchtitan under
+            # pipeline parallelism"): a stage (virtual chunk) reduces after its own last
+            # micro-batch backward. Interleaved, as Megatron-Core's chunks above (chunk c's
+            # reduction has c p chunk-backwards of the cool-down after it); one stage per rank
+            # (p > 1, v = 1), nothing after it: the whole reduction is exposed. Without a
+            # pipeline, the buckets (FSDP2's layers, the replicas' all-reduce) overlap the last
+            # backward as below. (v > 1 needs p > 1.)
+            reduce_window = eq1(p) * backward + gt1(v) * backward * p * ring_share(v)
+            reduce_unit = (eq1(p) * bucket_rs + gt1(p) * eq1(v) * reduce_raw
+                           + gt1(v) * reduce_raw / v)
         else:
             reduce_window, reduce_unit = backward, bucket_rs
         step_reduce = exposed(reduce_raw, reduce_window, reduce_unit, og, slow)
@@ -766,12 +795,17 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # buffer), unless they are reduced layer by layer during the backward (FSDP's per-layer
     # hooks under sharded parameters, or bucket by bucket with overlap_grad_reduce) with one
     # micro-batch: then nothing accumulates, a shard again
-    if every_mb:
-        sharded_grads, whole_grads = 1.0, 0.0
-    elif k.overlap_grad_reduce or mode.params:
-        sharded_grads, whole_grads = eq1(m), gt1(m)
+    if k.overlap_grad_reduce or mode.params:
+        once_sharded, once_whole = eq1(m), gt1(m)
     else:
-        sharded_grads, whole_grads = 0.0, 1.0
+        once_sharded, once_whole = 0.0, 1.0
+    if is_zero(once):
+        sharded_grads, whole_grads = 1.0, 0.0
+    elif is_zero(every_mb):
+        sharded_grads, whole_grads = once_sharded, once_whole
+    else:       # by the pipeline degree (torchtitan: every micro-batch without a pipeline)
+        sharded_grads = every_mb + once * once_sharded
+        whole_grads = once * once_whole
     working_layer = sharded_grads
     grad_share = (sharded_grads / shards + whole_grads) if mode.grads else 1
     keep16 = 1 if fw.sharded_16bit_copy else 0
