@@ -176,6 +176,24 @@ def test_torchtitan_pipelined_stages_hold_their_gradients_whole():
     assert flat_comm[True] < flat_comm[False]
 
 
+def test_deepspeed_pipelines_reduce_after_the_last_backward():
+    """DeepSpeed's PipelineEngine switches the engine's backward all-reduce off ("We schedule
+    the all-reduces, so disable it in super().backward()") and reduces in TrainSchedule's
+    ReduceGrads after the last backward: with a pipeline overlap_comm hides nothing of the
+    reduction, without one it overlaps the last backward (ZeRO-1 and plain DDP)."""
+    for mode in ("none", "optim"):
+        comm = {}
+        for pp, dp in ((2, 8), (1, 16)):
+            for og in (False, True):
+                inst = inst_of(plan={"tp": 1, "pp": pp, "dp": dp, "micro_batch": 1,
+                                     "dp_sharding": mode, "overlap_grad_reduce": og},
+                               training={"global_batch": 64},
+                               constraints={"framework": "deepspeed"})
+                comm[pp, og] = report(inst).breakdown_s["dp_comm"]
+        assert comm[2, True] == pytest.approx(comm[2, False], rel=1e-12), (mode, comm)
+        assert comm[1, True] < comm[1, False], (mode, comm)
+
+
 def test_13b_on_one_a100_40gb_node_solves_fully_sharded():
     """Without tensor or pipeline parallelism a 13B model fits one 8 x A100-40GB node only
     with its parameters sharded (18 bytes per parameter replicated is 218 GiB)."""

@@ -65,7 +65,7 @@ class Framework:
     reduce_every_microbatch: tuple[bool, bool] = (False, False)
     #: under pipeline parallelism the once-per-step reduction of a stage starts after that
     #: stage's last backward, not bucket by bucket during it (torch.distributed.pipelining's
-    #: FSDP2 stages, see torchtitan's entry)
+    #: FSDP2 stages under torchtitan, DeepSpeed's PipelineEngine: see their entries)
     reduce_after_last_backward: bool = False
     #: default ``[training] grad_reduce_dtype`` ("fp32", or "bf16": the 16-bit training dtype)
     grad_reduce_dtype: str = "fp32"
@@ -326,6 +326,11 @@ FRAMEWORKS: dict[str, Framework] = {
                            sharding_no_pp_source="DeepSpeed's PipelineEngine refuses ZeRO "
                            "stage 2 and 3 with pipeline parallelism",
                            hsdp=False, reduce_every_microbatch=(True, True),
+                           # its PipelineEngine schedules the reduction itself: "We schedule
+                           # the all-reduces, so disable it in super().backward()"
+                           # (deepspeed/runtime/pipe/engine.py, enable_backward_allreduce =
+                           # False), TrainSchedule's ReduceGrads after the last backward
+                           reduce_after_last_backward=True,
                            grad_reduce_dtype="bf16",
                            interleaving=False, context_parallel=False,
                            interleaving_source="its PipelineEngine runs one stage per rank "

@@ -735,7 +735,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             reduce_unit = eq1(v) * bucket_rs + gt1(v) * reduce_raw / v
         elif fw.reduce_after_last_backward:
             # torch.distributed.pipelining (torchtitan; frameworks.py, "torchtitan under
-            # pipeline parallelism"): a stage (virtual chunk) reduces after its own last
+            # pipeline parallelism") and DeepSpeed's PipelineEngine (its ReduceGrads after
+            # the last backward): a stage (virtual chunk) reduces after its own last
             # micro-batch backward. Interleaved, as Megatron-Core's chunks above (chunk c's
             # reduction has c p chunk-backwards of the cool-down after it); one stage per rank
             # (p > 1, v = 1), nothing after it: the whole reduction is exposed. Without a
