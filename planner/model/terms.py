@@ -677,9 +677,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # the reshard policy: the plan's, else the framework's default by the pipeline degree
     # (and its complement, written with the complementary indicators: every term >= 0)
     if k.reshard_after_forward is None:
-        without_pp, with_pp = fw.reshard_after_forward
-        resharded = int(without_pp) * eq1(p) + int(with_pp) * gt1(p)
-        kept = int(not without_pp) * eq1(p) + int(not with_pp) * gt1(p)
+        resharded = by_pipeline(*fw.reshard_after_forward, p)
+        kept = by_pipeline(*(not r for r in fw.reshard_after_forward), p)
     else:
         resharded = 1 if k.reshard_after_forward else 0
         kept = 1 - resharded
