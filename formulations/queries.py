@@ -143,6 +143,10 @@ def front_key(p: ParetoPoint) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------------
 
 
+#: the proof a capacity answer gives for one node fewer when that size is not in the range
+OUTSIDE_RANGE = "outside the instance's node range"
+
+
 @dataclass
 class CapacityAnswer:
     deadline_days: float
@@ -238,7 +242,7 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
     elif ans.nodes - 1 >= 1:
         n = ans.nodes - 1
         ans.next_smaller = {"nodes": n, "days_lower_bound": days_lower_bound(inst, n),
-                            "proof": "outside the instance's node range" if n not in options
+                            "proof": OUTSIDE_RANGE if n not in options
                             else "compute lower bound"}
     if budget_usd is not None and ans.result is not None:
         ans.cheapest = _cheapest(inst, ans, options, deadline_days, solver, time_limit,

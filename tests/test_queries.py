@@ -4,6 +4,8 @@ is ordered and distinct; a minimum MFU is honoured."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from formulations import queries
@@ -91,6 +93,31 @@ def test_capacity_says_when_one_node_fewer_has_no_valid_degrees():
     ns = ans.next_smaller
     assert ns["nodes"] == 3 and ns["feasible"] is False
     assert "structural rules on 24 GPUs" in ns["proof"]
+
+
+def test_capacity_at_the_bottom_of_the_range_says_fewer_may_suffice():
+    """A range that starts at a size meeting the deadline, where the compute bound does not
+    rule out one node fewer: the answer is the fewest of the range, and the panel says so and
+    how to search below it; where the range does reach below, it keeps its plain words."""
+    from rich.console import Console
+
+    from planner.app.report import capacity_panel
+
+    def shown(answer):
+        console = Console(width=400, record=True, file=open(os.devnull, "w"))
+        console.print(capacity_panel(answer))
+        return console.export_text()
+
+    inst = parse_instance(doc(cluster={"nodes": [2, 4]}))
+    ans = queries.capacity(inst, solve(inst.with_nodes(2)).report.total_days * 1.5)
+    assert ans.nodes == 2 and ans.next_smaller["proof"] == queries.OUTSIDE_RANGE
+    assert ans.next_smaller["days_lower_bound"] <= ans.deadline_days
+    text = shown(ans)
+    assert "Fewest nodes of the range meeting" in text
+    assert "cluster.nodes = [lo, hi]" in text
+    wide = queries.capacity(parse_instance(doc(cluster={"nodes": [1, 4]})), ans.deadline_days)
+    assert wide.nodes == 2 and wide.next_smaller["proof"] == "proven optimum"   # (1 misses)
+    assert "of the range" not in shown(wide)
 
 
 def test_capacity_skips_sizes_by_the_lower_bound():

@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from formulations.queries import OUTSIDE_RANGE
 from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.terms import MEMORY_TERMS, TIME_TERMS
@@ -347,8 +348,18 @@ def capacity_panel(ans) -> Panel:
                              f"{_big(best, '.1f')} "
                              f"days ({ns['proof']}).")
     else:
-        lines.append(f"Fewest nodes meeting {ans.deadline_days:g} days: {ans.nodes} "
+        ns = ans.next_smaller or {}
+        # the range's smallest size, with fewer nodes not ruled out by the compute bound: the
+        # fewest of the range, not shown the fewest that suffice
+        open_below = (ns.get("proof") == OUTSIDE_RANGE
+                      and ns.get("days_lower_bound", 0.0) <= ans.deadline_days)
+        lines.append(f"Fewest nodes {'of the range ' if open_below else ''}meeting "
+                     f"{ans.deadline_days:g} days: {ans.nodes} "
                      f"({ans.result.report.total_days:.2f} days, proven optimal plan).")
+        if open_below:
+            lines.append(escape(f"Fewer nodes may suffice: the range starts at {ans.nodes}; "
+                                "give cluster.nodes = [lo, hi] (or node_counts) below it to "
+                                "search them."))
     ns = ans.next_smaller if ans.nodes is not None else None   # else: the largest size, above
     if ns:
         if "days" in ns and ns.get("days") is not None:
@@ -365,5 +376,5 @@ def capacity_panel(ans) -> Panel:
                      f"${ch['cost']:,.0f} ({'within' if ch['within_budget'] else 'over'} the "
                      f"${ch['budget_usd']:,.0f} budget; {plural(ch['sizes_checked'], 'larger size')} "
                      "checked).")
-    lines.append(f"{len(ans.checked)} sizes solved, {ans.wall_s:.2f} s.")
+    lines.append(f"{plural(len(ans.checked), 'size')} solved, {ans.wall_s:.2f} s.")
     return Panel("\n".join(lines), title="Capacity")
