@@ -158,6 +158,11 @@ def test_torchtitan_pipelined_stages_hold_their_gradients_whole():
     grads = piped.memory_gib["gradients"] * 2**30
     # the stage's 20 layers whole in fp32, and at most the embedding / output layer beside
     assert 4 * 20 * layer <= grads <= 4 * 20 * layer + 4 * 2 * 32000 * 5120, grads / layer
+    # one micro-batch: its backward, the stage's last, runs with sync off too (still whole)
+    single = report(inst_of(plan={**plan, "micro_batch": 8}, training={"global_batch": 64},
+                            constraints=titan))
+    assert single.plan.micro_batches == 1
+    assert single.memory_gib["gradients"] == pytest.approx(piped.memory_gib["gradients"])
     pinned = report(inst_of(plan=plan, training={"global_batch": 64,
                                                  "grad_reduce_every_microbatch": True},
                             constraints=titan))

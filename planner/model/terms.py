@@ -799,11 +799,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         once_sharded, once_whole = eq1(m), gt1(m)
     else:
         once_sharded, once_whole = 0.0, 1.0
+    # a pipelined stage that reduces after its last backward (torchtitan) runs that backward
+    # with gradient sync off too, so its gradients are whole at p > 1 whatever m
+    piped_whole = (fw.reduce_after_last_backward and mode.grads
+                   and k.dp_sharding not in fw.sharding_needs_no_pp)
     if is_zero(once):
         sharded_grads, whole_grads = 1.0, 0.0
     elif is_zero(every_mb):
         sharded_grads, whole_grads = once_sharded, once_whole
-    else:       # by the pipeline degree (torchtitan: every micro-batch without a pipeline)
+        if piped_whole and not is_zero(once_sharded):
+            sharded_grads, whole_grads = eq1(p) * once_sharded, eq1(p) * once_whole + gt1(p)
+    elif piped_whole:       # by the pipeline degree: every micro-batch without a pipeline
+        sharded_grads, whole_grads = every_mb, once
+    else:
         sharded_grads = every_mb + once * once_sharded
         whole_grads = once * once_whole
     working_layer = sharded_grads
