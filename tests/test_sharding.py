@@ -150,7 +150,9 @@ def test_torchtitan_pipelined_stages_hold_their_gradients_whole():
     pipelined stage holds the fp32 gradients of all its layers at the last backward, where
     without a pipeline (or with the policy pinned to every micro-batch) it holds a 1/16 shard
     and one layer's. And that reduction has no backward of the stage left to overlap: with
-    one stage per rank, overlap_grad_reduce hides nothing of it."""
+    one stage per rank, overlap_grad_reduce hides nothing of it. The stage's parameters,
+    not resharded after forward nor (the pipelining stage's set_reshard_after_backward(False))
+    after backward, are gathered once per step."""
     layer = Shape.of(inst_of().model).layer_params
     plan = {"tp": 1, "pp": 2, "dp": 8, "micro_batch": 1, "dp_sharding": "optim_grads_params"}
     titan = {"framework": "torchtitan"}
@@ -163,6 +165,10 @@ def test_torchtitan_pipelined_stages_hold_their_gradients_whole():
                             constraints=titan))
     assert single.plan.micro_batches == 1
     assert single.memory_gib["gradients"] == pytest.approx(piped.memory_gib["gradients"])
+    # not resharded (torchtitan's default with a pipeline) the stage's parameters stay
+    # gathered over the micro-batches: one all-gather per step, 8 micro-batches or 1
+    assert piped.plan.micro_batches == 8
+    assert piped.breakdown_s["dp_comm"] == pytest.approx(single.breakdown_s["dp_comm"])
     pinned = report(inst_of(plan=plan, training={"global_batch": 64,
                                                  "grad_reduce_every_microbatch": True},
                             constraints=titan))

@@ -67,6 +67,11 @@ class Framework:
     #: stage's last backward, not bucket by bucket during it (torch.distributed.pipelining's
     #: FSDP2 stages under torchtitan, DeepSpeed's PipelineEngine: see their entries)
     reduce_after_last_backward: bool = False
+    #: under pipeline parallelism a stage's FSDP2 parameters, once gathered, stay gathered over
+    #: the step's micro-batches when they are not resharded after forward (torchtitan: the
+    #: pipelining stage's set_reshard_after_backward(False), and FSDP2's unshard is a no-op on
+    #: gathered parameters): one all-gather per step, not one per micro-batch
+    pipelined_params_stay_gathered: bool = False
     #: default ``[training] grad_reduce_dtype`` ("fp32", or "bf16": the 16-bit training dtype)
     grad_reduce_dtype: str = "fp32"
     #: FSDP2 ``reshard_after_forward`` default: (without pipeline parallelism, with it)
@@ -298,7 +303,8 @@ FRAMEWORKS: dict[str, Framework] = {
                             # with gradient sync off and reduces once after the stage's last
                             # (the notes above, "torchtitan under pipeline parallelism")
                             reduce_every_microbatch=(True, False),
-                            reduce_after_last_backward=True, sharded_16bit_copy=False,
+                            reduce_after_last_backward=True,
+                            pipelined_params_stay_gathered=True, sharded_16bit_copy=False,
                             # activation_checkpoint.mode = "selective", selective_ac_option =
                             # "op" (its train_configs): a policy that saves the outputs of mm,
                             # the SDPA kernels and reduce-scatter, except every second mm

@@ -761,7 +761,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     else:
         mb_backward = (exposed(bwd_gather, backward, regather * ag_layer, opg, slow)
                        + exposed(bwd_reduce, backward, rs_layer + rs_head, og, slow))
-    time["dp_comm"] = step_reduce + step_gather + m * (mb_forward + mb_backward)
+    # the forward gathers: every micro-batch, or once per step on a pipelined stage whose
+    # gathered parameters stay gathered (frameworks.py, "torchtitan under pipeline
+    # parallelism"; the plan's reshard policy at p > 1 keeps them)
+    kept_piped = not (fw.reshard_after_forward[1] if k.reshard_after_forward is None
+                      else k.reshard_after_forward)
+    gathers = (eq1(p) * m + gt1(p)) if (fw.pipelined_params_stay_gathered and mode.params
+                                        and kept_piped) else m
+    time["dp_comm"] = step_reduce + step_gather + gathers * mb_forward + m * mb_backward
     expert_shards = x.ed if mode.optim else 1
     # the Adam step on this GPU's shard, HBM-bound, or with host offload of the optimizer
     # (docs/model.md, "Host offload") on the CPU, the gradients' and parameters' transfers
