@@ -2,7 +2,8 @@
 (planner/data/torchtitan_memory.toml: torchtitan's December 2024 benchmark, the allocator's
 peak reservation). Reserved memory bounds a run's need from above, so the model may stay
 below it; how far below is what ``TORCHTITAN_MEMORY_CAVEAT`` tells every torchtitan plan, and
-these tests keep its figures true."""
+these tests keep its figures true. The same rows' tokens/s, compared as ratios between rows
+(the benchmark's GPUs are not in the catalog), keep ``TORCHTITAN_CP_CAVEAT`` true."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.model.evaluate import TORCHTITAN_MEMORY_CAVEAT, caveats, evaluate
+import statistics
+
+from planner.model.evaluate import (TORCHTITAN_CP_CAVEAT, TORCHTITAN_MEMORY_CAVEAT, caveats,
+                                    evaluate)
 from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
 
@@ -29,15 +33,19 @@ def _instance(row):
         "plan": plan}, row["id"])
 
 
-def _ratio(row) -> float:
-    """torchtitan's measured peak over the model's peak memory per GPU (the most loaded
-    stage, without the reserve)."""
+def _report(row):
     inst = _instance(row)
-    rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
-    return row["measured_gib"] / rep.memory_gib["total"]
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
 
 
-RATIOS = {row["id"]: _ratio(row) for row in ROWS}
+REPORTS = {row["id"]: _report(row) for row in ROWS}
+#: torchtitan's measured peak over the model's peak memory per GPU (the most loaded stage,
+#: without the reserve)
+RATIOS = {row["id"]: row["measured_gib"] / REPORTS[row["id"]].memory_gib["total"]
+          for row in ROWS}
+#: the model's tokens/s/GPU over the measured ones (the machine's own factor included)
+SPEED = {row["id"]: row["plan"]["global_batch"] * row["seq_len"] / row["gpus"]
+         / REPORTS[row["id"]].step_time_s / row["measured_tps"] for row in ROWS}
 
 
 def test_the_rows_are_the_benchmarks():
@@ -73,3 +81,28 @@ def test_torchtitan_plans_carry_the_caveat():
     other = titan.with_spec(constraints=titan.spec.constraints.model_copy(
         update={"framework": "megatron"}))
     assert TORCHTITAN_MEMORY_CAVEAT not in caveats(other)
+
+
+def test_context_parallel_rows_are_what_the_cp_caveat_says():
+    """Costed on the H100 SXM, every row's model tokens/s over the measured carries the
+    benchmark machine's own factor (500 W, HBM2e). Without context parallelism the rows keep
+    within 10% of their median (the factor is one number: 0.92x-1.06x of it), so the rows with
+    context parallelism can be read against it: the range the caveat quotes."""
+    flat = [SPEED[r["id"]] for r in ROWS if r["plan"].get("cp", 1) == 1]
+    median = statistics.median(flat)
+    assert all(0.9 <= f / median <= 1.1 for f in flat), [round(f / median, 3) for f in flat]
+    with_cp = [SPEED[r["id"]] / median for r in ROWS if r["plan"].get("cp", 1) > 1]
+    assert f"{min(with_cp):.1f}x to {max(with_cp):.1f}x further above" in TORCHTITAN_CP_CAVEAT
+
+
+def test_torchtitan_context_parallel_plans_carry_the_cp_caveat():
+    """A torchtitan plan with context parallelism carries it; one without, or the same plan
+    under Megatron-LM's rules (Transformer Engine's context parallelism), does not."""
+    row = next(r for r in ROWS if r["id"] == "t6-405b-512gpu-cp2-64k")
+    assert TORCHTITAN_CP_CAVEAT in REPORTS[row["id"]].caveats
+    assert TORCHTITAN_CP_CAVEAT not in REPORTS["t6-405b-512gpu-cp1-32k"].caveats
+    inst = _instance(row)
+    mega = inst.with_spec(constraints=inst.spec.constraints.model_copy(
+        update={"framework": "megatron"}))
+    plan = plan_from_spec(mega, mega.spec.plan, dp_sharding="optim")
+    assert plan.cp == 2 and TORCHTITAN_CP_CAVEAT not in caveats(mega, plan)

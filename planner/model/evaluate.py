@@ -110,9 +110,23 @@ TORCHTITAN_MEMORY_CAVEAT = (
     "the limit")
 
 
-def caveats(inst: Instance) -> list[str]:
+#: What a torchtitan plan with context parallelism is told of its time: on the same benchmark,
+#: costed on the H100 SXM (its own 96 GB / 500 W parts are not in the catalog), the model's
+#: tokens/s over the measured ones sat at 0.92x-1.06x of their median on the rows without
+#: context parallelism and 1.0x-1.4x of it on the rows with it (tests/test_torchtitan_memory.py
+#: recomputes both ranges from planner/data/torchtitan_memory.toml's measured_tps)
+TORCHTITAN_CP_CAVEAT = (
+    "torchtitan's context parallelism: on its own H100 benchmark (December 2024: Llama 3.1 8B "
+    "and 405B at 32K-256K tokens, CP 1-8) the model's tokens per second sat 1.0x to 1.4x "
+    "further above the measured ones on the rows with context parallelism than on the rows "
+    "without (torch's context parallelism: Transformer Engine's, under NeMo, validates within "
+    "5% on the long-context runs); this plan may run up to that much slower than planned")
+
+
+def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
-    confirm: the MoE terms, torchtitan's memory (its measured peaks sit above the model's),
+    confirm: the MoE terms, torchtitan's memory (its measured peaks sit above the model's)
+    and, for a ``plan`` with context parallelism, torchtitan's context-parallel time,
     a GPU type at a precision it has no measured run at (its
     figures there are assumptions, catalog ``measured_precisions``), a kernel stack the type
     has no figures for (the fused ones stand in), and the type's own
@@ -120,6 +134,8 @@ def caveats(inst: Instance) -> list[str]:
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     if inst.spec.constraints.framework == "torchtitan":
         out.append(TORCHTITAN_MEMORY_CAVEAT)
+        if plan is not None and plan.cp > 1:
+            out.append(TORCHTITAN_CP_CAVEAT)
     precision = inst.spec.training.precision
     gpu = inst.hw.gpu
     if (precision if precision in LOW_PRECISIONS else "16-bit") not in gpu.measured_precisions:
@@ -203,6 +219,6 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
                       memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
                       model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
                       tokens_per_step=tokens_step, steps=n_steps, violations=violations,
-                      caveats=caveats(inst),
+                      caveats=caveats(inst, plan),
                       framework=inst.spec.constraints.framework or DEFAULT_FRAMEWORK,
                       kernel_stack=inst.kernel_stack)
