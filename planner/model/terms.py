@@ -674,14 +674,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     ag_layer = (over_group(param_wire if fp8_params else WIRE_16, layer_params_gpu, expert_layer)
                 if mode.params else 0.0)
     ag_head = over_group(WIRE_16, head_p, 0.0) if mode.params else 0.0
-    # the reshard policy: the plan's, else the framework's default by the pipeline degree
+    # the reshard policy without and with a pipeline: the plan's, else the framework's default
     # (and its complement, written with the complementary indicators: every term >= 0)
-    if k.reshard_after_forward is None:
-        resharded = by_pipeline(*fw.reshard_after_forward, p)
-        kept = by_pipeline(*(not r for r in fw.reshard_after_forward), p)
-    else:
-        resharded = 1 if k.reshard_after_forward else 0
-        kept = 1 - resharded
+    reshard = fw.reshard_after_forward if k.reshard_after_forward is None \
+        else (k.reshard_after_forward,) * 2
+    resharded = by_pipeline(*reshard, p)
+    kept = by_pipeline(*(not r for r in reshard), p)
     regather = resharded if mode.params else 0
     rs_layer = rs_head = 0.0
     if not is_zero(every_mb):
@@ -764,10 +762,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # the forward gathers: every micro-batch, or once per step on a pipelined stage whose
     # gathered parameters stay gathered (frameworks.py, "torchtitan under pipeline
     # parallelism"; the plan's reshard policy at p > 1 keeps them)
-    kept_piped = not (fw.reshard_after_forward[1] if k.reshard_after_forward is None
-                      else k.reshard_after_forward)
     gathers = (eq1(p) * m + gt1(p)) if (fw.pipelined_params_stay_gathered and mode.params
-                                        and kept_piped) else m
+                                        and not reshard[1]) else m
     time["dp_comm"] = step_reduce + step_gather + gathers * mb_forward + m * mb_backward
     expert_shards = x.ed if mode.optim else 1
     # the Adam step on this GPU's shard, HBM-bound, or with host offload of the optimizer
@@ -802,25 +798,27 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # buffer), unless they are reduced layer by layer during the backward (FSDP's per-layer
     # hooks under sharded parameters, or bucket by bucket with overlap_grad_reduce) with one
     # micro-batch: then nothing accumulates, a shard again
-    if k.overlap_grad_reduce or mode.params:
-        once_sharded, once_whole = eq1(m), gt1(m)
-    else:
-        once_sharded, once_whole = 0.0, 1.0
-    # a pipelined stage that reduces after its last backward (torchtitan) runs that backward
-    # with gradient sync off too, so its gradients are whole at p > 1 whatever m
+    # A pipelined stage that reduces after its last backward (torchtitan) runs that backward
+    # with gradient sync off too, so reduced once per step its gradients are whole at p > 1
+    # whatever m. The (sharded, whole) shares of each side of the pipeline degree, by the
+    # side's policy, then written by the pipeline degree where the two sides differ.
     piped_whole = (fw.reduce_after_last_backward and mode.grads
                    and k.dp_sharding not in fw.sharding_needs_no_pp)
-    if is_zero(once):
-        sharded_grads, whole_grads = 1.0, 0.0
-    elif is_zero(every_mb):
-        sharded_grads, whole_grads = once_sharded, once_whole
-        if piped_whole and not is_zero(once_sharded):
-            sharded_grads, whole_grads = eq1(p) * once_sharded, eq1(p) * once_whole + gt1(p)
-    elif piped_whole:       # by the pipeline degree: every micro-batch without a pipeline
-        sharded_grads, whole_grads = every_mb, once
+
+    def held(every: bool, whole_anyway: bool):
+        if every:
+            return 1.0, 0.0
+        if whole_anyway or not (k.overlap_grad_reduce or mode.params):
+            return 0.0, 1.0
+        return eq1(m), gt1(m)
+
+    sides = ((every_pair[0], False), (every_pair[1], piped_whole))
+    if sides[0] == sides[1]:
+        sharded_grads, whole_grads = held(*sides[0])
     else:
-        sharded_grads = every_mb + once * once_sharded
-        whole_grads = once * once_whole
+        (s1, w1), (s2, w2) = held(*sides[0]), held(*sides[1])
+        sharded_grads = eq1(p) * s1 + gt1(p) * s2
+        whole_grads = eq1(p) * w1 + gt1(p) * w2
     working_layer = sharded_grads
     grad_share = (sharded_grads / shards + whole_grads) if mode.grads else 1
     keep16 = 1 if fw.sharded_16bit_copy else 0
