@@ -135,10 +135,10 @@ SPLIT_LAYOUTS_ABOVE = 2**20
 #: single runs, load below 1.5; benchmarks/README.md, "Issue 10 at d8878a8"): 1.2-1.6x faster
 #: on the four batch-range instances there, the same optima and plans.
 CAPPED_JOINT = True
-#: Under CP-SAT, the parts after the leading one of a fixed-batch space are solved in a second thread
-#: while the leading part breaks its ties: they need only its optimum, and the tie goals run one
-#: CP-SAT worker (formulations/cpsat.py, ``search_workers``), which leaves the second core of
-#: a two-core machine idle; CP-SAT releases the GIL while it solves. Once its ties are broken
+#: Under CP-SAT, the parts after the leading one of a fixed-batch space are solved in a second
+#: thread while the leading part breaks its ties: they need only its optimum, and the tie goals
+#: run one CP-SAT worker (formulations/cpsat.py, ``search_workers``), which leaves the second
+#: core of a two-core machine idle; CP-SAT releases the GIL while it solves. Once its ties are broken
 #: the first thread takes parts from the same queue. The answer is the one a single thread
 #: gives: every cap is at or above the final optimum's tie window (docs/encoding.md). Measured
 #: with the tie re-solve that skips the objective (``Cuts.window``), whole process, medians of

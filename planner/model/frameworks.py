@@ -181,8 +181,9 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #:   included).
 #: - torchtitan under pipeline parallelism: its schedules are torch.distributed.pipelining's,
 #:   whose stages run every micro-batch backward of an FSDP2 module with
-#:   ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` and call the module's ``post_backward`` (the
-#:   reduce-scatter, then the replicas' all-reduce) once, after the stage's last backward
+#:   ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` and call
+#:   the module's ``post_backward`` (the reduce-scatter, then the replicas' all-reduce) once,
+#:   after the stage's last backward
 #:   (PyTorch torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``; in later
 #:   releases the schedule's ``REDUCE_GRAD`` action, ``perform_reduce_grad``, "scheduled after
 #:   all microbatches W, B actions"). With sync off FSDP2 upcasts each unsharded gradient to the
