@@ -181,8 +181,8 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
-from planner.model.frameworks import (SHARDING_MODES, sharding_refusal, framework_violations,
-                                      offload_violations, torchao_float8)
+from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, sharding_refusal,
+                                      framework_violations, offload_violations, torchao_float8)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
 from planner.model.instance import Instance
@@ -316,23 +316,12 @@ def _freq_expr(layers: int, dense: int, interval: int) -> str:
     return "(" + "+".join(terms) + ")"
 
 
-def _sp(plan: Plan) -> bool:
-    """Sequence parallelism as a framework can run it: only under tensor parallelism
-    (Megatron-Core ``ModelParallelConfig.__post_init__`` raises "Cannot use sequence parallelism
-    without tensor parallelism"; at tp = 1 there is nothing to shard, so the plan is the same)."""
-    return plan.sequence_parallel and plan.tp > 1
-
-
 def _overlaps(plan: Plan) -> dict[str, bool]:
-    """The overlaps the model costs for the plan (planner/model/terms.py): parameter-gather
-    overlap only with the distributed optimizer, tensor-parallel overlap only with sequence
-    parallelism under tensor parallelism, p2p overlap only when interleaved (vp > 1)."""
-    return {"overlap_grad_reduce": plan.overlap_grad_reduce,
-            "overlap_param_gather": plan.overlap_param_gather and plan.distributed_optimizer,
-            "tp_comm_overlap": plan.tp_comm_overlap and _sp(plan),
-            "overlap_p2p_comm": plan.overlap_p2p_comm and plan.vp > 1,
-            # (Plan switches it off where Megatron-Core cannot run it)
-            "overlap_moe_expert_parallel_comm": plan.overlap_moe_expert_parallel_comm}
+    """The plan's overlap switches by name. The plan holds them as they run and as the model
+    costs them (``Plan.__post_init__``: parameter-gather overlap only with a sharded mode,
+    tensor-parallel overlap and sequence parallelism only at tp > 1, p2p overlap only when
+    interleaved, the expert all-to-all overlap where Megatron-Core runs it)."""
+    return {name: getattr(plan, name) for name in OVERLAP_KNOBS}
 
 
 def _layers_per_stage(inst: Instance, plan: Plan) -> int:
@@ -472,7 +461,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if _uneven(plan):
         comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
     args += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
-    if _sp(plan):                                  # Megatron-Core: SP needs TP
+    if plan.sequence_parallel:                     # (off at tp = 1: Plan.__post_init__)
         args.append("--sequence-parallel")
     args += _megatron_sharding(inst, plan, comments)
     args += _megatron_offload(plan)
@@ -762,7 +751,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "context_parallel_size": plan.cp,
                 **({"expert_model_parallel_size": _ep(plan), "expert_tensor_parallel_size": 1}
                    if _moe(inst) else {}),
-                "sequence_parallel": _sp(plan),
+                "sequence_parallel": plan.sequence_parallel,
                 # MegatronStrategy(pipeline_dtype: torch.dtype): the dtype of the activations
                 # passed between pipeline stages
                 **({"pipeline_dtype": "torch.float16" if precision == "fp16" else "torch.bfloat16"}
@@ -1068,7 +1057,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "scales dynamically); tensorwise is emitted"
                         + (", whose tensor-parallel all-gathers move FP8 where the plan costs "
                            "16 bits (faster than planned)"
-                           if plan.tp > 1 and plan.sequence_parallel
+                           if plan.sequence_parallel
                            and torchao_float8(inst.spec.training, inst.spec.constraints.framework)
                            else ""))
     if precision == "fp8" and mx:
@@ -1232,7 +1221,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                 "'uniform', 'parameters' and 'type:<regex>', not decoder layers per stage; the "
                 "model code must build the stages of stage_layers (e.g. Megatron-DeepSpeed "
                 "with the megatron export's layout flags)")} if _uneven(plan) else {}),
-            "sequence_parallel": _sp(plan),
+            "sequence_parallel": plan.sequence_parallel,
             "recompute": plan.recompute,
             **({"recompute_layers": plan.recompute_layers} if plan.recompute_layers else {}),
             "precision": precision,

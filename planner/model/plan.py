@@ -396,6 +396,17 @@ class Plan:
                            self.overlap_moe_expert_parallel_comm
                            and moe_overlap_refusal(self.ep, self.pp, self.vp,
                                                    self.recompute) is None)
+        # switches a framework turns off at these degrees, and which the model costs at
+        # nothing there (no tensor-parallel collective at tp = 1, no interleaving at vp = 1):
+        # Megatron-LM's validate_args disables sequence parallelism at tp = 1 ("Disabling
+        # sequence parallelism because tensor model parallelism is disabled"), so its
+        # --tp-comm-overlap would fail its assertion that SP is on, and sets overlap_p2p_comm
+        # off for the non-interleaved schedule. The plan says what runs.
+        if self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+            object.__setattr__(self, "tp_comm_overlap", False)
+        if self.vp == 1:
+            object.__setattr__(self, "overlap_p2p_comm", False)
 
     @staticmethod
     def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int,
