@@ -279,6 +279,24 @@ def test_pareto_shows_the_chosen_batch_of_a_range(runner, tmp_path):
         assert f"{p['plan']['global_batch']:,}" in result.stdout
 
 
+def test_pareto_gives_adjacent_sizes_without_a_plan_one_row(runner, tmp_path):
+    """A range of node counts mostly holds sizes the structural rules rule out (469 of the
+    512 of instances/llama3-70b-capacity.toml); adjacent ones share a row, and the JSON keeps
+    every size."""
+    path = tmp_path / "gaps.toml"
+    path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 8\n'
+                    '[cluster]\ngpu = "h100-sxm"\nnodes = [9, 16]\n')
+    d = json.loads(runner.invoke(app, ["pareto", str(path), "--json", "--solver",
+                                       "enumerate"]).stdout)
+    planless = [p["nodes"] for p in d["all"] if not p.get("plan")]
+    assert len(d["all"]) == 8 and planless == [9, 11, 14, 15]
+    text = runner.invoke(app, ["pareto", str(path), "--solver", "enumerate"]).stdout
+    rows = [line for line in text.splitlines() if "no plan satisfies" in line]
+    assert len(rows) == 3, text
+    assert " 14-15 " in rows[2] and "(2 sizes)" in rows[2]
+    assert "sizes)" not in rows[0] + rows[1]
+
+
 def test_plot_labels_carry_every_degree():
     from planner.app.plot import plan_label
 

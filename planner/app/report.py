@@ -307,9 +307,17 @@ def pareto_table(points, batch_range: bool = False) -> Table:
         "step s", "days", "cost $", "MFU", "status"]
     for col in cols:
         t.add_column(col, justify="right" if col not in ("plan", "status", "") else "left")
-    for p in points:
+    for group in _planless_runs(points):
+        p = group[0]
         if p.result is None:      # the status says infeasible or stopped at the time limit
-            t.add_row("", str(p.nodes), "", Text(p.reason, style="dim"),
+            # (adjacent sizes without a plan for the same reason share one row: a range of
+            # hundreds of node counts mostly holds sizes the structural rules rule out)
+            nodes = [q.nodes for q in group]
+            label = str(p.nodes) if len(group) == 1 else (
+                f"{nodes[0]}-{nodes[-1]}" if nodes == list(range(nodes[0], nodes[-1] + 1))
+                else f"{nodes[0]}..{nodes[-1]}")
+            why = p.reason + (f" ({len(group)} sizes)" if len(group) > 1 else "")
+            t.add_row("", label, "", Text(why, style="dim"),
                       *([""] * (len(cols) - 5)), p.status)
             continue
         rep = p.result.report
@@ -320,6 +328,20 @@ def pareto_table(points, batch_range: bool = False) -> Table:
                   _big(rep.cost, ",.0f") if rep.cost is not None else "-",
                   f"{100 * rep.mfu:.1f}%", p.result.status.value)
     return t
+
+
+def _planless_runs(points) -> list[list]:
+    """The points in order, adjacent points without a plan for the same reason and status
+    together, each point with a plan alone."""
+    groups: list[list] = []
+    for p in points:
+        last = groups[-1][-1] if groups else None
+        if (p.result is None and last is not None and last.result is None
+                and (last.reason, last.status) == (p.reason, p.status)):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
 
 
 def sizes_text(nodes: list[int], shown: int = 8) -> str:
