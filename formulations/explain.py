@@ -8,6 +8,8 @@ would make it fit (a relaxed constraint, or more GPUs).
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 
 import numpy as np
@@ -40,10 +42,18 @@ def _structural(space: SearchSpace) -> InfeasibleError:
         capped = [d for d in dps if (cons.dp is None or d == cons.dp)
                   and (cons.max_dp is None or d <= cons.max_dp)]
         if dps and not capped:
+            given = [f"{key} = {val}" for key, val in (("dp", cons.dp), ("max_dp", cons.max_dp))
+                     if val is not None]
+            ceiling = cons.max_dp if cons.max_dp is not None else math.inf
+            # the allowed dp nearest the pin (under the cap), else the cap raised to the least
+            near = min(dps, key=lambda d: (d > ceiling, abs(d - (cons.dp or 0)), d))
+            change = (f"dp = {near}" if cons.dp is not None and near <= ceiling
+                      else f"max_dp = {near}" if cons.dp is None
+                      else f"dp = {near} and max_dp = {near}")
             return InfeasibleError("no plan satisfies the structural rules", [
-                f"constraints.dp = {cons.dp} / max_dp = {cons.max_dp} binds: on {N} GPUs dp can "
-                f"only be one of {dps} (GPUs / (tp*cp*pp))",
-                f"nearest change: allow dp = {dps[0]}"])
+                f"constraints.{' and '.join(given)} binds: on {N} GPUs dp can only be one of "
+                f"{dps} (GPUs / (tp*cp*pp))",
+                f"nearest change: {change}"])
         dps = capped
         batches = list(space.base["B"].values)
         mbs = list(space.base["b"].values)

@@ -563,6 +563,10 @@ def build_space(inst: Instance) -> SearchSpace:
         bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
                                "shortfalls (constraints.max_stage_shortfall = "
                                f"{c.max_stage_shortfall})")
+    # the micro-batch's candidates come from the batch: it divides the global batch over dp
+    bounded_by["b"].insert(0, "micro_batch * dp divides the global batch ("
+                           + (f"{gb}" if isinstance(gb, int) else f"one of {gb[0]}..{gb[1]}")
+                           + ")")
     if B:
         free_b = smooth_in_range(c.min_micro_batch, min(c.max_micro_batch, max(B)), primes)
         _pins_that_bind(rows, start, caps, dom, bounded_by,

@@ -57,6 +57,23 @@ def test_dp_cap_is_named():
     assert "max_dp = 1 binds" in msg
 
 
+LLAMA8_16 = {"model": {"preset": "llama3-8b"}, "training": {"global_batch": 512},
+             "cluster": {"gpu": "h100-sxm", "nodes": 2}}
+
+
+def test_a_dp_pin_is_named_alone_with_the_nearest_allowed_value():
+    msg = explain({**LLAMA8_16, "constraints": {"dp": 7}})
+    assert "constraints.dp = 7 binds" in msg and "max_dp" not in msg and "None" not in msg
+    assert "dp can only be one of [1, 2, 4, 8, 16]" in msg
+    assert "nearest change: dp = 8" in msg
+
+
+def test_a_micro_batch_pin_names_the_rule_it_breaks():
+    msg = explain({**LLAMA8_16, "constraints": {"micro_batch": 1000}})
+    assert "must satisfy micro_batch * dp divides the global batch (512)" in msg
+    assert "nearest change: micro_batch = 512" in msg
+
+
 def test_cli_exit_code_3_without_traceback(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text('[model]\npreset = "gpt3-175b"\n[training]\nglobal_batch = 7\n'
