@@ -616,11 +616,18 @@ def build_space(inst: Instance) -> SearchSpace:
         refused = {m: sharding_refusal(inst.spec.training, c.framework, m) for m in shardings}
         kept = tuple(m for m in shardings if refused[m] is None)
         if not kept:
-            # (the modes left are said where the refusal depends on the mode)
-            first = refused[shardings[0]]
-            why.append(first if len(set(refused.values())) == 1 and len(shardings) > 1 else
-                       first + f"; the constraints and framework leave dp_sharding "
-                       f"{' | '.join(shardings)}")
+            # (the modes left are said where the refusal depends on the mode, each mode with
+            # its own reason where they differ: MXFP8 parameters under torchtitan are refused
+            # by plain DP for wanting FSDP and by FSDP for wanting the distributed optimizer)
+            reasons = list(dict.fromkeys(refused.values()))
+            if len(reasons) == 1:
+                why.append(reasons[0] + ("" if len(shardings) > 1 else
+                                         f"; the constraints and framework leave dp_sharding "
+                                         f"{shardings[0]}"))
+            else:
+                why.append("no data-parallel sharding mode the constraints and framework leave "
+                           "runs these [training] settings: " + "; ".join(
+                               f"dp_sharding = \"{m}\": {refused[m]}" for m in shardings))
         shardings = kept
     if why:
         raise InfeasibleError("the constraints leave no plan", why)

@@ -168,3 +168,23 @@ def test_exports_say_the_recipe():
     torchtitan = emitted(doc, {"tp": 4, "pp": 1, "dp": 2, "micro_batch": 1,
                                "dp_sharding": "optim_grads_params"}, "torchtitan")
     assert "quantize.linear.mx" in torchtitan and "mxfp8_cublas" in torchtitan
+
+
+def test_mxfp8_parameters_under_torchtitan_say_why_each_mode_is_refused():
+    """torchtitan's FP8 parameters are FSDP2's all-gather (plain DP cannot), and MXFP8
+    parameters are the distributed optimizer's path, which torchtitan has not: the search
+    has no mode left and says both reasons, not one that names a mode as needed and then as
+    left (an audit found "needs dp_sharding = "optim_grads_params" ...; the constraints and
+    framework leave dp_sharding none | optim_grads_params")."""
+    doc = {"model": {"preset": "llama3-8b"},
+           "training": {"global_batch": 256, "precision": "fp8", "fp8_recipe": "mxfp8",
+                        "fp8_param_gather": True},
+           "cluster": {"gpu": "b200", "nodes": 4}, "constraints": {"framework": "torchtitan"}}
+    from planner.model.errors import InfeasibleError
+    with pytest.raises(InfeasibleError) as err:
+        solve(parse_instance(doc), solver="enumerate", explain=False)
+    why = " ".join(err.value.explanation)
+    assert 'dp_sharding = "none": training.fp8_param_gather = true needs dp_sharding = ' \
+        '"optim_grads_params"' in why
+    assert 'dp_sharding = "optim_grads_params": training.fp8_param_gather = true: torchtitan ' \
+        'has no MXFP8 parameters' in why
