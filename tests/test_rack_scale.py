@@ -5,6 +5,8 @@ that."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from formulations.solve import solve
@@ -52,6 +54,30 @@ def test_a_128_gpu_gb200_job_runs_as_two_nvlink_segments_of_64():
     # Megatron order (tp, cp, dp, pp innermost first): tp and dp inside a segment, pp across two
     assert plan.inter("tp") == 1 and plan.inter("dp") == 1 and plan.inter("pp") == 2
     assert rep.plan.to_dict()["nvlink_domain"] == 64 and rep.plan.to_dict()["nodes"] == 32
+
+
+def test_exports_say_the_intra_factors_fill_an_nvlink_segment_of_hosts():
+    """On GB200 the plan's inside factors fill an NVLink segment of several 4-GPU hosts; the
+    exports say so instead of "per node" beside "4 GPUs per node" (an audit found "fills each
+    node with tp_intra=2, cp_intra=1, dp_intra=32" under a 4-GPU header)."""
+    import json
+    from planner.app.emit import emit
+    inst = parse_instance({"model": {"preset": "llama3-70b"}, "training": {"global_batch": 128},
+                           "cluster": {"gpu": "gb200", "gpus": 128}})
+    plan = plan_from_spec(inst, PlanSpec(tp=8, pp=4, dp=4, micro_batch=1,
+                                         sequence_parallel=True, distributed_optimizer=True))
+    def flat(text):                  # (the comments are wrapped at 100 columns)
+        return " ".join(text.replace("#", " ").split())
+    meg = flat(emit(inst, plan, "megatron"))
+    assert "--nproc-per-node 4" in meg
+    assert "fills each NVLink segment of 64 GPUs (16 hosts of 4) with tp_intra=8" in meg
+    ds = json.loads(emit(inst, plan, "deepspeed"))["plan_parallelism"]
+    assert ds["gpus_per_node"] == 4 and ds["nvlink_domain"] == 64
+    assert math.prod(ds["intra_node"].values()) == 64
+    h100 = parse_instance({"model": {"preset": "llama3-70b"}, "training": {"global_batch": 128},
+                           "cluster": {"gpu": "h100-sxm", "gpus": 128}})
+    plan = plan_from_spec(h100, PlanSpec(tp=8, pp=4, dp=4, micro_batch=1))
+    assert "fills each node with tp_intra=8" in flat(emit(h100, plan, "megatron"))
 
 
 def test_any_whole_number_of_hosts_is_a_job_and_a_partial_host_is_not():

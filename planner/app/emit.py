@@ -243,6 +243,16 @@ def _per_host(plan: Plan) -> int:
     return plan.gpus // plan.nodes
 
 
+def _segment(plan: Plan) -> str:
+    """What the plan's ``*_intra`` factors fill: a node, or on rack-scale systems (GB200: 4
+    GPUs per host, 72 per NVLink domain) an NVLink segment of several hosts."""
+    per_host = _per_host(plan)
+    if plan.node_size == per_host:
+        return "node"
+    return (f"NVLink segment of {plan.node_size} GPUs ({plan.node_size // per_host} hosts of "
+            f"{per_host})")
+
+
 def _rank_order(plan: Plan) -> str | None:
     """The Megatron-Core rank order that gives the plan's placement: "default" (tp-cp-ep-dp-pp),
     "tp-pp-dp" (``use_tp_pp_dp_mapping``, cp = 1 only) or None (no stock order does)."""
@@ -399,17 +409,17 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     extra: list[str] = []
     if order == "default":
         comments.append(
-            "rank order: Megatron's default (tp innermost, then cp, dp, pp) fills each node with "
-            f"{_fmt_intra(intra)}, the placement the plan assumes")
+            "rank order: Megatron's default (tp innermost, then cp, dp, pp) fills each "
+            f"{_segment(plan)} with {_fmt_intra(intra)}, the placement the plan assumes")
     elif order == "tp-pp-dp":
         comments.append(
-            f"rank order: the plan places {_fmt_intra(intra)} per node, not Megatron's default "
-            "(tp innermost, then cp, dp, pp); --use-tp-pp-dp-mapping (order tp-pp-dp) gives it")
+            f"rank order: the plan places {_fmt_intra(intra)} per {_segment(plan)}, not "
+            "Megatron's default (tp innermost, then cp, dp, pp); --use-tp-pp-dp-mapping (order tp-pp-dp) gives it")
         extra.append("--use-tp-pp-dp-mapping")
     else:
         comments.append(
-            f"rank order: the plan places {_fmt_intra(intra)} per node, which Megatron's default "
-            f"order (tp innermost, then cp, dp, pp) does not give (it gives "
+            f"rank order: the plan places {_fmt_intra(intra)} per {_segment(plan)}, which "
+            f"Megatron's default order (tp innermost, then cp, dp, pp) does not give (it gives "
             f"{_fmt_intra(_placed(plan, node, MEGATRON_ORDER))}); order the hosts or ranks to match, "
             "or expect the communication times to differ from the plan's")
     if precision in LOW_PRECISIONS:
@@ -696,11 +706,11 @@ def _nemo(inst: Instance, plan: Plan) -> str:
     ]
     order = _rank_order(plan)
     if order == "tp-pp-dp":
-        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per {_segment(plan)}, not "
                         "Megatron-Core's default (tp innermost, then cp, dp, pp); "
                         "use_tp_pp_dp_mapping (order tp-pp-dp) gives it")
     elif order is None:
-        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node, not "
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per {_segment(plan)}, not "
                         "Megatron-Core's default (tp innermost, then cp, dp, pp), and no stock "
                         "order gives it")
     if (note := _fp8_library_note(inst, "nemo")) is not None:
@@ -1002,7 +1012,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         comments.append(f"no pipeline: local_batch_size = micro_batch; global_batch_size gives "
                         f"{micro} gradient-accumulation steps")
     if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
-        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per node; "
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per {_segment(plan)}; "
                         "torchtitan's mesh (pp, dp, cp, tp; tp innermost) does not")
     compiled, said = _torchtitan_compile(inst, plan)
     comments += said
@@ -1228,7 +1238,10 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
             "nodes": plan.nodes,
             "gpus_per_node": _per_host(plan),
             "gpus": plan.gpus,
+            # (the factors of one NVLink segment: a node, or several hosts on rack-scale
+            # systems, where nvlink_domain says how many GPUs)
             "intra_node": _intra(plan),
+            "nvlink_domain": plan.node_size,
             # overlaps the plan costs that DeepSpeed's JSON cannot switch on
             "overlap_cannot_express": [n for n, on in _overlaps(plan).items()
                                        if on and n != "overlap_grad_reduce"],
