@@ -448,3 +448,41 @@ def test_highs_warnings_stay_off_the_json(tmp_path):
                           "highs", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["solver"]["status"] == "optimal"
+
+
+def test_a_pasted_plan_spec_takes_a_one_flag_what_if(runner, tmp_path):
+    """The README: paste plan_spec into [plan] and plan evaluate gives the same plan, "a start
+    for what-if variations (--tp 8)". The pasted dp and placement were the solved grid's; a
+    flag that changes tp, pp or cp (or --nodes) without --dp re-derives them from the GPU
+    count, with a note, where the product used to break (tp*pp*dp != GPUs)."""
+    base = ('[model]\npreset = "llama3-8b"\n[training]\nglobal_batch = 256\n'
+            '[cluster]\ngpu = "h100-sxm"\nnodes = 4\n[constraints]\nmax_pp = 1\n')
+    src = tmp_path / "base.toml"
+    src.write_text(base)
+    solved = run_json(runner, ["solve", str(src), "--json", "--solver", "enumerate"])
+    spec = solved["plan_spec"]
+    assert spec["tp"] != 8 and spec["dp"] == 32 // spec["tp"]
+    lines = [f"{k} = {json.dumps(v)}" for k, v in spec.items()]
+    pasted = tmp_path / "pasted.toml"
+    pasted.write_text(base + "[plan]\n" + "\n".join(lines) + "\n")
+    same = run_json(runner, ["evaluate", str(pasted), "--json"])
+    assert same["step_time_s"] == pytest.approx(solved["step_time_s"], rel=1e-9)
+    what_if = runner.invoke(app, ["evaluate", str(pasted), "--tp", "8"])
+    assert what_if.exit_code == 0, all_text(what_if)
+    assert "note: --tp 8: dp = 32 / (tp*pp*cp) = 32 / 8" in " ".join(all_text(what_if).split())
+    doc = run_json(runner, ["evaluate", str(pasted), "--tp", "8", "--json"])
+    assert (doc["plan"]["tp"], doc["plan"]["dp"], doc["plan"]["tp_intra"]) == (8, 4, 8)
+    # --dp is the user's own: kept, and the product rule then speaks
+    bad = run_json(runner, ["evaluate", str(pasted), "--tp", "8", "--dp", str(spec["dp"]),
+                            "--json"], code=3)
+    assert any("tp*pp*dp*cp" in v for v in bad["violations"])
+    # another cluster size: dp follows it
+    doc = run_json(runner, ["evaluate", str(pasted), "--nodes", "2", "--json"])
+    assert doc["plan"]["dp"] == 16 // spec["tp"]
+
+
+def test_evaluate_takes_the_expert_parallel_degree_as_a_flag(runner):
+    path = ROOT / "instances" / "mixtral-8x7b-h100.toml"
+    doc = run_json(runner, ["evaluate", str(path), "--ep", "4", "--json"])
+    assert doc["plan"]["ep"] == 4 and doc["plan"]["ep_intra"] == 4
+    assert doc["plan"]["dp"] == run_json(runner, ["evaluate", str(path), "--json"])["plan"]["dp"]

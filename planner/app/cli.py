@@ -181,6 +181,7 @@ def evaluate(
     pp: Annotated[int | None, typer.Option(min=1, help="pipeline-parallel degree")] = None,
     dp: Annotated[int | None, typer.Option(min=1, help="data-parallel degree")] = None,
     cp: Annotated[int | None, typer.Option(min=1, help="context-parallel degree")] = None,
+    ep: Annotated[int | None, typer.Option(min=1, help="expert-parallel degree (MoE)")] = None,
     vp: Annotated[int | None, typer.Option(min=1, help="virtual stages per pipeline rank")] = None,
     micro_batch: Annotated[int | None, typer.Option(min=1, help="micro-batch size")] = None,
     global_batch: Annotated[int | None, typer.Option(min=1, help="global batch")] = None,
@@ -248,13 +249,15 @@ def evaluate(
             dp_sharding = "optim" if distributed_optimizer else "none"
         from planner.model.schema import PlanSpec
 
-        _check_flags(PlanSpec, {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "vp": vp,
+        _check_flags(PlanSpec, {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vp": vp,
                                 "micro_batch": micro_batch, "global_batch": global_batch,
                                 "dp_shard_size": dp_shard_size,
                                 "offload_layers": offload_layers})
         inst = _load(file, nodes)
-        spec = _plan_section(inst, given=(tp, pp, dp, cp))
-        plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, vp=vp,
+        spec = _plan_section(inst, given=(tp, pp, dp, cp, ep))
+        spec, rederived = _rederive_dp(spec, inst, {"tp": tp, "pp": pp, "cp": cp, "ep": ep},
+                                       dp, nodes, batch_flags=(micro_batch, global_batch))
+        plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp,
                               micro_batch=micro_batch, global_batch=global_batch,
                               recompute=recompute, sequence_parallel=sequence_parallel,
                               distributed_optimizer=distributed_optimizer,
@@ -296,6 +299,8 @@ def evaluate(
     else:
         console = err if (emit is not None and emit_to is None) else out   # stdout: the config alone
         print_step(rep, inst, console)
+        if rederived:
+            err.print(f"note: {rederived}", markup=False, highlight=False)
         if best and not best.report:
             err.print(f"note: the optimum could not be computed ({best.status.value}"
                       + (f": {best.note}" if best.note else "") + ")", markup=False, highlight=False)
@@ -311,6 +316,38 @@ def evaluate(
             err.print(f"no launch configuration ({emit}) written: the plan breaks the limits "
                       "listed in the report", markup=False, highlight=False)
         raise typer.Exit(3)
+
+
+def _rederive_dp(spec, inst, flags: dict[str, int | None], dp: int | None, nodes,
+                 batch_flags: tuple = ()):
+    """A ``[plan]`` whose degrees a flag changes (``--tp 8``), or whose GPU count ``--nodes``
+    changes, without ``--dp``: its ``dp`` and placement (``*_intra``) were the old grid's,
+    so they follow from the GPU count again, as in a ``[plan]`` that leaves them out, and a
+    shard group that was the whole of the old dp stays the whole of the new one. Its
+    ``micro_batches`` (a check, which ``plan_spec`` carries) was the old plan's count: any
+    flag that moves it (those, ``--dp``, ``--micro-batch``, ``--global-batch``) drops it.
+    Returns the spec and what changed (None: nothing), for a note."""
+    moved = any(v is not None for v in (*flags.values(), dp, nodes, *batch_flags))
+    if moved and spec.micro_batches is not None:
+        spec = spec.model_copy(update={"micro_batches": None})
+    changed = [f"--{k} {v}" for k, v in flags.items()
+               if v is not None and v != (getattr(spec, k) or 1) and k != "ep"]
+    if nodes is not None:
+        changed.append(f"--nodes {nodes}")
+    if flags["ep"] is not None and flags["ep"] != (spec.ep or 1):
+        # (ep is carved out of dp x cp: dp stays, the experts' placement follows the new ep)
+        spec = spec.model_copy(update={"ep_intra": None})
+    if not changed or dp is not None or spec.dp is None:
+        return spec, None
+    update: dict[str, Any] = {"dp": None, **{f"{d}_intra": None
+                                           for d in ("tp", "cp", "dp", "pp", "ep")}}
+    if spec.dp_shard_size in (None, spec.dp):
+        update["dp_shard_size"] = None
+    degrees = {k: v if v is not None else (getattr(spec, k) or 1) for k, v in flags.items()}
+    model = degrees["tp"] * degrees["pp"] * degrees["cp"]
+    return spec.model_copy(update=update), (
+        f"{' '.join(changed)}: dp = {inst.gpus} / (tp*pp*cp) = {inst.gpus} / {model} and the "
+        f"placement follow from the GPU count (the [plan] gave dp = {spec.dp}; --dp sets it)")
 
 
 def _plan_section(inst, given: tuple):
