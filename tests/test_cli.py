@@ -170,19 +170,19 @@ def test_json_days_follow_narayanan_eq4_and_cost_the_gpu_hours(runner):
 
 def test_flag_overrides_tp(runner):
     base = run_json(runner, ["evaluate", str(GPT3), "--json"])
-    tp4 = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4"], code=3)  # 512 of 1024
-    assert base["plan"]["tp"] == 8 and tp4["plan"]["tp"] == 4
+    # [plan] pins dp = 16; --tp 4 alone re-derives it from the 1024 GPUs: TP4 x PP8 x DP32
+    tp4 = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4"])
+    assert base["plan"]["tp"] == 8 and (tp4["plan"]["tp"], tp4["plan"]["dp"]) == (4, 32)
     assert tp4["step_time_s"] != pytest.approx(base["step_time_s"])
-    # a consistent plan: TP4 x PP8 x DP32 = 1024 GPUs
     ok = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4", "--dp", "32"])
     assert (ok["plan"]["tp"], ok["plan"]["dp"]) == (4, 32)
     assert ok["feasible"] is True
-    assert ok["step_time_s"] != pytest.approx(base["step_time_s"])
+    assert ok["step_time_s"] == pytest.approx(tp4["step_time_s"], rel=1e-12)
 
 
 def test_flag_override_inconsistent_plan_is_reported_not_crashed(runner):
-    # [plan] pins dp = 16, so --tp 4 alone covers 512 of the 1024 GPUs: reported as a violation
-    d = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4"], code=3)
+    # --tp 4 with --dp 16 covers 512 of the 1024 GPUs: reported as a violation
+    d = run_json(runner, ["evaluate", str(GPT3), "--json", "--tp", "4", "--dp", "16"], code=3)
     assert d["feasible"] is False
     assert any("1024" in v for v in d["violations"])
 
