@@ -1043,9 +1043,13 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "frequency, not a count per stage: mode = \"full\" is emitted (slower, "
                         "less memory than planned)")
     if precision == "nvfp4":
-        comments.append("nvfp4: cannot express; the plan costs Transformer Engine's NVFP4 "
-                        "GEMMs, for which torchtitan has no converter here: bfloat16 GEMMs are "
-                        "emitted (slower than planned)")
+        comments.append("nvfp4: cannot express in this TOML; the plan costs Transformer "
+                        "Engine's NVFP4 GEMMs. torchtitan's own NVFP4 is an experimental "
+                        "converter of torchao's kernels in its Python configs "
+                        "(torchtitan/components/quantization/nvfp4.py, August 2026: Blackwell "
+                        "only, every local GEMM dimension a multiple of 128, e.g. --config "
+                        "llama3_8b_first_85_pct_layers_nvfp4), not in this format: bfloat16 "
+                        "GEMMs are emitted (slower than planned)")
     if (note := _fp8_library_note(inst, "torchtitan")) is not None:
         comments.append(note)
     if precision == "fp8" and _moe(inst):
