@@ -337,7 +337,7 @@ def test_messages_use_toml_values_and_plurals(runner, tmp_path):
     bad.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = [1]\n'
                    '[cluster]\ngpu = "h100-sxm"\nnodes = 1\n')
     text = runner.invoke(app, ["solve", str(bad)]).stderr
-    assert "(got [1])" in text and "(1,)" not in text
+    assert "got a list of 1: [1]" in text and "(1,)" not in text
     one = runner.invoke(app, ["evaluate", str(GPT13)]).stdout
     assert "1 node of 8" in one and "node(s)" not in one
     d = runner.invoke(app, ["evaluate", str(tmp_path)]).stderr

@@ -443,6 +443,22 @@ def test_cli_json_out_and_plot(tmp_path):
     assert json.loads(stdout_of(res))["resumed"] == 2
 
 
+def test_a_sweep_without_any_plan_is_an_answer_with_no_figure(tmp_path):
+    """Every point infeasible is a result (each row says why, exit 0); the figure is skipped
+    with a note, not an error after the work is done (an audit saw exit 2 here)."""
+    pytest.importorskip("matplotlib")
+    p = write(tmp_path, '[sweep]\n"model.preset" = ["gpt3-175b", "mt-nlg-530b"]\n')
+    fig = tmp_path / "f.png"
+    res = CliRunner().invoke(app, ["sweep", str(p), "--plot", str(fig), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "no figure written" in res.output and not fig.exists()
+    res = CliRunner().invoke(app, ["sweep", str(p), "--plot", str(fig), "--workers", "1",
+                                   "--json"])
+    doc = json.loads(stdout_of(res))
+    assert res.exit_code == 0 and doc["plot"] is None
+    assert doc["status_counts"] == {"infeasible": 2}
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_shipped_sweeps_are_valid(path):
     s = sw.load_sweep(path)            # every point checked against the schema and query

@@ -455,3 +455,54 @@ def test_a_capacity_answer_from_a_solve_stopped_with_a_plan_meets_the_deadline(
     assert doc["solver"]["status"] == "feasible"
     assert "note: the plan on 1 node meets the deadline but is not proven the fastest" in \
         " ".join(r.stderr.split())
+
+
+# ---- the CLI audit of 2026-12-05 -------------------------------------------------------------
+
+def test_a_file_with_a_byte_order_mark_reads_as_without(runner, tmp_path):
+    f = tmp_path / "bom.toml"
+    f.write_bytes(b"\xef\xbb\xbf" + GPT13.read_bytes())
+    with_bom = runner.invoke(app, ["solve", str(f), "--json", "--solver", "enumerate"])
+    plain = runner.invoke(app, ["solve", str(GPT13), "--json", "--solver", "enumerate"])
+    assert with_bom.exit_code == 0, with_bom.output
+    assert json.loads(with_bom.stdout)["step_time_s"] == json.loads(plain.stdout)["step_time_s"]
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("global_batch", "[64]", "training.global_batch: expected sequences per step (a number) or "
+                             "a range [lo, hi] (two numbers), got a list of 1: [64]"),
+    ("global_batch", "[64, 128, 256]", "got a list of 3: [64, 128, 256]"),
+    ("nodes", "[1, 2, 4]", "cluster.nodes: expected a node count (a number) or a range [lo, hi] "
+                           "(two numbers), got a list of 3: [1, 2, 4]; for a list of sizes give "
+                           "node_counts = [...]"),
+])
+def test_a_list_that_is_no_range_says_both_forms(runner, tmp_path, key, value, says):
+    section = "[training]" if key == "global_batch" else "[cluster]"
+    text = GPT13.read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith(f"{key} =")]
+    at = lines.index(section) + 1
+    f = tmp_path / "i.toml"
+    f.write_text("\n".join(lines[:at] + [f"{key} = {value}"] + lines[at:]) + "\n")
+    result = runner.invoke(app, ["solve", str(f)])
+    assert result.exit_code == 2
+    assert says in " ".join(result.output.split())
+
+
+def test_the_moe_dispatcher_on_a_dense_model_is_an_input_error(runner, tmp_path):
+    f = _instance(tmp_path, "")
+    f.write_text(f.read_text().replace("[training]", '[training]\nmoe_token_dispatcher = "deepep"'))
+    result = runner.invoke(app, ["solve", str(f)])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "training.moe_token_dispatcher: applies to mixture-of-experts models only" in text
+    assert "<file>" not in text
+
+
+def test_a_one_day_deadline_reads_in_the_singular(runner, tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[model]\npreset = "gpt3-175b"\n[training]\nglobal_batch = 1536\n'
+                 'tokens = 3e11\n[cluster]\ngpu = "a100-80gb"\nnodes = [96, 97]\n')
+    result = runner.invoke(app, ["capacity", str(f), "--deadline-days", "1"])
+    assert result.exit_code == 3
+    text = " ".join(result.output.split())
+    assert "meets 1 day" in text and "1 days" not in text

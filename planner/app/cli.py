@@ -652,6 +652,7 @@ def capacity(
     from formulations import queries
     from formulations.result import Status
     from planner.app.report import capacity_panel, print_step, sizes_text
+    from planner.model.words import plural
 
     try:
         inst = _load(file)
@@ -660,13 +661,13 @@ def capacity(
     except PlanError as exc:
         _fail(exc, as_json)
     missed = ans.result is None or (ans.cheapest and not ans.cheapest["within_budget"])
+    deadline = plural(ans.deadline_days, "day")
     stop_msg = (f"at {sizes_text(ans.unproven)} the solver stopped at the time limit without a "
                 f"proven answer; {queries.time_limit_advice(time_limit)}") if ans.unproven else ""
     if ans.result is None and ans.unproven:     # no answer because sizes stopped: exit 4
-        error, code = (f"no size in the range is proven to meet {ans.deadline_days:g} days: "
-                       f"{stop_msg}", 4)
+        error, code = f"no size in the range is proven to meet {deadline}: {stop_msg}", 4
     elif ans.result is None:
-        error, code = f"no size in the range meets {ans.deadline_days:g} days", 3
+        error, code = f"no size in the range meets {deadline}", 3
     else:
         error, code = "the cheapest plan meeting the deadline is over the budget", 3
     if as_json:
@@ -723,7 +724,9 @@ def sweep(
         with sw.RichProgress(err, f"{file.name}") as bar:
             run = sw.run_sweep(spec, engine=engine, workers=workers, address=address,
                                out=out_file, progress=bar)
-        if plot and run.rows:
+        # a sweep without any plan is an answer (each row says why), not an error: no figure
+        drawn = bool(plot and any(r.get("plan_label") for r in run.rows))
+        if drawn:
             from planner.app.sweep_plot import plot_sweep
 
             plot_sweep(run.rows, spec, plot)
@@ -733,7 +736,7 @@ def sweep(
     failure = "" if run.interrupted else _sweep_failure(run.counts(), spec.time_limit)
     if as_json:
         doc = dict(run.to_dict(), out=str(out_file) if out_file else None,
-                   plot=str(plot) if plot and run.rows else None)
+                   plot=str(plot) if drawn else None)
         if failure:
             doc.update(error=failure, exit_code=4)
         _emit_json(doc)
@@ -746,8 +749,11 @@ def sweep(
     err.print(f"{len(spec.points)} points ({run.ran} run now, {run.resumed} already in the "
               f"output): {counts}; {run.wall_s:.1f} s"
               + (f"; results in {out_file}" if out_file else "")
-              + (f"; figure in {plot}" if plot and run.rows else ""), markup=False,
+              + (f"; figure in {plot}" if drawn else ""), markup=False,
               highlight=False)
+    if plot and not drawn:
+        err.print(f"note: no figure written to {plot}: no point has a plan", markup=False,
+                  highlight=False)
     if run.foreign:
         err.print(f"note: {run.foreign} row(s) of {out_file} are not points of this sweep; kept",
                   markup=False, highlight=False)

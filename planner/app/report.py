@@ -356,12 +356,13 @@ def sizes_text(nodes: list[int], shown: int = 8) -> str:
 
 def capacity_panel(ans) -> Panel:
     lines = []
+    deadline = plural(ans.deadline_days, "day")
     if ans.nodes is None and ans.unproven:
-        lines.append(f"No size in the range is proven to meet {ans.deadline_days:g} days: at "
+        lines.append(f"No size in the range is proven to meet {deadline}: at "
                      f"{sizes_text(ans.unproven)} the solver stopped at the time limit without a "
                      "proven answer.")
     elif ans.nodes is None:
-        lines.append(f"No size in the range meets {ans.deadline_days:g} days.")
+        lines.append(f"No size in the range meets {deadline}.")
         if ans.next_smaller:
             ns = ans.next_smaller
             best = ns.get("days", ns.get("days_lower_bound"))
@@ -376,7 +377,7 @@ def capacity_panel(ans) -> Panel:
         open_below = (ns.get("proof") == OUTSIDE_RANGE
                       and ns.get("days_lower_bound", 0.0) <= ans.deadline_days)
         lines.append(f"Fewest nodes {'of the range ' if open_below else ''}meeting "
-                     f"{ans.deadline_days:g} days: {ans.nodes} "
+                     f"{deadline}: {ans.nodes} "
                      f"({ans.result.report.total_days:.2f} days, proven optimal plan).")
         if open_below:
             lines.append(escape(f"Fewer nodes may suffice: the range starts at {ans.nodes}; "

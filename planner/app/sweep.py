@@ -523,13 +523,14 @@ def _run_query(task: dict[str, Any]) -> list[dict[str, Any]]:
             row["capacity.within_budget"] = ans.cheapest["within_budget"]
         if ans.result is None and ans.unproven:    # not an answer: sizes stopped unproven
             row["solver.status"] = "no_solution_in_limit"
-            row["reason"] = (f"no size of the range is proven to meet {ans.deadline_days:g} "
-                             "days: the solver stopped at the time limit at "
+            row["reason"] = (f"no size of the range is proven to meet "
+                             f"{plural(ans.deadline_days, 'day')}: the solver stopped at "
+                             "the time limit at "
                              + ", ".join(map(str, ans.unproven)) + " nodes")
         elif ans.result is None:
             miss = ans.next_smaller or {}
             row["solver.status"] = "infeasible"
-            row["reason"] = (f"no size of the range meets {ans.deadline_days:g} days"
+            row["reason"] = (f"no size of the range meets {plural(ans.deadline_days, 'day')}"
                              + (f"; {miss.get('nodes')} nodes: {miss.get('proof')}" if miss else ""))
         else:
             row["reason"] = ""

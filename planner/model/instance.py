@@ -266,6 +266,9 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
                 continue            # (a pair's missing member: the whole value's line stands)
             del out[parent]         # a list's bad element says more than the list as a whole
         msg = err["msg"].removeprefix("Value error, ")
+        if key.endswith("<file>") and re.match(r"[a-z_]+\.[a-z_0-9]+ ", msg):
+            # a rule across sections names its key first: that key stands for the line
+            key, msg = prefix + msg.split(" ", 1)[0], msg.split(" ", 1)[1]
         if err["type"] == "extra_forbidden":
             msg = _unknown_key(tuple(p for p in err["loc"] if isinstance(p, (str, int))))
         elif err["type"] == "missing":
@@ -440,11 +443,12 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     """A TOML file as a dict; a missing file, a syntax error (with its line) or a binary file is
-    an :class:`InputError` naming the file."""
+    an :class:`InputError` naming the file. Read as UTF-8 (TOML's encoding, whatever the
+    locale), a leading byte-order mark (Windows editors write one) skipped."""
     p = Path(path)
     check_readable(p, "instance file")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{p}: TOML syntax error: {exc}") from None
     except UnicodeDecodeError:

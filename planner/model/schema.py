@@ -152,6 +152,15 @@ class ModelSpec(_Strict):
         return self.ffn_hidden or 4 * self.hidden
 
 
+def _pair_or_number(v, what: str, instead: str):
+    """A number or ``[lo, hi]``: a list of another length gets a message saying both forms
+    (pydantic's own says only "should be a valid integer")."""
+    if isinstance(v, (list, tuple)) and len(v) != 2:
+        raise ValueError(f"expected {what} (a number) or a range [lo, hi] (two numbers), got a "
+                         f"list of {len(v)}: [{', '.join(str(x) for x in v)}]{instead}")
+    return v
+
+
 class TrainingSpec(_Strict):
     """The job: batch, token budget, precision, and software behaviour the model needs to know."""
 
@@ -279,6 +288,11 @@ class TrainingSpec(_Strict):
                                      "docs/model.md, \"Overlap\"")
         return data
 
+    @field_validator("global_batch", mode="before")
+    @classmethod
+    def _range_shape(cls, v):
+        return _pair_or_number(v, "sequences per step", "")
+
     @field_validator("global_batch")
     @classmethod
     def _range(cls, v):
@@ -349,6 +363,12 @@ class ClusterSpec(_Strict):
     node_counts: Annotated[list[upto(MAX_NODES)], Field(min_length=1)] | None = Field(
         default=None, description="explicit list of node counts for pareto / capacity")
     gpus: upto(MAX_GPUS) | None = Field(default=None, description="GPU count instead of nodes")
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes_shape(cls, v):
+        return _pair_or_number(v, "a node count", "; for a list of sizes give node_counts = "
+                               "[...]")
     gpus_per_node: upto(MAX_GPUS) | None = Field(
         default=None, description="GPUs per node where a host is one NVLink domain (DGX-style): "
         "sets both gpus_per_host and nvlink_domain; default from the catalog")
@@ -716,3 +736,13 @@ class InstanceSpec(_Strict):
     cluster: ClusterSpec
     constraints: ConstraintSpec = ConstraintSpec()
     plan: PlanSpec | None = None
+
+    @model_validator(mode="after")
+    def _moe_keys_need_experts(self) -> InstanceSpec:
+        # (the [model] MoE keys are refused on a dense model by ModelSpec; the [training] one
+        # is here, where both sections are known)
+        if not self.model.experts and "moe_token_dispatcher" in self.training.model_fields_set:
+            raise ValueError("training.moe_token_dispatcher applies to mixture-of-experts "
+                             "models only (how tokens reach their experts), and model.experts "
+                             "= 0 is a dense model: set model.experts, or remove it")
+        return self
