@@ -233,8 +233,14 @@ def test_resume_skips_points_already_in_the_output(tmp_path):
     assert [int(r["point"]) for r in _csv_rows(out)] == list(range(6))
     assert sw.comparable(again.rows) == sw.comparable(
         [dict(r) for r in sw.read_rows(out)])
+    text = out.read_text()
     third = sw.run_sweep(s, workers=1, out=out)
     assert (third.ran, third.resumed) == (0, 6)
+    # a resume that runs nothing leaves the file as it was: a column empty in every row (reason,
+    # when every point has a plan) is kept, not dropped by the rewrite (an audit saw reason and
+    # cost vanish from instances/sweeps/which-gpu.toml's output)
+    assert "reason" in text.splitlines()[0].split(",")
+    assert out.read_text() == text
 
 
 def test_hashes_and_texts_that_look_like_numbers_stay_text(tmp_path):

@@ -760,8 +760,10 @@ def read_rows(path: str | Path) -> list[dict]:
             header = next(rd, None)
             if not header:
                 return []
-            return [{c: (v if c in _TEXT_COLUMNS else _parse_cell(v))
-                     for c, v in zip(header, line) if v != ""} for line in rd if line]
+            # (an empty cell is None under its column, so that a column empty in every row,
+            # such as reason when every point has a plan, survives the rewrite on resume)
+            return [{c: (None if v == "" else v if c in _TEXT_COLUMNS else _parse_cell(v))
+                     for c, v in zip(header, line)} for line in rd if line]
     except PlanError:
         raise
     except Exception as exc:
