@@ -251,7 +251,7 @@ def _rule_binds(space: SearchSpace, point: dict, knobs) -> InfeasibleError:
     inst = space.inst
     plan = decode_plan(space, {**space.fixed, **point}, knobs)
     name = inst.spec.constraints.framework
-    broken = framework_violations(name, plan) + offload_violations(name, plan)
+    broken = framework_violations(name, plan) + offload_violations(name, plan, inst.spec.training)
     pins = pinned(inst.spec.constraints, ("framework", "vp", "cp", "pp", "dp_sharding",
                                           "offload_layers", "optimizer_offload", "ep"))
     return InfeasibleError("the framework's rules leave no plan", [

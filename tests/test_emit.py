@@ -726,3 +726,37 @@ def test_nemo_aligns_the_interleaved_parameter_gathers(vp, gather, expected):
     y = parse_yaml(emit(inst, plan, "nemo"))
     assert y["trainer.strategy.ddp.overlap_param_gather"] is gather
     assert y.get("trainer.strategy.ddp.align_param_gather") is expected
+
+
+def test_an_approximated_shape_is_said_in_the_caveats_and_every_export():
+    """The DeepSeek-V3 preset costs multi-head latent attention as multi-head attention: the
+    exports' model arguments build that approximation (Megatron: 128 heads of 56), so each
+    export and the plan's caveats say so (an audit found them silent)."""
+    from planner.model.evaluate import evaluate
+    from planner.model.instance import load_instance
+    inst = load_instance(INSTANCES / "deepseek-v3-h800.toml")
+    plan = plan_from_spec(inst, inst.spec.plan)
+    assert any(c.startswith("model shape: multi-head latent attention")
+               for c in evaluate(inst, plan).caveats)
+    for fmt in ("megatron", "nemo"):
+        text = " ".join(emit(inst, plan, fmt).replace("#", " ").split())
+        assert "model shape: multi-head latent attention" in text, fmt
+        assert "build the approximation, not the original" in text, fmt
+    dense = load_instance(INSTANCES / "gpt3-175b-a100.toml")
+    assert "model shape" not in emit(dense, plan_from_spec(dense, dense.spec.plan), "megatron")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_torchtitan_reduces_in_float32_only(dtype):
+    """torchtitan 0.2.x's training.mixed_precision_reduce is Literal["float32"]: a plan costed
+    with bf16 reductions (llm-foundry's PURE, a pin) is written float32 and says so, rather
+    than a value torchtitan's config parser rejects (an audit found "bfloat16" written)."""
+    inst = _inst("gpt-1.3b-1node.toml")
+    inst = inst.with_spec(training=inst.spec.training.model_copy(
+        update={"grad_reduce_dtype": dtype}))
+    plan = plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params")
+    text = emit(inst, plan, "torchtitan")
+    assert 'mixed_precision_reduce = "float32"' in text and '"bfloat16"\n' not in text.split(
+        "mixed_precision_reduce")[1][:20]
+    assert ("grad_reduce_dtype bf16: cannot express" in " ".join(text.replace("#", " ").split())
+            ) == (dtype == "bf16")

@@ -67,7 +67,12 @@ def test_exports_name_the_dispatcher():
     assert "--moe-flex-dispatcher-backend hybridep" in megatron
     nemo = emit(inst, plan_from_spec(inst, inst.spec.plan, dp_sharding="optim"), "nemo")
     assert "moe_token_dispatcher_type: flex" in nemo and "moe_flex_dispatcher_backend: hybridep" in nemo
-    assert 'expert_parallel_comm_backend = "hybridep"' in emit(inst, plan, "torchtitan")
+    # torchtitan 0.2.1-0.2.2 take standard | deepep (job_config.py Literal): hybridep, which
+    # the plan costs as deepep, is written as deepep and said so
+    titan = emit(inst, plan, "torchtitan")
+    assert 'expert_parallel_comm_backend = "deepep"' in titan and '"hybridep"' not in titan
+    assert "hybridep: no such backend, deepep emitted" in " ".join(
+        titan.replace("#", " ").split())
     plain, _ = report("alltoall", 16, 16)
     assert "--moe-token-dispatcher-type alltoall" in emit(
         plain, plan_from_spec(plain, plain.spec.plan), "megatron")

@@ -162,7 +162,10 @@ def test_exports_say_the_recipe():
     megatron = emitted(MX_DECIDES, plan, "megatron")
     assert "--fp8-recipe mxfp8" in megatron and "--fp8-format e4m3" in megatron
     assert "--reuse-grad-buf-for-mxfp8-param-ag" in megatron
-    assert "fp8_recipe: mxfp8" in emitted(MX_DECIDES, plan, "nemo")
+    nemo = emitted(MX_DECIDES, plan, "nemo")
+    assert "fp8_recipe: mxfp8" in nemo
+    # the same 16-bit gather through the gradient buffer (bf16_with_mxfp8_mixed sets it)
+    assert "reuse_grad_buf_for_mxfp8_param_ag: true" in nemo
     doc = copy.deepcopy(MX_DECIDES)
     doc["training"]["fp8_param_gather"] = False       # torchtitan has no MXFP8 parameters
     torchtitan = emitted(doc, {"tp": 4, "pp": 1, "dp": 2, "micro_batch": 1,

@@ -292,3 +292,28 @@ def test_bf16_optimizer_states_offload_their_own_bytes():
     assert rep.memory_gib["host_offload"] * GiB == pytest.approx(6 * shard, rel=5e-3)
     assert rep.breakdown_s["optimizer"] == pytest.approx(14 * shard / (614.4e9 / 8 / 6),
                                                          rel=5e-3)
+
+
+@pytest.mark.parametrize("recipe, refused", [("tensorwise", True), ("delayed", False),
+                                             (None, False)])
+def test_optimizer_offload_takes_fp8_parameters_under_delayed_scaling_only(recipe, refused):
+    """Megatron-LM's validate_args: with --fp8-param-gather the optimizer CPU offload needs
+    --fp8-recipe delayed (its default). A plan breaking it is a violation and gets no export,
+    a pin of it is explained, and the search leaves it out (an audit found the export
+    written)."""
+    doc = llama8b_one_node()
+    doc["training"].update(precision="fp8", fp8_param_gather=True,
+                           **({"fp8_recipe": recipe} if recipe else {}))
+    inst = parse_instance(doc)
+    plan = llama8b_plan(inst, optimizer_offload=True)
+    broken = [v for v in evaluate(inst, plan).violations if "fp8_recipe" in v]
+    assert bool(broken) == refused
+    if refused:
+        with pytest.raises(InputError, match="delayed"):
+            emit(inst, plan, "megatron")
+        with pytest.raises(InfeasibleError) as err:
+            solve(parse_instance({**doc, "constraints": {"optimizer_offload": True}}),
+                  solver="enumerate", explain=False)
+        assert "needs fp8_recipe = \"delayed\"" in " ".join(err.value.explanation)
+        free = solve(inst, solver="enumerate", explain=False).report.plan
+        assert not free.optimizer_offload

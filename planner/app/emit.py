@@ -215,7 +215,7 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
         raise InputError(f"unknown launch format \"{fmt}\"; expected one of: "
                          + ", ".join(FORMATS)) from None
     problems = (_launch_problems(inst, plan) + framework_violations(fmt, plan)
-                + offload_violations(fmt, plan))
+                + offload_violations(fmt, plan, inst.spec.training))
     refused = sharding_refusal(inst.spec.training, fmt, plan.dp_sharding)
     if refused:
         problems.append(refused)
@@ -326,6 +326,13 @@ def _freq_expr(layers: int, dense: int, interval: int) -> str:
     return "(" + "+".join(terms) + ")"
 
 
+def _mxfp8_params(inst: Instance) -> bool:
+    """MXFP8 parameters: all-gathered in 16 bits through the gradient buffer (Megatron-LM
+    ``--reuse-grad-buf-for-mxfp8-param-ag``, NeMo ``reuse_grad_buf_for_mxfp8_param_ag``)."""
+    tr = inst.spec.training
+    return tr.precision == "fp8" and tr.fp8_recipe == "mxfp8" and bool(tr.fp8_param_gather)
+
+
 def _overlaps(plan: Plan) -> dict[str, bool]:
     """The plan's overlap switches by name. The plan holds them as they run and as the model
     costs them (``Plan.__post_init__``: parameter-gather overlap only with a sharded mode,
@@ -355,7 +362,9 @@ def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> lis
         gpus,
         f"global batch {plan.global_batch} = dp {plan.dp} x micro_batch {plan.micro_batch} x "
         f"{plan.micro_batches} micro-batches per step",
-    ] + ([_BF16_STATES] if _bf16_without_master(inst) else []) \
+    ] + ([f"model shape: {inst.spec.model.approximates}; the model arguments below build "
+          "the approximation, not the original"] if inst.spec.model.approximates else []) \
+        + ([_BF16_STATES] if _bf16_without_master(inst) else []) \
         + ([_EXPANDABLE] if inst.spec.training.expandable_segments else [])
 
 
@@ -569,7 +578,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
                 args.append(f"--fp8-recipe {recipe}")
             if inst.spec.training.fp8_param_gather:
                 args.append("--fp8-param-gather")
-                if recipe == "mxfp8":
+                if _mxfp8_params(inst):
                     # the 16-bit all-gather through the gradient buffer the model costs
                     args.append("--reuse-grad-buf-for-mxfp8-param-ag")
     lines = _comments(comments) + env
@@ -724,10 +733,20 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                         "weights stay bf16 beside their NVFP4 copies (more memory than planned)")
     if _op_selective(inst, plan):
         comments.append(_OP_SELECTIVE)
+    if _mxfp8_params(inst) and _overlaps(plan)["overlap_param_gather"]:
+        comments.append("reuse_grad_buf_for_mxfp8_param_ag with overlap_param_gather: NeMo 2.7's "
+                        "performance scripts switch the overlap off beside it (\"not supported "
+                        "with reuse_grad_buf_for_mxfp8_param_ag\", scripts/performance/"
+                        "helpers.py); Megatron-Core main runs both. With an overlap-less "
+                        "NeMo the parameter all-gather is exposed (slower than planned)")
     if plan.pp > 1:
         comments.append("pipeline_dtype is a torch.dtype: in a Python recipe write "
                         "recipe.trainer.strategy.pipeline_dtype = torch.bfloat16 (torch.float16 "
                         "for fp16)")
+    if keeps_remainders(inst, plan.knobs) and inst.spec.training.optimizer_dtype == "bf16":
+        comments.append("exp_avg_dtype and exp_avg_sq_dtype are torch.dtype fields of "
+                        "OptimizerConfig: in a Python recipe write "
+                        "recipe.optim.config.exp_avg_dtype = torch.bfloat16 (and exp_avg_sq_dtype)")
     if _uneven(plan):
         comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
     if m.gated_mlp or m.position_embedding == "rope" or not m.tied_embeddings:
@@ -740,6 +759,12 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                     "overrides these keys, so give it the same values (its tp_comm_overlap, "
                     "overlap_p2p_comm, overlap_grad_reduce, overlap_param_gather arguments)")
     ov = _overlaps(plan)
+    if ov["tp_comm_overlap"]:
+        comments.append("tp_comm_overlap: model.config.tp_comm_overlap alone does not overlap; "
+                        "the trainer needs MegatronCommOverlapCallback(tp_comm_overlap=True) "
+                        "among its callbacks, which sets up Transformer Engine's userbuffers "
+                        "(nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py, "
+                        "initialize_ub)")
     fsdp = _megatron_fsdp(plan)
     replicas = plan.dp_replicate if plan.dp_sharding != "none" and plan.dp_replicate > 1 else 0
     fp32_reduce = reduce_dtype(inst) == "fp32"
@@ -805,6 +830,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # so the export says what the plan costs either way
                 **({"fp8_param_gather": inst.spec.training.fp8_param_gather}
                    if precision == "fp8" else {}),
+                # MXFP8 parameters gathered in 16 bits through the gradient buffer, as the
+                # model costs them and as bf16_with_mxfp8_mixed() sets it (NeMo's recipes)
+                **({"reuse_grad_buf_for_mxfp8_param_ag": True} if _mxfp8_params(inst) else {}),
                 # MegatronMixedPrecision(fp4, fp4_recipe): NVFP4 GEMMs on bf16 weights
                 **({"fp4": "e2m1", "fp4_recipe": "nvfp4"} if precision == "nvfp4" else {}),
                 # (FP4 parameters: NeMo 2's MegatronMixedPrecision has no switch; a comment)
@@ -1055,10 +1083,13 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if precision == "fp8" and _moe(inst):
         comments.append(_torchtitan_fp8_experts(plan))
     if _moe(inst) and inst.spec.training.moe_token_dispatcher != "alltoall":
-        comments.append("expert_parallel_comm_backend: torchtitan's DeepEP / HybridEP backends "
-                        "(torchtitan/distributed/deepep) came after 0.2; with an older "
-                        "torchtitan drop the key (its standard all-to-all costs more across "
-                        "nodes than the plan counts)")
+        comments.append("expert_parallel_comm_backend: torchtitan 0.2.1 and 0.2.2 take "
+                        "standard | deepep (job_config.py; 0.2.0 has no key: drop it there, "
+                        "its standard all-to-all costs more across nodes than the plan counts)"
+                        + ("; hybridep: no such backend, deepep emitted, which the plan costs "
+                           "alike (a token crosses to each remote node its experts sit on "
+                           "once)" if inst.spec.training.moe_token_dispatcher == "hybridep"
+                           else ""))
     if plan.recompute == "selective" and selective_recompute(inst) != "op":
         comments.append("selective: torchtitan's per-op checkpointing saves matmul outputs and "
                         "recomputes the rest, close to but not the same as Megatron's attention-only "
@@ -1087,8 +1118,14 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         "global_batch_size": plan.global_batch,
         "seq_len": m.seq_len,
         "mixed_precision_param": "bfloat16",
-        "mixed_precision_reduce": "float32" if reduce_dtype(inst) == "fp32" else "bfloat16",
+        # (torchtitan's job config takes Literal["float32"] here, 0.2.0 to 0.2.2 and main)
+        "mixed_precision_reduce": "float32",
     }))
+    if reduce_dtype(inst) != "fp32":
+        comments.append(f"grad_reduce_dtype {reduce_dtype(inst)}: cannot express; torchtitan's "
+                        "training.mixed_precision_reduce takes \"float32\" only (its job "
+                        "config's Literal), so float32 is emitted: FSDP2 reduces twice the "
+                        "bytes the plan costs (slower than planned)")
     par: dict[str, object] = {
         "data_parallel_replicate_degree": plan.dp if ddp else plan.dp_replicate,
         "data_parallel_shard_degree": 1 if ddp else plan.dp_shard_size,
@@ -1130,7 +1167,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         par["expert_parallel_degree"] = _ep(plan)
         par["expert_tensor_parallel_degree"] = 1
         if inst.spec.training.moe_token_dispatcher != "alltoall":
-            par["expert_parallel_comm_backend"] = inst.spec.training.moe_token_dispatcher
+            # (0.2.x: Literal["standard", "deepep"]; the two flex backends cost alike)
+            par["expert_parallel_comm_backend"] = "deepep"
     sections.append(("parallelism", par))
     ac: dict[str, object] = {"mode": plan.recompute}
     if plan.recompute == "selective":

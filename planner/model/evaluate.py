@@ -132,6 +132,9 @@ def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
     has no figures for (the fused ones stand in), and the type's own
     measured caveat (catalog ``caveat``: how far newer software ran from the figures)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
+    if inst.spec.model.approximates:
+        out.append(f"model shape: {inst.spec.model.approximates}; its time and memory are "
+                   "the approximation's")
     if inst.spec.constraints.framework == "torchtitan":
         out.append(TORCHTITAN_MEMORY_CAVEAT)
         if plan is not None and plan.cp > 1:

@@ -585,13 +585,35 @@ def framework_bar(fw: Framework, named: str | None, mode: str, x):
     return bar
 
 
-def offload_violations(name: str | None, plan) -> list[str]:
+def optimizer_offload_refusal(training, name: str | None) -> str | None:
+    """Why the optimizer cannot go to the host with these ``[training]`` settings under the
+    named framework (Megatron-LM's rules without one), or None. Megatron-Core's hybrid device
+    optimizer takes FP8 parameters under delayed scaling only: Megatron-LM's validate_args
+    asserts "When `--fp8-param-gather` is enabled, the optimizer cpu offload must be used in
+    conjunction with `--fp8-recipe delayed`" (its default recipe; the planner's None)."""
+    fw = framework_of(name)
+    if (fw.name in ("megatron", "nemo") and training.fp8_param_gather
+            and training.fp8_recipe not in (None, "delayed")):
+        return (f"optimizer_offload = true with training.fp8_param_gather = true needs "
+                f"fp8_recipe = \"delayed\", not \"{training.fp8_recipe}\" (Megatron-LM "
+                "validate_args: the optimizer CPU offload takes FP8 parameters under delayed "
+                "scaling only)")
+    return None
+
+
+def offload_violations(name: str | None, plan, training=None) -> list[str]:
     """The host-offload rules a plan breaks, as sentences naming the rule: activation offload
     is Megatron-Core's (``--cpu-offloading-num-layers N``: ``N`` below the model's layers, no
     pipeline parallelism, no recompute), the optimizer offload of each framework runs with
-    some sharding modes only (without a named framework, Megatron-LM's rules)."""
+    some sharding modes only (without a named framework, Megatron-LM's rules) and, given the
+    ``[training]`` settings, not beside FP8 parameters under current scaling
+    (:func:`optimizer_offload_refusal`)."""
     fw = framework_of(name)
     out = []
+    refused = (optimizer_offload_refusal(training, name)
+               if plan.optimizer_offload and training is not None else None)
+    if refused:
+        out.append(refused)
     n = plan.offload_layers
     if n:
         if not fw.activation_offload:

@@ -29,8 +29,9 @@ from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from typing import Any
 
-from planner.model.errors import InputError
-from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_of
+from planner.model.errors import InfeasibleError, InputError
+from planner.model.frameworks import (OVERLAP_KNOBS, framework_of, optimizer_offload_refusal,
+                                      sharding_refusal)
 from planner.model.instance import Instance
 from planner.model.rules import violations
 from planner.model.schema import KNOB_DEFAULTS, PlanSpec, overlap_refusal
@@ -642,8 +643,13 @@ def offload_choices(inst: Instance) -> tuple[tuple[bool, ...], tuple[int, ...]]:
     c = inst.spec.constraints
     fw = framework_of(c.framework)
     host = inst.hw.host_bw > 0 and inst.hw.host_mem_bytes > 0
-    opt: tuple[bool, ...] = (False, True) if host and fw.optimizer_offload_modes else (False,)
+    refused = optimizer_offload_refusal(inst.spec.training, c.framework)
+    opt: tuple[bool, ...] = (False, True) if host and fw.optimizer_offload_modes \
+        and refused is None else (False,)
     if c.optimizer_offload is not None:
+        if c.optimizer_offload and refused:
+            raise InfeasibleError("the constraints leave no plan",
+                                  [f"constraints.{refused}"])
         opt = (c.optimizer_offload,)
     L = inst.model.layers
     if c.offload_layers is not None:
@@ -775,7 +781,7 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
     out = violations(inst, plan.grid, plan.knobs)
     out += framework_violations(inst.spec.constraints.framework, plan)
     from planner.model.frameworks import offload_violations
-    out += offload_violations(inst.spec.constraints.framework, plan)
+    out += offload_violations(inst.spec.constraints.framework, plan, inst.spec.training)
     if spec is not None and spec.micro_batches and spec.micro_batches != plan.micro_batches:
         out.append(f"plan.micro_batches={spec.micro_batches} but global_batch/(dp*micro_batch)"
                    f" = {plan.micro_batches}")

@@ -97,6 +97,11 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = Field(default=True, description="output layer shares the input embedding")
     position_embedding: Literal["learned", "rope"] = "learned"
     dropout: bool = Field(default=True, description="trained with dropout (stores 1-byte masks)")
+    approximates: str | None = Field(
+        default=None, description="what this shape stands in for where the model has no "
+        "term of its own (a preset's: DeepSeek-V3's multi-head latent attention costed as "
+        "multi-head attention), said in the plan's caveats and in every export, whose model "
+        "arguments build the approximation")
     hf_config: str | None = Field(
         default=None, description="a Hugging Face config.json (path relative to the instance) "
         "filling the keys above; explicit keys override it")
