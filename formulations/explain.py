@@ -187,10 +187,12 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
         if best.objective is not None:
             mfu = inst.spec.constraints.min_mfu
             reach = mfu * max_objective / best.objective
+            # (rounded down: a value printed above the reach would fail again as written)
+            below = math.floor(reach * 1e4) / 1e4
             return InfeasibleError("no plan reaches the minimum MFU", [
-                f"constraints.min_mfu = {mfu:.3f} binds: the fastest plan that fits reaches "
-                f"an MFU of {reach:.3f}",
-                f"nearest change: min_mfu <= {reach:.3f}"])
+                f"constraints.min_mfu = {mfu:g} binds: the fastest plan that fits reaches "
+                f"an MFU of {reach:.5f}",
+                f"nearest change: min_mfu = {below:.4f} (or lower)"])
     need, point, knobs, parts, worst, gpu_need = found
     if parts.get("framework_rule", 0.0) > 0 or parts.get("offload_rule", 0.0) > 0:
         return _rule_binds(space, point, knobs)

@@ -475,7 +475,9 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins) -> None:
     made by a variable's candidates (the micro-batch), with its candidates when unpinned."""
     lines = []
     # per pinned variable: (pin, the starting candidates and caps with the pin lifted)
-    lifted = {var: (pin, start, {**caps, var: (None, lo, hi)})
+    # (a cap at the pin itself, the default cap a pin raises or one written equal to it, is
+    # lifted with the pin: it would hide the allowed values just above the pin)
+    lifted = {var: (pin, start, {**caps, var: (None, lo, None if hi == pin else hi)})
               for var, (pin, lo, hi) in caps.items()}
     lifted |= {var: (pin, {**start, var: cand}, caps) for var, (pin, cand) in start_pins.items()}
     for var, (pin, start_free, caps_free) in lifted.items():
@@ -563,12 +565,15 @@ def build_space(inst: Instance) -> SearchSpace:
         bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
                                "shortfalls (constraints.max_stage_shortfall = "
                                f"{c.max_stage_shortfall})")
-    # the micro-batch's candidates come from the batch: it divides the global batch over dp
-    bounded_by["b"].insert(0, "micro_batch * dp divides the global batch ("
-                           + (f"{gb}" if isinstance(gb, int) else f"one of {gb[0]}..{gb[1]}")
-                           + ")")
+    # the micro-batch's candidates come from the batch: where no rule row narrowed them, that
+    # is the rule to name (micro_batch * dp divides the global batch)
+    if not bounded_by["b"]:
+        bounded_by["b"].append("micro_batch * dp divides the global batch ("
+                               + (f"{gb}" if isinstance(gb, int) else
+                                  f"one of {gb[0]}..{gb[1]}") + ")")
     if B:
-        free_b = smooth_in_range(c.min_micro_batch, min(c.max_micro_batch, max(B)), primes)
+        cap_b = max(B) if c.max_micro_batch == c.micro_batch else c.max_micro_batch
+        free_b = smooth_in_range(c.min_micro_batch, min(cap_b, max(B)), primes)
         _pins_that_bind(rows, start, caps, dom, bounded_by,
                         {"b": (c.micro_batch, free_b)} if c.micro_batch is not None else {})
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]

@@ -74,6 +74,30 @@ def test_a_micro_batch_pin_names_the_rule_it_breaks():
     assert "nearest change: micro_batch = 512" in msg
 
 
+@pytest.mark.parametrize("key, pin, near", [("micro_batch", 7, 8), ("cp", 7, 8)])
+def test_a_pin_between_allowed_values_suggests_the_nearest_above_it_too(key, pin, near):
+    """The cap a pin raises (max_micro_batch, max_cp) is lifted with the pin: micro_batch = 7
+    listed only [1, 2, 4] and suggested 4, cp = 7 suggested 4 (an audit), where 8 solves."""
+    doc = {**LLAMA8_16, "training": {"global_batch": 256}, "constraints": {key: pin}}
+    msg = explain(doc)
+    assert f"nearest change: {key} = {near}" in msg
+    doc["constraints"] = {key: near}
+    assert solve(parse_instance(doc), solver="enumerate").report is not None
+
+
+def test_the_suggested_min_mfu_solves_as_written():
+    """The suggestion is rounded down: 'min_mfu <= 0.556' for a reach of 0.55579 failed again
+    when applied (an audit)."""
+    import re
+    doc = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 64, "tokens": 26e9},
+           "cluster": {"gpu": "a100-80gb", "nodes": 1}, "constraints": {"min_mfu": 0.6}}
+    msg = explain(doc)
+    value = float(re.search(r"nearest change: min_mfu = ([0-9.]+)", msg).group(1))
+    assert value < 0.6
+    doc["constraints"]["min_mfu"] = value
+    assert solve(parse_instance(doc), solver="enumerate").report is not None
+
+
 def test_cli_exit_code_3_without_traceback(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text('[model]\npreset = "gpt3-175b"\n[training]\nglobal_batch = 7\n'

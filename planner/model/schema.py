@@ -557,7 +557,10 @@ class ConstraintSpec(_Strict):
         if isinstance(data, dict):
             for pin, cap in (("cp", "max_cp"), ("micro_batch", "max_micro_batch")):
                 if isinstance(data.get(pin), int) and cap not in data:
-                    data = {**data, cap: data[pin]}
+                    # (raised, never lowered: micro_batch = 7 keeps the default cap of 32)
+                    default = cls.model_fields[cap].default
+                    data = {**data, cap: max(data[pin], default) if isinstance(default, int)
+                            else data[pin]}
         return data
 
     @field_validator("recompute", "dp_sharding", mode="before")
