@@ -66,9 +66,19 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                 near = sorted({d * b * k for d in dps for b in mbs
                                for k in range(1, 2 * gb // (d * b) + 2)},
                               key=lambda B: (abs(B - gb), B))[:3]
+                pinned_dp = cons.dp is not None or cons.max_dp is not None
                 lines.append(f"nearest change: a global batch of "
-                             f"{' or '.join(str(x) for x in near)}, or a GPU count whose "
-                             f"data-parallel degree divides {gb}")
+                             f"{' or '.join(str(x) for x in near)}"
+                             + ("" if pinned_dp else
+                                f", or a GPU count whose data-parallel degree divides {gb}"))
+                lines += _memory_beside(inst, {"global_batch": near[0]})
+            if cons.dp is not None or cons.max_dp is not None:
+                # (the pin or cap that narrowed dp is part of why no batch split exists)
+                held = " and ".join(f"{k} = {v}" for k, v in (("dp", cons.dp),
+                                                              ("max_dp", cons.max_dp))
+                                    if v is not None)
+                lines.append(f"constraints.{held} leaves dp one of {dps}; lifting it allows "
+                             "dp in " + str(sorted({N // x for x in model_par})))
         elif caps := _binding_caps(space):
             lines += caps
         else:
@@ -83,6 +93,25 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                              "count that is a multiple of the node size")
     lines += _binding_rules(space)
     return InfeasibleError("no plan satisfies the structural rules", lines)
+
+
+def _memory_beside(inst, training_change: dict) -> list[str]:
+    """A memory bar behind a structural one: with the suggested ``[training]`` change the
+    structural rules hold, but may no plan fit? Then say so, rather than leave the suggestion
+    to fail on memory when applied."""
+    try:
+        changed = build_space(inst.with_spec(
+            training=inst.spec.training.model_copy(update=training_change)))
+    except InfeasibleError:
+        return []
+    found = _min_memory(changed)
+    limit = memory_limit_bytes(inst)
+    if found is None or found[0] <= limit:
+        return []
+    key, value = next(iter(training_change.items()))
+    return [f"memory binds too: with training.{key} = {value} the least any allowed plan "
+            f"needs is {found[0] / GiB:.1f} GiB per GPU, over the {limit / GiB:.1f} GiB limit "
+            f"on {inst.gpus} GPUs (plan solve with that change says what would fit)"]
 
 
 def _binding_caps(space: SearchSpace) -> list[str]:
@@ -121,7 +150,8 @@ def _binding_rules(space: SearchSpace) -> list[str]:
             out.append(name)
     if not out:
         return []
-    return [f"rules that bind on their own (lifting any one would leave a plan): "
+    return [f"rules that bind on their own (lifting any one alone would leave degrees that "
+            f"keep the other structural rules; memory is not checked here): "
             f"{'; '.join(out)}"]
 
 

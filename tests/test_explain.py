@@ -85,6 +85,21 @@ def test_a_pin_between_allowed_values_suggests_the_nearest_above_it_too(key, pin
     assert solve(parse_instance(doc), solver="enumerate").report is not None
 
 
+def test_a_batch_split_explanation_says_when_memory_binds_too_and_names_a_dp_pin():
+    """An audit applied 'a global batch of 2050' to Llama 3 405B on 40 H100 and met an
+    out-of-memory answer the first message never hinted at; and a dp pin that left no batch
+    split went unnamed."""
+    msg = explain({"model": {"preset": "llama3-405b"}, "training": {"global_batch": 2048},
+                   "cluster": {"gpu": "h100-sxm", "nodes": 5}})
+    assert "nearest change: a global batch of 2050" in msg
+    assert "memory binds too: with training.global_batch = 2050" in msg
+    assert "lifting any one would leave a plan" not in msg
+    msg = explain({**LLAMA8_16, "training": {"global_batch": 7}, "constraints": {"dp": 2}})
+    assert "constraints.dp = 2 leaves dp one of [2]; lifting it allows dp in [1, 2, 4, 8, 16]" \
+        in msg
+    assert "or a GPU count whose data-parallel degree divides" not in msg
+
+
 def test_the_suggested_min_mfu_solves_as_written():
     """The suggestion is rounded down: 'min_mfu <= 0.556' for a reach of 0.55579 failed again
     when applied (an audit)."""
