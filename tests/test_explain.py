@@ -178,3 +178,18 @@ def test_the_larger_cluster_scan_is_skipped_only_when_no_cluster_could_hold_the_
                            "training": {"global_batch": 512},
                            "cluster": {"gpu": "a100-80gb", "nodes": 1}})
     assert _weights_alone_exceed(huge, 8 * 8)
+
+
+def test_context_parallelism_needs_twice_cp_to_divide_the_sequence():
+    """Megatron-LM's validate_args: 'seq-length should be a multiple of 2 *
+    context-parallel-size'. seq_len 100 with cp = 4 was accepted (4 divides 100), and the
+    Megatron export then refused the plan (an audit)."""
+    doc = {"model": {"preset": "gpt-1.3b", "seq_len": 100}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "nodes": 1}, "constraints": {"cp": 4}}
+    msg = explain(doc)
+    assert "2*cp divides seq_len" in msg and "nearest change: cp = 2" in msg
+    doc["constraints"] = {"cp": 2}
+    assert solve(parse_instance(doc), solver="enumerate").report.plan.cp == 2
+    doc["model"]["seq_len"] = 99                      # odd: context parallelism is off
+    doc["constraints"] = {"max_cp": 8}
+    assert solve(parse_instance(doc), solver="enumerate").report.plan.cp == 1

@@ -226,8 +226,13 @@ RULES: tuple[Rule, ...] = (
          on_knobs=True, requires=("layers",)),
     Rule("interleave_pp", "implies", lambda v, k: (v.vp, v.pp), "vp > 1 needs pp > 1",
          lambda v, k: "vp > 1 needs pp > 1 (interleaving splits pipeline stages)"),
-    Rule("seq", "integer", lambda v, k: (k.seq / v.cp,), "cp divides seq_len",
-         lambda v, k: f"cp={v.cp} must divide seq_len={k.seq}"),
+    # Megatron-LM's validate_args: "seq-length should be a multiple of 2 *
+    # context-parallel-size if context-parallel-size > 1" (each rank holds two chunks of the
+    # sequence, balancing the causal mask); an odd seq_len leaves cp = 1 only
+    Rule("seq", "integer", lambda v, k: ((k.seq / 2 if k.seq % 2 == 0 else 1) / v.cp,),
+         "2*cp divides seq_len (cp > 1)",
+         lambda v, k: f"cp={v.cp} needs seq_len={k.seq} to be a multiple of 2*cp = {2 * v.cp} "
+         "(Megatron-LM: two chunks of the sequence per context-parallel rank)"),
     Rule("micro_batch", "integer", lambda v, k: (v.global_batch / v.micro_batch,),
          "micro_batch divides the global batch",
          lambda v, k: f"micro_batch={v.micro_batch} must divide global_batch={v.global_batch}"),
