@@ -88,9 +88,19 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                          f"{toml_value(cons.tp_within_node)}, pp_within_node = "
                          f"{toml_value(cons.pp_within_node)}, cp_within_node = "
                          f"{toml_value(cons.cp_within_node)}")
-            if m.layers % 2 or cons.tp_within_node or cons.pp_within_node:
-                lines.append("nearest change: drop a *_within_node constraint or choose a GPU "
-                             "count that is a multiple of the node size")
+            pins = [f"{k} = {getattr(cons, k)}" for k in ("tp", "pp", "cp", "dp")
+                    if getattr(cons, k) is not None]
+            if pins:
+                lines.append("with the pins constraints." + ", ".join(pins))
+            within = [k for k in ("tp_within_node", "pp_within_node", "cp_within_node")
+                      if getattr(cons, k)]
+            if within or N % inst.node_size:
+                lines.append("nearest change: "
+                             + (f"set {' or '.join(f'constraints.{k} = false' for k in within)}"
+                                if within else "")
+                             + (" or " if within and N % inst.node_size else "")
+                             + (f"a GPU count that is a multiple of the node size "
+                                f"({inst.node_size})" if N % inst.node_size else ""))
     lines += _binding_rules(space)
     return InfeasibleError("no plan satisfies the structural rules", lines)
 
@@ -336,14 +346,17 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
     trials = []
     relax = {"recompute": None, "distributed_optimizer": None, "sequence_parallel": None,
              "max_tp": None, "tp": None, "max_pp": None, "pp": None, "max_cp": None,
-             "cp": None, "tp_within_node": False, "pp_within_node": False}
+             "cp": None, "tp_within_node": False, "pp_within_node": False,
+             "optimizer_offload": None, "offload_layers": None}
+    #: a cap is raised to the degree of the plan that then fits (a cap the user never wrote,
+    #: max_cp's default 1, cannot be "lifted" by deleting it)
+    degree_of = {"max_tp": "T", "max_pp": "P", "max_cp": "C"}
     for key, free in relax.items():
         if getattr(c, key) != free and getattr(c, key) is not None:
             trials.append((f"lift constraints.{key} = {toml_value(getattr(c, key))}",
                            {key: free}))
     if (c.memory_reserve_GiB or 0) > 0:
-        trials.append((f"lower constraints.memory_reserve_GiB from {c.memory_reserve_GiB}",
-                       {"memory_reserve_GiB": 0.0}))
+        trials.append(("memory_reserve_GiB", {"memory_reserve_GiB": 0.0}))
     out = []
     for text, change in trials:
         try:
@@ -351,8 +364,34 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
         except InfeasibleError:
             continue
         found = _min_memory(sp2)
-        if found and found[0] <= memory_limit_bytes(sp2.inst):
-            out.append(f"nearest change: {text} (then a plan needs {found[0] / GiB:.1f} GiB)")
+        if not (found and found[0] <= memory_limit_bytes(sp2.inst)):
+            continue
+        key = next(iter(change))
+        if key == "memory_reserve_GiB":
+            # the largest reserve that still leaves the plan room, rounded down
+            room = math.floor((memory_limit_bytes(sp2.inst) - found[0]) / GiB * 10) / 10
+            given = "" if "memory_reserve_GiB" in c.model_fields_set else " (the default)"
+            text = (f"lower constraints.memory_reserve_GiB from {c.memory_reserve_GiB:g}"
+                    f"{given} to {room:g} or less")
+        elif key in degree_of:
+            # the least raise of the cap that lets a plan fit (the lifted space's values of the
+            # degree above the cap, in order)
+            raised = None
+            for value in sorted(v for v in sp2.base[degree_of[key]].values
+                                if v > getattr(c, key)):
+                try:
+                    sp3 = build_space(inst.with_spec(
+                        constraints=c.model_copy(update={key: value})))
+                except InfeasibleError:
+                    continue
+                at = _min_memory(sp3)
+                if at and at[0] <= memory_limit_bytes(sp3.inst):
+                    raised, found = value, at
+                    break
+            if raised is None:
+                continue
+            text = f"raise constraints.{key} from {getattr(c, key)} to {raised}"
+        out.append(f"nearest change: {text} (then a plan needs {found[0] / GiB:.1f} GiB)")
     if not out and inst.gpus >= inst.hw.gpus_per_host:
         # the nearest larger cluster with a plan that fits: the next 32 node counts, then
         # a few multiples (memory only falls as GPUs are added, but divisibility is jumpy)

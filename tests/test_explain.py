@@ -45,8 +45,9 @@ def test_a_lifted_constraint_is_suggested():
                    "constraints": {"max_pp": 1, "max_tp": 8, "tp_within_node": False,
                                    "dp_sharding": "optim"}})
     assert "no plan fits in GPU memory" in msg
-    assert "nearest change: lift constraints.max_pp = 1" in msg
-    assert "nearest change: lift constraints.max_tp = 8" in msg
+    # (a cap is raised to the least value that lets a plan fit)
+    assert "nearest change: raise constraints.max_pp from 1 to 2" in msg
+    assert "nearest change: raise constraints.max_tp from 8 to 16" in msg
 
 
 def test_dp_cap_is_named():
@@ -193,3 +194,42 @@ def test_context_parallelism_needs_twice_cp_to_divide_the_sequence():
     doc["model"]["seq_len"] = 99                      # odd: context parallelism is off
     doc["constraints"] = {"max_cp": 8}
     assert solve(parse_instance(doc), solver="enumerate").report.plan.cp == 1
+
+
+def _applied(doc, line):
+    """The instance with a 'nearest change' applied as written (the keys these tests use)."""
+    import re
+    doc = {**doc, "constraints": dict(doc.get("constraints", {}))}
+    if m := re.search(r"raise constraints\.(\w+) from \S+ to (\d+)", line):
+        doc["constraints"][m[1]] = int(m[2])
+    elif m := re.search(r"lower constraints\.memory_reserve_GiB from \S+(?: \(the default\))? "
+                        r"to ([0-9.]+)", line):
+        doc["constraints"]["memory_reserve_GiB"] = float(m[1])
+    elif m := re.search(r"lift constraints\.(\w+) =", line):
+        doc["constraints"].pop(m[1])
+    elif m := re.search(r"set constraints\.(\w+) = false", line):
+        doc["constraints"][m[1]] = False
+    else:
+        raise AssertionError(line)
+    return doc
+
+
+@pytest.mark.parametrize("constraints, says", [
+    # a cap the user never wrote (max_cp's default 1) is raised to a value, not "lifted"
+    ({"recompute": "none", "max_tp": 1, "max_pp": 1, "dp_sharding": "optim",
+      "optimizer_offload": False}, "raise constraints.max_cp from 1 to 4"),
+    ({"recompute": "none", "max_tp": 1, "max_pp": 1, "dp_sharding": "optim",
+      "optimizer_offload": False}, "raise constraints.max_tp from 1 to 2"),
+    ({"memory_reserve_GiB": 76.0}, "lower constraints.memory_reserve_GiB from 76 to"),
+    ({"tp": 8, "pp": 2, "pp_within_node": True}, "set constraints.tp_within_node = false"),
+])
+def test_each_suggested_change_solves_as_written(constraints, says):
+    """An audit applied every 'nearest change' as written: 'lift constraints.max_cp = 1' (a
+    default) changed nothing, 'raise max_tp to 8' overshot, the reserve had no target, the
+    placement advice named a GPU count that already was a multiple of the node."""
+    doc = {**LLAMA8_16, "training": {"global_batch": 256},
+           "cluster": {"gpu": "h100-sxm", "nodes": 1 if "tp" not in constraints else 2},
+           "constraints": constraints}
+    msg = explain(doc)
+    line = next(ln for ln in msg.splitlines() if says in ln)
+    assert solve(parse_instance(_applied(doc, line)), solver="enumerate").report is not None
