@@ -380,9 +380,12 @@ def capacity_panel(ans) -> Panel:
                      f"{deadline}: {ans.nodes} "
                      f"({ans.result.report.total_days:.2f} days, proven optimal plan).")
         if open_below:
-            lines.append(escape(f"Fewer nodes may suffice: the range starts at {ans.nodes}; "
-                                "give cluster.nodes = [lo, hi] (or node_counts) below it to "
-                                "search them."))
+            # (one node fewer is not among the instance's sizes: below a range's start, or a
+            # gap of node_counts, whose smaller listed sizes the answer already ruled out)
+            lines.append(escape(f"Fewer nodes may suffice: {plural(ans.nodes - 1, 'node')} "
+                                "(one fewer) is not among the instance's sizes; give "
+                                "cluster.nodes = [lo, hi] (or node_counts) that include it to "
+                                "search it."))
     ns = ans.next_smaller if ans.nodes is not None else None   # else: the largest size, above
     if ns:
         if "days" in ns and ns.get("days") is not None:
