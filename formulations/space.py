@@ -239,12 +239,13 @@ def layout_key(k: Knobs) -> tuple:
     return k.layout + (k.recompute_share,)
 
 
-def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: list[int]
-                  ) -> tuple[dict[tuple, frozenset], list[str]]:
+def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: list[int],
+                  suggest: bool = True) -> tuple[dict[tuple, frozenset], list[str]]:
     """Per layout (with its partial-recompute share, :func:`layout_key`), the (P, V) pairs that
     keep the layout rules (the rules that read the knobs, checked on numbers: they involve only
     ``pp``, ``vp`` and the layout) and the ``[constraints]`` pins on the first / last stage
-    counts; and, when no pair is left, why."""
+    counts; and, when no pair is left, why (with ``suggest``, and ``vp`` pinned, the nearest
+    ``vp`` that has a layout)."""
     sizes, c = Sizes.of(inst), inst.spec.constraints
     out, why = {}, []
     for lay in layouts:
@@ -308,6 +309,13 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                    f"and virtual stages {V} (rules: {'; '.join(r.says for r in rules)}; first / "
                    f"last stage up to constraints.max_stage_shortfall = {c.max_stage_shortfall} "
                    f"layers short)" + (f" under {', '.join(pins)}" if pins else ""))
+        if suggest and c.vp is not None:
+            near = next((v for v in sorted(range(1, 2 * sizes.layers + 3),
+                                           key=lambda x: (abs(x - c.vp), x))
+                         if v != c.vp and _layout_pairs(inst, rules, layouts, P, [v],
+                                                        suggest=False)[0]), None)
+            if near is not None:
+                why.append(f"nearest change: vp = {near} (or lift constraints.vp)")
     return out, why
 
 

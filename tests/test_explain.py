@@ -233,3 +233,14 @@ def test_each_suggested_change_solves_as_written(constraints, says):
     msg = explain(doc)
     line = next(ln for ln in msg.splitlines() if says in ln)
     assert solve(parse_instance(_applied(doc, line)), solver="enumerate").report is not None
+
+
+def test_a_vp_pin_without_a_layout_suggests_the_nearest_vp_that_has_one():
+    """vp = 5 on 24 layers had no 'nearest change' (an audit): vp = 4 and 6 both have layouts;
+    the nearer-smaller one is named and solves."""
+    doc = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 512},
+           "cluster": {"gpu": "a100-80gb", "nodes": 1}, "constraints": {"vp": 5}}
+    msg = explain(doc)
+    assert "nearest change: vp = 4 (or lift constraints.vp)" in msg
+    doc["constraints"] = {"vp": 4}
+    assert solve(parse_instance(doc), solver="enumerate").report.plan.vp == 4
