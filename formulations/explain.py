@@ -64,7 +64,7 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                          f"be one of {dps} (GPUs / (tp*cp*pp)) and micro_batch one of {mbs}")
             if isinstance(gb, int):
                 near = sorted({d * b * k for d in dps for b in mbs
-                               for k in range(1, 2 * gb // (d * b) + 2)},
+                               for k in range(1, 2 * gb // (d * b) + 3)},
                               key=lambda B: (abs(B - gb), B))[:3]
                 pinned_dp = cons.dp is not None or cons.max_dp is not None
                 lines.append(f"nearest change: a global batch of "

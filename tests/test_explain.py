@@ -244,3 +244,11 @@ def test_a_vp_pin_without_a_layout_suggests_the_nearest_vp_that_has_one():
     assert "nearest change: vp = 4 (or lift constraints.vp)" in msg
     doc["constraints"] = {"vp": 4}
     assert solve(parse_instance(doc), solver="enumerate").report.plan.vp == 4
+
+
+def test_the_suggested_batches_are_the_nearest_multiples():
+    """A batch of 3 on 16 data-parallel ranks: 16, 32 and 48 are the nearest splits; 32 was
+    left out (an audit) when only one multiple of each dp x micro_batch was tried."""
+    msg = explain({**LLAMA8_16, "training": {"global_batch": 3},
+                   "constraints": {"max_tp": 1, "max_pp": 1}})
+    assert "nearest change: a global batch of 16 or 32 or 48" in msg
