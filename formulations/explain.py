@@ -8,9 +8,8 @@ would make it fit (a relaxed constraint, or more GPUs).
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
+import math
 
 import numpy as np
 
@@ -41,9 +40,11 @@ def _structural(space: SearchSpace) -> InfeasibleError:
         cons = inst.spec.constraints
         capped = [d for d in dps if (cons.dp is None or d == cons.dp)
                   and (cons.max_dp is None or d <= cons.max_dp)]
+        # the dp pin and cap as written ("" when neither is given)
+        dp_pins = " and ".join(f"{key} = {val}" for key, val in (("dp", cons.dp),
+                                                                 ("max_dp", cons.max_dp))
+                               if val is not None)
         if dps and not capped:
-            given = [f"{key} = {val}" for key, val in (("dp", cons.dp), ("max_dp", cons.max_dp))
-                     if val is not None]
             ceiling = cons.max_dp if cons.max_dp is not None else math.inf
             # the allowed dp nearest the pin (under the cap), else the cap raised to the least
             near = min(dps, key=lambda d: (d > ceiling, abs(d - (cons.dp or 0)), d))
@@ -51,10 +52,10 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                       else f"max_dp = {near}" if cons.dp is None
                       else f"dp = {near} and max_dp = {near}")
             return InfeasibleError("no plan satisfies the structural rules", [
-                f"constraints.{' and '.join(given)} binds: on {N} GPUs dp can only be one of "
+                f"constraints.{dp_pins} binds: on {N} GPUs dp can only be one of "
                 f"{dps} (GPUs / (tp*cp*pp))",
                 f"nearest change: {change}"])
-        dps = capped
+        every_dp, dps = dps, capped
         batches = list(space.base["B"].values)
         mbs = list(space.base["b"].values)
         ok = [(d, b, B) for d in dps for b in mbs for B in batches if B % (d * b) == 0]
@@ -66,19 +67,15 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                 near = sorted({d * b * k for d in dps for b in mbs
                                for k in range(1, 2 * gb // (d * b) + 3)},
                               key=lambda B: (abs(B - gb), B))[:3]
-                pinned_dp = cons.dp is not None or cons.max_dp is not None
                 lines.append(f"nearest change: a global batch of "
                              f"{' or '.join(str(x) for x in near)}"
-                             + ("" if pinned_dp else
+                             + ("" if dp_pins else
                                 f", or a GPU count whose data-parallel degree divides {gb}"))
                 lines += _memory_beside(inst, {"global_batch": near[0]})
-            if cons.dp is not None or cons.max_dp is not None:
+            if dp_pins:
                 # (the pin or cap that narrowed dp is part of why no batch split exists)
-                held = " and ".join(f"{k} = {v}" for k, v in (("dp", cons.dp),
-                                                              ("max_dp", cons.max_dp))
-                                    if v is not None)
-                lines.append(f"constraints.{held} leaves dp one of {dps}; lifting it allows "
-                             "dp in " + str(sorted({N // x for x in model_par})))
+                lines.append(f"constraints.{dp_pins} leaves dp one of {dps}; lifting it allows "
+                             f"dp in {every_dp}")
         elif caps := _binding_caps(space):
             lines += caps
         else:

@@ -423,7 +423,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     elif order == "tp-pp-dp":
         comments.append(
             f"rank order: the plan places {_fmt_intra(intra)} per {_segment(plan)}, not "
-            "Megatron's default (tp innermost, then cp, dp, pp); --use-tp-pp-dp-mapping (order tp-pp-dp) gives it")
+            "Megatron's default (tp innermost, then cp, dp, pp); --use-tp-pp-dp-mapping "
+            "(order tp-pp-dp) gives it")
         extra.append("--use-tp-pp-dp-mapping")
     else:
         comments.append(
@@ -715,13 +716,13 @@ def _nemo(inst: Instance, plan: Plan) -> str:
     ]
     order = _rank_order(plan)
     if order == "tp-pp-dp":
-        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per {_segment(plan)}, not "
-                        "Megatron-Core's default (tp innermost, then cp, dp, pp); "
-                        "use_tp_pp_dp_mapping (order tp-pp-dp) gives it")
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per "
+                        f"{_segment(plan)}, not Megatron-Core's default (tp innermost, then cp, "
+                        "dp, pp); use_tp_pp_dp_mapping (order tp-pp-dp) gives it")
     elif order is None:
-        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per {_segment(plan)}, not "
-                        "Megatron-Core's default (tp innermost, then cp, dp, pp), and no stock "
-                        "order gives it")
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per "
+                        f"{_segment(plan)}, not Megatron-Core's default (tp innermost, then cp, "
+                        "dp, pp), and no stock order gives it")
     if (note := _fp8_library_note(inst, "nemo")) is not None:
         comments.append(note)
     if inst.kernel_stack == "pytorch":
@@ -1040,8 +1041,9 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         comments.append(f"no pipeline: local_batch_size = micro_batch; global_batch_size gives "
                         f"{micro} gradient-accumulation steps")
     if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
-        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per {_segment(plan)}; "
-                        "torchtitan's mesh (pp, dp, cp, tp; tp innermost) does not")
+        comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per "
+                        f"{_segment(plan)}; torchtitan's mesh (pp, dp, cp, tp; tp innermost) "
+                        "does not")
     compiled, said = _torchtitan_compile(inst, plan)
     comments += said
     ov = _overlaps(plan)

@@ -601,17 +601,16 @@ def optimizer_offload_refusal(training, name: str | None) -> str | None:
     return None
 
 
-def offload_violations(name: str | None, plan, training=None) -> list[str]:
+def offload_violations(name: str | None, plan, training) -> list[str]:
     """The host-offload rules a plan breaks, as sentences naming the rule: activation offload
     is Megatron-Core's (``--cpu-offloading-num-layers N``: ``N`` below the model's layers, no
     pipeline parallelism, no recompute), the optimizer offload of each framework runs with
-    some sharding modes only (without a named framework, Megatron-LM's rules) and, given the
-    ``[training]`` settings, not beside FP8 parameters under current scaling
+    some sharding modes only (without a named framework, Megatron-LM's rules) and, with the
+    instance's ``[training]`` settings, not beside FP8 parameters under current scaling
     (:func:`optimizer_offload_refusal`)."""
     fw = framework_of(name)
     out = []
-    refused = (optimizer_offload_refusal(training, name)
-               if plan.optimizer_offload and training is not None else None)
+    refused = optimizer_offload_refusal(training, name) if plan.optimizer_offload else None
     if refused:
         out.append(refused)
     n = plan.offload_layers
