@@ -57,7 +57,7 @@ from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
                                 overlap_default, recompute_share_choices)
 from planner.model.words import pinned
-from planner.model.rules import Rule, Sizes, rules_for
+from planner.model.rules import BY_NAME, EXPERT_ONLY, Rule, Sizes, rules_for
 from planner.model.terms import reduce_every_microbatch
 
 #: The user's names of the base variables, and their pin / cap keys in [constraints].
@@ -248,6 +248,7 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
     ``vp`` that has a layout)."""
     sizes, c = Sizes.of(inst), inst.spec.constraints
     out, why = {}, []
+    alone, any_broken = set(), set()
     for lay in layouts:
         kn = Knobs(first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
                    account_for_loss=lay[3])
@@ -255,10 +256,6 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
         for p in P:
             for v in V:
                 g = SimpleNamespace(pp=p, vp=v)
-                if not all(r.holds(g, sizes, kn) for r in rules):
-                    continue
-                if lay[4] and not _recompute_fits(lay, p, v, sizes.layers, c):
-                    continue
                 if p == 2 and lay[0] and lay[1]:
                     # two stages both short of m: the same stages as a layout with one
                     # shortfall 0 (m is a free reference there), which the search keeps; the
@@ -268,6 +265,14 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                 if c.first_stage_layers is not None and m - lay[0] != c.first_stage_layers:
                     continue
                 if c.last_stage_layers is not None and m - lay[1] != c.last_stage_layers:
+                    continue
+                broken = [r.name for r in rules if not r.holds(g, sizes, kn)]
+                if broken:
+                    # (the rules named when no layout is left: those a candidate that keeps
+                    # the pins breaks alone, else every one such a candidate breaks)
+                    (alone if len(broken) == 1 else any_broken).update(broken)
+                    continue
+                if lay[4] and not _recompute_fits(lay, p, v, sizes.layers, c):
                     continue
                 ok.add((p, v))
         if ok:
@@ -291,6 +296,9 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
             pin = getattr(c, key)
             if pin is None:
                 continue
+            if max(P, default=1) < 2:
+                why.append(f"constraints.{key} = {pin} needs pp > 1, and the constraints "
+                           f"leave pp in {P}")
             for p in P:
                 if p < 2:
                     continue
@@ -305,10 +313,13 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                        "split, which the search holds as the even layout without the two "
                        "flags: unpin constraints.account_for_embedding / account_for_loss (the "
                        "plan is the same) or allow pp > 2")
+        broken = [r for r in rules if r.name in (alone or alone | any_broken)]
         why.append(f"no pipeline layout of the {sizes.layers} layers fits pipeline degrees {P} "
-                   f"and virtual stages {V} (rules: {'; '.join(r.says for r in rules)}; first / "
-                   f"last stage up to constraints.max_stage_shortfall = {c.max_stage_shortfall} "
-                   f"layers short)" + (f" under {', '.join(pins)}" if pins else ""))
+                   f"and virtual stages {V} ("
+                   + (f"rules broken: {'; '.join(r.says for r in broken)}; " if broken else "")
+                   + f"first / last stage up to constraints.max_stage_shortfall = "
+                   f"{c.max_stage_shortfall} layers short)"
+                   + (f" under {', '.join(pins)}" if pins else ""))
         if suggest and c.vp is not None:
             near = next((v for v in sorted(range(1, 2 * sizes.layers + 3),
                                            key=lambda x: (abs(x - c.vp), x))
@@ -316,7 +327,54 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                                                         suggest=False)[0]), None)
             if near is not None:
                 why.append(f"nearest change: vp = {near} (or lift constraints.vp)")
+        if suggest:
+            why += _nearest_stage_counts(inst, rules, P, V)
     return out, why
+
+
+def _nearest_stage_counts(inst: Instance, rules: list[Rule], P: list[int], V: list[int]
+                          ) -> list[str]:
+    """For a pinned first / last stage count that leaves no layout: the nearest count that has
+    one, and the least ``max_stage_shortfall`` that lets the pinned count stand (each checked
+    as the search would, at the allowed ``pp`` and the ``vp`` the rules allow)."""
+    c = inst.spec.constraints
+
+    def has_layout(**change) -> bool:
+        trial = inst.with_spec(constraints=c.model_copy(update=change))
+        layouts, split = _layouts_of(trial)
+        vs = sorted(set(V) | {v for v in split if trial.spec.constraints.vp in (None, v)
+                              and (c.max_vp is None or v <= c.max_vp)})
+        return bool(_layout_pairs(trial, rules, layouts, P, vs, suggest=False)[0])
+
+    out = []
+    for key in ("first_stage_layers", "last_stage_layers"):
+        pin = getattr(c, key)
+        if pin is None or max(P, default=1) < 2:
+            continue
+        layers = inst.model.layers
+        near = next((n for n in sorted(range(1, layers), key=lambda x: (abs(x - pin), x))
+                     if n != pin and has_layout(**{key: n})), None)
+        deeper = next((k for k in range(c.max_stage_shortfall + 1, layers)
+                       if has_layout(max_stage_shortfall=k)), None)
+        options = ([f"{key} = {near}"] if near is not None else []) + (
+            [f"raise constraints.max_stage_shortfall from {c.max_stage_shortfall} to {deeper}"]
+            if deeper is not None else [])
+        if options:
+            out.append(f"nearest change: {' or '.join(options)} (or lift constraints.{key})")
+    return out
+
+
+def _layouts_of(inst: Instance) -> tuple[list[tuple], list[int]]:
+    """The pipeline layouts the search considers (:func:`~planner.model.plan.layout_choices`),
+    each with its partial-recompute shares, and the candidate ``pp`` / ``vp`` values: the
+    divisors of the layouts' padded layer counts (layers + the shortfalls)."""
+    layouts = layout_choices(inst)
+    padded = {inst.model.layers + lay[0] + lay[1] for lay in layouts}
+    split = sorted({d for n in padded for d in divisors(n)})
+    # each with the partial-recompute shares: their rule, too, acts on pp and vp alone (the
+    # virtual-stage sizes are the padded counts' divisors)
+    shares = recompute_share_choices(inst, {n // d for n in padded for d in split if n % d == 0})
+    return [lay + (f,) for lay in layouts for f in shares], split
 
 
 def _recompute_fits(lay: tuple, p: int, v: int, layers: int, c) -> bool:
@@ -517,7 +575,7 @@ def build_space(inst: Instance) -> SearchSpace:
     base_primes = {2, 3, 5, 7}
     # the layouts' padded layer counts too: pp and vp are divisors of layers + shortfalls
     # (126 + 2 = 128, 128 + 2 = 130 = 2 x 5 x 13), so their primes must be in the list
-    layouts = layout_choices(inst)
+    layouts, split = _layouts_of(inst)
     padded = {m.layers + lay[0] + lay[1] for lay in layouts}
     for n in (N, g, nodes, m.layers, m.heads, m.kv, m.seq_len, max(m.experts, 1), *padded):
         base_primes |= set(factorize(n))
@@ -538,11 +596,6 @@ def build_space(inst: Instance) -> SearchSpace:
     start["B"] = B
     start["b"] = smooth_in_range(lo_mb, min(hi_mb, max(B, default=1)), primes)
     # the layout rules split layers + shortfalls over pp * vp: both divide one of those counts
-    split = sorted({d for n in padded for d in divisors(n)})
-    # each with the partial-recompute shares: their rule, too, acts on pp and vp alone (the
-    # virtual-stage sizes are the padded counts' divisors)
-    shares = recompute_share_choices(inst, {n // d for n in padded for d in split if n % d == 0})
-    layouts = [lay + (f,) for lay in layouts for f in shares]
     start["P"], start["V"] = list(split), list(split)
     caps = {"T": (c.tp, None, c.max_tp), "C": (c.cp, None, c.max_cp),
             "P": (c.pp, None, c.max_pp), "V": (c.vp, None, c.max_vp),
@@ -569,6 +622,10 @@ def build_space(inst: Instance) -> SearchSpace:
     if no_hsdp or set(c.sharding_modes) <= {"none"}:
         caps["R"] = (None, None, 1)
     dom, bounded_by = _domains(rows, start, caps)
+    if not m.moe:       # (a dense model's reasons are the dense rules)
+        silent = {BY_NAME[name].says for name in EXPERT_ONLY}
+        bounded_by = {v: [w for w in said if w not in silent] or said
+                      for v, said in bounded_by.items()}
     for var in ("P", "V"):          # their candidates come from the layouts' padded counts
         bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
                                "shortfalls (constraints.max_stage_shortfall = "

@@ -172,6 +172,28 @@ def test_pins_on_the_layout():
         " ".join(exc.value.explanation)
 
 
+@pytest.mark.parametrize("pins", [{"first_stage_layers": 1}, {"last_stage_layers": 3},
+                                  {"first_stage_layers": 2, "max_stage_shortfall": 0, "pp": 2}])
+def test_a_stage_count_that_leaves_no_layout_names_changes_that_solve(pins):
+    """A first / last stage pin with no layout at the pinned pp: the explanation offers the
+    nearest count and the least max_stage_shortfall that keep a layout, and each, applied as
+    written, solves; the layout rules it recites are the broken ones, not the whole list."""
+    with pytest.raises(InfeasibleError) as exc:
+        solve(_small(**pins), solver="enumerate")
+    lines = exc.value.explanation
+    (near,) = [ln for ln in lines if ln.startswith("nearest change")]
+    assert "recompute_layers needs full recompute" not in " ".join(lines)
+    changes = []
+    for option in near.removeprefix("nearest change: ").split(" (or lift")[0].split(" or "):
+        key, value = option.removeprefix("raise constraints.").replace(" from ", " = ").split(
+            " = ")[0], int(option.rsplit(" ", 1)[-1])
+        changes.append({**pins, key: value})
+    assert changes
+    for change in changes:
+        res = solve(_small(**change), solver="enumerate", explain=False)
+        assert sum(res.report.plan.stage_layers) == 10, change
+
+
 def test_exports_carry_the_layout():
     inst = load_instance(LLAMA)
     plan = plan_from_spec(inst, inst.spec.plan)

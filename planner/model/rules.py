@@ -297,6 +297,10 @@ RULES: tuple[Rule, ...] = (
 
 BY_NAME = {r.name: r for r in RULES}
 
+#: The expert rules a dense model keeps only through ep = 1 (each then restates "dp is
+#: whole"): they bound the search's expert variables but are no reason to name to its user.
+EXPERT_ONLY = ("ep_stage", "ep_intra", "expert_dp")
+
 
 def rules_for(inst: Instance) -> list[Rule]:
     """The rules that apply to an instance."""
