@@ -72,6 +72,19 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                              + ("" if dp_pins else
                                 f", or a GPU count whose data-parallel degree divides {gb}"))
                 lines += _memory_beside(inst, {"global_batch": near[0]})
+            else:
+                # the range widened to the nearest batch that splits, below or above it
+                lo, hi = gb
+                steps = {d * b for d in dps for b in mbs}
+                below = max((s * (lo // s) for s in steps if lo // s), default=None)
+                above = min(s * -(-hi // s) for s in steps)
+                wider = ([[below, hi]] if below else []) + [[lo, above]]
+                lines.append("nearest change: training.global_batch = "
+                             + " or ".join(f"[{a}, {b}]" for a, b in wider)
+                             + ("" if dp_pins else
+                                ", or a GPU count whose data-parallel degree divides a batch "
+                                "of the range"))
+                lines += _memory_beside(inst, {"global_batch": wider[-1]})
             if dp_pins:
                 # (the pin or cap that narrowed dp is part of why no batch split exists)
                 lines.append(f"constraints.{dp_pins} leaves dp one of {dps}; lifting it allows "

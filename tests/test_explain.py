@@ -252,3 +252,17 @@ def test_the_suggested_batches_are_the_nearest_multiples():
     msg = explain({**LLAMA8_16, "training": {"global_batch": 3},
                    "constraints": {"max_tp": 1, "max_pp": 1}})
     assert "nearest change: a global batch of 16 or 32 or 48" in msg
+
+
+def test_a_batch_range_with_no_split_is_widened_to_the_nearest_that_solves():
+    """A range of global batches none of which dp x micro_batch divides: the answer widens it
+    down or up to the nearest batch that splits, and each widened range solves."""
+    doc = {"model": {"layers": 4, "hidden": 512, "heads": 8, "vocab": 1000, "seq_len": 512},
+           "training": {"global_batch": [9, 15]}, "cluster": {"gpu": "h100-sxm", "gpus": 8},
+           "constraints": {"max_tp": 1, "max_pp": 1}}
+    msg = explain(doc)
+    assert "nearest change: training.global_batch = [8, 15] or [9, 16]" in msg
+    for wider in ([8, 15], [9, 16]):
+        res = solve(parse_instance({**doc, "training": {"global_batch": wider}}),
+                    solver="enumerate")
+        assert res.report.plan.global_batch in (8, 16)
