@@ -245,7 +245,7 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
                 f"nearest change: min_mfu = {below:.4f} (or lower)"])
     need, point, knobs, parts, worst, gpu_need = found
     if parts.get("framework_rule", 0.0) > 0 or parts.get("offload_rule", 0.0) > 0:
-        return _rule_binds(space, point, knobs)
+        return _rule_binds(space, point, knobs, suggest)
     limit = memory_limit_bytes(inst)
     static = parts["weights"] + parts["gradients"] + parts["optimizer_states"]
     plan_words = (f"tp={point['T']}, pp={point['P']}, cp={point['C']}, "
@@ -293,7 +293,8 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     return InfeasibleError("no plan fits in GPU memory", lines)
 
 
-def _rule_binds(space: SearchSpace, point: dict, knobs) -> InfeasibleError:
+def _rule_binds(space: SearchSpace, point: dict, knobs, suggest: bool = True
+                ) -> InfeasibleError:
     """Every plan is barred by a framework or offload rule (charged as memory no GPU has,
     planner/model/terms.py): say which rules the least barred plan breaks, not a memory need
     that is the bar's."""
@@ -303,13 +304,21 @@ def _rule_binds(space: SearchSpace, point: dict, knobs) -> InfeasibleError:
     inst = space.inst
     plan = decode_plan(space, {**space.fixed, **point}, knobs)
     name = inst.spec.constraints.framework
-    broken = framework_violations(name, plan) + offload_violations(name, plan, inst.spec.training)
+    by_framework = framework_violations(name, plan)
+    by_offload = offload_violations(name, plan, inst.spec.training)
+    # (the rules named are the ones the closest plan breaks: a context-parallel refusal is
+    # not told about host offload)
+    whose = ("the framework" if not by_offload else "host offload" if not by_framework
+             else "the framework and of host offload")
     pins = pinned(inst.spec.constraints, ("framework", "vp", "cp", "pp", "dp_sharding",
                                           "offload_layers", "optimizer_offload", "ep"))
-    return InfeasibleError("the framework's rules leave no plan", [
-        "no plan that keeps the rules of the framework and of host offload fits"
+    return InfeasibleError(f"the rules of {whose} leave no plan", [
+        f"no plan that keeps the rules of {whose} fits"
         + (f" under {', '.join(pins)}" if pins else "") + "; the closest "
-        f"({plan.label()}) breaks: {'; '.join(broken) or 'a framework rule'}"])
+        f"({plan.label()}) breaks: {'; '.join(by_framework + by_offload) or 'a framework rule'}"]
+        # (a pin lifted or a knob freed may leave a plan the rules allow; more GPUs do not)
+        + (_suggestions(space, memory_limit_bytes(inst), grow=False, need=False)
+           if suggest else []))
 
 
 def _host_binds(space: SearchSpace, points) -> str | None:
@@ -349,8 +358,12 @@ def _weights_alone_exceed(inst, gpus: int) -> bool:
     return Shape.of(inst.model).total_params / gpus > memory_limit_bytes(inst)
 
 
-def _suggestions(space: SearchSpace, limit: float) -> list[str]:
-    """Single relaxations of the constraints that would make some plan fit."""
+def _suggestions(space: SearchSpace, limit: float, grow: bool = True,
+                 need: bool = True) -> list[str]:
+    """Single relaxations of the constraints that would make some plan fit (the framework and
+    offload rules are charged as memory no GPU has, so a plan that fits keeps them too); with
+    ``grow``, when none does, the nearest larger cluster that has one; with ``need``, each
+    with what the plan then needs per GPU."""
     inst = space.inst
     c = inst.spec.constraints
     trials = []
@@ -401,8 +414,9 @@ def _suggestions(space: SearchSpace, limit: float) -> list[str]:
             if raised is None:
                 continue
             text = f"raise constraints.{key} from {getattr(c, key)} to {raised}"
-        out.append(f"nearest change: {text} (then a plan needs {found[0] / GiB:.1f} GiB)")
-    if not out and inst.gpus >= inst.hw.gpus_per_host:
+        out.append(f"nearest change: {text}"
+                   + (f" (then a plan needs {found[0] / GiB:.1f} GiB)" if need else ""))
+    if grow and not out and inst.gpus >= inst.hw.gpus_per_host:
         # the nearest larger cluster with a plan that fits: the next 32 node counts, then
         # a few multiples (memory only falls as GPUs are added, but divisibility is jumpy)
         n = inst.nodes

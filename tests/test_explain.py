@@ -266,3 +266,19 @@ def test_a_batch_range_with_no_split_is_widened_to_the_nearest_that_solves():
         res = solve(parse_instance({**doc, "training": {"global_batch": wider}}),
                     solver="enumerate")
         assert res.report.plan.global_batch in (8, 16)
+
+
+def test_a_framework_or_offload_bar_names_its_own_rules_and_a_change_that_solves():
+    """DeepSpeed with context parallelism pinned is barred by the framework alone (the answer
+    does not speak of host offload); activation offload pinned with pp = 2 by the offload
+    rules alone; each names the pin to lift, and lifting it solves."""
+    base = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 512},
+            "cluster": {"gpu": "a100-80gb", "nodes": 1}}
+    for pins, whose, lift in (({"framework": "deepspeed", "cp": 2}, "the framework", "cp"),
+                              ({"offload_layers": 4, "pp": 2}, "host offload", "pp")):
+        msg = explain({**base, "constraints": pins})
+        assert f"the rules of {whose} leave no plan" in msg
+        assert ("host offload" in msg) == (whose == "host offload")
+        assert f"nearest change: lift constraints.{lift} = {pins[lift]}" in msg
+        rest = {k: v for k, v in pins.items() if k != lift}
+        assert solve(parse_instance({**base, "constraints": rest}), solver="enumerate").report
