@@ -83,6 +83,11 @@ def test_mixtral_8x7b():
 
 def test_deepseek_v3():
     d = read_hf_config(DEEPSEEK_V3)
+    # what the shape stands in for, from the config's MLA widths: the preset's own words
+    from planner.model.instance import parse_instance
+    preset = parse_instance({"model": {"preset": "deepseek-v3"}, "training": {"global_batch": 8},
+                             "cluster": {"gpu": "h100-sxm", "gpus": 8}})
+    assert d.pop("approximates") == preset.spec.model.approximates
     assert d == {
         "layers": 61, "hidden": 7168, "heads": 128, "kv_heads": 128, "ffn_hidden": 18432,
         "gated_mlp": True, "vocab": 129280, "tied_embeddings": False,
@@ -123,6 +128,8 @@ def test_gpt_oss_120b(tmp_path):
     shape leaves out, are the rest), 5.1B active per token without the input embedding."""
     with pytest.warns(UserWarning, match="18 of 36 layers attend within a window of 128"):
         d = read_hf_config(write(tmp_path, GPT_OSS_120B))
+    # (said in the plan's caveats too, with its size)
+    assert "18 of 36 layers attend within a window of 128" in d.pop("approximates")
     assert d == {
         "layers": 36, "hidden": 2880, "heads": 64, "kv_heads": 8, "ffn_hidden": 2880,
         "gated_mlp": True, "vocab": 201088, "tied_embeddings": False,
@@ -258,6 +265,8 @@ def test_deepseek_v2_and_mla_kv_heads(tmp_path):
            "vocab_size": 102400, "max_position_embeddings": 163840,
            "tie_word_embeddings": False, "attention_dropout": 0.0}   # DeepSeek-V2
     d = read_hf_config(write(tmp_path, cfg))
+    assert d.pop("approximates").startswith("multi-head latent attention (MLA: 128 heads, "
+                                            "compressed KV of rank 512)")
     assert d == {"layers": 60, "hidden": 5120, "heads": 128, "kv_heads": 128, "ffn_hidden": 12288,
                  "gated_mlp": True, "vocab": 102400, "tied_embeddings": False,
                  "position_embedding": "rope", "dropout": False,
@@ -386,3 +395,33 @@ def test_binary_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_bytes(b"\xff\xfe\x00\x81")
     assert "not a text file" in error_of(path)
+
+
+def test_what_transformers_would_read_the_reader_reads_alike(tmp_path):
+    """Keys as transformers reads them (an audit against its config classes): Mixtral's expert
+    count under its alias ``num_experts`` (MixtralConfig.attribute_map), an absent
+    ``num_key_value_heads`` as Mistral's / Mixtral's default 8, one routed expert as a dense
+    MLP, Qwen-MoE's leading ``mlp_only_layers`` as first dense layers, and a ``head_dim`` that
+    is no positive integer refused by name (it was dropped silently: 6.9% fewer parameters)."""
+    mixtral = json.loads(MIXTRAL_8X7B.read_text())
+    ref = read_hf_config(MIXTRAL_8X7B)
+    alias = {k: v for k, v in mixtral.items() if k != "num_local_experts"} | {"num_experts": 8}
+    assert read_hf_config(write(tmp_path, alias, "alias.json")) == ref
+    no_kv = {k: v for k, v in mixtral.items() if k != "num_key_value_heads"}
+    assert read_hf_config(write(tmp_path, no_kv, "nokv.json"))["kv_heads"] == 8
+    one = read_hf_config(write(tmp_path, {**mixtral, "num_local_experts": 1}, "one.json"))
+    assert "experts" not in one and spec(one).experts == 0
+    qwen = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+            "mlp_only_layers": [0, 1, 2], "num_attention_heads": 32, "num_hidden_layers": 48,
+            "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = read_hf_config(write(tmp_path, qwen, "q.json"))
+    assert d["first_dense_layers"] == 3 and spec(d).moe_layers == 45
+    with pytest.warns(UserWarning, match="mlp_only_layers"):
+        read_hf_config(write(tmp_path, {**qwen, "mlp_only_layers": [5, 9]}, "q2.json"))
+    for bad in ("128", -1, 0, 12.5):
+        with pytest.raises(InputError) as exc:
+            read_hf_config(write(tmp_path, {**qwen, "head_dim": bad}, "q3.json"))
+        assert "head_dim: expected a positive integer" in str(exc.value)

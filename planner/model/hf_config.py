@@ -15,7 +15,10 @@ Key mapping, all families (required unless a default is given)::
     num_hidden_layers                  -> layers
     hidden_size                        -> hidden
     num_attention_heads                -> heads
-    num_key_value_heads                -> kv_heads            (default: heads; DeepSeek: = heads)
+    num_key_value_heads                -> kv_heads            (absent: 8 for mistral / mixtral,
+                                                             as transformers' defaults; else
+                                                             heads; DeepSeek: = heads)
+    head_dim                           -> head_dim            (below; a positive integer)
     intermediate_size                  -> ffn_hidden          (width of the dense MLP layers)
     vocab_size                         -> vocab
     max_position_embeddings            -> (not seq_len: checked against it, see below)
@@ -31,8 +34,9 @@ says so, naming ``model.seq_len``, when it is missing, and warns when it exceeds
 Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts``,
 ``first_dense_layers``, ``moe_layer_interval`` are returned for the MoE families only)::
 
-    mixtral      num_local_experts -> experts, num_experts_per_tok -> top_k,
-                 intermediate_size -> moe_ffn_hidden (every layer is MoE; no shared experts)
+    mixtral      num_local_experts (or its alias num_experts) -> experts,
+                 num_experts_per_tok -> top_k, intermediate_size -> moe_ffn_hidden (every
+                 layer is MoE; no shared experts)
     gpt_oss      the same keys (num_experts_per_tok, or experts_per_token as OpenAI's own
                  config writes it); every layer is MoE; head_dim (64 on gpt-oss-20b / 120b,
                  against hidden / heads = 45) is read as below
@@ -52,8 +56,8 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
                      i >= first_k_dense_replace and i % moe_layer_freq == 0; identical when the
                      frequency is 1, as in every published DeepSeek config)
 
-An MoE config with no routed experts (0 or null), or whose dense layers leave no MoE layer, is
-returned as a dense model.
+An MoE config with no routed experts (0, 1 or null: one expert is a dense MLP), or whose dense
+layers leave no MoE layer, is returned as a dense model.
 
 Approximations (what the returned shape does not capture):
 
@@ -65,22 +69,27 @@ Approximations (what the returned shape does not capture):
   117M, since MLA's values are 128 wide per head): net +18M attention weights per layer (+10%),
   about 0.2% of the 671B total parameters and 3% of the 37B active per token. The attention-score
   FLOPs and stored Q/K/V activations are *under*-counted: MLA's per-head widths are 192 for
-  queries/keys and 128 for values against 56 here (about 2.9x fewer score FLOPs), which matters
-  at long sequences.
+  queries/keys and 128 for values against 56 here (about 2.9x fewer score FLOPs). Per token and
+  MoE layer at 4,096 tokens (forward, the core counted without its causal half as everywhere
+  here) that is 1.32 GFLOP against MLA's 1.51 (-12%; -21% at 8,192), so the shape's
+  ``approximates`` (in the plan's caveats) says so.
 * DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not counted;
   ``layers`` is ``num_hidden_layers``.
 * ``head_dim`` (Qwen3, newer Mistral) becomes the ModelSpec's ``head_dim`` when ``head_dim *
   heads != hidden`` (e.g. Qwen3-0.6B, Qwen3-30B-A3B: 32 heads of 128 on a hidden of 2048), so
   the attention projections and the attention core are ``heads * head_dim`` wide.
-* Qwen-MoE ``mlp_only_layers`` (dense layers at arbitrary positions) is ignored, with a
-  :class:`UserWarning` when it is not empty (it is empty in the published configs).
+* Qwen-MoE ``mlp_only_layers``: the leading layers ``[0, 1, ..., k-1]`` (at
+  ``decoder_sparse_step = 1``) are ``first_dense_layers = k``; dense layers elsewhere are
+  ignored, with a :class:`UserWarning` (the list is empty in the published configs).
 * Sliding-window attention (``sliding_window``) is ignored: attention is modelled as full causal
   attention. The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
   gpt-oss alternates sliding (128 tokens) and full attention (``layer_types``): its sliding
   half is costed as full, an over-count of the attention core that grows with the sequence
-  (at 4,096 tokens the core is about a tenth of a full layer's FLOPs, so the whole model's
-  are over-counted by about 5%), with a :class:`UserWarning`. Its attention sinks (one logit
-  per head), projection and router biases and the SwiGLU clamp are not counted.
+  (gpt-oss-120b's model FLOPs by 10% at 4,096 tokens, 19% at 8,192, 48% at 32,768: the core,
+  ``4 s q`` per token and layer, is a fifth of the model's FLOPs at 4,096), with a
+  :class:`UserWarning` and in the shape's ``approximates`` (the plan's caveats). Its attention
+  sinks (one logit per head), projection and router biases and the SwiGLU clamp are not
+  counted.
 """
 
 from __future__ import annotations
@@ -193,11 +202,16 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
     r = _Reader(cfg)
 
     heads = r.count("num_attention_heads")
+    # an absent num_key_value_heads is transformers' default of the family: 8 for Mistral and
+    # Mixtral (configuration_mistral.py / configuration_mixtral.py), else the heads (Llama's
+    # None, read as num_attention_heads); null is read as absent
+    kv_default = 8 if family in ("mistral", "mixtral") and "num_key_value_heads" not in cfg \
+        else heads
     out: dict[str, Any] = {
         "layers": r.count("num_hidden_layers"),
         "hidden": r.count("hidden_size"),
         "heads": heads,
-        "kv_heads": r.count("num_key_value_heads", heads),
+        "kv_heads": r.count("num_key_value_heads", kv_default),
         "ffn_hidden": r.count("intermediate_size"),
         "gated_mlp": True,
         "vocab": r.count("vocab_size"),
@@ -210,8 +224,12 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
     moe: dict[str, Any] | None = None
     notes: list[str] = []
 
+    # Mixtral's and gpt-oss's expert count, under the alias transformers maps to it
+    # (attribute_map {"num_experts": "num_local_experts"}; OpenAI's own config writes it so)
+    local = ("num_experts" if cfg.get("num_local_experts") is None
+             and cfg.get("num_experts") is not None else "num_local_experts")
     if family == "mixtral":
-        moe = {"experts": r.count("num_local_experts", minimum=0),
+        moe = {"experts": r.count(local, minimum=0),
                "top_k": r.count("num_experts_per_tok"),
                "moe_ffn_hidden": out["ffn_hidden"],
                "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
@@ -219,14 +237,19 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
         # (Hugging Face's key, else OpenAI's own; null counts as absent, as _Reader reads it)
         top_k = r.count("num_experts_per_tok" if cfg.get("num_experts_per_tok") is not None
                         else "experts_per_token")
-        moe = {"experts": r.count("num_local_experts", minimum=0), "top_k": top_k,
+        moe = {"experts": r.count(local, minimum=0), "top_k": top_k,
                "moe_ffn_hidden": out["ffn_hidden"],
                "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
         kinds = cfg.get("layer_types") or []
         if cfg.get("sliding_window") and "sliding_attention" in kinds:
-            notes.append(f"{kinds.count('sliding_attention')} of {len(kinds)} layers attend "
-                         f"within a window of {cfg['sliding_window']} tokens; modelled as full "
-                         "causal attention (an over-count of their attention core)")
+            window = (f"{kinds.count('sliding_attention')} of {len(kinds)} layers attend "
+                      f"within a window of {cfg['sliding_window']} tokens")
+            notes.append(f"{window}; modelled as full causal attention (an over-count of "
+                         "their attention core)")
+            out["approximates"] = (
+                f"sliding-window attention ({window}) as full causal attention: the model "
+                "FLOPs over-count their attention core, by about 10% of the whole model's at "
+                "4,096 tokens and 48% at 32,768 (gpt-oss-120b)")
     elif family in ("qwen2_moe", "qwen3_moe"):
         width = r.count("moe_intermediate_size")
         shared = r.count("shared_expert_intermediate_size", 0, minimum=0)
@@ -238,7 +261,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
                "first_dense_layers": step - 1 if step else 0,
                "moe_layer_interval": step}
         dense_at = r.int_list("mlp_only_layers")
-        if dense_at:
+        if dense_at and step == 1 and sorted(dense_at) == list(range(len(dense_at))):
+            moe["first_dense_layers"] = len(dense_at)    # the leading layers: expressible
+        elif dense_at:
             notes.append(f"mlp_only_layers {dense_at} ignored: those layers are modelled as MoE")
     elif family in ("deepseek_v2", "deepseek_v3"):
         out["kv_heads"] = heads   # MLA approximated as multi-head attention (module docstring)
@@ -254,13 +279,34 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
     if r.problems:
         raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
 
-    if moe is not None and moe["experts"] and moe["first_dense_layers"] < out["layers"]:
+    # (one routed expert is a dense MLP: the schema's experts = 0)
+    if moe is not None and moe["experts"] > 1 and moe["first_dense_layers"] < out["layers"]:
         out.update(moe)
 
-    head_dim = cfg.get("head_dim")
-    if (not family.startswith("deepseek") and isinstance(head_dim, int) and head_dim > 0
-            and head_dim * heads != out["hidden"]):
+    head_dim = None if family.startswith("deepseek") else r.count("head_dim", None)
+    if r.problems:
+        raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
+    if head_dim and head_dim * heads != out["hidden"]:
         out["head_dim"] = head_dim     # the attention is a d wide, not hidden (Qwen3)
+    if family.startswith("deepseek"):
+        out["approximates"] = _mla_words(cfg, heads, out["hidden"])
     for note in notes:
         warnings.warn(f"{p}: {note}", UserWarning, stacklevel=2)
     return out, max_context
+
+
+def _mla_words(cfg: dict[str, Any], heads: int, hidden: int) -> str:
+    """What the DeepSeek shape approximates (ModelSpec ``approximates``, in the plan's caveats
+    and the exports' headers), with the config's own MLA widths where it gives them."""
+    qk = [cfg.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim")]
+    parts = [f"{heads} heads"]
+    if all(isinstance(x, int) for x in qk):
+        parts.append(f"query / key head dim {sum(qk)} with RoPE")
+    if isinstance(cfg.get("v_head_dim"), int):
+        parts.append(f"value head dim {cfg['v_head_dim']}")
+    if isinstance(cfg.get("kv_lora_rank"), int):
+        parts.append(f"compressed KV of rank {cfg['kv_lora_rank']}")
+    return (f"multi-head latent attention (MLA: {', '.join(parts)}) as multi-head attention "
+            f"with {heads} heads of {hidden} / {heads} = {hidden // heads}, whose attention core "
+            "is narrower: DeepSeek-V3's model FLOPs come out about 12% under MLA's at 4,096 "
+            "tokens and 21% at 8,192")

@@ -320,8 +320,11 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
             warnings.warn(f"{source}: model.seq_len = {model['seq_len']:,} exceeds the "
                           f"max_position_embeddings = {max_context:,} of {ref.name}",
                           UserWarning, stacklevel=2)
+        from_config = {k: model["hf_config"] for k in keys if k not in model}
         data["model"] = model = {**keys, **model}
         model.setdefault("name", ref.stem.replace(".config", ""))
+    else:
+        from_config = {}
     if isinstance(model, dict) and "preset" in model:
         name = model["preset"]
         if not isinstance(name, str):
@@ -342,7 +345,16 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
     try:
         spec = InstanceSpec.model_validate(data)
     except ValidationError as exc:
-        raise InputError(f"{source}: invalid instance", _problems(exc)) from None
+        problems = _problems(exc)
+        # a shape key the config gave, not the instance: say where it came from (the config's
+        # own key names are in planner/model/hf_config.py)
+        named = sorted(k for k in from_config if any(
+            p.startswith(("model", "<model>")) and re.search(rf"\b{k}\b", p) for p in problems))
+        if named:
+            path = toml_value(next(iter(from_config.values())))
+            problems.append(f"model.hf_config = {path} gave {', '.join(named)} (read from the "
+                            "config.json); a value set in [model] overrides it")
+        raise InputError(f"{source}: invalid instance", problems) from None
     return resolve(spec, source)
 
 
