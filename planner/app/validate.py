@@ -94,7 +94,7 @@ def default_runs_path() -> Path:
 
 def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     p = Path(path) if path else default_runs_path()
-    data = read_toml(p)
+    data = read_toml(p, "runs file")
     if "runs" not in data or "models" not in data:
         raise InputError(f"{p}: expected [models.*] tables and [[runs]] entries")
     problems = run_problems(data)

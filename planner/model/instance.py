@@ -453,12 +453,13 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
     return Instance(spec, hw, options, options[-1] * host, source)
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path, what: str = "instance file") -> dict[str, Any]:
     """A TOML file as a dict; a missing file, a syntax error (with its line) or a binary file is
-    an :class:`InputError` naming the file. Read as UTF-8 (TOML's encoding, whatever the
-    locale), a leading byte-order mark (Windows editors write one) skipped."""
+    an :class:`InputError` naming the file (``what`` the file was expected to be: a directory
+    is not ``an instance file``, or ``a runs file``). Read as UTF-8 (TOML's encoding, whatever
+    the locale), a leading byte-order mark (Windows editors write one) skipped."""
     p = Path(path)
-    check_readable(p, "instance file")
+    check_readable(p, what)
     try:
         return tomllib.loads(p.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:

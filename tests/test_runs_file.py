@@ -1,0 +1,37 @@
+"""A runs file (``plan validate RUNS.toml``) is input: what is wrong with it is an input error
+(exit 2) that names the file, the run and the key as the runs file spells it, before anything
+is computed (the audit of the runs-file path, /tmp/audit_fuzz)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.app.cli import app
+
+MODEL = ('[models.m1]\nlayers = 24\nhidden = 2048\nheads = 16\nvocab = 51200\n'
+         'seq_len = 2048\n\n')
+
+
+def _run(plan: str = "tp = 1, pp = 1, dp = 8, micro_batch = 8, global_batch = 512",
+         extra: str = "", precision: str = '"bf16"', gpu: str = '"a100-80gb"') -> str:
+    return (f'[[runs]]\nid = "r1"\nmodel = "m1"\ngpu = {gpu}\nprecision = {precision}\n'
+            f'plan = {{ {plan} }}\nmeasured_step_time_s = 2.0\nsource = "test"\n{extra}')
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return CliRunner()
+
+
+def _validate(runner, tmp_path, text: str):
+    f = tmp_path / "runs.toml"
+    f.write_text(text)
+    return runner.invoke(app, ["validate", str(f), "--no-ranking"]), f
+
+
+def test_a_directory_is_not_called_an_instance_file(runner, tmp_path):
+    r = runner.invoke(app, ["validate", str(tmp_path), "--no-ranking"])
+    assert r.exit_code == 2
+    assert "is a directory, expected a runs file" in r.stderr, r.stderr
+    assert "instance file" not in r.stderr
