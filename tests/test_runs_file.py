@@ -35,3 +35,23 @@ def test_a_directory_is_not_called_an_instance_file(runner, tmp_path):
     assert r.exit_code == 2
     assert "is a directory, expected a runs file" in r.stderr, r.stderr
     assert "instance file" not in r.stderr
+
+
+def test_a_plan_key_is_named_as_written_with_the_key_it_likely_meant(runner, tmp_path):
+    """An unknown plan key was a Python list (``unknown plan keys ['tpp']``) with no
+    suggestion; a degree that is no positive whole number named all four keys at once."""
+    r, _ = _validate(runner, tmp_path, MODEL + _run("tpp = 1, pp = 1, dp = 8, global_batch = 512"))
+    assert r.exit_code == 2
+    assert "plan.tpp: unknown key (did you mean tp?" in r.stderr, r.stderr
+    assert "['tpp']" not in r.stderr
+    r, _ = _validate(runner, tmp_path,
+                     MODEL + _run('tp = 1, pp = 1, dp = 8, "micro batch" = 2, global_batch = 512'))
+    assert r.exit_code == 2 and 'plan."micro batch": unknown key (did you mean micro_batch?' \
+        in r.stderr, r.stderr
+    for plan, says in (('tp = "1", pp = 1, dp = 8', 'plan.tp = "1": expected a positive whole'),
+                       ("tp = 1, pp = 1, dp = 8, cp = 0", "plan.cp = 0: expected a positive"),
+                       ("tp = 1, pp = true, dp = 8", "plan.pp = true: expected a positive")):
+        r, _ = _validate(runner, tmp_path, MODEL + _run(plan + ", global_batch = 512"))
+        assert r.exit_code == 2 and says in r.stderr, (plan, r.stderr)
+        assert "plan.tp, plan.pp, plan.dp and plan.cp" not in r.stderr
+        assert "Traceback" not in r.output

@@ -34,7 +34,8 @@ from planner.model.catalog import known_gpus, load_gpu
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
-from planner.model.instance import Instance, parse_instance, read_toml
+from planner.model.instance import (Instance, _fmt_loc, _unknown_key, parse_instance,
+                                     read_toml)
 from planner.model.plan import plan_from_spec
 from planner.model.schema import PlanSpec
 from planner.model.words import toml_value
@@ -189,20 +190,20 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         plan = dict(run["plan"])
     except KeyError as exc:
         raise InputError(f"run {rid}: missing {exc}") from None
-    unknown = set(plan) - PLAN_KEYS
-    if unknown:
-        raise InputError(f"run {rid}: unknown plan keys {sorted(unknown)}")
-    missing = [k for k in ("tp", "pp", "dp", "global_batch") if k not in plan]
-    for k in ("precision", "gpu", "measured_step_time_s"):
-        if k not in run:
-            missing.append(k)
+    # an unknown key first, as in an instance file (a misspelt tp also makes tp "missing"),
+    # with the [plan] key it likely meant
+    problems = [f"{_fmt_loc(('plan', k), key_last=True)}: {_unknown_key(('plan', k))}"
+                for k in sorted(set(plan) - PLAN_KEYS, key=str)]
+    missing = [f"plan.{k}" for k in ("tp", "pp", "dp", "global_batch") if k not in plan]
+    missing += [k for k in ("precision", "gpu", "measured_step_time_s") if k not in run]
     if missing:        # a run must say its GPU count (tp*pp*dp*cp), batch and what it measured
-        raise InputError(f"run {rid}: missing " + ", ".join(
-            f"plan.{k}" if k in ("tp", "pp", "dp", "global_batch") else k for k in missing))
-    if not all(isinstance(plan[k], int) and not isinstance(plan[k], bool) and plan[k] > 0
-               for k in ("tp", "pp", "dp")) or not isinstance(plan.get("cp", 1), int):
-        raise InputError(f"run {rid}: plan.tp, plan.pp, plan.dp and plan.cp must be positive "
-                         "whole numbers")
+        problems.append("missing " + ", ".join(missing))
+    problems += [f"plan.{k} = {toml_value(plan[k])}: expected a positive whole number (the "
+                 "run's GPU count is tp * pp * dp * cp)" for k in ("tp", "pp", "dp", "cp")
+                 if k in plan and (not isinstance(plan[k], int) or isinstance(plan[k], bool)
+                                   or plan[k] <= 0)]
+    if problems:
+        raise InputError(f"run {rid}: invalid run", problems)
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
     code_date(run)                       # (checked with every run, ranked or not)
     # a run on one of the frameworks the planner knows runs under its rules and defaults
