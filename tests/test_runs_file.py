@@ -55,3 +55,22 @@ def test_a_plan_key_is_named_as_written_with_the_key_it_likely_meant(runner, tmp
         assert r.exit_code == 2 and says in r.stderr, (plan, r.stderr)
         assert "plan.tp, plan.pp, plan.dp and plan.cp" not in r.stderr
         assert "Traceback" not in r.output
+
+
+def test_a_key_set_both_by_the_run_and_its_training_table_is_refused(runner, tmp_path):
+    """``precision = "bf16"`` with ``training = { precision = "fp16" }`` was evaluated as fp16
+    while the table showed bf16; the plan's global batch and training.global_batch alike."""
+    for extra, says in (
+            ('training = { precision = "fp16" }\n',
+             'run r1: precision = "bf16" and training.precision = "fp16" both set the precision'),
+            ("training = { global_batch = 256 }\n",
+             "run r1: plan.global_batch = 512 and training.global_batch = 256 both set the "
+             "global batch")):
+        r, f = _validate(runner, tmp_path, MODEL + _run(extra=extra))
+        assert r.exit_code == 2, r.output
+        assert f"{f}: invalid runs file" in r.stderr and says in r.stderr, r.stderr
+        assert r.stdout == ""
+    # a training key the run does not set itself is the run's software, as before
+    r, _ = _validate(runner, tmp_path,
+                     MODEL + _run(extra="training = { fused_cross_entropy = true }\n"))
+    assert r.exit_code == 0, r.output

@@ -152,6 +152,15 @@ def run_problems(data: dict[str, Any]) -> list[str]:
         if wrong:
             out.append(f"run {rid}: " + "; ".join(wrong))
             continue                    # (the checks below read these keys)
+        # a key the run states twice, as its own and in its training table: the instance would
+        # take the table's while the table of results shows the run's (never guess which)
+        for own, key in (("precision", "precision"), ("plan.global_batch", "global_batch")):
+            section, _, name = own.rpartition(".")
+            given = run.get(section, {}) if section else run
+            if name in given and key in run.get("training", {}):
+                out.append(f"run {rid}: {own} = {toml_value(given[name])} and training.{key} = "
+                           f"{toml_value(run['training'][key])} both set the {key.replace('_', ' ')}"
+                           f"; keep {own} (drop training.{key})")
         t = run.get("measured_step_time_s")
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
                               or not math.isfinite(t) or t <= 0):
