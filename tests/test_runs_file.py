@@ -74,3 +74,40 @@ def test_a_key_set_both_by_the_run_and_its_training_table_is_refused(runner, tmp
     r, _ = _validate(runner, tmp_path,
                      MODEL + _run(extra="training = { fused_cross_entropy = true }\n"))
     assert r.exit_code == 0, r.output
+
+
+def test_a_runs_problems_name_the_file_the_run_and_the_runs_own_keys(runner, tmp_path):
+    """The instance behind a run is an implementation detail: its key paths
+    (``training.precision``, ``cluster.gpus``, ``model.foo``) were printed under
+    ``run r1: invalid instance`` with no file; a plan rule refused while building the plan
+    named neither the file nor the run."""
+    cases = {
+        "precision": (_run(precision='"bf61"'),
+                      'run r1: precision = "bf61": expected one of "bf16", "fp16", "fp8", "nvfp4"'),
+        "fp8 on a100": (_run(precision='"fp8"'),
+                        "run r1: precision: a100-80gb has no FP8 tensor cores"),
+        "model key": (_run(), "run r1: models.m1.foo: unknown key"),
+        "gpu count": (_run("tp = 1, pp = 1, dp = 12, micro_batch = 1, global_batch = 96"),
+                      "run r1: the run's GPU count (plan.tp * plan.pp * plan.dp * plan.cp): 12 "
+                      "does not fill whole hosts of 8 GPUs"),
+        "global batch": (_run('tp = 1, pp = 1, dp = 8, global_batch = "512"'),
+                         'run r1: plan.global_batch: Input should be a valid integer (got "512")'),
+        "plan rule": (_run("tp = 2, pp = 1, dp = 4, global_batch = 512, tp_comm_overlap = true, "
+                           "sequence_parallel = false"),
+                      "run r1: plan.tp_comm_overlap = true needs sequence parallelism"),
+        "near key": (_run('tp = 1, pp = 1, dp = 8, global_batch = 512, precision = "bf16"'),
+                     "run r1: plan.precision: unknown key (did you mean precision?"),
+    }
+    for name, (run, says) in cases.items():
+        model = MODEL.replace("seq_len", "foo = 1\nseq_len") if name == "model key" else MODEL
+        r, f = _validate(runner, tmp_path, model + run)
+        assert r.exit_code == 2, (name, r.output)
+        assert r.stderr.startswith(f"error: {f}: invalid runs file"), (name, r.stderr)
+        assert says in r.stderr, (name, r.stderr)
+        assert not any(w in r.stderr for w in ("training.precision", "training.global_batch",
+                                               "cluster.", "model.foo", "invalid instance")), \
+            (name, r.stderr)
+    # the same problem, listed once (plan.global_batch fills two keys of the instance)
+    r, _ = _validate(runner, tmp_path,
+                     MODEL + _run('tp = 1, pp = 1, dp = 8, global_batch = "512"'))
+    assert r.stderr.count("plan.global_batch") == 1, r.stderr

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
@@ -37,11 +37,13 @@ from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
 from planner.model.instance import (Instance, _fmt_loc, _unknown_key, parse_instance,
                                      read_toml)
 from planner.model.plan import plan_from_spec
-from planner.model.schema import PlanSpec
+from planner.model.schema import PlanSpec, Precision
 from planner.model.words import toml_value
 from planner.model.terms import step_terms
 
 PLAN_KEYS = set(PlanSpec.model_fields)
+#: what a run's ``precision`` may be: ``[training] precision``'s values
+PRECISIONS = get_args(Precision)
 #: a run's training code -> the framework whose rules and defaults it follows: llm-foundry trains
 #: with PyTorch FSDP, the data parallelism of torchtitan (sharding over dp, reduce-scatter after
 #: every backward, the fp32 master as the shard)
@@ -98,10 +100,26 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     data = read_toml(p, "runs file")
     if "runs" not in data or "models" not in data:
         raise InputError(f"{p}: expected [models.*] tables and [[runs]] entries")
-    problems = run_problems(data)
+    # the keys first; then, with every key readable, each run's instance and plan (what the
+    # run's keys say, checked as an instance file's are), so that no figure is computed from
+    # a file with a bad run, and each problem names the file, the run and its key
+    problems = run_problems(data) or instance_problems(data)
     if problems:
         raise InputError(f"{p}: invalid runs file", problems)
     return data
+
+
+def instance_problems(data: dict[str, Any]) -> list[str]:
+    """What is wrong with the instance and the plan each run describes (:func:`run_instance`,
+    :func:`plan_from_spec`), each problem as ``run <id>: <key>: ...`` in the runs file's keys."""
+    out = []
+    for run in data["runs"]:
+        try:
+            inst = run_instance(data, run)
+            plan_from_spec(inst, inst.spec.plan)
+        except InputError as exc:
+            out += [f"run {run['id']}: {p}" for p in run_error_problems(exc, run)]
+    return out
 
 
 #: the keys of a [[runs]] entry (docs/contract.md, "Runs files"): what the planner reads, and what it
@@ -174,6 +192,10 @@ def run_problems(data: dict[str, Any]) -> list[str]:
         bad_date = code_date_problem(run.get("code_date"))
         if bad_date:
             out.append(f"run {rid}: {bad_date}")
+        precision = run.get("precision")
+        if precision is not None and precision not in PRECISIONS:
+            out.append(f"run {rid}: precision = {toml_value(precision)}: expected one of "
+                       f"{', '.join(map(toml_value, PRECISIONS))}")
         gpu = run.get("gpu")
         if gpu is not None and gpu not in known_gpus():
             out.append(f"run {rid}: gpu = {gpu!r} is not in the catalog; expected one of: "
@@ -183,6 +205,36 @@ def run_problems(data: dict[str, Any]) -> list[str]:
             out.append(f"run {rid}: model = {model!r} is not one of the file's [models.*] "
                        f"tables")
     return out
+
+
+#: an instance key a run's own key fills (:func:`run_instance`) -> that key, as the runs file
+#: writes it (``model.*`` is the run's ``[models.<name>]`` table, set per run)
+RUN_WORDS = {"training.precision": "precision", "training.global_batch": "plan.global_batch",
+             "cluster.gpus": "the run's GPU count (plan.tp * plan.pp * plan.dp * plan.cp)",
+             "cluster.gpu": "gpu", "constraints.framework": "framework",
+             # (set from the run's cp, to search context parallelism up to it)
+             "constraints.max_cp": "plan.cp"}
+
+
+def in_run_words(problem: str, run: dict[str, Any]) -> str:
+    """A problem of the instance a run describes (:func:`run_instance`), with the instance's
+    key paths put back as the runs file's own keys (:data:`RUN_WORDS`; ``model.layers`` is
+    ``models.<name>.layers``; ``plan.*`` and ``training.*`` are the run's own)."""
+    out = problem.removeprefix("<file>: ")
+    for key, words in RUN_WORDS.items():
+        out = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])", words, out)
+    models = f"models.{run.get('model')}"
+    out = re.sub(r"(?<![\w.])model\.(?=[A-Za-z_\"'])", models + ".", out)
+    return re.sub(r"^model(?=: )", models, out)
+
+
+def run_error_problems(exc: InputError, run: dict[str, Any]) -> list[str]:
+    """The problems of an :class:`InputError` raised while building a run's instance or plan,
+    in the runs file's words, without the run's name (the caller puts it)."""
+    rid = run.get("id", "?")
+    lines = exc.problems or [str(exc.args[0]).removeprefix(f"run {rid}: ")]
+    # (once in the run's words, two instance keys filled from one run key say the same thing)
+    return list(dict.fromkeys(in_run_words(p, run) for p in lines))
 
 
 #: the [plan] keys of an uneven pipeline layout (planner/model/schema.py PlanSpec)
@@ -212,7 +264,7 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
                  if k in plan and (not isinstance(plan[k], int) or isinstance(plan[k], bool)
                                    or plan[k] <= 0)]
     if problems:
-        raise InputError(f"run {rid}: invalid run", problems)
+        raise InputError(f"run {rid}: invalid run", [in_run_words(p, run) for p in problems])
     gpus = plan["tp"] * plan["pp"] * plan["dp"] * plan.get("cp", 1)
     code_date(run)                       # (checked with every run, ranked or not)
     # a run on one of the frameworks the planner knows runs under its rules and defaults
@@ -235,7 +287,10 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         # (Megatron-LM gained uneven first / last stages in 2024, after most of these runs),
         # as the ranking pins its recompute mode and overlaps
         inst["constraints"] = {**inst["constraints"], "max_stage_shortfall": 0}
-    parsed = parse_instance(inst, f"run {rid}")
+    try:
+        parsed = parse_instance(inst, f"run {rid}")
+    except InputError as exc:            # (in the runs file's keys, not the instance's)
+        raise InputError(f"run {rid}: invalid run", run_error_problems(exc, run)) from None
     if plan["pp"] > 2 and {"first_stage_layers", "last_stage_layers"} <= set(plan):
         # an uneven split is searched with stages as short as the run's own (DeepSeek-V3's 61
         # layers on 16 stages: 3, 14 x 4, 2), not only the default's one layer short
