@@ -36,7 +36,7 @@ from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
 from planner.model.instance import (Instance, _fmt_loc, _unknown_key, parse_instance,
                                      read_toml)
-from planner.model.plan import plan_from_spec
+from planner.model.plan import plan_from_spec, structural_violations
 from planner.model.schema import PlanSpec, Precision
 from planner.model.words import toml_value
 from planner.model.terms import step_terms
@@ -111,14 +111,24 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
 
 def instance_problems(data: dict[str, Any]) -> list[str]:
     """What is wrong with the instance and the plan each run describes (:func:`run_instance`,
-    :func:`plan_from_spec`), each problem as ``run <id>: <key>: ...`` in the runs file's keys."""
+    :func:`plan_from_spec`), each problem as ``run <id>: <key>: ...`` in the runs file's keys,
+    and a plan that breaks a structural rule (:func:`structural_violations`: no such plan
+    runs, so no step time was measured on it). A plan the model says does not fit in memory
+    stays a run: the measurement says it ran, and the model is what is judged."""
     out = []
     for run in data["runs"]:
         try:
             inst = run_instance(data, run)
-            plan_from_spec(inst, inst.spec.plan)
+            plan = plan_from_spec(inst, inst.spec.plan)
         except InputError as exc:
             out += [f"run {run['id']}: {p}" for p in run_error_problems(exc, run)]
+            continue
+        broken = structural_violations(inst, plan, inst.spec.plan)
+        if broken:
+            out.append(f"run {run['id']}: plan breaks "
+                       f"{'a structural rule' if len(broken) == 1 else 'structural rules'} "
+                       f"(no such plan can run): "
+                       f"{'; '.join(in_run_words(b, run) for b in broken)}")
     return out
 
 
