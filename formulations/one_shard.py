@@ -30,12 +30,21 @@ from dataclasses import replace
 
 import numpy as np
 
-from formulations.space import BaseVar, SearchSpace, symbols
-from formulations.ties import MEMORY_TOLERANCE_BYTES, internode_cap
+from formulations.space import BaseVar, SearchSpace, count_points, symbols
+from formulations.ties import (INTERNODE_RELATIVE, INTERNODE_TOLERANCE_BYTES,
+                              MEMORY_TOLERANCE_BYTES)
 from planner.model.plan import Knobs
 
 #: the twin's sharding mode: ZeRO-1, the distributed optimizer
 TWIN_MODE = "optim"
+#: Above this many points at ``dp * cp = 1`` the check is skipped (no combination is then
+#: dominated, so the MIPs keep those points: the same answer, at most slower ties). Listing
+#: the points of a range of global batches is what costs: benchmarks/instances/
+#: scaling-A512-range.toml (48,256 such points) spent 31 s of a 41 s solve and 4.7 GB here,
+#: ``global_batch = [1, 4194304]`` on one node (an input fuzzer) 45 s and 1.9 GB; with the
+#: limit 7.9 s / 0.27 GB and 2.0 s / 0.13 GB, the same answers. The shipped instances and the
+#: fixed-batch benchmarks have at most 315 such points (0.1 s for the check).
+ONE_SHARD_POINTS_LIMIT = 5_000
 
 
 def root_of(space: SearchSpace) -> SearchSpace:
@@ -68,6 +77,8 @@ def one_shard_points(space: SearchSpace) -> dict[str, np.ndarray] | None:
     narrowed = replace(space, base=base,
                        form_caps=[*space.form_caps, ("one shard", mono, coef, 1, 1)],
                        parent=None, _reach={})
+    if sum(count_points(narrowed).values()) > ONE_SHARD_POINTS_LIMIT:
+        return None            # (counted, not listed: the check is only worth it when cheap)
     cols = feasible_points(narrowed, dominant_batch=False)
     if not cols or not len(next(iter(cols.values()))):
         return None
@@ -109,8 +120,11 @@ def _dominated(root: SearchSpace, objective: str) -> frozenset[Knobs]:
         live = np.isfinite(obj[a])                    # where k is a plan that fits
         no_worse = (np.isfinite(obj[b]) & (obj[b] <= obj[a] * (1 + 1e-12))
                     & (memory[b] <= memory[a]) & (internode[b] <= internode[a]))
+        # (internode_cap on the array: b + max(tolerance, relative * |b|))
+        cap = internode[b] + np.maximum(INTERNODE_TOLERANCE_BYTES,
+                                        INTERNODE_RELATIVE * np.abs(internode[b]))
         first = (index[twin] < index[k]) | (memory[a] > memory[b] + MEMORY_TOLERANCE_BYTES) \
-            | (internode[a] > np.array([internode_cap(x) for x in internode[b]]))
+            | (internode[a] > cap)
         if np.all(~live | (no_worse & first)):
             out.add(k)
     return frozenset(out)
