@@ -35,6 +35,7 @@ def _structural(space: SearchSpace) -> InfeasibleError:
         lines.append(f"no tp*cp*pp allowed by the model shape and constraints divides the "
                      f"{N} GPUs (tp from {list(space.base['T'].values)}, pp from "
                      f"{list(space.base['P'].values)}, cp from {list(space.base['C'].values)})")
+        lines += _nearest_degree_pin(inst)
     else:
         dps = sorted({N // x for x in model_par})
         cons = inst.spec.constraints
@@ -113,6 +114,32 @@ def _structural(space: SearchSpace) -> InfeasibleError:
                                 f"({inst.node_size})" if N % inst.node_size else ""))
     lines += _binding_rules(space)
     return InfeasibleError("no plan satisfies the structural rules", lines)
+
+
+def _nearest_degree_pin(inst) -> list[str]:
+    """With tp, pp or cp pinned so that no model-parallel product divides the GPUs: per pin,
+    the nearest value (a divisor of the GPU count) with which the structural rules leave a
+    plan, the other pins kept."""
+    c = inst.spec.constraints
+    out = []
+    for key in ("tp", "pp", "cp"):
+        pin = getattr(c, key)
+        if pin is None:
+            continue
+        for value in sorted(divisors(inst.gpus), key=lambda v: (abs(v - pin), v)):
+            if value == pin:
+                continue
+            cap = f"max_{key}"
+            change = {key: value, **({cap: value} if (getattr(c, cap) or value) < value else {})}
+            try:
+                if count_points(build_space(inst.with_spec(
+                        constraints=c.model_copy(update=change)))):
+                    out.append(f"{key} = {value}")
+                    break
+            except InfeasibleError:
+                continue
+    return [f"nearest change: {' or '.join(out)} (one pin changed, the others kept)"] if out \
+        else []
 
 
 def _memory_beside(inst, training_change: dict) -> list[str]:
@@ -416,25 +443,34 @@ def _suggestions(space: SearchSpace, limit: float, grow: bool = True,
             text = f"raise constraints.{key} from {getattr(c, key)} to {raised}"
         out.append(f"nearest change: {text}"
                    + (f" (then a plan needs {found[0] / GiB:.1f} GiB)" if need else ""))
-    if grow and not out and inst.gpus >= inst.hw.gpus_per_host:
-        # the nearest larger cluster with a plan that fits: the next 32 node counts, then
-        # a few multiples (memory only falls as GPUs are added, but divisibility is jumpy)
-        n = inst.nodes
-        candidates = sorted(set(range(n + 1, n + 33)) | {round(n * f) for f in (1.5, 2, 3, 4, 8)})
-        if _weights_alone_exceed(inst, inst.with_nodes(max(candidates)).gpus):
-            candidates = []          # (no cluster of the list can hold the weights)
-        for m in candidates:
-            bigger = inst.with_nodes(m)
-            try:
-                found = _min_memory(build_space(bigger))
-            except InfeasibleError:
-                continue
-            if found and found[0] <= memory_limit_bytes(bigger):
-                point = found[1]
-                out.append(f"nearest change: {plural(m, 'node')} ({bigger.gpus} GPUs, "
-                           f"{m / n:.2f}x) admit "
-                           f"a plan that fits (tp={point['T']}, pp={point['P']}: "
-                           f"{found[0] / GiB:.1f} GiB per GPU)")
-                break
+    if grow and not out:
+        out += _larger_cluster(inst)
     return out
+
+
+def _larger_cluster(inst) -> list[str]:
+    """The nearest larger cluster with a plan that fits: below a host, each larger GPU count
+    up to a whole host (``cluster.gpus``); then the next 32 node counts and a few multiples
+    (memory only falls as GPUs are added, but divisibility is jumpy)."""
+    host = inst.hw.gpus_per_host
+    sizes = [(g, dataclasses.replace(inst, gpus=g, node_options=(1,)))
+             for g in range(inst.gpus + 1, host + 1)] if inst.gpus < host else []
+    n = inst.nodes
+    counts = sorted(set(range(n + 1, n + 33)) | {round(n * f) for f in (1.5, 2, 3, 4, 8)})
+    sizes += [(None, inst.with_nodes(m)) for m in counts]
+    if _weights_alone_exceed(inst, sizes[-1][1].gpus):
+        return []                    # (no cluster of the list can hold the weights)
+    for gpus, bigger in sizes:
+        try:
+            found = _min_memory(build_space(bigger))
+        except InfeasibleError:
+            continue
+        if found and found[0] <= memory_limit_bytes(bigger):
+            point = found[1]
+            size = (f"cluster.gpus = {gpus}" if gpus is not None else
+                    f"{plural(bigger.nodes, 'node')} ({bigger.gpus} GPUs)")
+            return [f"nearest change: {size} ({bigger.gpus / inst.gpus:.2f}x) admit"
+                    f"{'s' if gpus is not None else ''} a plan that fits (tp={point['T']}, "
+                    f"pp={point['P']}: {found[0] / GiB:.1f} GiB per GPU)"]
+    return []
 

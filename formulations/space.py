@@ -312,7 +312,8 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                        f"each rank {Fraction(sizes.layers + 2, 2) - 1} decoder layers, the even "
                        "split, which the search holds as the even layout without the two "
                        "flags: unpin constraints.account_for_embedding / account_for_loss (the "
-                       "plan is the same) or allow pp > 2")
+                       "plan is the same)" + (" or allow pp > 2" if c.pp == 2 or (
+                           c.max_pp is not None and c.max_pp <= 2) else ""))
         broken = [r for r in rules if r.name in (alone or alone | any_broken)]
         why.append(f"no pipeline layout of the {sizes.layers} layers fits pipeline degrees {P} "
                    f"and virtual stages {V} ("
@@ -340,13 +341,12 @@ def _nearest_stage_counts(inst: Instance, rules: list[Rule], P: list[int], V: li
     c = inst.spec.constraints
 
     def has_layout(**change) -> bool:
-        trial = inst.with_spec(constraints=c.model_copy(update=change))
-        layouts, split = _layouts_of(trial)
-        vs = sorted(set(V) | {v for v in split if trial.spec.constraints.vp in (None, v)
-                              and (c.max_vp is None or v <= c.max_vp)})
-        return bool(_layout_pairs(trial, rules, layouts, P, vs, suggest=False)[0])
+        return _has_layout(inst, rules, P, V, **change)
 
     out = []
+    flags = [k for k in ("account_for_embedding", "account_for_loss") if getattr(c, k)]
+    if flags and has_layout(**{k: None for k in flags}):
+        out.append(f"nearest change: unpin {' and '.join(f'constraints.{k}' for k in flags)}")
     for key in ("first_stage_layers", "last_stage_layers"):
         pin = getattr(c, key)
         if pin is None or max(P, default=1) < 2:
@@ -362,6 +362,18 @@ def _nearest_stage_counts(inst: Instance, rules: list[Rule], P: list[int], V: li
         if options:
             out.append(f"nearest change: {' or '.join(options)} (or lift constraints.{key})")
     return out
+
+
+def _has_layout(inst: Instance, rules: list[Rule], P: list[int], V: list[int],
+                **change) -> bool:
+    """Whether some pipeline layout is left with the ``[constraints]`` ``change`` made, at the
+    ``pp`` values ``P`` and the ``vp`` values ``V`` or the changed layouts' own candidates."""
+    c = inst.spec.constraints
+    trial = inst.with_spec(constraints=c.model_copy(update=change))
+    layouts, split = _layouts_of(trial)
+    vs = sorted(set(V) | {v for v in split if trial.spec.constraints.vp in (None, v)
+                          and (c.max_vp is None or v <= c.max_vp)})
+    return bool(_layout_pairs(trial, rules, layouts, P, vs, suggest=False)[0])
 
 
 def _layouts_of(inst: Instance) -> tuple[list[tuple], list[int]]:

@@ -282,3 +282,25 @@ def test_a_framework_or_offload_bar_names_its_own_rules_and_a_change_that_solves
         assert f"nearest change: lift constraints.{lift} = {pins[lift]}" in msg
         rest = {k: v for k, v in pins.items() if k != lift}
         assert solve(parse_instance({**base, "constraints": rest}), solver="enumerate").report
+
+
+def test_a_sub_host_cluster_a_degree_product_and_an_account_flag_name_a_change_that_solves():
+    """Found by a metamorphic audit: Llama 3 70B on cluster.gpus = 4 H100 (below a host) got no
+    larger-cluster suggestion; tp = 8, pp = 2, cp = 4 on 32 GPUs no pin to change; a lone
+    account_for_embedding pin no change at all. Each suggestion, applied, solves."""
+    small = {"model": {"preset": "llama3-70b"}, "training": {"global_batch": 64},
+             "cluster": {"gpu": "h100-sxm", "gpus": 4}}
+    assert "nearest change: cluster.gpus = 8 (2.00x) admits a plan that fits" in explain(small)
+    assert solve(parse_instance({**small, "cluster": {"gpu": "h100-sxm", "gpus": 8}}),
+                 solver="enumerate").report
+    pins = {"model": {"preset": "llama3-8b"}, "training": {"global_batch": 128},
+            "cluster": {"gpu": "h100-sxm", "nodes": 4},
+            "constraints": {"tp": 8, "pp": 2, "cp": 4}}
+    assert "nearest change: tp = 4 or pp = 1 or cp = 2" in explain(pins)
+    for key, value in (("tp", 4), ("pp", 1), ("cp", 2)):
+        doc = {**pins, "constraints": {**pins["constraints"], key: value}}
+        assert getattr(solve(parse_instance(doc), solver="enumerate").report.plan, key) == value
+    flag = {"model": {"preset": "gpt-1.3b"}, "training": {"global_batch": 512},
+            "cluster": {"gpu": "a100-80gb", "nodes": 1},
+            "constraints": {"account_for_embedding": True}}
+    assert "nearest change: unpin constraints.account_for_embedding" in explain(flag)
