@@ -508,3 +508,30 @@ def test_a_one_day_deadline_reads_in_the_singular(runner, tmp_path):
     assert result.exit_code == 3
     text = " ".join(result.output.split())
     assert "meets 1 day" in text and "1 days" not in text
+
+
+@pytest.mark.parametrize("write, says", [
+    (lambda t: t.replace("nodes = 1", "nodes = [0, 4]"),
+     "cluster.nodes: in [lo, hi], lo = 0: Input should be greater than 0 (got [0, 4])"),
+    (lambda t: t.replace("global_batch = 512", "global_batch = [1, 2.5]"),
+     "training.global_batch: in [lo, hi], hi = 2.5: Input should be a valid integer"),
+    (lambda t: t.replace("tokens = 26e9", "tokens = 1e300"),
+     "training.tokens: Input should be less than or equal to"),
+    (lambda t: t + "\n[training]\nseq_len = 1\n", "a key or [section] given twice"),
+])
+def test_input_errors_an_input_fuzzer_found_name_what_is_wrong(runner, tmp_path, write, says):
+    """A [lo, hi] pair with one bad value was 'Input should be a valid integer (got [0, 4])';
+    1e300 tokens gave a cost of Infinity (not JSON) and exit 0; a section given twice was
+    tomllib's 'Cannot declare ... twice' alone."""
+    f = tmp_path / "i.toml"
+    f.write_text(write(GPT13.read_text()))
+    r = runner.invoke(app, ["solve", str(f), "--json"])
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.stderr.split())
+
+
+def test_a_file_that_is_not_utf8_is_said_to_be_so(runner, tmp_path):
+    f = tmp_path / "i.toml"
+    f.write_bytes(GPT13.read_text().encode("utf-16"))
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2 and "not UTF-8 text" in r.stderr

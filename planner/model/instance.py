@@ -256,8 +256,30 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
     message stands for the key, and an element's message for a list."""
     out: dict[str, str] = {}
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    # a union of a number and a [lo, hi] pair, written as a pair: the pair's own errors stand
+    # for the key ("cluster.nodes = [0, 4]" is no bad integer, its first value is too small)
+    pairs = {_fmt_loc(e["loc"][:-1]): e["loc"][-1] for e in errors
+             if len(e["loc"]) > 1 and isinstance(e["loc"][-1], int)
+             and isinstance(e["loc"][-2], str) and e["loc"][-2].startswith("tuple[")}
+    written = {}
     for err in errors:
         key = f"{prefix}{_fmt_loc(err['loc'], err['type'] == 'extra_forbidden')}"
+        if isinstance(err.get("input"), (list, tuple)):
+            written.setdefault(key, err["input"])
+        if key.removeprefix(prefix) in pairs and isinstance(err.get("input"), (list, tuple)):
+            continue                # (the number member's complaint about a pair)
+        if (len(err["loc"]) > 1 and isinstance(err["loc"][-1], int)
+                and _fmt_loc(err["loc"][:-1]) in pairs and isinstance(err["loc"][-2], str)
+                and err["loc"][-2].startswith("tuple[")):
+            parent = key.rsplit(".", 1)[0]
+            which = ("lo", "hi")[err["loc"][-1]] if err["loc"][-1] < 2 else err["loc"][-1]
+            whole = written.get(parent)
+            line = (f"{which} = {toml_value(err.get('input'))}: "
+                    f"{err['msg'].removeprefix('Value error, ')}")
+            got = f" (got {toml_value(list(whole))})" if whole is not None else ""
+            out[parent] = (f"{out[parent].removesuffix(got)}; {line}{got}" if parent in out
+                           else f"in [lo, hi], {line}{got}")
+            continue
         parent = key.rsplit(".", 1)[0]
         if key in out or any(k.startswith(key + ".") for k in out):
             continue
@@ -463,9 +485,12 @@ def read_toml(path: str | Path, what: str = "instance file") -> dict[str, Any]:
     try:
         return tomllib.loads(p.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{p}: TOML syntax error: {exc}") from None
+        twice = ("; a key or [section] given twice" if str(exc).startswith(
+            ("Cannot overwrite a value", "Cannot declare")) else "")
+        raise InputError(f"{p}: TOML syntax error: {exc}{twice}") from None
     except UnicodeDecodeError:
-        raise InputError(f"{p}: not a text file") from None
+        raise InputError(f"{p}: not UTF-8 text (TOML is UTF-8: a binary file, or text saved "
+                         "as UTF-16 or Latin-1; save it as UTF-8)") from None
     except RecursionError:
         raise InputError(f"{p}: nested too deeply to read (arrays or tables inside each other "
                          "thousands of levels deep)") from None

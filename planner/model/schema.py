@@ -171,7 +171,10 @@ class TrainingSpec(_Strict):
 
     global_batch: upto(MAX_BATCH) | tuple[upto(MAX_BATCH), upto(MAX_BATCH)] = Field(
         description="sequences per step, or [lo, hi] to let the planner choose")
-    tokens: PositiveFloat | None = Field(default=None, description="token budget for days and cost")
+    # (bounded like every other number: 1e300 tokens gave a cost of Infinity, which is not
+    # JSON; 1e18 is 10^5 times the largest published run, DeepSeek-V3's 14.8T)
+    tokens: Annotated[float, Field(gt=0, le=1e18)] | None = Field(
+        default=None, description="token budget for days and cost")
     precision: Precision = "bf16"
     flash_attention: bool = Field(
         default=True, description="fused attention: no s^2 score tensors in HBM")
