@@ -535,3 +535,15 @@ def test_a_file_that_is_not_utf8_is_said_to_be_so(runner, tmp_path):
     f.write_bytes(GPT13.read_text().encode("utf-16"))
     r = runner.invoke(app, ["solve", str(f)])
     assert r.exit_code == 2 and "not UTF-8 text" in r.stderr
+
+
+def test_a_pareto_range_without_any_plan_says_what_binds(runner, tmp_path):
+    """Every size infeasible: the text answer named no key (only --json's rows had the
+    detail); it now prints each distinct explanation with the sizes it holds for."""
+    text = GPT13.read_text().replace("nodes = 1", "nodes = [1, 2]")
+    f = tmp_path / "i.toml"
+    f.write_text(text + "\n[constraints]\ntp = 3\n")
+    r = runner.invoke(app, ["pareto", str(f)])
+    assert r.exit_code == 3
+    assert "at 2 sizes (1, 2 nodes):" in r.stderr
+    assert "constraints.tp = 3 binds" in r.stderr and "nearest change: tp = 2" in r.stderr

@@ -628,6 +628,18 @@ def pareto(
             inst.spec.training.global_batch, int)))
     if none_fits:
         err.print(f"error: {none_msg}", markup=False, highlight=False)
+        if not as_json:
+            # what binds, once per distinct explanation, with the sizes it holds for (the
+            # table's rows carry only the one-line reason; --json has each row's detail)
+            why: dict[tuple[str, ...], list[int]] = {}
+            for d in docs:
+                if d.get("detail"):
+                    why.setdefault(tuple(d["detail"]), []).append(d["nodes"])
+            for lines, sizes in why.items():
+                err.print(f"at {sizes_text(sizes)}:", markup=False, highlight=False,
+                          soft_wrap=True)
+                for line in lines:
+                    err.print(f"  - {line}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(none_code)
     if stopped:        # a front without those sizes: any of them might have been on it
         err.print(f"note: the front leaves out {stop_msg}", markup=False, highlight=False)
