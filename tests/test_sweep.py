@@ -166,6 +166,38 @@ def test_query_options_are_checked(tmp_path):
         sw.load_sweep(write(tmp_path, '[sweep]\n"cluster.nodes" = [1]\n[plot]\nx = "nodes"\n'))
 
 
+@pytest.mark.parametrize("body, expected", [
+    ('"cluster.nodes" = [1, 1]', "sweep.'cluster.nodes': the value 1 is given twice"),
+    ('"cluster.inter_node_bandwidth_GBps" = [25, 25.0]', "the value 25.0 repeats 25"),
+    ('"cluster.nodes" = [1, 2]\ncluster.nodes = [4]',
+     "sweep.'cluster.nodes': given twice (quoted \"cluster.nodes\" and dotted cluster.nodes)"),
+    ('"constraints.tp" = [1, 2]\n[sweep.cases]\npin4 = {"constraints.tp" = 4}',
+     "sweep.cases.pin4: 'constraints.tp' is also set by the axis 'constraints.tp'"),
+    ('"cluster.nodes" = [1, 2]\n[sweep.cases]\nbig = {"cluster.gpus" = 32}',
+     "sweep.cases.big: 'cluster.gpus' is also set by the axis 'cluster.nodes'"),
+])
+def test_a_sweep_that_would_run_a_point_twice_or_not_as_its_row_says_is_refused(
+        tmp_path, body, expected):
+    """(each once ran: the repeated value twice, the dotted axis in place of the quoted one, the
+    case's value while the row showed the axis's)"""
+    p = write(tmp_path, f"[sweep]\n{body}\n")
+    out = tmp_path / "r.csv"
+    res = CliRunner().invoke(app, ["sweep", str(p), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert expected in " ".join(res.output.split())
+    assert "Traceback" not in res.output and not out.exists()
+
+
+def test_an_unknown_key_and_a_bad_value_are_reported_together(tmp_path):
+    """(only the unknown key was, once: the points were not checked after a problem in the file)"""
+    p = write(tmp_path, '[sweep]\n"cluster.foo" = [1]\n"cluster.gpu" = ["a100-80gb", "h900"]\n')
+    with pytest.raises(InputError) as e:
+        sw.load_sweep(p)
+    text = str(e.value)
+    assert "'cluster.foo': unknown key of [cluster]" in text
+    assert 'unknown GPU "h900"' in text and 'cluster.gpu = "h900"' in text
+
+
 # ----------------------------------------------------------------------------- failure rows
 
 

@@ -136,14 +136,60 @@ def point_hash(p: Point, options: dict[str, Any]) -> str:
     return "h" + hashlib.sha256(blob.encode()).hexdigest()[:16]   # never read back as a number
 
 
-def _flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"cluster": {"gpu": [...]}}`` (unquoted dotted TOML keys) -> ``{"cluster.gpu": [...]}``."""
+def _flatten_keys(table: dict[str, Any], prefix: str = "",
+                  twice: list[str] | None = None) -> dict[str, Any]:
+    """``{"cluster": {"gpu": [...]}}`` (unquoted dotted TOML keys) -> ``{"cluster.gpu": [...]}``.
+
+    TOML keeps a quoted ``"cluster.gpu"`` and a dotted ``cluster.gpu`` apart, so one key can be
+    given twice; the later would silently replace the earlier. Such keys are added to
+    ``twice`` (the first value is kept) for the caller to report."""
     out: dict[str, Any] = {}
     for k, v in table.items():
-        if isinstance(v, dict):
-            out.update(_flatten_keys(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        inner = _flatten_keys(v, f"{prefix}{k}.", twice) if isinstance(v, dict) else {
+            f"{prefix}{k}": v}
+        for key, value in inner.items():
+            if key in out:
+                if twice is not None:
+                    twice.append(key)
+                continue
+            out[key] = value
+    return out
+
+
+def _slot(key: str) -> str:
+    """What a dotted key sets in a point's instance: the cluster's size keys replace one another
+    (:func:`_set`), so they are one slot."""
+    section, _, name = key.partition(".")
+    return "cluster.size" if section == "cluster" and name in SIZE_KEYS else key
+
+
+def _value_id(v: Any) -> Any:
+    """A value as the point it makes: 25 and 25.0 are one point, true and 1 are not; lists and
+    tables compare by content."""
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, list | tuple):
+        return ("list", tuple(_value_id(x) for x in v))
+    if isinstance(v, dict):
+        return ("table", tuple(sorted((k, _value_id(x)) for k, x in v.items())))
+    return v            # (hash(25) == hash(25.0) and 25 == 25.0: one key)
+
+
+def _repeated_values(where: str, values: list[Any]) -> list[str]:
+    """One problem per value an axis repeats: a repeated value runs the same point twice and
+    its rows share one point_key."""
+    from planner.model.words import toml_value
+
+    first: dict[Any, Any] = {}
+    out = []
+    for v in values:
+        vid = _value_id(v)
+        if vid not in first:
+            first[vid] = v
+            continue
+        a, b = toml_value(first[vid]), toml_value(v)
+        out.append(f"{where}: the value {b} is given twice" if a == b else
+                   f"{where}: the value {b} repeats {a} (the same point)")
     return out
 
 
@@ -269,7 +315,8 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
                 problems.append(f"sweep.{k}: only used with query = \"capacity\"")
 
     axes: list[Axis] = []
-    for key, values in _flatten_keys(table).items():
+    twice: list[str] = []
+    for key, values in _flatten_keys(table, twice=twice).items():
         where = f"sweep.{key!r}" if "." in key else f"sweep.{key}"
         if "." not in key:
             problems.append(f"{where}: unknown key; expected {', '.join(SWEEP_KEYS)} or a dotted "
@@ -282,7 +329,15 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
         if not isinstance(values, list) or not values:
             problems.append(f"{where}: expected a non-empty list of values, got {values!r}")
             continue
+        problems += _repeated_values(where, values)
+        clash = next((a.key for a in axes if _slot(a.key) == _slot(key)), None)
+        if clash:
+            problems.append(f"{where}: {clash!r} is an axis too; a point has one cluster size, "
+                            "so sweep one of the two")
+            continue
         axes.append(Axis(key, tuple(values)))
+    problems += [f"sweep.{key!r}: given twice (quoted \"{key}\" and dotted {key}); give each "
+                 "axis once" for key in twice]
     cases = opts.get("cases")
     case_overrides: dict[str, dict[str, Any]] = {}
     if cases is not None:
@@ -295,12 +350,17 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
                     problems.append(f"sweep.cases.{name}: expected a table of dotted instance "
                                     f"keys, got {over!r}")
                     continue
-                flat = _flatten_keys(over)
-                for key in flat:
-                    bad = _check_key(key, f"sweep.cases.{name}")
+                given_twice: list[str] = []
+                flat = _flatten_keys(over, twice=given_twice)
+                problems += [f"sweep.cases.{name}: {key!r} given twice (quoted and dotted); "
+                             "give each key once" for key in given_twice]
+                case_overrides[name] = {}
+                for key, value in flat.items():
+                    bad = _check_key(key, f"sweep.cases.{name}") or _case_clash(name, key, axes)
                     if bad:
                         problems.append(bad)
-                case_overrides[name] = flat
+                    else:
+                        case_overrides[name][key] = value
             axes.append(Axis(CASE, tuple(cases)))
     if not axes and not problems:
         problems.append("sweep: no axis: add a dotted instance key with a list of values, e.g. "
@@ -308,21 +368,38 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     if mode == "zip" and len({len(a.values) for a in axes}) > 1:
         problems.append("sweep.mode = \"zip\": every axis needs the same number of values; got "
                         + ", ".join(f"{a.key} {len(a.values)}" for a in axes))
+    expandable = bool(axes) and mode in MODES and not (
+        mode == "zip" and len({len(a.values) for a in axes}) > 1) and (
+        "model" in base or "model" in data)
     plot = data.get("plot", {})
     problems += _check_plot(plot, [a.key for a in axes])
-    if problems:
-        raise InputError(f"{p}: invalid sweep", problems)
-
-    count = (len(axes[0].values) if mode == "zip" else math.prod(len(a.values) for a in axes))
-    if count > MAX_POINTS:
-        raise InputError(f"{p}: invalid sweep", [f"sweep: {count:,} points; at most "
-                                                 f"{MAX_POINTS:,} in one sweep"])
+    count = (len(axes[0].values) if mode == "zip" and axes
+             else math.prod(len(a.values) for a in axes))
+    if expandable and count > MAX_POINTS:
+        raise InputError(f"{p}: invalid sweep", problems + [f"sweep: {count:,} points; at most "
+                                                            f"{MAX_POINTS:,} in one sweep"])
     sw = Sweep(str(p), base, tuple(axes), case_overrides, mode, query, solver, time_limit,
                deadline, budget, dict(plot))
+    if problems:
+        # the points of the axes that are valid are checked too, so that one run reports every
+        # problem (an unknown key and a bad value together, not the first alone)
+        if check and expandable:
+            problems += point_problems(replace(sw, points=tuple(expand(sw))))
+        raise InputError(f"{p}: invalid sweep", problems)
     sw = replace(sw, points=tuple(expand(sw)))
     if check:
         check_points(sw)
     return sw
+
+
+def _case_clash(name: str, key: str, axes: list[Axis]) -> str | None:
+    """A case may not set what an axis sets: the case's value would win while the row shows the
+    axis's."""
+    clash = next((a.key for a in axes if a.key != CASE and _slot(a.key) == _slot(key)), None)
+    if clash is None:
+        return None
+    return (f"sweep.cases.{name}: {key!r} is also set by the axis {clash!r}; the case would "
+            "replace the axis value its rows show: set it in the cases or in the axis, not both")
 
 
 def _number(opts: dict, key: str, problems: list[str], allow_zero: bool = False) -> float | None:
@@ -392,6 +469,15 @@ def check_points(sw: Sweep) -> None:
     """Validate every point's instance (schema, presets, catalog, hf_config) and that the query
     can run on it; raise one :class:`InputError` with each distinct problem and the first
     point that shows it. Inlines ``model.hf_config`` into each point's document."""
+    lines = point_problems(sw)
+    if lines:
+        raise InputError(f"{sw.source}: invalid sweep: {plural(len(lines), 'problem')} in its "
+                         "points, nothing was run", lines)
+
+
+def point_problems(sw: Sweep) -> list[str]:
+    """Each distinct problem of the points (see :func:`check_points`), with the axis values of
+    the first point that shows it and how many more do."""
     seen: dict[str, tuple[dict[str, Any], int]] = {}
     for pt in sw.points:
         try:
@@ -405,12 +491,9 @@ def check_points(sw: Sweep) -> None:
                 seen[prob] = (seen[prob][0], seen[prob][1] + 1)
             else:
                 seen[prob] = (pt.axes, 1)
-    if seen:
-        lines = [f"{prob}  [at {_axes_text(axes)}"
-                 + (f"; {plural(n - 1, 'more point')}" if n > 1 else "") + "]"
-                 for prob, (axes, n) in seen.items()]
-        raise InputError(f"{sw.source}: invalid sweep: {plural(len(seen), 'problem')} in its "
-                         "points, nothing was run", lines)
+    return [f"{prob}  [at {_axes_text(axes)}"
+            + (f"; {plural(n - 1, 'more point')}" if n > 1 else "") + "]"
+            for prob, (axes, n) in seen.items()]
 
 
 def _query_problems(sw: Sweep, inst) -> list[str]:
