@@ -402,6 +402,56 @@ def test_local_pool_and_ray_give_identical_tables(tmp_path, ray_session, grid_ro
     assert files[0] == files[1]
 
 
+def test_ray_joins_a_cluster_already_running_without_asking_for_cpus(monkeypatch):
+    """With a Ray cluster running on the machine (``ray start``, or RAY_ADDRESS), ray.init()
+    joins it and refuses num_cpus: "When connecting to an existing cluster, num_cpus and
+    num_gpus must not be provided" was the sweep's error. (Ray stood in by a fake that does
+    what Ray does: a real cluster takes seconds to start and is shared by the machine.)"""
+    import sys
+    import types
+
+    inits = []
+    services = types.ModuleType("ray._private.services")
+    services.canonicalize_bootstrap_address = lambda addr, temp_dir=None: "192.0.2.2:6379"
+
+    class FakeRay(types.ModuleType):
+        def is_initialized(self):
+            return False
+
+        def init(self, **kw):
+            inits.append(kw)
+            if "num_cpus" in kw and services.canonicalize_bootstrap_address(None):
+                raise ValueError("When connecting to an existing cluster, num_cpus and num_gpus "
+                                 "must not be provided.")
+
+        def remote(self, **opts):
+            return lambda fn: types.SimpleNamespace(remote=lambda t: ("ref", t["index"]))
+
+        def wait(self, pending, num_returns=1):
+            return pending[:1], pending[1:]
+
+        def get(self, ref):
+            return [{"point": ref[1]}]
+
+        def cancel(self, ref, force=False):
+            pass
+
+        def shutdown(self):
+            inits.append("shutdown")
+
+    monkeypatch.setitem(sys.modules, "ray", FakeRay("ray"))
+    monkeypatch.setitem(sys.modules, "ray._private", types.ModuleType("ray._private"))
+    monkeypatch.setitem(sys.modules, "ray._private.services", services)
+    got = []
+    sw.run_ray([{"index": 0}, {"index": 1}], 2, None, got.extend)
+    assert got == [{"point": 0}, {"point": 1}]
+    assert "num_cpus" not in inits[0] and inits[-1] == "shutdown"
+    services.canonicalize_bootstrap_address = lambda addr, temp_dir=None: None
+    inits.clear()
+    sw.run_ray([{"index": 0}], 2, None, got.extend)        # none running: a Ray of 2 CPUs
+    assert inits[0]["num_cpus"] == 2
+
+
 def test_engine_flags_are_checked(tmp_path):
     s = sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = [32]\n'))
     with pytest.raises(InputError, match="--engine"):

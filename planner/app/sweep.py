@@ -699,9 +699,11 @@ def ray_available() -> bool:
 def run_ray(tasks: list[dict], workers: int | None, address: str | None,
             on_rows: Callable[[list[dict]], None]) -> None:
     """Run tasks as Ray tasks (one CPU each). Uses the running Ray session if there is one,
-    else starts one: local with ``workers`` CPUs when ``address`` is None, else connects to
-    ``address`` ("auto" or HOST:PORT) and shuts the connection down at the end. Every machine
-    of a cluster needs this package installed (``pip install 'plan[sweep]'``)."""
+    else connects to ``address`` ("auto" or HOST:PORT), else joins the Ray cluster running on
+    this machine (``ray start``, or ``RAY_ADDRESS``) with its own CPUs, else starts a local Ray
+    with ``workers`` CPUs; a connection it made is shut down at the end (a cluster it joined
+    keeps running). Every machine of a cluster needs this package installed
+    (``pip install 'plan[sweep]'``)."""
     try:
         import ray
     except ImportError:
@@ -713,6 +715,8 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
         try:
             if address:
                 ray.init(address=address, **kw)
+            elif _running_ray_cluster():   # Ray joins it by itself and refuses num_cpus then
+                ray.init(**kw)
             else:
                 ray.init(num_cpus=workers or default_workers(), **kw)
         except Exception as exc:     # a cluster that is not there is the user's input
@@ -738,6 +742,18 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
     finally:
         if started:
             ray.shutdown()
+
+
+def _running_ray_cluster() -> str | None:
+    """The address of the Ray cluster ``ray.init()`` would join without an address (RAY_ADDRESS,
+    or the last ``ray start`` on this machine), or None when it would start its own. Asked of
+    Ray itself (a private function: None if it moved, and Ray's own error then says why)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(None)
+    except Exception:
+        return None
 
 
 def _failed(task: dict[str, Any], reason: str) -> list[dict[str, Any]]:
