@@ -223,6 +223,25 @@ def test_a_failing_point_is_an_error_row_not_the_end_of_the_sweep():
     assert row["point"] == 3 and row["cluster.gpu"] == "x" and row["point_key"] == "k"
 
 
+def test_a_point_stopped_at_the_time_limit_says_why_in_its_reason(monkeypatch):
+    """(its reason was empty: CP-SAT's note is, and the row said nothing of the time limit)"""
+    from formulations.result import SolveResult, Status
+
+    def stops(*args, **kwargs):
+        return SolveResult(Status.NO_SOLUTION_IN_LIMIT, None, None, None, 0.001, 0.001, 0.0,
+                           "cpsat", "step_time")
+
+    monkeypatch.setattr("formulations.solve.solve", stops)
+    task = {"index": 0, "axes": {}, "key": "{}", "hash": "h", "doc": {}, "source": "t",
+            "query": "solve", "solver": "cpsat", "time_limit": 0.001, "deadline_days": None,
+            "budget_usd": None}
+    monkeypatch.setattr(sw, "parse_instance", lambda doc, source: None)
+    (row,) = sw.run_point(task)
+    assert row["solver.status"] == "no_solution_in_limit"
+    assert row["reason"] == ("the solver returned no usable plan (no_solution_in_limit); "
+                             "raise [sweep] time_limit (it was 0.001 s)")
+
+
 # ----------------------------------------------------------------------------- resume, Ctrl-C
 
 GRID = """

@@ -62,7 +62,8 @@ CASE = "case"
 OUT_SUFFIXES = (".csv", ".parquet")
 #: columns that change from run to run (wall clocks); every other column is a pure function of
 #: the point and is identical whichever engine ran it
-TIMING_COLUMNS = ("solver.wall_s", "solver.solve_s", "solver.build_s", "point_wall_s")
+TIMING_COLUMNS = ("solver.wall_s", "solver.solve_s", "solver.build_s", "capacity.wall_s",
+                  "point_wall_s")
 
 
 def _spec_classes() -> dict[str, Any]:
@@ -577,6 +578,14 @@ def run_point(task: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**head, **r, "point_wall_s": wall, **tail} for r in rows]
 
 
+def _stopped(note: str, time_limit: float | None) -> str:
+    """The reason of a point whose solver stopped at the time limit without a plan: what
+    ``plan solve`` says, in the sweep file's words."""
+    return ("the solver returned no usable plan (no_solution_in_limit" + (f": {note}" if note else "")
+            + "); " + (f"raise [sweep] time_limit (it was {time_limit:g} s)" if time_limit
+                       else "give it more time with [sweep] time_limit"))
+
+
 def _one_line(exc: Exception) -> str:
     return "; ".join(line.strip(" -") for line in str(exc).splitlines() if line.strip())
 
@@ -591,6 +600,8 @@ def _run_query(task: dict[str, Any]) -> list[dict[str, Any]]:
         res = solve(inst, solver=solver, time_limit=limit, explain="brief")
         row = _result_row(res.to_dict())
         row["reason"] = res.note if res.report is None or res.status.value == "error" else ""
+        if res.report is None and res.status.value == "no_solution_in_limit":
+            row["reason"] = _stopped(res.note, limit)
         return [row]
     if task["query"] == "capacity":
         ans = queries.capacity(inst, task["deadline_days"], solver=solver, time_limit=limit,
