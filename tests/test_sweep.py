@@ -329,6 +329,176 @@ def test_a_changed_sweep_is_not_mixed_into_an_old_output(tmp_path):
         sw.run_sweep(sw.load_sweep(changed), workers=1, out=out)
 
 
+@pytest.fixture(scope="module")
+def done_csv(tmp_path_factory):
+    """grid()'s sweep (6 points) and the text of its finished CSV output, to edit."""
+    tmp = tmp_path_factory.mktemp("done")
+    s = sw.load_sweep(write(tmp, grid()))
+    sw.run_sweep(s, workers=1, out=tmp / "r.csv")
+    return s, (tmp / "r.csv").read_text()
+
+
+def _edited(tmp_path: Path, text: str | bytes) -> Path:
+    out = tmp_path / "r.csv"
+    (out.write_bytes if isinstance(text, bytes) else out.write_text)(text)
+    return out
+
+
+def _without(text: str, column: str) -> str:
+    """The CSV text with one column deleted."""
+    rows = list(csv.reader(text.splitlines()))
+    i = rows[0].index(column)
+    return sw._csv_text([dict(enumerate(r[:i] + r[i + 1:])) for r in rows],
+                        list(range(len(rows[0]) - 1)), header=False)
+
+
+def _csv_widths(path: Path) -> set[int]:
+    with path.open(newline="") as f:
+        return {len(line) for line in csv.reader(f)}
+
+
+@pytest.mark.parametrize("cut", ["inside a cell", "inside the hash"])
+def test_a_last_line_cut_short_is_dropped_and_its_point_runs_once(tmp_path, done_csv, cut):
+    """A run killed while writing leaves a last line cut short. (It was kept as a half-empty
+    row of another sweep and its point ran again, twice in the file; cut inside the hash, the
+    resume was refused as "a different sweep".)"""
+    s, text = done_csv
+    *head, last = text.splitlines(keepends=True)
+    last = last.rstrip("\n")
+    last = last[:len(last) // 2] if cut == "inside a cell" else last[:-5]
+    out = _edited(tmp_path, "".join(head) + last)
+    run = sw.run_sweep(s, workers=1, out=out)
+    assert (run.ran, run.resumed, run.foreign) == (1, 5, 0)
+    assert any("was cut short" in n and str(out) in n for n in run.notes)
+    rows = _csv_rows(out)
+    assert [int(r["point"]) for r in rows] == list(range(6))
+    assert [r["point_hash"] for r in rows] == [sw.point_hash(p, s.options()) for p in s.points]
+
+
+def test_a_file_without_its_final_newline_is_appended_to_on_a_new_line(tmp_path, done_csv):
+    """(the first appended row was glued to the last line)"""
+    s, text = done_csv
+    out = _edited(tmp_path, "".join(text.splitlines(keepends=True)[:-1]).rstrip("\n"))
+    width = len(text.splitlines()[0].split(","))
+    seen = []
+
+    def look(done, total):
+        seen.append(_csv_widths(out))
+
+    run = sw.run_sweep(s, workers=1, out=out, progress=look)
+    assert run.ran == 1 and seen[-1] == {width}
+    assert [int(r["point"]) for r in _csv_rows(out)] == list(range(6))
+
+
+def test_another_sweeps_output_is_refused(tmp_path, done_csv):
+    """(it was merged: its rows kept as foreign, with the same point indices as this sweep's)"""
+    s, text = done_csv
+    out = _edited(tmp_path, text)
+    other = sw.load_sweep(write(tmp_path, '[sweep]\nsolver = "enumerate"\n'
+                                          '"training.global_batch" = [16]\n', "other.toml"))
+    with pytest.raises(InputError, match="holds another sweep's rows") as e:
+        sw.run_sweep(other, workers=1, out=out)
+    assert str(out) in str(e.value) and "none of its 6 rows" in str(e.value)
+    assert out.read_text() == text
+
+
+def test_resumed_rows_take_their_point_index_in_this_sweep(tmp_path):
+    """A value added in front of an axis: the rows already run keep their results and are
+    renumbered, so no two points share an index."""
+    out = tmp_path / "r.csv"
+    body = '[sweep]\nsolver = "enumerate"\n"training.global_batch" = {}\n'
+    sw.run_sweep(sw.load_sweep(write(tmp_path, body.format("[32, 64]"))), workers=1, out=out)
+    run = sw.run_sweep(sw.load_sweep(write(tmp_path, body.format("[16, 32, 64]"), "b.toml")),
+                       workers=1, out=out)
+    assert (run.ran, run.resumed) == (1, 2)
+    assert [(int(r["point"]), int(r["training.global_batch"])) for r in _csv_rows(out)] == [
+        (0, 16), (1, 32), (2, 64)]
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda t: t.replace(",step_time_s,", ",step_s,", 1), "no 'step_time_s' column"),
+    (lambda t: t.replace(",point_hash\n", ",hash\n", 1), "no 'point_hash' column"),
+    (lambda t: t.replace("case,", "Case,", 1), "no 'case' column, an axis of this sweep"),
+    (lambda t: _without(t, "reason"), "no 'reason' column"),
+    (lambda t: t.replace(",plan.pp,", ",plan.tp,", 1), "the column 'plan.tp' appears twice"),
+    (lambda t: t.replace(",memory_gib.total,", ",total,", 1),
+     "the column 'total' is not one plan sweep writes"),
+], ids=["renamed", "hash renamed", "axis renamed", "deleted", "duplicated", "unknown"])
+def test_an_edited_header_is_refused_naming_the_column(tmp_path, done_csv, edit, expected):
+    """(a KeyError traceback in the table, or rows silently misaligned)"""
+    s, text = done_csv
+    out = _edited(tmp_path, edit(text))
+    res = CliRunner().invoke(app, ["sweep", s.source, "--out", str(out), "--workers", "1"])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert expected in said and str(out) in said and "Traceback" not in said
+    assert out.read_text() == edit(text)                  # left as it was
+
+
+@pytest.mark.parametrize("column", ["step_time_s", "mfu", "total_days", "cost",
+                                    "breakdown_s.compute"])
+def test_a_text_in_a_number_column_is_refused_naming_the_point(tmp_path, done_csv, column):
+    """(a ValueError or TypeError later, in the table or the figure)"""
+    s, text = done_csv
+    rows = list(csv.reader(text.splitlines()))
+    rows[3][rows[0].index(column)] = "abc"                # point 2: batch 64, optimum
+    out = _edited(tmp_path, sw._csv_text([dict(enumerate(r)) for r in rows],
+                                         list(range(len(rows[0]))), header=False))
+    with pytest.raises(InputError) as e:
+        sw.run_sweep(s, workers=1, out=out)
+    assert (f'point 2 (case = "optimum", training.global_batch = 64): {column} = "abc" is not '
+            "a number") in str(e.value)
+
+
+def test_a_repeated_row_is_dropped_once_and_a_contradicting_one_refused(tmp_path, done_csv):
+    """A point's row twice was kept and counted twice. The same results twice are dropped
+    with a note; different results for one point are refused."""
+    s, text = done_csv
+    lines = text.splitlines(keepends=True)
+    out = _edited(tmp_path, text + lines[3])
+    run = sw.run_sweep(s, workers=1, out=out)
+    assert (run.ran, run.resumed, len(run.rows)) == (0, 6, 6)
+    assert run.counts() == {"optimal": 6} and any("1 repeated row" in n for n in run.notes)
+    assert [int(r["point"]) for r in _csv_rows(out)] == list(range(6))
+    step = _csv_rows(out)[2]["step_time_s"]
+    out = _edited(tmp_path, text + lines[3].replace(step, "1.5"))
+    with pytest.raises(InputError, match=r"point 2 \(.*\) has two rows with different results "
+                                         r"\(lines 4 and 8\)"):
+        sw.run_sweep(s, workers=1, out=out)
+
+
+def test_a_file_that_is_not_utf8_text_is_not_a_sweep_output(tmp_path, done_csv):
+    """(Python's 'utf-8' codec can't decode byte 0x89, as the message)"""
+    s, _ = done_csv
+    out = _edited(tmp_path, PNG_MAGIC + bytes(range(256)))
+    res = CliRunner().invoke(app, ["sweep", s.source, "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "is not a sweep output CSV (not UTF-8 text)" in " ".join(res.output.split())
+    assert "codec" not in res.output
+
+
+def test_a_row_without_its_point_key_is_refused(tmp_path, done_csv):
+    """(it was kept as a row of another sweep, and its point ran again: twice in the file)"""
+    s, text = done_csv
+    rows = list(csv.reader(text.splitlines()))
+    rows[3][rows[0].index("point_key")] = ""
+    out = _edited(tmp_path, sw._csv_text([dict(enumerate(r)) for r in rows],
+                                         list(range(len(rows[0]))), header=False))
+    with pytest.raises(InputError, match="line 4 has no point_key and point_hash naming its "
+                                         "point"):
+        sw.run_sweep(s, workers=1, out=out)
+
+
+def test_a_short_first_row_is_not_a_missing_point_key_column(tmp_path, done_csv):
+    """(the header was judged by the first row's keys: "no point_key column")"""
+    s, text = done_csv
+    lines = text.splitlines(keepends=True)
+    lines[1] = ",".join(lines[1].split(",")[:5]) + "\n"
+    width = len(lines[0].split(","))
+    with pytest.raises(InputError, match=f"line 2 has 5 fields where the header has {width}"):
+        sw.run_sweep(s, workers=1, out=_edited(tmp_path, "".join(lines)))
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_leaves_a_valid_file_and_the_same_command_resumes(tmp_path, workers):
     s = sw.load_sweep(write(tmp_path, grid()))
@@ -397,6 +567,21 @@ def test_out_paths_are_checked(tmp_path):
         sw.check_out_path(tmp_path / "r.xlsx")
     with pytest.raises(InputError, match="does not exist"):
         sw.check_out_path(tmp_path / "no" / "r.csv")
+
+
+@pytest.mark.parametrize("path", ["/proc/x.csv", "/sys/x.csv", "/sys/x.parquet"])
+def test_an_out_file_that_cannot_be_written_is_refused_before_any_point_runs(tmp_path, path):
+    """(the points ran, then the first write failed: exit 1, no flag named)"""
+    if not Path(path).parent.is_dir():
+        pytest.skip(f"no {Path(path).parent} here")
+    if path.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    p = write(tmp_path, '[sweep]\n"training.global_batch" = [32]\n')
+    res = CliRunner().invoke(app, ["sweep", str(p), "--out", path, "--workers", "1"])
+    assert res.exit_code == 2, res.output
+    assert f"--out {path}: cannot write a file in {Path(path).parent}" in " ".join(
+        res.output.split())
+    assert "points (" not in res.output                  # nothing ran
 
 
 # ----------------------------------------------------------------------------- engines

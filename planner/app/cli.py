@@ -754,6 +754,8 @@ def sweep(
     if plot and not drawn:
         err.print(f"note: no figure written to {plot}: no point has a plan", markup=False,
                   highlight=False)
+    for note in run.notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
     if run.foreign:
         err.print(f"note: {run.foreign} row(s) of {out_file} are not points of this sweep; kept",
                   markup=False, highlight=False)
