@@ -529,8 +529,22 @@ def grid_rows(tmp_path_factory):
     return s, sw.run_sweep(s, workers=1).rows
 
 
+DOCS = (ROOT / "docs" / "sweeps.md").read_text()
+
+
+def _undocumented(rows: list[dict], axis_keys: list[str]) -> set[str]:
+    """The columns of ``rows`` that docs/sweeps.md's column table does not name, by name or by
+    their group (`plan.*`)."""
+    table = DOCS[DOCS.index("| columns | what |"):DOCS.index("CSV cells are plain text")]
+    return {c for r in rows for c in r if c not in axis_keys and f"`{c}`" not in table
+            and f"`{c.split('.')[0]}.*`" not in table}
+
+
 def test_rows_carry_axes_plan_times_memory_and_status(grid_rows):
     s, rows = grid_rows
+    # (caveats, framework and kernel_stack were written but not in the docs' table)
+    assert _undocumented(rows, s.axis_keys) == set()
+    assert all(sw.written_column(c, s.axis_keys) for r in rows for c in r)
     assert len(rows) == len(s.points) == 12
     cols = set().union(*rows)
     for c in ("training.global_batch", "case", "model.preset", "plan.tp", "plan.pp", "plan.dp",
@@ -701,8 +715,92 @@ solver = "enumerate"
 """, "p.toml"))
     rows = sw.run_sweep(front, workers=1).rows
     assert len(rows) == 4 and {r["pareto.nodes"] for r in rows} == {1, 2}
+    assert all(sw.written_column(c, front.axis_keys) for r in rows for c in r)
+    assert _undocumented(rows, front.axis_keys) == set()
     plot_sweep(rows, front, tmp_path / "front.png")
     assert _png(tmp_path / "front.png")
+
+
+def test_a_metric_no_row_has_is_a_warning_and_an_empty_panel(tmp_path):
+    """(an empty panel, silently)"""
+    pytest.importorskip("matplotlib")
+    p = write(tmp_path, '[sweep]\nsolver = "enumerate"\n"training.global_batch" = [32, 64]\n'
+                        '[plot]\ny = "capacity.nodes"\n')
+    fig = tmp_path / "f.png"
+    res = CliRunner().invoke(app, ["sweep", str(p), "--plot", str(fig), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert ('warning: --plot: [plot] y = "capacity.nodes": no row has a value of it; the left '
+            "panel is empty") in " ".join(res.stderr.split())
+    assert _png(fig)
+
+
+SPEEDUP = """
+[sweep]
+solver = "enumerate"
+"training.global_batch" = [4, 64, 128]
+[sweep.cases]
+optimum = {}
+DP8 = { "constraints.tp" = 1, "constraints.pp" = 1, "constraints.cp" = 1 }
+[plot]
+x = "training.global_batch"
+y = "speedup"
+"""
+
+
+def test_a_speedup_is_over_the_first_x_value_or_not_drawn(tmp_path):
+    """DP8 has no plan at a batch of 4: its speedups were drawn over the batch of 64 under the
+    label "over the first x value". Now they are not drawn (as in the heatmap), the legend
+    and a warning say why."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from planner.app import sweep_plot
+
+    s = sw.load_sweep(write(tmp_path, SPEEDUP))
+    rows = sw.run_sweep(s, workers=1).rows
+    assert [not r.get("plan_label") for r in rows] == [False, True, False, False, False, False]
+    fig, ax = plt.subplots()
+    warnings = []
+    sweep_plot._lines(ax, rows, s, sweep_plot.layout(s), warnings)
+    (opt, dp8) = ax.get_lines()
+    assert opt.get_ydata()[0] == 1.0 and 0 < opt.get_ydata()[2] < 1  # (a longer step)
+    assert all(y != y for y in dp8.get_ydata())               # NaN: not drawn
+    assert ax.get_legend_handles_labels()[1] == ["optimum", "DP8 (no plan at 4)"]
+    assert warnings == ['--plot: [plot] y = "speedup" is over the first value of '
+                        "training.global_batch (4), which has no plan for DP8: those speedups "
+                        "are not drawn"]
+    plt.close(fig)
+    assert sweep_plot.plot_sweep(rows, s, tmp_path / "f.png") == warnings
+
+
+def test_list_values_read_the_same_in_the_legend_after_a_csv_resume(tmp_path):
+    """(a resumed row held the JSON text "[1, 2]", a new one the list [1, 3], drawn as (1, 3))"""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from planner.app import sweep_plot
+
+    s = sw.load_sweep(write(tmp_path, '[sweep]\nquery = "pareto"\nsolver = "enumerate"\n'
+                                      '"cluster.nodes" = [[1, 2], [1, 4]]\n'))
+    out = tmp_path / "r.csv"
+
+    def stop_after_one(done, total):
+        if done == 1:
+            raise KeyboardInterrupt
+
+    sw.run_sweep(s, workers=1, out=out, progress=stop_after_one)
+    rows = sw.run_sweep(s, workers=1, out=out).rows
+    assert {json.dumps(r["cluster.nodes"]) for r in rows} == {"[1, 2]", "[1, 4]"}
+    fig, ax = plt.subplots()
+    sweep_plot._lines(ax, rows, s, sweep_plot.layout(s), [])
+    assert ax.get_legend_handles_labels()[1] == ["nodes=[1, 2]", "nodes=[1, 4]"]
+    plt.close(fig)
 
 
 def test_capacity_points(tmp_path):
@@ -714,6 +812,11 @@ deadline_days = 3
 "training.tokens" = [1e9, 1e10, 1e13]
 """))
     rows = sw.run_sweep(s, workers=1).rows
+    assert all(sw.written_column(c, s.axis_keys) for r in rows for c in r)
+    assert _undocumented(rows, s.axis_keys) == set()          # (unproven was not)
+    # capacity.wall_s is a wall clock: not compared across engines (it once was)
+    assert all(r["capacity.wall_s"] > 0 for r in rows)
+    assert not any("capacity.wall_s" in r for r in sw.comparable(rows))
     nodes = [r.get("capacity.nodes") for r in rows]
     assert nodes[0] is not None and nodes[1] is not None and nodes[0] <= nodes[1]
     assert rows[0]["total_days"] <= 3 and rows[1]["total_days"] <= 3
@@ -733,6 +836,33 @@ def test_cli_json_out_and_plot(tmp_path):
     assert len(_csv_rows(out)) == 2 and _png(fig)
     res = CliRunner().invoke(app, ["sweep", str(p), "--out", str(out), "--json"])
     assert json.loads(stdout_of(res))["resumed"] == 2
+
+
+def test_a_pareto_summary_counts_rows_as_rows(tmp_path):
+    """(2 points read "2 points (...): 4 optimal", as if 4 points)"""
+    p = write(tmp_path, '[sweep]\nquery = "pareto"\nsolver = "enumerate"\n'
+                        '"cluster.nodes" = [[1, 2]]\n"training.global_batch" = [64, 128]\n')
+    res = CliRunner().invoke(app, ["sweep", str(p), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "2 points (2 run now, 0 already in the output), 4 rows: 4 optimal" in res.stderr
+
+
+def test_an_empty_reason_is_null_in_parquet_as_every_missing_value(tmp_path):
+    """A CSV cannot tell an empty text from a missing value; Parquet kept "" as the reason of a
+    point with a plan and null for the plan columns of a point without one."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [{"point": 0, "reason": "", "step_time_s": 1.5, "point_key": "{}", "point_hash": "h1"},
+            {"point": 1, "reason": "too big", "step_time_s": None, "point_key": "{}",
+             "point_hash": "h2"}]
+    sw.write_rows(tmp_path / "r.parquet", rows, list(rows[0]))
+    back = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert [r["reason"] for r in back] == [None, "too big"]
+    assert [r["step_time_s"] for r in back] == [1.5, None]
+
+
+def test_the_load_sweep_example_counts_the_optical_sweeps_points():
+    optical = sw.load_sweep(ROOT / "instances" / "sweeps" / "optical-bandwidth.toml", check=False)
+    assert f"({len(optical.points)}, {optical.axis_keys!r})" in sw.load_sweep.__doc__
 
 
 def test_a_sweep_without_any_plan_is_an_answer_with_no_figure(tmp_path):

@@ -255,7 +255,7 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     -------
     >>> sw = load_sweep("instances/sweeps/optical-bandwidth.toml")      # doctest: +SKIP
     >>> len(sw.points), sw.axis_keys                                      # doctest: +SKIP
-    (10, ['cluster.nodes', 'cluster.inter_node_bandwidth_GBps'])
+    (15, ['cluster.nodes', 'cluster.inter_node_bandwidth_GBps'])
     """
     p = Path(path)
     data = read_toml(p)
@@ -795,8 +795,11 @@ def column_order(rows: list[dict], axis_keys: list[str]) -> list[str]:
         for i, pre in enumerate(_ORDER):
             if k == pre or (pre.endswith(".") and k.startswith(pre)):
                 return (i, 0)
-        return (len(_ORDER) - 3, 0)          # unknown result keys before the solver block
-    rest.sort(key=rank)                      # stable: first-seen order within a group
+        return (len(_ORDER) - 3, 0)          # other result keys rank with point_wall_s
+    # stable: first-seen order within a group, so the result keys _ORDER does not name
+    # (caveats, framework, kernel_stack, ...) come after the solver block, before point_wall_s
+    # (a row has them before it)
+    rest.sort(key=rank)
     return [k for k in axis_keys if k in seen] + rest
 
 
