@@ -738,10 +738,11 @@ def sweep(
                                out=out_file, progress=bar)
         # a sweep without any plan is an answer (each row says why), not an error: no figure
         drawn = bool(plot and any(r.get("plan_label") for r in run.rows))
+        plot_warnings: list[str] = []
         if drawn:
             from planner.app.sweep_plot import plot_sweep
 
-            plot_sweep(run.rows, spec, plot)
+            plot_warnings = plot_sweep(run.rows, spec, plot)
     except PlanError as exc:
         _fail(exc, as_json)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(run.counts().items()))
@@ -758,14 +759,20 @@ def sweep(
             out.print(f"(first 60 of {len(run.rows)} rows"
                       + (f"; all in {out_file})" if out_file else ")"), markup=False)
     sys.stdout.flush()            # the table before the summary line on stderr
+    # (pareto: a row per size of each point, and the counts are of rows)
+    rows_of = f", {len(run.rows)} rows" if spec.query == "pareto" else ""
     err.print(f"{len(spec.points)} points ({run.ran} run now, {run.resumed} already in the "
-              f"output): {counts}; {run.wall_s:.1f} s"
+              f"output){rows_of}: {counts}; {run.wall_s:.1f} s"
               + (f"; results in {out_file}" if out_file else "")
               + (f"; figure in {plot}" if drawn else ""), markup=False,
               highlight=False)
     if plot and not drawn:
         err.print(f"note: no figure written to {plot}: no point has a plan", markup=False,
                   highlight=False)
+    for w in plot_warnings:
+        err.print(f"warning: {w}", markup=False, highlight=False)
+    for note in run.notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
     if run.foreign:
         err.print(f"note: {run.foreign} row(s) of {out_file} are not points of this sweep; kept",
                   markup=False, highlight=False)

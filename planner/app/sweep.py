@@ -62,7 +62,8 @@ CASE = "case"
 OUT_SUFFIXES = (".csv", ".parquet")
 #: columns that change from run to run (wall clocks); every other column is a pure function of
 #: the point and is identical whichever engine ran it
-TIMING_COLUMNS = ("solver.wall_s", "solver.solve_s", "solver.build_s", "point_wall_s")
+TIMING_COLUMNS = ("solver.wall_s", "solver.solve_s", "solver.build_s", "capacity.wall_s",
+                  "point_wall_s")
 
 
 def _spec_classes() -> dict[str, Any]:
@@ -136,14 +137,60 @@ def point_hash(p: Point, options: dict[str, Any]) -> str:
     return "h" + hashlib.sha256(blob.encode()).hexdigest()[:16]   # never read back as a number
 
 
-def _flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"cluster": {"gpu": [...]}}`` (unquoted dotted TOML keys) -> ``{"cluster.gpu": [...]}``."""
+def _flatten_keys(table: dict[str, Any], prefix: str = "",
+                  twice: list[str] | None = None) -> dict[str, Any]:
+    """``{"cluster": {"gpu": [...]}}`` (unquoted dotted TOML keys) -> ``{"cluster.gpu": [...]}``.
+
+    TOML keeps a quoted ``"cluster.gpu"`` and a dotted ``cluster.gpu`` apart, so one key can be
+    given twice; the later would silently replace the earlier. Such keys are added to
+    ``twice`` (the first value is kept) for the caller to report."""
     out: dict[str, Any] = {}
     for k, v in table.items():
-        if isinstance(v, dict):
-            out.update(_flatten_keys(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        inner = _flatten_keys(v, f"{prefix}{k}.", twice) if isinstance(v, dict) else {
+            f"{prefix}{k}": v}
+        for key, value in inner.items():
+            if key in out:
+                if twice is not None:
+                    twice.append(key)
+                continue
+            out[key] = value
+    return out
+
+
+def _slot(key: str) -> str:
+    """What a dotted key sets in a point's instance: the cluster's size keys replace one another
+    (:func:`_set`), so they are one slot."""
+    section, _, name = key.partition(".")
+    return "cluster.size" if section == "cluster" and name in SIZE_KEYS else key
+
+
+def _value_id(v: Any) -> Any:
+    """A value as the point it makes: 25 and 25.0 are one point, true and 1 are not; lists and
+    tables compare by content."""
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, list | tuple):
+        return ("list", tuple(_value_id(x) for x in v))
+    if isinstance(v, dict):
+        return ("table", tuple(sorted((k, _value_id(x)) for k, x in v.items())))
+    return v            # (hash(25) == hash(25.0) and 25 == 25.0: one key)
+
+
+def _repeated_values(where: str, values: list[Any]) -> list[str]:
+    """One problem per value an axis repeats: a repeated value runs the same point twice and
+    its rows share one point_key."""
+    from planner.model.words import toml_value
+
+    first: dict[Any, Any] = {}
+    out = []
+    for v in values:
+        vid = _value_id(v)
+        if vid not in first:
+            first[vid] = v
+            continue
+        a, b = toml_value(first[vid]), toml_value(v)
+        out.append(f"{where}: the value {b} is given twice" if a == b else
+                   f"{where}: the value {b} repeats {a} (the same point)")
     return out
 
 
@@ -208,7 +255,7 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     -------
     >>> sw = load_sweep("instances/sweeps/optical-bandwidth.toml")      # doctest: +SKIP
     >>> len(sw.points), sw.axis_keys                                      # doctest: +SKIP
-    (10, ['cluster.nodes', 'cluster.inter_node_bandwidth_GBps'])
+    (15, ['cluster.nodes', 'cluster.inter_node_bandwidth_GBps'])
     """
     p = Path(path)
     data = read_toml(p)
@@ -269,7 +316,8 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
                 problems.append(f"sweep.{k}: only used with query = \"capacity\"")
 
     axes: list[Axis] = []
-    for key, values in _flatten_keys(table).items():
+    twice: list[str] = []
+    for key, values in _flatten_keys(table, twice=twice).items():
         where = f"sweep.{key!r}" if "." in key else f"sweep.{key}"
         if "." not in key:
             problems.append(f"{where}: unknown key; expected {', '.join(SWEEP_KEYS)} or a dotted "
@@ -282,7 +330,15 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
         if not isinstance(values, list) or not values:
             problems.append(f"{where}: expected a non-empty list of values, got {values!r}")
             continue
+        problems += _repeated_values(where, values)
+        clash = next((a.key for a in axes if _slot(a.key) == _slot(key)), None)
+        if clash:
+            problems.append(f"{where}: {clash!r} is an axis too; a point has one cluster size, "
+                            "so sweep one of the two")
+            continue
         axes.append(Axis(key, tuple(values)))
+    problems += [f"sweep.{key!r}: given twice (quoted \"{key}\" and dotted {key}); give each "
+                 "axis once" for key in twice]
     cases = opts.get("cases")
     case_overrides: dict[str, dict[str, Any]] = {}
     if cases is not None:
@@ -295,12 +351,17 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
                     problems.append(f"sweep.cases.{name}: expected a table of dotted instance "
                                     f"keys, got {over!r}")
                     continue
-                flat = _flatten_keys(over)
-                for key in flat:
-                    bad = _check_key(key, f"sweep.cases.{name}")
+                given_twice: list[str] = []
+                flat = _flatten_keys(over, twice=given_twice)
+                problems += [f"sweep.cases.{name}: {key!r} given twice (quoted and dotted); "
+                             "give each key once" for key in given_twice]
+                case_overrides[name] = {}
+                for key, value in flat.items():
+                    bad = _check_key(key, f"sweep.cases.{name}") or _case_clash(name, key, axes)
                     if bad:
                         problems.append(bad)
-                case_overrides[name] = flat
+                    else:
+                        case_overrides[name][key] = value
             axes.append(Axis(CASE, tuple(cases)))
     if not axes and not problems:
         problems.append("sweep: no axis: add a dotted instance key with a list of values, e.g. "
@@ -308,21 +369,38 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     if mode == "zip" and len({len(a.values) for a in axes}) > 1:
         problems.append("sweep.mode = \"zip\": every axis needs the same number of values; got "
                         + ", ".join(f"{a.key} {len(a.values)}" for a in axes))
+    expandable = bool(axes) and mode in MODES and not (
+        mode == "zip" and len({len(a.values) for a in axes}) > 1) and (
+        "model" in base or "model" in data)
     plot = data.get("plot", {})
     problems += _check_plot(plot, [a.key for a in axes])
-    if problems:
-        raise InputError(f"{p}: invalid sweep", problems)
-
-    count = (len(axes[0].values) if mode == "zip" else math.prod(len(a.values) for a in axes))
-    if count > MAX_POINTS:
-        raise InputError(f"{p}: invalid sweep", [f"sweep: {count:,} points; at most "
-                                                 f"{MAX_POINTS:,} in one sweep"])
+    count = (len(axes[0].values) if mode == "zip" and axes
+             else math.prod(len(a.values) for a in axes))
+    if expandable and count > MAX_POINTS:
+        raise InputError(f"{p}: invalid sweep", problems + [f"sweep: {count:,} points; at most "
+                                                            f"{MAX_POINTS:,} in one sweep"])
     sw = Sweep(str(p), base, tuple(axes), case_overrides, mode, query, solver, time_limit,
                deadline, budget, dict(plot))
+    if problems:
+        # the points of the axes that are valid are checked too, so that one run reports every
+        # problem (an unknown key and a bad value together, not the first alone)
+        if check and expandable:
+            problems += point_problems(replace(sw, points=tuple(expand(sw))))
+        raise InputError(f"{p}: invalid sweep", problems)
     sw = replace(sw, points=tuple(expand(sw)))
     if check:
         check_points(sw)
     return sw
+
+
+def _case_clash(name: str, key: str, axes: list[Axis]) -> str | None:
+    """A case may not set what an axis sets: the case's value would win while the row shows the
+    axis's."""
+    clash = next((a.key for a in axes if a.key != CASE and _slot(a.key) == _slot(key)), None)
+    if clash is None:
+        return None
+    return (f"sweep.cases.{name}: {key!r} is also set by the axis {clash!r}; the case would "
+            "replace the axis value its rows show: set it in the cases or in the axis, not both")
 
 
 def _number(opts: dict, key: str, problems: list[str], allow_zero: bool = False) -> float | None:
@@ -392,6 +470,15 @@ def check_points(sw: Sweep) -> None:
     """Validate every point's instance (schema, presets, catalog, hf_config) and that the query
     can run on it; raise one :class:`InputError` with each distinct problem and the first
     point that shows it. Inlines ``model.hf_config`` into each point's document."""
+    lines = point_problems(sw)
+    if lines:
+        raise InputError(f"{sw.source}: invalid sweep: {plural(len(lines), 'problem')} in its "
+                         "points, nothing was run", lines)
+
+
+def point_problems(sw: Sweep) -> list[str]:
+    """Each distinct problem of the points (see :func:`check_points`), with the axis values of
+    the first point that shows it and how many more do."""
     seen: dict[str, tuple[dict[str, Any], int]] = {}
     for pt in sw.points:
         try:
@@ -405,12 +492,9 @@ def check_points(sw: Sweep) -> None:
                 seen[prob] = (seen[prob][0], seen[prob][1] + 1)
             else:
                 seen[prob] = (pt.axes, 1)
-    if seen:
-        lines = [f"{prob}  [at {_axes_text(axes)}"
-                 + (f"; {plural(n - 1, 'more point')}" if n > 1 else "") + "]"
-                 for prob, (axes, n) in seen.items()]
-        raise InputError(f"{sw.source}: invalid sweep: {plural(len(seen), 'problem')} in its "
-                         "points, nothing was run", lines)
+    return [f"{prob}  [at {_axes_text(axes)}"
+            + (f"; {plural(n - 1, 'more point')}" if n > 1 else "") + "]"
+            for prob, (axes, n) in seen.items()]
 
 
 def _query_problems(sw: Sweep, inst) -> list[str]:
@@ -494,6 +578,14 @@ def run_point(task: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**head, **r, "point_wall_s": wall, **tail} for r in rows]
 
 
+def _stopped(note: str, time_limit: float | None) -> str:
+    """The reason of a point whose solver stopped at the time limit without a plan: what
+    ``plan solve`` says, in the sweep file's words."""
+    return ("the solver returned no usable plan (no_solution_in_limit" + (f": {note}" if note else "")
+            + "); " + (f"raise [sweep] time_limit (it was {time_limit:g} s)" if time_limit
+                       else "give it more time with [sweep] time_limit"))
+
+
 def _one_line(exc: Exception) -> str:
     return "; ".join(line.strip(" -") for line in str(exc).splitlines() if line.strip())
 
@@ -508,6 +600,8 @@ def _run_query(task: dict[str, Any]) -> list[dict[str, Any]]:
         res = solve(inst, solver=solver, time_limit=limit, explain="brief")
         row = _result_row(res.to_dict())
         row["reason"] = res.note if res.report is None or res.status.value == "error" else ""
+        if res.report is None and res.status.value == "no_solution_in_limit":
+            row["reason"] = _stopped(res.note, limit)
         return [row]
     if task["query"] == "capacity":
         ans = queries.capacity(inst, task["deadline_days"], solver=solver, time_limit=limit,
@@ -616,9 +710,11 @@ def ray_available() -> bool:
 def run_ray(tasks: list[dict], workers: int | None, address: str | None,
             on_rows: Callable[[list[dict]], None]) -> None:
     """Run tasks as Ray tasks (one CPU each). Uses the running Ray session if there is one,
-    else starts one: local with ``workers`` CPUs when ``address`` is None, else connects to
-    ``address`` ("auto" or HOST:PORT) and shuts the connection down at the end. Every machine
-    of a cluster needs this package installed (``pip install 'plan[sweep]'``)."""
+    else connects to ``address`` ("auto" or HOST:PORT), else joins the Ray cluster running on
+    this machine (``ray start``, or ``RAY_ADDRESS``) with its own CPUs, else starts a local Ray
+    with ``workers`` CPUs; a connection it made is shut down at the end (a cluster it joined
+    keeps running). Every machine of a cluster needs this package installed
+    (``pip install 'plan[sweep]'``)."""
     try:
         import ray
     except ImportError:
@@ -630,6 +726,8 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
         try:
             if address:
                 ray.init(address=address, **kw)
+            elif _running_ray_cluster():   # Ray joins it by itself and refuses num_cpus then
+                ray.init(**kw)
             else:
                 ray.init(num_cpus=workers or default_workers(), **kw)
         except Exception as exc:     # a cluster that is not there is the user's input
@@ -655,6 +753,18 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
     finally:
         if started:
             ray.shutdown()
+
+
+def _running_ray_cluster() -> str | None:
+    """The address of the Ray cluster ``ray.init()`` would join without an address (RAY_ADDRESS,
+    or the last ``ray start`` on this machine), or None when it would start its own. Asked of
+    Ray itself (a private function: None if it moved, and Ray's own error then says why)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(None)
+    except Exception:
+        return None
 
 
 def _failed(task: dict[str, Any], reason: str) -> list[dict[str, Any]]:
@@ -685,8 +795,11 @@ def column_order(rows: list[dict], axis_keys: list[str]) -> list[str]:
         for i, pre in enumerate(_ORDER):
             if k == pre or (pre.endswith(".") and k.startswith(pre)):
                 return (i, 0)
-        return (len(_ORDER) - 3, 0)          # unknown result keys before the solver block
-    rest.sort(key=rank)                      # stable: first-seen order within a group
+        return (len(_ORDER) - 3, 0)          # other result keys rank with point_wall_s
+    # stable: first-seen order within a group, so the result keys _ORDER does not name
+    # (caveats, framework, kernel_stack, ...) come after the solver block, before point_wall_s
+    # (a row has them before it)
+    rest.sort(key=rank)
     return [k for k in axis_keys if k in seen] + rest
 
 
@@ -748,39 +861,76 @@ def _parse_cell(s: str) -> Any:
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of a sweep output (.csv or .parquet); a missing or empty file has none."""
-    p = Path(path)
+    return _read_output(Path(path)).rows
+
+
+@dataclass
+class _Output:
+    """What an output file holds, as read: its columns, its rows and (CSV) each row's line."""
+
+    columns: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)     # CSV: the line each row ends on
+    widths: list[int] = field(default_factory=list)    # CSV: the fields on each row's line
+    newline: bool = True                               # CSV: the file ends with a newline
+
+
+def _read_output(p: Path) -> _Output:
+    """Read a .csv or .parquet output as it is; :func:`resume_state` judges it."""
     if not p.exists() or p.stat().st_size == 0:
-        return []
+        return _Output()
     try:
         if p.suffix.lower() == ".parquet":
-            pq = _pyarrow_parquet()
-            return pq.read_table(p).to_pylist()
-        with p.open(newline="") as f:
-            rd = csv.reader(f)
-            header = next(rd, None)
-            if not header:
-                return []
-            # (an empty cell is None under its column, so that a column empty in every row,
-            # such as reason when every point has a plan, survives the rewrite on resume)
-            return [{c: (None if v == "" else v if c in _TEXT_COLUMNS else _parse_cell(v))
-                     for c, v in zip(header, line)} for line in rd if line]
+            table = _pyarrow_parquet().read_table(p)
+            return _Output(list(table.column_names), table.to_pylist())
+        return _read_csv(p)
     except PlanError:
         raise
+    except UnicodeDecodeError:
+        raise InputError(f"--out {p}: exists and is not a sweep output CSV (not UTF-8 text); "
+                         "choose another file") from None
+    except csv.Error as exc:
+        raise InputError(f"--out {p}: exists and is not a sweep output CSV ({exc}); choose "
+                         "another file") from None
     except Exception as exc:
         raise InputError(f"--out {p}: cannot read the existing file to resume: {exc}") from None
 
 
+def _read_csv(p: Path) -> _Output:
+    with p.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        newline = f.read(1) == b"\n"
+    out = _Output(newline=newline)
+    with p.open(newline="", encoding="utf-8") as f:
+        rd = csv.reader(f)
+        out.columns = next(rd, None) or []
+        for line in rd:
+            if not line:
+                continue
+            # (an empty cell is None under its column, so that a column empty in every row,
+            # such as reason when every point has a plan, survives the rewrite on resume)
+            out.rows.append({c: (None if v == "" else v if c in _TEXT_COLUMNS else _parse_cell(v))
+                             for c, v in zip(out.columns, line)})
+            out.lines.append(rd.line_num)
+            out.widths.append(len(line))
+    return out
+
+
 def write_rows(path: str | Path, rows: list[dict], columns: list[str]) -> None:
-    """Write every row atomically (a temporary file renamed over the target)."""
+    """Write every row atomically (a temporary file renamed over the target). A value a row
+    does not have is an empty cell in a CSV and null in Parquet, whether it is missing (the
+    step time of a point without a plan) or an empty text (the reason of a point with one):
+    a CSV cannot tell the two apart, and so Parquet does not either."""
     p = Path(path)
     rows = normalise(rows, columns)
     tmp = p.with_name(f".{p.name}.tmp")
     if p.suffix.lower() == ".parquet":
         pa, pq = _pyarrow(), _pyarrow_parquet()
-        table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows])
+        table = pa.Table.from_pylist([{c: (None if r.get(c) == "" else r.get(c)) for c in columns}
+                                      for r in rows])
         pq.write_table(table, tmp)
     else:
-        tmp.write_text(_csv_text(rows, columns, header=True))
+        tmp.write_text(_csv_text(rows, columns, header=True), encoding="utf-8")
     os.replace(tmp, p)
 
 
@@ -811,24 +961,52 @@ def check_out_path(path: str | Path) -> Path:
         raise InputError(f"--out {p}: the directory {p.parent} does not exist")
     if p.suffix.lower() == ".parquet":
         _pyarrow_parquet()
+    _probe_writable(p)
     return p
+
+
+def _probe_writable(p: Path) -> None:
+    """Fail now, naming --out, rather than when the first point has run: the file is appended
+    to, and rewritten through a temporary file beside it (:func:`write_rows`), so both must be
+    writable."""
+    tmp = p.with_name(f".{p.name}.tmp")
+    try:
+        with tmp.open("w"):
+            pass
+        tmp.unlink()
+    except OSError as exc:
+        raise InputError(f"--out {p}: cannot write a file in {p.parent} "
+                         f"({exc.strerror or exc})") from None
+    try:
+        if p.exists():
+            with p.open("a"):
+                pass
+    except OSError as exc:
+        raise InputError(f"--out {p}: cannot write to it ({exc.strerror or exc})") from None
 
 
 class Sink:
     """Collects rows; with a path, appends each point's rows as it finishes (CSV: one write per
     point, a new column rewrites the file; Parquet cannot append: the whole file is rewritten
-    atomically at most every ``every_s`` seconds) and rewrites the file sorted at the end."""
+    atomically at most every ``every_s`` seconds) and rewrites the file sorted at the end.
+
+    ``existing`` are the rows a resume keeps (:func:`resume_state`): a CSV is appended to in its
+    own ``columns``; ``rewrite`` (rows were dropped from the file) rewrites it at once, and a
+    file without a final ``newline`` gets one before the first appended row."""
 
     def __init__(self, path: Path | None, axis_keys: list[str], existing: list[dict],
-                 every_s: float = 2.0):
+                 every_s: float = 2.0, columns: list[str] | None = None,
+                 rewrite: bool = False, newline: bool = True):
         self.path, self.axis_keys, self.every_s = path, axis_keys, every_s
         self.rows: list[dict] = list(existing)
         self.columns = column_order(self.rows, axis_keys) if self.rows else []
-        if path is not None and path.suffix.lower() == ".csv" and self.rows:
-            with path.open(newline="") as f:      # append in the existing file's column order
-                self.columns = next(csv.reader(f))
+        if path is not None and path.suffix.lower() == ".csv" and self.rows and columns:
+            self.columns = list(columns)      # append in the existing file's column order
+        self.newline = newline
         self.last = time.monotonic()
         self.dirty = False
+        if rewrite:
+            self.flush()
 
     def add(self, rows: list[dict]) -> None:
         self.rows.extend(rows)
@@ -837,7 +1015,9 @@ class Sink:
         new_cols = [k for r in rows for k in r if k not in self.columns]
         if self.path.suffix.lower() == ".csv" and not new_cols and self.columns:
             text = _csv_text(normalise(rows, self.columns), self.columns, header=False)
-            with self.path.open("a", newline="") as f:
+            if not self.newline:          # else the row would be glued to the last line
+                text, self.newline = "\n" + text, True
+            with self.path.open("a", newline="", encoding="utf-8") as f:
                 f.write(text)             # one write per point: Ctrl-C lands between points
             return
         if new_cols:
@@ -849,7 +1029,7 @@ class Sink:
     def flush(self) -> None:
         if self.path is not None and self.rows:
             write_rows(self.path, self.rows, self.columns)
-            self.last, self.dirty = time.monotonic(), False
+            self.last, self.dirty, self.newline = time.monotonic(), False, True
 
     def finish(self) -> None:
         """Rewrite sorted by point (and size), so the file does not depend on finishing order."""
@@ -860,6 +1040,219 @@ class Sink:
 
 def _int(v: Any) -> int:
     return v if isinstance(v, int) else -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Resuming from an existing output
+# ---------------------------------------------------------------------------------------------
+
+#: what every row plan sweep writes has besides its axes (run_point's head and tail, and a
+#: status and a reason whatever the outcome)
+_ROW_COLUMNS = ("point", "solver.status", "reason", "point_key", "point_hash")
+#: what every row with a plan has besides those (among them what the table and figure read)
+_PLAN_COLUMNS = ("plan_label", "step_time_s", "time_per_sequence_s", "mfu", "total_days", "cost")
+#: the result columns _ORDER does not name (they sort with point_wall_s): result-document keys
+#: ("plan" is the empty plan of a point without one; nodes and unproven are capacity's)
+_OTHER_COLUMNS = ("plan", "caveats", "framework", "kernel_stack", "nodes", "unproven")
+#: columns of numbers (or nothing): a text there is a hand edit the table and figure fail on
+_NUMBER_COLUMNS = ("point", "pareto.nodes", "capacity.nodes", "step_time_s",
+                   "time_per_sequence_s", "breakdown_s.", "memory_gib.", "mfu",
+                   "model_tflops_per_gpu", "total_days", "cost", "tokens_per_step", "steps",
+                   "point_wall_s")
+
+
+_RESTORE = "restore it, or write to another file"
+
+
+def _matches(column: str, names: Iterable[str]) -> bool:
+    """``column`` is one of ``names``, or under one that ends with a dot (``breakdown_s.``)."""
+    return any(column == n or (n.endswith(".") and column.startswith(n)) for n in names)
+
+
+def written_column(column: str, axis_keys: Iterable[str]) -> bool:
+    """Whether plan sweep writes ``column`` in the output of a sweep with these axes."""
+    return column in axis_keys or _matches(column, _ORDER) or column in _OTHER_COLUMNS
+
+
+@dataclass
+class Resume:
+    """What an existing output gives a run: the rows it keeps, the points they finish, and how
+    the file is to be written on (see :class:`Sink`)."""
+
+    rows: list[dict] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+    done: set[str] = field(default_factory=set)
+    foreign: int = 0
+    notes: list[str] = field(default_factory=list)
+    rewrite: bool = False
+    newline: bool = True
+
+
+def resume_state(out: Path | None, sw: Sweep) -> Resume:
+    """Read ``out`` and judge it before any point runs. Another sweep's file, an edited header,
+    a text in a number column, or one point twice with different results are refused (exit 2,
+    naming the file and what is wrong) rather than mixed into this sweep's rows; a last line
+    cut short (a run killed while writing) and repeated identical rows are dropped with a note
+    (their points run again, or once)."""
+    got = _read_output(out) if out is not None else _Output()
+    if not got.columns and not got.rows:
+        return Resume()
+    _check_header(out, got.columns)
+    notes: list[str] = []
+    rows = _drop_cut_line(out, got, sw, notes)
+    _check_identity(out, rows, got)
+    res = Resume(rows, got.columns, notes=notes, newline=got.newline,
+                 rewrite=len(rows) < len(got.rows))
+    by_key = {p.key: p for p in sw.points}
+    hashes = {p.key: point_hash(p, sw.options()) for p in sw.points}
+    for r in rows:
+        k = r.get("point_key")
+        if k not in by_key:
+            res.foreign += 1
+            continue
+        if r.get("point_hash") != hashes[k]:
+            raise InputError(
+                f"--out {out}: holds a result of a different sweep for the point "
+                f"{_axes_text(json.loads(k))} (its instance or query options changed); "
+                "write to another file, or delete this one to start over")
+        res.done.add(k)
+    if rows and not res.done:
+        raise InputError(f"--out {out}: holds another sweep's rows (none of its "
+                         f"{plural(len(rows), 'row')} is a point of {sw.source}); write to "
+                         "another file, or delete this one to start over")
+    _check_columns(out, got.columns, rows, sw.axis_keys)
+    _check_numbers(out, rows)
+    res.rows = _drop_repeats(out, rows, got, notes)
+    res.rewrite = res.rewrite or len(res.rows) < len(rows)
+    for r in res.rows:            # (axis values as the sweep has them: a list, not its JSON)
+        p = by_key.get(r.get("point_key"))
+        if p is not None:
+            r.update(p.axes)
+            r["point"] = p.index
+    return res
+
+
+def _check_header(out: Path, columns: list[str]) -> None:
+    """The columns every output has, each once."""
+    if "point_key" not in columns:
+        raise InputError(f"--out {out}: exists and is not a sweep output (no point_key "
+                         "column); choose another file")
+    seen: set[str] = set()
+    for c in columns:
+        if c in seen:
+            raise InputError(f"--out {out}: the column {c!r} appears twice in its header, "
+                             f"which plan sweep never writes (edited?); {_RESTORE}")
+        seen.add(c)
+    for c in _ROW_COLUMNS:
+        if c not in seen:
+            raise InputError(f"--out {out}: no {c!r} column, which every row plan sweep writes "
+                             f"has (renamed or deleted?); {_RESTORE}")
+
+
+def _drop_cut_line(out: Path, got: _Output, sw: Sweep, notes: list[str]) -> list[dict]:
+    """The rows without a last line cut short. A CSV line has as many fields as the header,
+    except a last line without its newline where a run stopped while writing: it has fewer
+    fields, or a point_hash that is only the start of its point's."""
+    rows, n = got.rows, len(got.columns)
+    for i, width in enumerate(got.widths):
+        if width != n and not (i == len(rows) - 1 and not got.newline and width < n):
+            raise InputError(f"--out {out}: line {got.lines[i]} has {width} fields where the "
+                             f"header has {n}: not a file plan sweep wrote (edited?); "
+                             f"{_RESTORE}")
+    if got.widths and not got.newline and (got.widths[-1] < n or _hash_cut(rows[-1], sw)):
+        notes.append(f"the last line of {out} (line {got.lines[-1]}) was cut short, as by a "
+                     "run stopped while writing it; dropped: its point runs again")
+        return rows[:-1]
+    return rows
+
+
+def _check_identity(out: Path, rows: list[dict], got: _Output) -> None:
+    """Every row names its point: a point_key (its axis values as a JSON table) and a
+    point_hash. A row without them was not written by plan sweep, and would be kept as another
+    sweep's."""
+    for i, r in enumerate(rows):
+        try:
+            ok = isinstance(json.loads(r.get("point_key") or ""), dict) and r.get("point_hash")
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            where = f"line {got.lines[i]}" if got.lines else f"row {i + 1}"
+            raise InputError(f"--out {out}: {where} has no point_key and point_hash naming its "
+                             f"point, which every row plan sweep writes has (edited?); "
+                             f"{_RESTORE}")
+
+
+def _hash_cut(row: dict, sw: Sweep) -> bool:
+    """The row's point_hash is the start of its point's hash, not all of it."""
+    p = next((p for p in sw.points if p.key == row.get("point_key")), None)
+    if p is None:
+        return False
+    full, got = point_hash(p, sw.options()), str(row.get("point_hash") or "")
+    return got != full and full.startswith(got)
+
+
+def _check_columns(out: Path, columns: list[str], rows: list[dict], axis_keys: list[str]) -> None:
+    """Every axis column, the plan columns when a row has a plan, and no column plan sweep does
+    not write (a result column renamed is one missing and one unknown)."""
+    for key in axis_keys:
+        if key not in columns:
+            raise InputError(f"--out {out}: no {key!r} column, an axis of this sweep (renamed "
+                             f"or deleted?); {_RESTORE}")
+    if any(r.get("plan_label") for r in rows):
+        for c in _PLAN_COLUMNS:
+            if c not in columns:
+                raise InputError(f"--out {out}: no {c!r} column, which every row with a plan "
+                                 f"has (renamed or deleted?); {_RESTORE}")
+    for c in columns:
+        if not written_column(c, axis_keys):
+            raise InputError(f"--out {out}: the column {c!r} is not one plan sweep writes for "
+                             f"this sweep (renamed, or added by hand?); {_RESTORE}")
+
+
+def _row_name(r: dict) -> str:
+    """A row as the user finds it: its point index and axis values."""
+    try:
+        axes = json.loads(r.get("point_key") or "")
+    except (TypeError, ValueError):
+        axes = None
+    return f"point {r.get('point')}" + (f" ({_axes_text(axes)})" if isinstance(axes, dict)
+                                        else "")
+
+
+def _check_numbers(out: Path, rows: list[dict]) -> None:
+    """A number (or nothing) in every number column; the point index a whole number."""
+    for r in rows:
+        for c, v in r.items():
+            if v is None or not _matches(c, _NUMBER_COLUMNS):
+                continue
+            ok = isinstance(v, int) if c == "point" else isinstance(v, int | float)
+            if isinstance(v, bool) or not ok:
+                raise InputError(f"--out {out}: {_row_name(r)}: {c} = {json.dumps(v)} is not "
+                                 f"a {'point index' if c == 'point' else 'number'} (edited?); "
+                                 "fix the cell, or delete the row to run its point again")
+
+
+def _drop_repeats(out: Path, rows: list[dict], got: _Output, notes: list[str]) -> list[dict]:
+    """One row per point (per point and size for pareto): a repeat with the same results (the
+    wall clocks aside) is dropped with a note; one with other results is refused."""
+    first: dict[tuple, int] = {}
+    kept, dropped = [], 0
+    for i, r in enumerate(rows):
+        ident = (r.get("point_key"), r.get("pareto.nodes"))
+        if ident not in first:
+            first[ident] = i
+            kept.append(r)
+        elif comparable([r]) == comparable([rows[first[ident]]]):
+            dropped += 1
+        else:
+            where = (f" (lines {got.lines[first[ident]]} and {got.lines[i]})"
+                     if got.lines else "")
+            raise InputError(f"--out {out}: {_row_name(r)} has two rows with different "
+                             f"results{where}; delete the wrong one, or write to another file")
+    if dropped:
+        notes.append(f"{plural(dropped, 'repeated row')} of {out} (a point with the same results "
+                     "twice) dropped")
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -876,6 +1269,7 @@ class SweepRun:
     foreign: int                  # rows in the output that are not points of this sweep
     interrupted: bool = False
     wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)     # what the resume dropped, and why
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -911,27 +1305,11 @@ def run_sweep(sw: Sweep, engine: str = "local", workers: int | None = None,
     t0 = time.perf_counter()
     if out is not None:
         out = check_out_path(out)
-    existing = read_rows(out) if out is not None else []
-    if existing and "point_key" not in existing[0]:
-        raise InputError(f"--out {out}: exists and is not a sweep output (no point_key column); "
-                         "choose another file")
-    by_key = {p.key: p for p in sw.points}
-    hashes = {p.key: point_hash(p, sw.options()) for p in sw.points}
-    done: set[str] = set()
-    foreign = 0
-    for r in existing:
-        k = r.get("point_key")
-        if k in by_key:
-            if r.get("point_hash") != hashes[k]:
-                raise InputError(
-                    f"--out {out}: holds a result of a different sweep for the point "
-                    f"{_axes_text(json.loads(k))} (its instance or query options changed); "
-                    "write to another file, or delete this one to start over")
-            done.add(k)
-        else:
-            foreign += 1
+    resume = resume_state(out, sw)
+    done = resume.done
     tasks = [sw.task(p) for p in sw.points if p.key not in done]
-    sink = Sink(out, sw.axis_keys, existing)
+    sink = Sink(out, sw.axis_keys, resume.rows, columns=resume.columns, rewrite=resume.rewrite,
+                newline=resume.newline)
     total, count = len(sw.points), len(done)
     if progress:
         progress(count, total)
@@ -955,10 +1333,10 @@ def run_sweep(sw: Sweep, engine: str = "local", workers: int | None = None,
         interrupted = True
     finally:
         sink.finish()
-    keys = set(by_key)
+    keys = {p.key for p in sw.points}
     rows = [r for r in sink.rows if r.get("point_key") in keys]
-    return SweepRun(sw, rows, count - len(done), len(done), foreign, interrupted,
-                    time.perf_counter() - t0)
+    return SweepRun(sw, rows, count - len(done), len(done), resume.foreign, interrupted,
+                    time.perf_counter() - t0, resume.notes)
 
 
 def comparable(rows: list[dict]) -> list[dict]:
@@ -1027,10 +1405,11 @@ def rows_table(run: SweepRun, limit: int = 60):
         status = r.get("solver.status") or ""
         cells = [_cell(r.get(c)) for c in cols + extra]
         if r.get("plan_label"):
-            cells += [r["plan_label"], f"{r['step_time_s']:.4g}", _num(r.get("total_days"), ".1f"),
-                      _num(r.get("cost"), ",.0f"), _num(r.get("mfu"), ".1%"), status]
+            cells += [r["plan_label"], _num(r.get("step_time_s"), ".4g"),
+                      _num(r.get("total_days"), ".1f"), _num(r.get("cost"), ",.0f"),
+                      _num(r.get("mfu"), ".1%"), status]
         else:
-            cells += [r.get("reason", "")[:60], "", "", "", "", status]
+            cells += [(r.get("reason") or "")[:60], "", "", "", "", status]
         t.add_row(*cells, style="" if r.get("plan_label") else "yellow")
     return t
 

@@ -36,8 +36,12 @@ def _short(key: str) -> str:
 
 
 def _fmt(v: Any) -> str:
+    """A value as the sweep file writes it: a list value of an axis reads [1, 16] whether the
+    row holds a list (run now) or a tuple (grouped for a line)."""
     if isinstance(v, float):
         return f"{v:g}"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
     return str(v)
 
 
@@ -80,8 +84,9 @@ def layout(sweep) -> dict[str, Any]:
     return {"kind": kind, "x": x, "lines": lines, "y": y}
 
 
-def plot_sweep(rows: list[dict[str, Any]], sweep, path: str | Path) -> None:
-    """Write the sweep's figure to ``path`` (PNG, PDF or SVG by its suffix)."""
+def plot_sweep(rows: list[dict[str, Any]], sweep, path: str | Path) -> list[str]:
+    """Write the sweep's figure to ``path`` (PNG, PDF or SVG by its suffix). Returns warnings
+    for the user (the CLI prints them on stderr): what the figure leaves out and why."""
     try:
         import matplotlib
 
@@ -97,13 +102,22 @@ def plot_sweep(rows: list[dict[str, Any]], sweep, path: str | Path) -> None:
     title = sweep.plot.get("title") or Path(sweep.source).stem
     if failed:
         title += f" ({failed} point(s) without a plan)"
+    warnings: list[str] = []
+    y = lay["y"]
+    no_values = all(math.isnan(_metric(r, y)) for r in rows)
+    if no_values:         # (e.g. cost without a price, capacity.nodes of a solve sweep)
+        warnings.append(f"--plot: [plot] y = \"{y}\": no row has a value of it; the left "
+                        "panel is empty")
     with plt.rc_context(STYLE):
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6),
                                      gridspec_kw={"width_ratios": [1.1, 1]})
         if lay["kind"] == "heatmap":
-            _heatmap(ax, fig, rows, sweep, lay)
+            _heatmap(ax, fig, rows, sweep, lay, warnings)
         else:
-            _lines(ax, rows, sweep, lay)
+            _lines(ax, rows, sweep, lay, warnings)
+        if no_values:
+            ax.text(0.5, 0.5, f"no values of {y}", transform=ax.transAxes, ha="center",
+                    va="center", color="#555555")
         _breakdown(bx, solved, sweep)
         fig.suptitle(title.replace("$", r"\$"), fontsize=11, fontweight="bold")
         fig.tight_layout()
@@ -112,6 +126,7 @@ def plot_sweep(rows: list[dict[str, Any]], sweep, path: str | Path) -> None:
         except OSError as exc:
             raise InputError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
         plt.close(fig)
+    return warnings
 
 
 def _order(sweep, key: str) -> list[Any]:
@@ -121,7 +136,13 @@ def _order(sweep, key: str) -> list[Any]:
     return []
 
 
-def _lines(ax, rows, sweep, lay) -> None:
+def _no_base(x: str, first: Any, lines: list[str]) -> str:
+    """The warning for speedups with no base: the first x value has no plan on those lines."""
+    return (f"--plot: [plot] y = \"speedup\" is over the first value of {x} ({_fmt(first)}), "
+            f"which has no plan for {'; '.join(lines)}: those speedups are not drawn")
+
+
+def _lines(ax, rows, sweep, lay, warnings: list[str]) -> None:
     x, y, line_keys = lay["x"], lay["y"], lay["lines"]
     if x == "pareto.nodes":
         xs_all = sorted({r["pareto.nodes"] for r in rows if r.get("pareto.nodes") is not None})
@@ -139,16 +160,22 @@ def _lines(ax, rows, sweep, lay) -> None:
         raise InputError(f"--plot: {len(keys)} lines (one per combination of "
                          f"{', '.join(line_keys)}); set [plot] x and lines, or use fewer axes")
     pos = {v: (v if numeric else i) for i, v in enumerate(_hashable(v) for v in xs_all)}
+    no_base = []
     for g in keys:
         pts = groups[g]
         xs = [v for v in (_hashable(v) for v in xs_all) if v in pts]
         ys = [pts[v] for v in xs]
-        if y == "speedup":
-            base = next((v for v in ys if not math.isnan(v)), math.nan)
-            ys = [base / v if v and not math.isnan(v) else math.nan for v in ys]
         label = ", ".join(f"{_short(k)}={_fmt(v)}" if k != "case" else _fmt(v)
                           for k, v in zip(line_keys, g)) or None
+        if y == "speedup":          # over the first x value, as the heatmap: none, no speedups
+            base = pts.get(_hashable(xs_all[0]), math.nan) if xs_all else math.nan
+            ys = [base / v if v and not math.isnan(v) else math.nan for v in ys]
+            if math.isnan(base):
+                no_base.append(label or "the line")
+                label = label and f"{label} (no plan at {_fmt(xs_all[0])})"
         ax.plot([pos[v] for v in xs], ys, "-o", ms=4, lw=1.6, label=label)
+    if no_base and any(not math.isnan(v) for g in groups.values() for v in g.values()):
+        warnings.append(_no_base(x, xs_all[0], no_base))
     if numeric and xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
         ax.set_xscale("log", base=2)
     if numeric:
@@ -175,7 +202,7 @@ def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-def _heatmap(ax, fig, rows, sweep, lay) -> None:
+def _heatmap(ax, fig, rows, sweep, lay, warnings: list[str]) -> None:
     import numpy as np
     from matplotlib.colors import LogNorm
 
@@ -190,7 +217,11 @@ def _heatmap(ax, fig, rows, sweep, lay) -> None:
         except ValueError:
             continue
         grid[i, j] = _metric(r, y)
-    if y == "speedup":
+    if y == "speedup":              # over the first x value: none, no speedups on that row
+        empty = [f"{_short(other)}={_fmt(v)}" for v, base in zip(ys, grid[:, 0])
+                 if np.isnan(base) and not np.isnan(grid).all()]
+        if empty and xs:
+            warnings.append(_no_base(x, xs[0], empty))
         grid = grid[:, :1] / grid
     vals = grid[~np.isnan(grid)]
     norm = LogNorm() if (vals.size and vals.min() > 0 and vals.max() / vals.min() > 20) else None
