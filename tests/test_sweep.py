@@ -629,16 +629,17 @@ def test_ray_joins_a_cluster_already_running_without_asking_for_cpus(monkeypatch
     import types
 
     inits = []
-    services = types.ModuleType("ray._private.services")
-    services.canonicalize_bootstrap_address = lambda addr, temp_dir=None: "192.0.2.2:6379"
+    running = ["192.0.2.2:6379"]
 
     class FakeRay(types.ModuleType):
         def is_initialized(self):
             return False
 
-        def init(self, **kw):
-            inits.append(kw)
-            if "num_cpus" in kw and services.canonicalize_bootstrap_address(None):
+        def init(self, address=None, **kw):
+            inits.append({"address": address, **kw})
+            if address == "auto" and not running:
+                raise ConnectionError("Could not find any running Ray instance.")
+            if "num_cpus" in kw and running:
                 raise ValueError("When connecting to an existing cluster, num_cpus and num_gpus "
                                  "must not be provided.")
 
@@ -658,16 +659,14 @@ def test_ray_joins_a_cluster_already_running_without_asking_for_cpus(monkeypatch
             inits.append("shutdown")
 
     monkeypatch.setitem(sys.modules, "ray", FakeRay("ray"))
-    monkeypatch.setitem(sys.modules, "ray._private", types.ModuleType("ray._private"))
-    monkeypatch.setitem(sys.modules, "ray._private.services", services)
     got = []
     sw.run_ray([{"index": 0}, {"index": 1}], 2, None, got.extend)
     assert got == [{"point": 0}, {"point": 1}]
     assert "num_cpus" not in inits[0] and inits[-1] == "shutdown"
-    services.canonicalize_bootstrap_address = lambda addr, temp_dir=None: None
+    running.clear()
     inits.clear()
     sw.run_ray([{"index": 0}], 2, None, got.extend)        # none running: a Ray of 2 CPUs
-    assert inits[0]["num_cpus"] == 2
+    assert inits[-2]["num_cpus"] == 2
 
 
 def test_engine_flags_are_checked(tmp_path):

@@ -726,10 +726,12 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
         try:
             if address:
                 ray.init(address=address, **kw)
-            elif _running_ray_cluster():   # Ray joins it by itself and refuses num_cpus then
-                ray.init(**kw)
             else:
-                ray.init(num_cpus=workers or default_workers(), **kw)
+                try:    # a cluster running on this machine (RAY_ADDRESS, or `ray start`): join
+                    # it, as ray.init() would, but without num_cpus, which Ray refuses then
+                    ray.init(address="auto", **kw)
+                except ConnectionError:     # none running: a local Ray of the workers' CPUs
+                    ray.init(num_cpus=workers or default_workers(), **kw)
         except Exception as exc:     # a cluster that is not there is the user's input
             raise InputError(f"--address {address or '(local)'}: cannot start or reach Ray: "
                              f"{exc}") from None
@@ -753,18 +755,6 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
     finally:
         if started:
             ray.shutdown()
-
-
-def _running_ray_cluster() -> str | None:
-    """The address of the Ray cluster ``ray.init()`` would join without an address (RAY_ADDRESS,
-    or the last ``ray start`` on this machine), or None when it would start its own. Asked of
-    Ray itself (a private function: None if it moved, and Ray's own error then says why)."""
-    try:
-        from ray._private.services import canonicalize_bootstrap_address
-
-        return canonicalize_bootstrap_address(None)
-    except Exception:
-        return None
 
 
 def _failed(task: dict[str, Any], reason: str) -> list[dict[str, Any]]:
