@@ -59,7 +59,7 @@ BASES = {p.stem: tomllib.loads(p.read_text()) for p in INSTANCES}
 HF_DIR = ROOT / "tests" / "data" / "hf"
 
 #: cases of plan evaluate (each runs plain and --json): seeds 0-299, and 1187, which found the
-#: unnamed non-identifier key (global-batch) fixed in instance._fmt_loc
+#: unnamed non-identifier key (global-batch) fixed in instance.key_path
 EVALUATE_SEEDS = [*range(300), 1187]
 SOLVE_SEEDS = range(10_000, 10_005)   # cases of plan solve --solver enumerate
 SOLVE_BASES = ("gpt-1.3b-1node", "gpt3-175b-a100")   # enumerated in ~0.1-0.2 s

@@ -34,7 +34,7 @@ from planner.model.catalog import known_gpus, load_gpu
 from planner.model.errors import InputError
 from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
-from planner.model.instance import (Instance, _fmt_loc, _unknown_key, parse_instance,
+from planner.model.instance import (Instance, key_path, unknown_key_words, parse_instance,
                                      read_toml)
 from planner.model.plan import plan_from_spec, structural_violations
 from planner.model.schema import PlanSpec, Precision
@@ -263,7 +263,7 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         raise InputError(f"run {rid}: missing {exc}") from None
     # an unknown key first, as in an instance file (a misspelt tp also makes tp "missing"),
     # with the [plan] key it likely meant
-    problems = [f"{_fmt_loc(('plan', k), key_last=True)}: {_unknown_key(('plan', k))}"
+    problems = [f"{key_path(('plan', k), key_last=True)}: {unknown_key_words(('plan', k))}"
                 for k in sorted(set(plan) - PLAN_KEYS, key=str)]
     missing = [f"plan.{k}" for k in ("tp", "pp", "dp", "global_batch") if k not in plan]
     missing += [k for k in ("precision", "gpu", "measured_step_time_s") if k not in run]

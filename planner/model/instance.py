@@ -200,7 +200,7 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _UNION_TAG = re.compile(r"(int|float|str|bool|none|constrained-[a-z]+|[a-z-]+\[.*\])")
 
 
-def _fmt_loc(loc: tuple, key_last: bool = False) -> str:
+def key_path(loc: tuple, key_last: bool = False) -> str:
     """The key path of a pydantic error, without pydantic's own union-member tags.
     ``key_last``: the last element is the user's key whatever it looks like (an unknown key,
     ``global-batch`` or a quoted ``"global batch"``), so it is kept as written."""
@@ -232,7 +232,7 @@ def _section_model(loc: tuple):
     return cls
 
 
-def _unknown_key(loc: tuple) -> str:
+def unknown_key_words(loc: tuple) -> str:
     from difflib import get_close_matches
 
     cls = _section_model(loc)
@@ -258,18 +258,18 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     # a union of a number and a [lo, hi] pair, written as a pair: the pair's own errors stand
     # for the key ("cluster.nodes = [0, 4]" is no bad integer, its first value is too small)
-    pairs = {_fmt_loc(e["loc"][:-1]): e["loc"][-1] for e in errors
+    pairs = {key_path(e["loc"][:-1]): e["loc"][-1] for e in errors
              if len(e["loc"]) > 1 and isinstance(e["loc"][-1], int)
              and isinstance(e["loc"][-2], str) and e["loc"][-2].startswith("tuple[")}
     written = {}
     for err in errors:
-        key = f"{prefix}{_fmt_loc(err['loc'], err['type'] == 'extra_forbidden')}"
+        key = f"{prefix}{key_path(err['loc'], err['type'] == 'extra_forbidden')}"
         if isinstance(err.get("input"), (list, tuple)):
             written.setdefault(key, err["input"])
         if key.removeprefix(prefix) in pairs and isinstance(err.get("input"), (list, tuple)):
             continue                # (the number member's complaint about a pair)
         if (len(err["loc"]) > 1 and isinstance(err["loc"][-1], int)
-                and _fmt_loc(err["loc"][:-1]) in pairs and isinstance(err["loc"][-2], str)
+                and key_path(err["loc"][:-1]) in pairs and isinstance(err["loc"][-2], str)
                 and err["loc"][-2].startswith("tuple[")):
             parent = key.rsplit(".", 1)[0]
             which = ("lo", "hi")[err["loc"][-1]] if err["loc"][-1] < 2 else err["loc"][-1]
@@ -292,7 +292,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
             # a rule across sections names its key first: that key stands for the line
             key, msg = prefix + msg.split(" ", 1)[0], msg.split(" ", 1)[1]
         if err["type"] == "extra_forbidden":
-            msg = _unknown_key(tuple(p for p in err["loc"] if isinstance(p, (str, int))))
+            msg = unknown_key_words(tuple(p for p in err["loc"] if isinstance(p, (str, int))))
         elif err["type"] == "missing":
             msg = "required key is missing"
         elif err["type"] in ("model_type", "dict_type", "model_attributes_type"):
