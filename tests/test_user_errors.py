@@ -547,3 +547,18 @@ def test_a_pareto_range_without_any_plan_says_what_binds(runner, tmp_path):
     assert r.exit_code == 3
     assert "at 2 sizes (1, 2 nodes):" in r.stderr
     assert "constraints.tp = 3 binds" in r.stderr and "nearest change: tp = 2" in r.stderr
+
+
+def test_a_fixed_plan_is_judged_by_the_degree_pins_and_caps_the_file_writes(runner, tmp_path):
+    """A what-if written in [constraints] holds for the plan evaluated under it, as
+    tp_within_node did already: max_tp = 4 with --tp 8 was 'fits', exit 0 (a fuzzer). A
+    default cap (max_micro_batch = 32) does not judge a given plan."""
+    f = _instance(tmp_path, "[constraints]\nmax_tp = 4\nmicro_batch = 8\n")
+    r = runner.invoke(app, ["evaluate", str(f), "--tp", "8", "--dp", "1", "--micro-batch", "16"])
+    assert r.exit_code == 3
+    text = " ".join(r.output.split())
+    assert "constraints.max_tp = 4 but the plan has tp = 8" in text
+    assert "constraints.micro_batch = 8 but the plan has micro_batch = 16" in text
+    big = _instance(tmp_path, "")
+    r = runner.invoke(app, ["evaluate", str(big), "--micro-batch", "64", "--dp", "8"])
+    assert "max_micro_batch" not in r.output

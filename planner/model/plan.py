@@ -785,4 +785,28 @@ def structural_violations(inst: Instance, plan: Plan, spec: PlanSpec | None = No
     if spec is not None and spec.micro_batches and spec.micro_batches != plan.micro_batches:
         out.append(f"plan.micro_batches={spec.micro_batches} but global_batch/(dp*micro_batch)"
                    f" = {plan.micro_batches}")
+    return out + degree_pin_violations(inst, plan)
+
+
+def degree_pin_violations(inst: Instance, plan: Plan) -> list[str]:
+    """The ``[constraints]`` degree pins and caps the instance sets (``tp = 4``, ``max_tp =
+    4``, ...) that a fixed plan breaks, as ``*_within_node`` judges one: a what-if written in
+    the file holds for the plan evaluated under it. Only keys the instance writes: a default
+    cap (``max_cp = 1``, ``max_micro_batch = 32``) steers the search, not a given plan."""
+    from planner.model.schema import PIN_CAPS
+
+    c = inst.spec.constraints
+    written = c.model_fields_set
+    out = []
+    for knob, cap in PIN_CAPS.items():
+        value = getattr(plan, knob)
+        pin = getattr(c, knob) if knob in written else None
+        if pin is not None and value != pin:
+            out.append(f"constraints.{knob} = {pin} but the plan has {knob} = {value}")
+        limit = getattr(c, cap) if cap in written else None
+        if limit is not None and value > limit:
+            out.append(f"constraints.{cap} = {limit} but the plan has {knob} = {value}")
+    if "min_micro_batch" in written and plan.micro_batch < c.min_micro_batch:
+        out.append(f"constraints.min_micro_batch = {c.min_micro_batch} but the plan has "
+                   f"micro_batch = {plan.micro_batch}")
     return out
