@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.app import sweep as sw  # noqa: E402
+from planner.app.sweep_output import comparable  # noqa: E402
 
 SWEEP = """
 [model]
@@ -73,17 +74,17 @@ def main() -> None:
         for _ in range(args.repeat):
             t, run = timed(lambda: sw.run_sweep(spec, workers=1))
             t1s.append(t)
-            tables["1 worker"] = sw.comparable(run.rows)
+            tables["1 worker"] = comparable(run.rows)
             t, run = timed(lambda: sw.run_sweep(spec, workers=2))
             t2s.append(t)
-            tables["2 workers"] = sw.comparable(run.rows)
+            tables["2 workers"] = comparable(run.rows)
             if ray is not None:
                 t, _ = timed(lambda: ray.init(num_cpus=2, include_dashboard=False,
                                               log_to_driver=False, logging_level="ERROR"))
                 inits.append(t)
                 t, run = timed(lambda: sw.run_sweep(spec, engine="ray"))
                 trs.append(t)
-                tables["Ray local"] = sw.comparable(run.rows)
+                tables["Ray local"] = comparable(run.rows)
                 ray.shutdown()
         med = statistics.median
         t1, t2 = med(t1s), med(t2s)

@@ -11,6 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.app import sweep as sw
+from planner.app.sweep_output import (_csv_text, check_out_path, column_order, comparable,
+                                      point_hash, read_rows, write_rows, written_column)
 from planner.app.cli import app
 from planner.model.errors import InputError
 
@@ -282,8 +284,7 @@ def test_resume_skips_points_already_in_the_output(tmp_path):
     again = sw.run_sweep(s, workers=1, out=out)
     assert (again.ran, again.resumed) == (2, 4)
     assert [int(r["point"]) for r in _csv_rows(out)] == list(range(6))
-    assert sw.comparable(again.rows) == sw.comparable(
-        [dict(r) for r in sw.read_rows(out)])
+    assert comparable(again.rows) == comparable([dict(r) for r in read_rows(out)])
     text = out.read_text()
     third = sw.run_sweep(s, workers=1, out=out)
     assert (third.ran, third.resumed) == (0, 6)
@@ -298,8 +299,8 @@ def test_hashes_and_texts_that_look_like_numbers_stay_text(tmp_path):
     rows = [{"point": 0, "point_key": "{}", "point_hash": "h1234e5678901234", "reason": "12",
              "plan_label": "7"}]
     path = tmp_path / "r.csv"
-    sw.write_rows(path, rows, list(rows[0]))
-    assert sw.read_rows(path) == rows
+    write_rows(path, rows, list(rows[0]))
+    assert read_rows(path) == rows
 
 
 def test_a_parquet_output_resumes_too(tmp_path):
@@ -312,10 +313,10 @@ def test_a_parquet_output_resumes_too(tmp_path):
             raise KeyboardInterrupt
 
     assert sw.run_sweep(s, workers=1, out=out, progress=stop_after_one).interrupted
-    assert len(sw.read_rows(out)) == 1
+    assert len(read_rows(out)) == 1
     run = sw.run_sweep(s, workers=1, out=out)
     assert (run.ran, run.resumed) == (1, 1)
-    assert [r["training.global_batch"] for r in sw.read_rows(out)] == [32, 64]
+    assert [r["training.global_batch"] for r in read_rows(out)] == [32, 64]
 
 
 def test_a_changed_sweep_is_not_mixed_into_an_old_output(tmp_path):
@@ -348,8 +349,8 @@ def _without(text: str, column: str) -> str:
     """The CSV text with one column deleted."""
     rows = list(csv.reader(text.splitlines()))
     i = rows[0].index(column)
-    return sw._csv_text([dict(enumerate(r[:i] + r[i + 1:])) for r in rows],
-                        list(range(len(rows[0]) - 1)), header=False)
+    return _csv_text([dict(enumerate(r[:i] + r[i + 1:])) for r in rows],
+                     list(range(len(rows[0]) - 1)), header=False)
 
 
 def _csv_widths(path: Path) -> set[int]:
@@ -372,7 +373,7 @@ def test_a_last_line_cut_short_is_dropped_and_its_point_runs_once(tmp_path, done
     assert any("was cut short" in n and str(out) in n for n in run.notes)
     rows = _csv_rows(out)
     assert [int(r["point"]) for r in rows] == list(range(6))
-    assert [r["point_hash"] for r in rows] == [sw.point_hash(p, s.options()) for p in s.points]
+    assert [r["point_hash"] for r in rows] == [point_hash(p, s.options()) for p in s.points]
 
 
 def test_a_file_without_its_final_newline_is_appended_to_on_a_new_line(tmp_path, done_csv):
@@ -442,8 +443,8 @@ def test_a_text_in_a_number_column_is_refused_naming_the_point(tmp_path, done_cs
     s, text = done_csv
     rows = list(csv.reader(text.splitlines()))
     rows[3][rows[0].index(column)] = "abc"                # point 2: batch 64, optimum
-    out = _edited(tmp_path, sw._csv_text([dict(enumerate(r)) for r in rows],
-                                         list(range(len(rows[0]))), header=False))
+    out = _edited(tmp_path, _csv_text([dict(enumerate(r)) for r in rows],
+                                      list(range(len(rows[0]))), header=False))
     with pytest.raises(InputError) as e:
         sw.run_sweep(s, workers=1, out=out)
     assert (f'point 2 (case = "optimum", training.global_batch = 64): {column} = "abc" is not '
@@ -482,8 +483,8 @@ def test_a_row_without_its_point_key_is_refused(tmp_path, done_csv):
     s, text = done_csv
     rows = list(csv.reader(text.splitlines()))
     rows[3][rows[0].index("point_key")] = ""
-    out = _edited(tmp_path, sw._csv_text([dict(enumerate(r)) for r in rows],
-                                         list(range(len(rows[0]))), header=False))
+    out = _edited(tmp_path, _csv_text([dict(enumerate(r)) for r in rows],
+                                      list(range(len(rows[0]))), header=False))
     with pytest.raises(InputError, match="line 4 has no point_key and point_hash naming its "
                                          "point"):
         sw.run_sweep(s, workers=1, out=out)
@@ -544,7 +545,7 @@ def test_rows_carry_axes_plan_times_memory_and_status(grid_rows):
     s, rows = grid_rows
     # (caveats, framework and kernel_stack were written but not in the docs' table)
     assert _undocumented(rows, s.axis_keys) == set()
-    assert all(sw.written_column(c, s.axis_keys) for r in rows for c in r)
+    assert all(written_column(c, s.axis_keys) for r in rows for c in r)
     assert len(rows) == len(s.points) == 12
     cols = set().union(*rows)
     for c in ("training.global_batch", "case", "model.preset", "plan.tp", "plan.pp", "plan.dp",
@@ -566,9 +567,9 @@ def test_csv_and_parquet_round_trip(tmp_path, grid_rows, suffix):
         pytest.importorskip("pyarrow")
     s, rows = grid_rows
     path = tmp_path / f"r{suffix}"
-    cols = sw.column_order(rows, s.axis_keys)
-    sw.write_rows(path, rows, cols)
-    back = sw.read_rows(path)
+    cols = column_order(rows, s.axis_keys)
+    write_rows(path, rows, cols)
+    back = read_rows(path)
     assert len(back) == len(rows)
     for a, b in zip(rows, back):
         assert {k: v for k, v in b.items() if v not in (None, "")} == {
@@ -578,9 +579,9 @@ def test_csv_and_parquet_round_trip(tmp_path, grid_rows, suffix):
 
 def test_out_paths_are_checked(tmp_path):
     with pytest.raises(InputError, match=".csv or .parquet"):
-        sw.check_out_path(tmp_path / "r.xlsx")
+        check_out_path(tmp_path / "r.xlsx")
     with pytest.raises(InputError, match="does not exist"):
-        sw.check_out_path(tmp_path / "no" / "r.csv")
+        check_out_path(tmp_path / "no" / "r.csv")
 
 
 @pytest.mark.parametrize("path", ["/proc/x.csv", "/sys/x.csv", "/sys/x.parquet"])
@@ -614,9 +615,9 @@ def test_local_pool_and_ray_give_identical_tables(tmp_path, ray_session, grid_ro
     pool = sw.run_sweep(s, workers=2, out=tmp_path / "pool.csv").rows
     ray_rows = sw.run_sweep(s, engine="ray", out=tmp_path / "ray.csv").rows
     assert len(pool) == len(s.points) == 12
-    assert sw.comparable(pool) == sw.comparable(ray_rows) == sw.comparable(one)
+    assert comparable(pool) == comparable(ray_rows) == comparable(one)
     assert any(r["solver.status"] == "infeasible" for r in ray_rows)
-    files = [sw.comparable(sw.read_rows(tmp_path / f)) for f in ("pool.csv", "ray.csv")]
+    files = [comparable(read_rows(tmp_path / f)) for f in ("pool.csv", "ray.csv")]
     assert files[0] == files[1]
 
 
@@ -714,7 +715,7 @@ solver = "enumerate"
 """, "p.toml"))
     rows = sw.run_sweep(front, workers=1).rows
     assert len(rows) == 4 and {r["pareto.nodes"] for r in rows} == {1, 2}
-    assert all(sw.written_column(c, front.axis_keys) for r in rows for c in r)
+    assert all(written_column(c, front.axis_keys) for r in rows for c in r)
     assert _undocumented(rows, front.axis_keys) == set()
     plot_sweep(rows, front, tmp_path / "front.png")
     assert _png(tmp_path / "front.png")
@@ -811,11 +812,11 @@ deadline_days = 3
 "training.tokens" = [1e9, 1e10, 1e13]
 """))
     rows = sw.run_sweep(s, workers=1).rows
-    assert all(sw.written_column(c, s.axis_keys) for r in rows for c in r)
+    assert all(written_column(c, s.axis_keys) for r in rows for c in r)
     assert _undocumented(rows, s.axis_keys) == set()          # (unproven was not)
     # capacity.wall_s is a wall clock: not compared across engines (it once was)
     assert all(r["capacity.wall_s"] > 0 for r in rows)
-    assert not any("capacity.wall_s" in r for r in sw.comparable(rows))
+    assert not any("capacity.wall_s" in r for r in comparable(rows))
     nodes = [r.get("capacity.nodes") for r in rows]
     assert nodes[0] is not None and nodes[1] is not None and nodes[0] <= nodes[1]
     assert rows[0]["total_days"] <= 3 and rows[1]["total_days"] <= 3
@@ -853,7 +854,7 @@ def test_an_empty_reason_is_null_in_parquet_as_every_missing_value(tmp_path):
     rows = [{"point": 0, "reason": "", "step_time_s": 1.5, "point_key": "{}", "point_hash": "h1"},
             {"point": 1, "reason": "too big", "step_time_s": None, "point_key": "{}",
              "point_hash": "h2"}]
-    sw.write_rows(tmp_path / "r.parquet", rows, list(rows[0]))
+    write_rows(tmp_path / "r.parquet", rows, list(rows[0]))
     back = pq.read_table(tmp_path / "r.parquet").to_pylist()
     assert [r["reason"] for r in back] == [None, "too big"]
     assert [r["step_time_s"] for r in back] == [1.5, None]

@@ -724,6 +724,7 @@ def sweep(
     infeasible or failing point is a row with its reason; Ctrl-C keeps every finished point
     (exit 130) and the same command resumes. Exit 4 when some point's solver failed."""
     from planner.app import sweep as sw
+    from planner.app.sweep_output import check_out_path
 
     try:
         if plot:
@@ -731,7 +732,7 @@ def sweep(
 
             check_plot_path(plot)
         if out_file:
-            sw.check_out_path(out_file)
+            check_out_path(out_file)
         spec = sw.load_sweep(file)
         with sw.RichProgress(err, f"{file.name}") as bar:
             run = sw.run_sweep(spec, engine=engine, workers=workers, address=address,
