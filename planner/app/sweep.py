@@ -45,7 +45,7 @@ from typing import Any
 from planner.model.words import plural
 from planner.model.errors import InfeasibleError, InputError, PlanError
 from planner.model.instance import parse_instance, read_toml
-from planner.app.sweep_output import (Sink, _axes_text, check_out_path, point_hash,
+from planner.app.sweep_output import (Sink, axes_text, check_out_path, point_hash,
                                       resume_state)
 
 QUERIES = ("solve", "capacity", "pareto")
@@ -479,7 +479,7 @@ def point_problems(sw: Sweep) -> list[str]:
                 seen[prob] = (seen[prob][0], seen[prob][1] + 1)
             else:
                 seen[prob] = (pt.axes, 1)
-    return [f"{prob}  [at {_axes_text(axes)}"
+    return [f"{prob}  [at {axes_text(axes)}"
             + (f"; {plural(n - 1, 'more point')}" if n > 1 else "") + "]"
             for prob, (axes, n) in seen.items()]
 

@@ -86,7 +86,7 @@ def point_hash(p: PointLike, options: dict[str, Any]) -> str:
     return "h" + hashlib.sha256(blob.encode()).hexdigest()[:16]   # never read back as a number
 
 
-def _axes_text(axes: dict[str, Any]) -> str:
+def axes_text(axes: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {json.dumps(v)}" for k, v in axes.items())
 
 
@@ -438,7 +438,7 @@ def resume_state(out: Path | None, sw: SweepLike) -> Resume:
         if r.get("point_hash") != hashes[k]:
             raise InputError(
                 f"--out {out}: holds a result of a different sweep for the point "
-                f"{_axes_text(json.loads(k))} (its instance or query options changed); "
+                f"{axes_text(json.loads(k))} (its instance or query options changed); "
                 "write to another file, or delete this one to start over")
         res.done.add(k)
     if rows and not res.done:
@@ -540,7 +540,7 @@ def _row_name(r: dict) -> str:
         axes = json.loads(r.get("point_key") or "")
     except (TypeError, ValueError):
         axes = None
-    return f"point {r.get('point')}" + (f" ({_axes_text(axes)})" if isinstance(axes, dict)
+    return f"point {r.get('point')}" + (f" ({axes_text(axes)})" if isinstance(axes, dict)
                                         else "")
 
 
