@@ -457,6 +457,9 @@ def rule_rows(inst: Instance) -> tuple[list[RuleRow], list[Implication], list[Ru
     for rule in rules_for(inst):
         if rule.on_knobs:                  # per layout, on numbers (_layout_pairs)
             continue
+        if rule.kind == "integer" and rule.knob and \
+                getattr(inst.spec.constraints, rule.knob) is False:
+            continue                       # (a rule of plans with a knob pinned off)
         quantities = rule.quantities(grid, sizes)
         if rule.kind == "implies":
             (a, _), (b, _) = (q.single_form() for q in quantities)
@@ -546,7 +549,8 @@ def _caps_text(var: str, caps: dict[str, tuple], inst: Instance) -> str:
     return (" within " + " and ".join(parts)) if parts else ""
 
 
-def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins) -> None:
+def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins, sizes_moe: bool = False,
+                    sp_pin: bool | None = None) -> None:
     """A ``[constraints]`` pin of a degree that no value of the rules allows (``pp = 16`` on 8
     GPUs) empties the other degrees' domains too; say the pin alone, with the values the rules
     leave once it is lifted, and stop (raises :class:`InfeasibleError`). ``start_pins``: pins
@@ -568,7 +572,13 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins) -> None:
             lines.append(f"constraints.{key} = {pin} binds: the {LABELS[var][0]} must satisfy "
                          f"{rules}, and the rules leave only {key} in {free[var]}")
             near = min(free[var], key=lambda x: (abs(x - pin), x))
-            lines.append(f"nearest change: {key} = {near} (or lift constraints.{key})")
+            # (the sequence split binds only with sequence parallelism on, which a dense
+            # model may turn off: MoE layers need it at tp > 1)
+            sp_off = (BY_NAME["sp_seq"].says in rules and not sizes_moe
+                      and sp_pin is None)
+            lines.append(f"nearest change: {key} = {near} (or lift constraints.{key}"
+                         + (", or set constraints.sequence_parallel = false" if sp_off else "")
+                         + ")")
         else:
             lines.append(f"constraints.{key} = {pin}: no {LABELS[var][0]} satisfies {rules}, "
                          "pinned or not")
@@ -652,7 +662,8 @@ def build_space(inst: Instance) -> SearchSpace:
         cap_b = max(B) if c.max_micro_batch == c.micro_batch else c.max_micro_batch
         free_b = smooth_in_range(c.min_micro_batch, min(cap_b, max(B)), primes)
         _pins_that_bind(rows, start, caps, dom, bounded_by,
-                        {"b": (c.micro_batch, free_b)} if c.micro_batch is not None else {})
+                        {"b": (c.micro_batch, free_b)} if c.micro_batch is not None else {},
+                        sizes_moe=m.moe, sp_pin=c.sequence_parallel)
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]
     pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
     layout_binds = bool(layout_why and dom["P"] and dom["V"])

@@ -196,6 +196,30 @@ def test_context_parallelism_needs_twice_cp_to_divide_the_sequence():
     assert solve(parse_instance(doc), solver="enumerate").report.plan.cp == 1
 
 
+def test_sequence_parallelism_needs_tp_times_cp_to_divide_the_sequence():
+    """Megatron-Core's sequence parallelism splits a rank's s / cp tokens over tp
+    (tensor_parallel/mappings.py _split_along_first_dim asserts the split is whole): at
+    seq_len 1020, tp = 8 with sequence parallelism is no plan; the explanation names the rule
+    and both ways out, each of which solves, and the evaluator flags such a plan."""
+    from planner.model.evaluate import evaluate
+    from planner.model.plan import plan_from_spec
+    from planner.model.schema import PlanSpec
+
+    doc = {"model": {"preset": "gpt-1.3b", "seq_len": 1020}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "a100-80gb", "nodes": 1}, "constraints": {"tp": 8}}
+    msg = explain(doc)
+    assert "tp*cp divides seq_len (sequence parallelism)" in msg
+    assert "nearest change: tp = 4 (or lift constraints.tp, or set " \
+        "constraints.sequence_parallel = false)" in msg
+    assert solve(parse_instance({**doc, "constraints": {"tp": 4}}),
+                 solver="enumerate").report.plan.sequence_parallel
+    off = parse_instance({**doc, "constraints": {"tp": 8, "sequence_parallel": False}})
+    assert solve(off, solver="enumerate").report.plan.tp == 8
+    spec = PlanSpec(tp=8, pp=1, dp=1, micro_batch=1, sequence_parallel=True)
+    rep = evaluate(off, plan_from_spec(off, spec), spec=spec)
+    assert any("sequence parallelism splits the 1020 tokens" in v for v in rep.violations)
+
+
 def _applied(doc, line):
     """The instance with a 'nearest change' applied as written (the keys these tests use)."""
     import re

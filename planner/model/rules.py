@@ -23,6 +23,10 @@ parallelism): both name the degrees they relate, which the search reads as its o
 A rule may apply only to some instances (``applies``: MoE models, ``*_within_node``
 constraints), only to interleaved plans (``interleaved``), or only once other rules hold
 (``requires``: a fractional micro-batch count is not also reported as "not divisible by pp").
+A product rule with a ``knob`` holds only for plans with that knob on (sequence parallelism
+splits the sequence over tp); the search, which keeps the knob on where it may, applies its
+rows unless the instance pins the knob off: the plans it would allow with the knob off at
+such degrees are left to a search with the knob pinned off.
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ class Rule:
     applies: Callable[[Instance], bool] = lambda inst: True
     interleaved: bool = False                   # only for plans with vp > 1
     requires: tuple[str, ...] = ()              # checked only when these rules hold
-    knob: str | None = None                     # needs_knob: the knob the rule needs
+    knob: str | None = None                     # needs_knob: the knob the rule needs;
+    #                                             integer: the knob the plans it judges have on
     what_if: bool = False                       # a [constraints] what-if, not a framework rule
     judges: Callable[[Instance], bool] | None = None   # when it judges a fixed plan (default: always)
     #: a layout rule: its quantities and message also read the knobs (``(grid, sizes, knobs)``),
@@ -85,6 +90,9 @@ class Rule:
 
     def holds(self, grid, sizes: Sizes, knobs=None) -> bool:
         """Whether a plan's numbers keep the rule."""
+        if self.kind == "integer" and self.knob and knobs is not None \
+                and not getattr(knobs, self.knob):
+            return True                  # (a rule of plans with the knob on)
         q = self.quantities_of(grid, sizes, knobs)
         if self.kind == "integer":
             return all(_positive_integer(x) for x in q)
@@ -233,6 +241,16 @@ RULES: tuple[Rule, ...] = (
          "2*cp divides seq_len (cp > 1)",
          lambda v, k: f"cp={v.cp} needs seq_len={k.seq} to be a multiple of 2*cp = {2 * v.cp} "
          "(Megatron-LM: two chunks of the sequence per context-parallel rank)"),
+    # Megatron-Core's sequence parallelism scatters the [s/cp, b, h] activations over the tp
+    # ranks along the sequence, and tensor_parallel/mappings.py _split_along_first_dim asserts
+    # "First dimension of the tensor should be divisible by tensor parallel size"
+    Rule("sp_seq", "integer", lambda v, k: (k.seq / (v.cp * v.tp),),
+         "tp*cp divides seq_len (sequence parallelism)",
+         lambda v, k: f"sequence parallelism splits the {_g(k.seq / v.cp)} tokens of a "
+                      f"context-parallel rank over tp = {v.tp}, which must divide them "
+                      "(Megatron-Core: the first dimension must be divisible by the tensor "
+                      "parallel size); or turn sequence_parallel off",
+         knob="sequence_parallel", requires=("seq",)),
     Rule("micro_batch", "integer", lambda v, k: (v.global_batch / v.micro_batch,),
          "micro_batch divides the global batch",
          lambda v, k: f"micro_batch={v.micro_batch} must divide global_batch={v.global_batch}"),
