@@ -154,6 +154,10 @@ def test_mistral_and_qwen2_dense(tmp_path):
                "max_position_embeddings": 32768, "sliding_window": 4096,
                "tie_word_embeddings": False, "attention_dropout": 0.0}
     d = read_hf_config(write(tmp_path, mistral))
+    # (Mistral 7B v0.1 attends within 4,096 tokens: costed as full attention, said so)
+    assert d.pop("approximates").startswith("sliding-window attention (a window of 4096 tokens)")
+    assert "approximates" not in read_hf_config(write(tmp_path, {**mistral, "sliding_window": None},
+                                                      "nowindow.json"))
     assert d == {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
                  "gated_mlp": True, "vocab": 32000, "tied_embeddings": False,
                  "position_embedding": "rope", "dropout": False}

@@ -81,8 +81,9 @@ Approximations (what the returned shape does not capture):
 * Qwen-MoE ``mlp_only_layers``: the leading layers ``[0, 1, ..., k-1]`` (at
   ``decoder_sparse_step = 1``) are ``first_dense_layers = k``; dense layers elsewhere are
   ignored, with a :class:`UserWarning` (the list is empty in the published configs).
-* Sliding-window attention (``sliding_window``) is ignored: attention is modelled as full causal
-  attention. The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
+* Sliding-window attention (``sliding_window``: Mistral / Mixtral, and Qwen with
+  ``use_sliding_window``) is modelled as full causal attention, the same up to the window and
+  an over-count of the attention core beyond, said in the shape's ``approximates``. The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
   gpt-oss alternates sliding (128 tokens) and full attention (``layer_types``): its sliding
   half is costed as full, an over-count of the attention core that grows with the sequence
   (gpt-oss-120b's model FLOPs by 10% at 4,096 tokens, 19% at 8,192, 48% at 32,768: the core,
@@ -275,6 +276,19 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
                "shared_experts": r.count("n_shared_experts", 0, minimum=0),
                "first_dense_layers": -(-first // freq) * freq if freq else first,
                "moe_layer_interval": freq}
+
+    window = cfg.get("sliding_window")
+    windowed = isinstance(window, int) and not isinstance(window, bool) and window > 0 and (
+        family in ("mistral", "mixtral")
+        or (family.startswith("qwen") and cfg.get("use_sliding_window") is True))
+    if windowed:
+        # (Mistral 7B v0.1 attends within 4,096 tokens; Qwen's use_sliding_window switches it
+        # on for the layers from max_window_layers up): exact at sequences up to the window
+        out["approximates"] = (
+            f"sliding-window attention (a window of {window} tokens"
+            + (", in the layers from max_window_layers up" if family.startswith("qwen") else "")
+            + f") as full causal attention: the same up to {window} tokens of sequence, an "
+            "over-count of the attention core beyond")
 
     if r.problems:
         raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
