@@ -83,7 +83,8 @@ Approximations (what the returned shape does not capture):
   ignored, with a :class:`UserWarning` (the list is empty in the published configs).
 * Sliding-window attention (``sliding_window``: Mistral / Mixtral, and Qwen with
   ``use_sliding_window``) is modelled as full causal attention, the same up to the window and
-  an over-count of the attention core beyond, said in the shape's ``approximates``. The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
+  an over-count of the attention core beyond, said in the shape's ``approximates``. The
+  Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
   gpt-oss alternates sliding (128 tokens) and full attention (``layer_types``): its sliding
   half is costed as full, an over-count of the attention core that grows with the sequence
   (gpt-oss-120b's model FLOPs by 10% at 4,096 tokens, 19% at 8,192, 48% at 32,768: the core,
