@@ -77,8 +77,11 @@ def one_shard_points(space: SearchSpace) -> dict[str, np.ndarray] | None:
     narrowed = replace(space, base=base,
                        form_caps=[*space.form_caps, ("one shard", mono, coef, 1, 1)],
                        parent=None, _reach={})
-    if sum(count_points(narrowed).values()) > ONE_SHARD_POINTS_LIMIT:
-        return None            # (counted, not listed: the check is only worth it when cheap)
+    n = sum(count_points(narrowed).values())
+    if not n or n > ONE_SHARD_POINTS_LIMIT:
+        # (counted, not listed: listing walks the ranges' batches whatever it finds, 31 s for
+        # none on benchmarks/instances/scaling-B131072-range.toml, where dp * cp = 1 cannot be)
+        return None
     cols = feasible_points(narrowed, dominant_batch=False)
     if not cols or not len(next(iter(cols.values()))):
         return None
