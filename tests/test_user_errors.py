@@ -562,3 +562,14 @@ def test_a_fixed_plan_is_judged_by_the_degree_pins_and_caps_the_file_writes(runn
     big = _instance(tmp_path, "")
     r = runner.invoke(app, ["evaluate", str(big), "--micro-batch", "64", "--dp", "8"])
     assert "max_micro_batch" not in r.output
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--time-limit", "nan", "nan is not a finite number"),
+    ("--time-limit", "0", "0: expected a number of at least 0.001"),
+])
+def test_a_number_flag_is_checked_for_finiteness_before_its_range(runner, flag, value, says):
+    """'--time-limit nan' was told 'Input should be greater than or equal to 0.001' (typer's
+    range check ran first), where 'inf' was told it is not finite (a fuzzer)."""
+    r = runner.invoke(app, ["solve", str(GPT13), flag, value])
+    assert r.exit_code == 2 and says in " ".join(r.output.split())

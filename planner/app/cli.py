@@ -57,11 +57,23 @@ def _finite(value: float | None) -> float | None:
     return value
 
 
+def _finite_from(least: float, above: bool = False):
+    """:func:`_finite`, then at least ``least`` (with ``above``: greater than it): the range
+    checked after finiteness, so that ``nan`` is told it is not a number (typer's own ``min=``
+    check said "should be greater than or equal to 0.001" of it)."""
+    def check(value: float | None) -> float | None:
+        if _finite(value) is not None and (value <= least if above else value < least):
+            raise typer.BadParameter(f"{value:g}: expected a number "
+                                     f"{'above' if above else 'of at least'} {least:g}")
+        return value
+    return check
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable JSON on stdout")]
 SolverOpt = Annotated[str, typer.Option(
     help="cpsat | highs | enumerate, or any MILP solver Pyomo knows (gurobi, scip, cbc)")]
 TimeOpt = Annotated[float | None, typer.Option(
-    min=0.001, callback=_finite,
+    callback=_finite_from(0.001),
     help="seconds per solve; at the limit the best plan found is returned, not proven")]
 NodesOpt = Annotated[int | None, typer.Option(min=1, help="override the node count")]
 EmitOpt = Annotated[str | None, typer.Option(
@@ -651,9 +663,9 @@ def pareto(
 def capacity(
     file: FileArg,
     deadline_days: Annotated[float, typer.Option(
-        min=1e-9, callback=_finite, help="train the token budget within this many days")],
+        callback=_finite_from(0, above=True), help="train the token budget within this many days")],
     budget_usd: Annotated[float | None, typer.Option(
-        min=0, callback=_finite, help="also find the cheapest plan meeting the deadline and "
+        callback=_finite_from(0), help="also find the cheapest plan meeting the deadline and "
         "check this budget (solves every larger size of the range too: slower)")
     ] = None,
     solver: SolverOpt = "cpsat",
