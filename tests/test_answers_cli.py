@@ -342,6 +342,11 @@ def test_messages_use_toml_values_and_plurals(runner, tmp_path):
     assert "1 node of 8" in one and "node(s)" not in one
     d = runner.invoke(app, ["evaluate", str(tmp_path)]).stderr
     assert "expected an instance file" in d
+    # a table where a number goes reads as the file wrote it, not as a Python dict (a fuzzer)
+    table = tmp_path / "t.toml"
+    table.write_text(GPT13.read_text().replace("nodes = 1", "nodes = { a = 1 }"))
+    text = " ".join(runner.invoke(app, ["solve", str(table)]).stderr.split())
+    assert "(got { a = 1 })" in text and "{'a'" not in text
 
 
 def test_large_numbers_in_engineering_notation(runner, tmp_path):

@@ -25,10 +25,12 @@ def toml_value(v: object) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list | tuple):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):          # an inline table, as TOML writes it
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }" if v \
+            else "{}"
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return f"{v:.1f}"
     return str(v)
-
 
 
 def pinned(constraints: object, keys: tuple[str, ...]) -> list[str]:
