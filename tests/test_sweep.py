@@ -127,7 +127,7 @@ def test_hf_config_paths_are_the_sweep_files_and_inlined(tmp_path):
 
 @pytest.mark.parametrize("axis, expected", [
     ('"cluster.gpuz" = ["a100-80gb"]', "unknown key of [cluster]"),
-    ('"clusters.gpu" = ["a100-80gb"]', "unknown section 'clusters'"),
+    ('"clusters.gpu" = ["a100-80gb"]', 'unknown section "clusters"'),
     ('"cluster.gpu" = ["a100-80gb", "h900"]', "cluster.gpu = \"h900\""),
     ('"constraints.max_tp" = [8, 0]', "constraints.max_tp"),
     ('"training.global_batch" = [64, "big"]', "training.global_batch"),
@@ -169,14 +169,14 @@ def test_query_options_are_checked(tmp_path):
 
 
 @pytest.mark.parametrize("body, expected", [
-    ('"cluster.nodes" = [1, 1]', "sweep.'cluster.nodes': the value 1 is given twice"),
+    ('"cluster.nodes" = [1, 1]', 'sweep."cluster.nodes": the value 1 is given twice'),
     ('"cluster.inter_node_bandwidth_GBps" = [25, 25.0]', "the value 25.0 repeats 25"),
     ('"cluster.nodes" = [1, 2]\ncluster.nodes = [4]',
-     "sweep.'cluster.nodes': given twice (quoted \"cluster.nodes\" and dotted cluster.nodes)"),
+     'sweep."cluster.nodes": given twice (quoted "cluster.nodes" and dotted cluster.nodes)'),
     ('"constraints.tp" = [1, 2]\n[sweep.cases]\npin4 = {"constraints.tp" = 4}',
-     "sweep.cases.pin4: 'constraints.tp' is also set by the axis 'constraints.tp'"),
+     'sweep.cases.pin4: "constraints.tp" is also set by the axis "constraints.tp"'),
     ('"cluster.nodes" = [1, 2]\n[sweep.cases]\nbig = {"cluster.gpus" = 32}',
-     "sweep.cases.big: 'cluster.gpus' is also set by the axis 'cluster.nodes'"),
+     'sweep.cases.big: "cluster.gpus" is also set by the axis "cluster.nodes"'),
 ])
 def test_a_sweep_that_would_run_a_point_twice_or_not_as_its_row_says_is_refused(
         tmp_path, body, expected):
@@ -196,7 +196,7 @@ def test_an_unknown_key_and_a_bad_value_are_reported_together(tmp_path):
     with pytest.raises(InputError) as e:
         sw.load_sweep(p)
     text = str(e.value)
-    assert "'cluster.foo': unknown key of [cluster]" in text
+    assert '"cluster.foo": unknown key of [cluster]' in text
     assert 'unknown GPU "h900"' in text and 'cluster.gpu = "h900"' in text
 
 
@@ -417,13 +417,13 @@ def test_resumed_rows_take_their_point_index_in_this_sweep(tmp_path):
 
 
 @pytest.mark.parametrize("edit, expected", [
-    (lambda t: t.replace(",step_time_s,", ",step_s,", 1), "no 'step_time_s' column"),
-    (lambda t: t.replace(",point_hash\n", ",hash\n", 1), "no 'point_hash' column"),
-    (lambda t: t.replace("case,", "Case,", 1), "no 'case' column, an axis of this sweep"),
-    (lambda t: _without(t, "reason"), "no 'reason' column"),
-    (lambda t: t.replace(",plan.pp,", ",plan.tp,", 1), "the column 'plan.tp' appears twice"),
+    (lambda t: t.replace(",step_time_s,", ",step_s,", 1), 'no "step_time_s" column'),
+    (lambda t: t.replace(",point_hash\n", ",hash\n", 1), 'no "point_hash" column'),
+    (lambda t: t.replace("case,", "Case,", 1), 'no "case" column, an axis of this sweep'),
+    (lambda t: _without(t, "reason"), 'no "reason" column'),
+    (lambda t: t.replace(",plan.pp,", ",plan.tp,", 1), 'the column "plan.tp" appears twice'),
     (lambda t: t.replace(",memory_gib.total,", ",total,", 1),
-     "the column 'total' is not one plan sweep writes"),
+     'the column "total" is not one plan sweep writes'),
 ], ids=["renamed", "hash renamed", "axis renamed", "deleted", "duplicated", "unknown"])
 def test_an_edited_header_is_refused_naming_the_column(tmp_path, done_csv, edit, expected):
     """(a KeyError traceback in the table, or rows silently misaligned)"""

@@ -42,7 +42,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from planner.model.words import plural
+from planner.model.words import plural, toml_value
 from planner.model.errors import InfeasibleError, InputError, PlanError
 from planner.model.instance import parse_instance, read_toml
 from planner.app.sweep_output import (Sink, axes_text, check_out_path, point_hash,
@@ -170,7 +170,6 @@ def _value_id(v: Any) -> Any:
 def _repeated_values(where: str, values: list[Any]) -> list[str]:
     """One problem per value an axis repeats: a repeated value runs the same point twice and
     its rows share one point_key."""
-    from planner.model.words import toml_value
 
     first: dict[Any, Any] = {}
     out = []
@@ -189,17 +188,19 @@ def _check_key(key: str, where: str) -> str | None:
     """A problem with a dotted instance key, or None."""
     section, _, name = key.partition(".")
     if not name or "." in name:
-        return (f"{where}: {key!r} is not a dotted instance key; expected 'section.key' with a "
-                f"section of {', '.join(SECTIONS)} (e.g. 'cluster.nodes')")
+        return (f"{where}: {toml_value(key)} is not a dotted instance key; expected "
+                f"\"section.key\" with a section of {', '.join(SECTIONS)} (e.g. "
+                "\"cluster.nodes\")")
     if section == "plan":
-        return (f"{where}: {key!r}: a sweep solves for the plan; pin a knob with "
+        return (f"{where}: {toml_value(key)}: a sweep solves for the plan; pin a knob with "
                 f"'constraints.{name}' instead")
     classes = _spec_classes()
     if section not in classes:
-        return f"{where}: {key!r}: unknown section {section!r}; expected one of {', '.join(SECTIONS)}"
+        return (f"{where}: {toml_value(key)}: unknown section {toml_value(section)}; expected "
+                f"one of {', '.join(SECTIONS)}")
     fields = classes[section].model_fields
     if name not in fields:
-        return (f"{where}: {key!r}: unknown key of [{section}]; expected one of "
+        return (f"{where}: {toml_value(key)}: unknown key of [{section}]; expected one of "
                 f"{', '.join(sorted(fields))}")
     return None
 
@@ -261,7 +262,7 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
         ref = data["base"]
         if not isinstance(ref, str) or not ref.strip():
             raise InputError(f"{p}: invalid sweep", [f"base: expected a path to an instance "
-                                                     f"file, got {ref!r}"])
+                                                     f"file, got {toml_value(ref)}"])
         bpath = Path(ref) if Path(ref).is_absolute() else p.parent / ref
         try:
             base = read_toml(bpath)
@@ -290,10 +291,11 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     opts = {k: table.pop(k) for k in SWEEP_KEYS if k in table}
     mode = opts.get("mode", "grid")
     if mode not in MODES:
-        problems.append(f"sweep.mode: expected one of {', '.join(MODES)}, got {mode!r}")
+        problems.append(f"sweep.mode: expected one of {', '.join(MODES)}, got {toml_value(mode)}")
     query = opts.get("query", "solve")
     if query not in QUERIES:
-        problems.append(f"sweep.query: expected one of {', '.join(QUERIES)}, got {query!r}")
+        problems.append(f"sweep.query: expected one of {', '.join(QUERIES)}, "
+                        f"got {toml_value(query)}")
     solver = opts.get("solver", "cpsat")
     problems += _check_solver(solver)
     time_limit = _number(opts, "time_limit", problems)
@@ -309,7 +311,7 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     axes: list[Axis] = []
     twice: list[str] = []
     for key, values in _flatten_keys(table, twice=twice).items():
-        where = f"sweep.{key!r}" if "." in key else f"sweep.{key}"
+        where = f"sweep.{toml_value(key)}" if "." in key else f"sweep.{key}"
         if "." not in key:
             problems.append(f"{where}: unknown key; expected {', '.join(SWEEP_KEYS)} or a dotted "
                             f"instance key such as \"cluster.nodes\"")
@@ -319,17 +321,18 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
             problems.append(bad)
             continue
         if not isinstance(values, list) or not values:
-            problems.append(f"{where}: expected a non-empty list of values, got {values!r}")
+            problems.append(f"{where}: expected a non-empty list of values, "
+                            f"got {toml_value(values)}")
             continue
         problems += _repeated_values(where, values)
         clash = next((a.key for a in axes if _slot(a.key) == _slot(key)), None)
         if clash:
-            problems.append(f"{where}: {clash!r} is an axis too; a point has one cluster size, "
-                            "so sweep one of the two")
+            problems.append(f"{where}: {toml_value(clash)} is an axis too; a point has one "
+                            "cluster size, so sweep one of the two")
             continue
         axes.append(Axis(key, tuple(values)))
-    problems += [f"sweep.{key!r}: given twice (quoted \"{key}\" and dotted {key}); give each "
-                 "axis once" for key in twice]
+    problems += [f"sweep.{toml_value(key)}: given twice (quoted \"{key}\" and dotted {key}); "
+                 "give each axis once" for key in twice]
     cases = opts.get("cases")
     case_overrides: dict[str, dict[str, Any]] = {}
     if cases is not None:
@@ -340,12 +343,12 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
             for name, over in cases.items():
                 if not isinstance(over, dict):
                     problems.append(f"sweep.cases.{name}: expected a table of dotted instance "
-                                    f"keys, got {over!r}")
+                                    f"keys, got {toml_value(over)}")
                     continue
                 given_twice: list[str] = []
                 flat = _flatten_keys(over, twice=given_twice)
-                problems += [f"sweep.cases.{name}: {key!r} given twice (quoted and dotted); "
-                             "give each key once" for key in given_twice]
+                problems += [f"sweep.cases.{name}: {toml_value(key)} given twice (quoted and "
+                             "dotted); give each key once" for key in given_twice]
                 case_overrides[name] = {}
                 for key, value in flat.items():
                     bad = _check_key(key, f"sweep.cases.{name}") or _case_clash(name, key, axes)
@@ -390,8 +393,9 @@ def _case_clash(name: str, key: str, axes: list[Axis]) -> str | None:
     clash = next((a.key for a in axes if a.key != CASE and _slot(a.key) == _slot(key)), None)
     if clash is None:
         return None
-    return (f"sweep.cases.{name}: {key!r} is also set by the axis {clash!r}; the case would "
-            "replace the axis value its rows show: set it in the cases or in the axis, not both")
+    return (f"sweep.cases.{name}: {toml_value(key)} is also set by the axis "
+            f"{toml_value(clash)}; the case would replace the axis value its rows show: set it "
+            "in the cases or in the axis, not both")
 
 
 def _number(opts: dict, key: str, problems: list[str], allow_zero: bool = False) -> float | None:
@@ -400,7 +404,7 @@ def _number(opts: dict, key: str, problems: list[str], allow_zero: bool = False)
         return None
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
             v < 0 or (v == 0 and not allow_zero)):
-        problems.append(f"sweep.{key}: expected a positive number, got {v!r}")
+        problems.append(f"sweep.{key}: expected a positive number, got {toml_value(v)}")
         return None
     return float(v)
 
@@ -411,7 +415,7 @@ def _check_solver(solver: Any) -> list[str]:
 
     names = BACKENDS + tuple(n for n in SOLVER_NAMES if n != "highs")
     if solver not in names:
-        return [f"sweep.solver: expected one of {', '.join(names)}, got {solver!r}"]
+        return [f"sweep.solver: expected one of {', '.join(names)}, got {toml_value(solver)}"]
     missing = not_installed(solver)
     return [f"sweep.solver: {missing}"] if missing else []
 
@@ -422,15 +426,16 @@ def _check_plot(plot: Any, axis_keys: list[str]) -> list[str]:
     out = [f"plot.{k}: unknown key; expected one of {', '.join(PLOT_KEYS)}"
            for k in plot if k not in PLOT_KEYS]
     if plot.get("kind", "auto") not in PLOT_KINDS:
-        out.append(f"plot.kind: expected one of {', '.join(PLOT_KINDS)}, got {plot['kind']!r}")
+        out.append(f"plot.kind: expected one of {', '.join(PLOT_KINDS)}, "
+                   f"got {toml_value(plot['kind'])}")
     for k in ("x", "lines"):
         if k in plot and plot[k] not in axis_keys:
-            out.append(f"plot.{k}: {plot[k]!r} is not an axis of this sweep; expected one of "
-                       f"{', '.join(axis_keys)}")
+            out.append(f"plot.{k}: {toml_value(plot[k])} is not an axis of this sweep; expected "
+                       f"one of {', '.join(axis_keys)}")
     if "x" in plot and plot.get("lines") == plot["x"]:
         out.append("plot.lines: must differ from plot.x")
     if plot.get("y", "step_time_s") not in PLOT_Y:
-        out.append(f"plot.y: expected one of {', '.join(PLOT_Y)}, got {plot['y']!r}")
+        out.append(f"plot.y: expected one of {', '.join(PLOT_Y)}, got {toml_value(plot['y'])}")
     if "title" in plot and not isinstance(plot["title"], str):
         out.append("plot.title: expected a string")
     return out
@@ -787,7 +792,8 @@ def run_sweep(sw: Sweep, engine: str = "local", workers: int | None = None,
     :class:`SweepRun` comes back with ``interrupted`` set; re-running resumes.
     """
     if engine not in ENGINES:
-        raise InputError(f"--engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+        raise InputError(f"--engine: expected one of {', '.join(ENGINES)}, "
+                         f"got {toml_value(engine)}")
     if workers is not None and workers < 1:
         raise InputError(f"--workers: expected a positive count, got {workers}")
     if address and engine != "ray":

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from planner.model.words import plural
+from planner.model.words import plural, toml_value
 from planner.model.errors import InputError, PlanError
 
 OUT_SUFFIXES = (".csv", ".parquet")
@@ -465,13 +465,13 @@ def _check_header(out: Path, columns: list[str]) -> None:
     seen: set[str] = set()
     for c in columns:
         if c in seen:
-            raise InputError(f"--out {out}: the column {c!r} appears twice in its header, "
-                             f"which plan sweep never writes (edited?); {_RESTORE}")
+            raise InputError(f"--out {out}: the column {toml_value(c)} appears twice in its "
+                             f"header, which plan sweep never writes (edited?); {_RESTORE}")
         seen.add(c)
     for c in _ROW_COLUMNS:
         if c not in seen:
-            raise InputError(f"--out {out}: no {c!r} column, which every row plan sweep writes "
-                             f"has (renamed or deleted?); {_RESTORE}")
+            raise InputError(f"--out {out}: no {toml_value(c)} column, which every row plan "
+                             f"sweep writes has (renamed or deleted?); {_RESTORE}")
 
 
 def _drop_cut_line(out: Path, got: _Output, sw: SweepLike, notes: list[str]) -> list[dict]:
@@ -521,17 +521,17 @@ def _check_columns(out: Path, columns: list[str], rows: list[dict], axis_keys: l
     not write (a result column renamed is one missing and one unknown)."""
     for key in axis_keys:
         if key not in columns:
-            raise InputError(f"--out {out}: no {key!r} column, an axis of this sweep (renamed "
-                             f"or deleted?); {_RESTORE}")
+            raise InputError(f"--out {out}: no {toml_value(key)} column, an axis of this sweep "
+                             f"(renamed or deleted?); {_RESTORE}")
     if any(r.get("plan_label") for r in rows):
         for c in _PLAN_COLUMNS:
             if c not in columns:
-                raise InputError(f"--out {out}: no {c!r} column, which every row with a plan "
-                                 f"has (renamed or deleted?); {_RESTORE}")
+                raise InputError(f"--out {out}: no {toml_value(c)} column, which every row "
+                                 f"with a plan has (renamed or deleted?); {_RESTORE}")
     for c in columns:
         if not written_column(c, axis_keys):
-            raise InputError(f"--out {out}: the column {c!r} is not one plan sweep writes for "
-                             f"this sweep (renamed, or added by hand?); {_RESTORE}")
+            raise InputError(f"--out {out}: the column {toml_value(c)} is not one plan sweep "
+                             f"writes for this sweep (renamed, or added by hand?); {_RESTORE}")
 
 
 def _row_name(r: dict) -> str:
