@@ -351,10 +351,16 @@ def _nearest_stage_counts(inst: Instance, rules: list[Rule], P: list[int], V: li
         pin = getattr(c, key)
         if pin is None or max(P, default=1) < 2:
             continue
+        # (bounded: each trial walks (shortfall + 1)^2 layouts at every pp and vp, so an
+        # unbounded walk over a 126-layer model's shortfalls ran for minutes)
         layers = inst.model.layers
-        near = next((n for n in sorted(range(1, layers), key=lambda x: (abs(x - pin), x))
+        # (a first / last stage holds at most a middle stage's (layers + shortfalls) / pp)
+        most = -(-(layers + 2 * c.max_stage_shortfall) // min(q for q in P if q >= 2))
+        near = next((n for n in sorted(range(1, min(layers, most + 1)),
+                                       key=lambda x: (abs(x - pin), x))
                      if n != pin and has_layout(**{key: n})), None)
-        deeper = next((k for k in range(c.max_stage_shortfall + 1, layers)
+        deeper = next((k for k in range(c.max_stage_shortfall + 1,
+                                        min(layers, c.max_stage_shortfall + 9))
                        if has_layout(max_stage_shortfall=k)), None)
         options = ([f"{key} = {near}"] if near is not None else []) + (
             [f"raise constraints.max_stage_shortfall from {c.max_stage_shortfall} to {deeper}"]
