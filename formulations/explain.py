@@ -316,7 +316,7 @@ def explain_infeasible(space: SearchSpace, max_objective: float | None = None,
     if host:
         lines.insert(0, host)
     if suggest:
-        lines += _suggestions(space, limit)
+        lines += _suggestions(space)
     return InfeasibleError("no plan fits in GPU memory", lines)
 
 
@@ -344,8 +344,7 @@ def _rule_binds(space: SearchSpace, point: dict, knobs, suggest: bool = True
         + (f" under {', '.join(pins)}" if pins else "") + "; the closest "
         f"({plan.label()}) breaks: {'; '.join(by_framework + by_offload) or 'a framework rule'}"]
         # (a pin lifted or a knob freed may leave a plan the rules allow; more GPUs do not)
-        + (_suggestions(space, memory_limit_bytes(inst), grow=False, need=False)
-           if suggest else []))
+        + (_suggestions(space, grow=False, need=False) if suggest else []))
 
 
 def _host_binds(space: SearchSpace, points) -> str | None:
@@ -385,8 +384,7 @@ def _weights_alone_exceed(inst, gpus: int) -> bool:
     return Shape.of(inst.model).total_params / gpus > memory_limit_bytes(inst)
 
 
-def _suggestions(space: SearchSpace, limit: float, grow: bool = True,
-                 need: bool = True) -> list[str]:
+def _suggestions(space: SearchSpace, grow: bool = True, need: bool = True) -> list[str]:
     """Single relaxations of the constraints that would make some plan fit (the framework and
     offload rules are charged as memory no GPU has, so a plan that fits keeps them too); with
     ``grow``, when none does, the nearest larger cluster that has one; with ``need``, each

@@ -31,8 +31,7 @@ from dataclasses import replace
 import numpy as np
 
 from formulations.space import BaseVar, SearchSpace, count_points, symbols
-from formulations.ties import (INTERNODE_RELATIVE, INTERNODE_TOLERANCE_BYTES,
-                              MEMORY_TOLERANCE_BYTES)
+from formulations.ties import MEMORY_TOLERANCE_BYTES, internode_cap
 from planner.model.plan import Knobs
 
 #: the twin's sharding mode: ZeRO-1, the distributed optimizer
@@ -123,11 +122,8 @@ def _dominated(root: SearchSpace, objective: str) -> frozenset[Knobs]:
         live = np.isfinite(obj[a])                    # where k is a plan that fits
         no_worse = (np.isfinite(obj[b]) & (obj[b] <= obj[a] * (1 + 1e-12))
                     & (memory[b] <= memory[a]) & (internode[b] <= internode[a]))
-        # (internode_cap on the array: b + max(tolerance, relative * |b|))
-        cap = internode[b] + np.maximum(INTERNODE_TOLERANCE_BYTES,
-                                        INTERNODE_RELATIVE * np.abs(internode[b]))
         first = (index[twin] < index[k]) | (memory[a] > memory[b] + MEMORY_TOLERANCE_BYTES) \
-            | (internode[a] > cap)
+            | (internode[a] > internode_cap(internode[b]))
         if np.all(~live | (no_worse & first)):
             out.add(k)
     return frozenset(out)

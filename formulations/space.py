@@ -555,12 +555,14 @@ def _caps_text(var: str, caps: dict[str, tuple], inst: Instance) -> str:
     return (" within " + " and ".join(parts)) if parts else ""
 
 
-def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins, sizes_moe: bool = False,
-                    sp_pin: bool | None = None) -> None:
+def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins,
+                    sp_may_be_off: bool = False) -> None:
     """A ``[constraints]`` pin of a degree that no value of the rules allows (``pp = 16`` on 8
     GPUs) empties the other degrees' domains too; say the pin alone, with the values the rules
     leave once it is lifted, and stop (raises :class:`InfeasibleError`). ``start_pins``: pins
-    made by a variable's candidates (the micro-batch), with its candidates when unpinned."""
+    made by a variable's candidates (the micro-batch), with its candidates when unpinned.
+    ``sp_may_be_off``: sequence parallelism may be pinned off (a dense model that leaves it
+    free), which lifts the rule that splits the sequence over tp."""
     lines = []
     # per pinned variable: (pin, the starting candidates and caps with the pin lifted)
     # (a cap at the pin itself, the default cap a pin raises or one written equal to it, is
@@ -578,10 +580,7 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins, sizes_moe: b
             lines.append(f"constraints.{key} = {pin} binds: the {LABELS[var][0]} must satisfy "
                          f"{rules}, and the rules leave only {key} in {free[var]}")
             near = min(free[var], key=lambda x: (abs(x - pin), x))
-            # (the sequence split binds only with sequence parallelism on, which a dense
-            # model may turn off: MoE layers need it at tp > 1)
-            sp_off = (BY_NAME["sp_seq"].says in rules and not sizes_moe
-                      and sp_pin is None)
+            sp_off = sp_may_be_off and BY_NAME["sp_seq"].says in rules
             lines.append(f"nearest change: {key} = {near} (or lift constraints.{key}"
                          + (", or set constraints.sequence_parallel = false" if sp_off else "")
                          + ")")
@@ -669,7 +668,8 @@ def build_space(inst: Instance) -> SearchSpace:
         free_b = smooth_in_range(c.min_micro_batch, min(cap_b, max(B)), primes)
         _pins_that_bind(rows, start, caps, dom, bounded_by,
                         {"b": (c.micro_batch, free_b)} if c.micro_batch is not None else {},
-                        sizes_moe=m.moe, sp_pin=c.sequence_parallel)
+                        # (MoE layers need sequence parallelism at tp > 1)
+                        sp_may_be_off=not m.moe and c.sequence_parallel is None)
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]
     pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
     layout_binds = bool(layout_why and dom["P"] and dom["V"])

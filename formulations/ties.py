@@ -49,8 +49,11 @@ def objective_cap(z: float) -> float:
     return z + TIE_RELATIVE * abs(z)
 
 
-def internode_cap(b: float) -> float:
-    return b + max(INTERNODE_TOLERANCE_BYTES, INTERNODE_RELATIVE * abs(b))
+def internode_cap(b):
+    """The most bytes across nodes a plan tied with ``b`` may move (a number, or an array
+    elementwise)."""
+    cap = b + np.maximum(INTERNODE_TOLERANCE_BYTES, INTERNODE_RELATIVE * np.abs(b))
+    return float(cap) if np.ndim(cap) == 0 else cap
 
 
 def lex_ranks(values: dict[str, tuple[int, ...]], n_combos: int

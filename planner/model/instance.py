@@ -250,6 +250,13 @@ def unknown_key_words(loc: tuple) -> str:
     return f"unknown key ({hint} the README's instance reference)"
 
 
+def _pair_member(loc: tuple) -> bool:
+    """Whether a pydantic error is about one member of a ``[lo, hi]`` pair (a ``tuple[...]``
+    union member, then the member's index)."""
+    return (len(loc) > 1 and isinstance(loc[-1], int) and isinstance(loc[-2], str)
+            and loc[-2].startswith("tuple["))
+
+
 def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
     """One line per key path, unknown keys first (a misspelt key also makes its section's
     required keys "missing"); for a union (a number or a [lo, hi] pair) the first member's
@@ -258,9 +265,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     # a union of a number and a [lo, hi] pair, written as a pair: the pair's own errors stand
     # for the key ("cluster.nodes = [0, 4]" is no bad integer, its first value is too small)
-    pairs = {key_path(e["loc"][:-1]): e["loc"][-1] for e in errors
-             if len(e["loc"]) > 1 and isinstance(e["loc"][-1], int)
-             and isinstance(e["loc"][-2], str) and e["loc"][-2].startswith("tuple[")}
+    pairs = {key_path(e["loc"][:-1]) for e in errors if _pair_member(e["loc"])}
     written = {}
     for err in errors:
         key = f"{prefix}{key_path(err['loc'], err['type'] == 'extra_forbidden')}"
@@ -268,9 +273,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
             written.setdefault(key, err["input"])
         if key.removeprefix(prefix) in pairs and isinstance(err.get("input"), (list, tuple)):
             continue                # (the number member's complaint about a pair)
-        if (len(err["loc"]) > 1 and isinstance(err["loc"][-1], int)
-                and key_path(err["loc"][:-1]) in pairs and isinstance(err["loc"][-2], str)
-                and err["loc"][-2].startswith("tuple[")):
+        if _pair_member(err["loc"]):
             parent = key.rsplit(".", 1)[0]
             which = ("lo", "hi")[err["loc"][-1]] if err["loc"][-1] < 2 else err["loc"][-1]
             whole = written.get(parent)
@@ -342,11 +345,11 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
             warnings.warn(f"{source}: model.seq_len = {model['seq_len']:,} exceeds the "
                           f"max_position_embeddings = {max_context:,} of {ref.name}",
                           UserWarning, stacklevel=2)
-        from_config = {k: model["hf_config"] for k in keys if k not in model}
+        from_config = set(keys) - set(model)
         data["model"] = model = {**keys, **model}
         model.setdefault("name", ref.stem.replace(".config", ""))
     else:
-        from_config = {}
+        from_config = set()
     if isinstance(model, dict) and "preset" in model:
         name = model["preset"]
         if not isinstance(name, str):
@@ -373,7 +376,7 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
         named = sorted(k for k in from_config if any(
             p.startswith(("model", "<model>")) and re.search(rf"\b{k}\b", p) for p in problems))
         if named:
-            path = toml_value(next(iter(from_config.values())))
+            path = toml_value(model["hf_config"])
             problems.append(f"model.hf_config = {path} gave {', '.join(named)} (read from the "
                             "config.json); a value set in [model] overrides it")
         raise InputError(f"{source}: invalid instance", problems) from None

@@ -34,7 +34,7 @@ from planner.model.frameworks import (OVERLAP_KNOBS, framework_of, optimizer_off
                                       sharding_refusal)
 from planner.model.instance import Instance
 from planner.model.rules import violations
-from planner.model.schema import KNOB_DEFAULTS, PlanSpec, overlap_refusal
+from planner.model.schema import KNOB_DEFAULTS, PIN_CAPS, PlanSpec, overlap_refusal
 
 ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
 
@@ -793,8 +793,6 @@ def degree_pin_violations(inst: Instance, plan: Plan) -> list[str]:
     4``, ...) that a fixed plan breaks, as ``*_within_node`` judges one: a what-if written in
     the file holds for the plan evaluated under it. Only keys the instance writes: a default
     cap (``max_cp = 1``, ``max_micro_batch = 32``) steers the search, not a given plan."""
-    from planner.model.schema import PIN_CAPS
-
     c = inst.spec.constraints
     written = c.model_fields_set
     out = []
