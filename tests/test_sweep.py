@@ -319,6 +319,76 @@ def test_a_parquet_output_resumes_too(tmp_path):
     assert [r["training.global_batch"] for r in read_rows(out)] == [32, 64]
 
 
+def _stop_at_batch(monkeypatch, batch):
+    """``solve`` stops at the time limit without a plan for the points of this global batch."""
+    from formulations import solve as solve_mod
+    from formulations.result import SolveResult, Status
+
+    real = solve_mod.solve
+
+    def solve(inst, *args, **kwargs):
+        if inst.spec.training.global_batch == batch:
+            return SolveResult(Status.NO_SOLUTION_IN_LIMIT, None, None, None, 0.001, 0.001,
+                               0.0, "cpsat", "step_time")
+        return real(inst, *args, **kwargs)
+    monkeypatch.setattr(solve_mod, "solve", solve)
+
+
+def test_a_larger_time_limit_runs_again_only_the_points_stopped_at_the_smaller_one(
+        tmp_path, monkeypatch):
+    """(exit 4 said "raise [sweep] time_limit", and the raised limit made the resume refuse
+    the file as another sweep's: the limit was part of every point's hash)"""
+    body = '[sweep]\ntime_limit = {}\n"training.global_batch" = [32, 64]\n'
+    out = tmp_path / "r.csv"
+    with monkeypatch.context() as m:
+        _stop_at_batch(m, 64)
+        first = sw.run_sweep(sw.load_sweep(write(tmp_path, body.format(5))), workers=1, out=out)
+        assert [r["solver.status"] for r in first.rows] == ["optimal", "no_solution_in_limit"]
+        # the same limit, or a smaller one, cannot prove more: nothing runs
+        for limit in (5, 2):
+            again = sw.run_sweep(sw.load_sweep(write(tmp_path, body.format(limit))),
+                                 workers=1, out=out)
+            assert (again.ran, again.resumed) == (0, 2)
+    kept = read_rows(out)[0]
+    raised = sw.run_sweep(sw.load_sweep(write(tmp_path, body.format(10))), workers=1, out=out)
+    assert (raised.ran, raised.resumed) == (1, 1)
+    assert any("1 point" in n and "run again under 10 s" in n for n in raised.notes)
+    rows = read_rows(out)
+    assert [r["solver.status"] for r in rows] == ["optimal", "optimal"]
+    assert [r["time_limit_s"] for r in rows] == [5, 10]
+    assert rows[0] == kept                       # the proven point did not run again
+    # with no limit at all a point stopped at one runs again too; a proven one never
+    with monkeypatch.context() as m:
+        _stop_at_batch(m, 32)
+        out2 = tmp_path / "r2.csv"
+        sw.run_sweep(sw.load_sweep(write(tmp_path, body.format(5))), workers=1, out=out2)
+    free = sw.run_sweep(sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = '
+                                                      '[32, 64]\n')), workers=1, out=out2)
+    assert (free.ran, free.resumed) == (1, 1)
+    assert [r["time_limit_s"] for r in read_rows(out2)] == [None, 5]
+
+
+def test_a_file_from_before_the_time_limit_column_resumes_under_its_own_limit(tmp_path):
+    """Its rows' point_hash carried the time limit (and it had no time_limit_s column)."""
+    body = '[sweep]\ntime_limit = {}\n"training.global_batch" = [32, 64]\n'
+    s = sw.load_sweep(write(tmp_path, body.format(30)))
+    out = tmp_path / "r.csv"
+    sw.run_sweep(s, workers=1, out=out)
+    rows = read_rows(out)
+    by_key = {p.key: p for p in s.points}
+    for r in rows:
+        del r["time_limit_s"]
+        r["point_hash"] = point_hash(by_key[r["point_key"]], s.options(), legacy=True)
+    write_rows(out, rows, list(rows[0]))
+    with pytest.raises(InputError, match="different sweep"):
+        sw.run_sweep(sw.load_sweep(write(tmp_path, body.format(60))), workers=1, out=out)
+    run = sw.run_sweep(s, workers=1, out=out)
+    assert (run.ran, run.resumed) == (0, 2)
+    now = read_rows(out)                          # rewritten in today's form
+    assert [r["time_limit_s"] for r in now] == [30, 30]
+    assert [r["point_hash"] for r in now] == [point_hash(p, s.options()) for p in s.points]
+
+
 def test_a_changed_sweep_is_not_mixed_into_an_old_output(tmp_path):
     out = tmp_path / "r.csv"
     sw.run_sweep(sw.load_sweep(write(tmp_path, '[sweep]\n"training.global_batch" = [32]\n')),

@@ -567,7 +567,9 @@ def run_point(task: dict[str, Any]) -> list[dict[str, Any]]:
     except Exception as exc:   # a bug or a solver crash must not end the sweep: it is a row
         rows = [{"solver.status": "error", "reason": f"{type(exc).__name__}: {exc}"}]
     wall = time.perf_counter() - t0
-    return [{**head, **r, "point_wall_s": wall, **tail} for r in rows]
+    # (the limit it ran under: a resume runs a point stopped at it again under a larger one)
+    return [{**head, **r, "time_limit_s": task["time_limit"], "point_wall_s": wall, **tail}
+            for r in rows]
 
 
 def _stopped(note: str, time_limit: float | None) -> str:

@@ -81,8 +81,14 @@ class SweepLike(Protocol):
     def options(self) -> dict[str, Any]: ...
 
 
-def point_hash(p: PointLike, options: dict[str, Any]) -> str:
-    blob = json.dumps({"doc": p.doc, **options}, sort_keys=True, default=str)
+def point_hash(p: PointLike, options: dict[str, Any], legacy: bool = False) -> str:
+    """A point's identity: its resolved instance and the query options, but not the time
+    limit, which changes how long a point may run, not what it asks: a proven result stands
+    under any limit, and a point stopped at one is run again under a larger one
+    (:func:`resume_state`). ``legacy``: the hash files written before 2026-12-05 carry, with the
+    time limit in it (such a row is this sweep's when it ran under the same limit)."""
+    opts = options if legacy else {k: v for k, v in options.items() if k != "time_limit"}
+    blob = json.dumps({"doc": p.doc, **opts}, sort_keys=True, default=str)
     return "h" + hashlib.sha256(blob.encode()).hexdigest()[:16]   # never read back as a number
 
 
@@ -105,7 +111,8 @@ _ORDER = ("point", "pareto.nodes", "pareto.on_front", "capacity.nodes", "solver.
           "reason", "plan_label", "plan.", "step_time_s", "time_per_sequence_s", "breakdown_s.",
           "memory_gib.", "most_loaded_stage", "mfu", "model_tflops_per_gpu", "total_days",
           "cost", "tokens_per_step", "steps", "feasible", "capacity.", "deadline_days",
-          "meets_deadline", "solver.", "point_wall_s", "point_key", "point_hash")
+          "meets_deadline", "solver.", "time_limit_s", "point_wall_s", "point_key",
+          "point_hash")
 
 
 def column_order(rows: list[dict], axis_keys: list[str]) -> list[str]:
@@ -120,7 +127,7 @@ def column_order(rows: list[dict], axis_keys: list[str]) -> list[str]:
         for i, pre in enumerate(_ORDER):
             if k == pre or (pre.endswith(".") and k.startswith(pre)):
                 return (i, 0)
-        return (len(_ORDER) - 3, 0)          # other result keys rank with point_wall_s
+        return (_ORDER.index("point_wall_s"), 0)   # other result keys rank with point_wall_s
     # stable: first-seen order within a group, so the result keys _ORDER does not name
     # (caveats, framework, kernel_stack, ...) come after the solver block, before point_wall_s
     # (a row has them before it)
@@ -383,7 +390,7 @@ _OTHER_COLUMNS = ("plan", "caveats", "framework", "kernel_stack", "nodes", "unpr
 _NUMBER_COLUMNS = ("point", "pareto.nodes", "capacity.nodes", "step_time_s",
                    "time_per_sequence_s", "breakdown_s.", "memory_gib.", "mfu",
                    "model_tflops_per_gpu", "total_days", "cost", "tokens_per_step", "steps",
-                   "point_wall_s")
+                   "time_limit_s", "point_wall_s")
 
 
 _RESTORE = "restore it, or write to another file"
@@ -430,11 +437,17 @@ def resume_state(out: Path | None, sw: SweepLike) -> Resume:
                  rewrite=len(rows) < len(got.rows))
     by_key = {p.key: p for p in sw.points}
     hashes = {p.key: point_hash(p, sw.options()) for p in sw.points}
+    legacy = {p.key: point_hash(p, sw.options(), legacy=True) for p in sw.points}
+    limit = sw.options().get("time_limit")
     for r in rows:
         k = r.get("point_key")
         if k not in by_key:
             res.foreign += 1
             continue
+        if r.get("point_hash") == legacy[k] != hashes[k]:
+            # a row written before the time limit left the hash: it ran under this limit
+            r["point_hash"], r["time_limit_s"] = hashes[k], limit
+            res.rewrite = True
         if r.get("point_hash") != hashes[k]:
             raise InputError(
                 f"--out {out}: holds a result of a different sweep for the point "
@@ -449,12 +462,41 @@ def resume_state(out: Path | None, sw: SweepLike) -> Resume:
     _check_numbers(out, rows)
     res.rows = _drop_repeats(out, rows, got, notes)
     res.rewrite = res.rewrite or len(res.rows) < len(rows)
+    again = _stopped_points(res.rows, limit)
+    if again:
+        res.rows = [r for r in res.rows if r.get("point_key") not in again]
+        res.done -= again
+        res.rewrite = True
+        notes.append(f"{plural(len(again), 'point')} of {out} stopped at a smaller time limit "
+                     "without a proven answer, run again under "
+                     + (f"{limit:g} s" if limit is not None else "no time limit"))
     for r in res.rows:            # (axis values as the sweep has them: a list, not its JSON)
         p = by_key.get(r.get("point_key"))
         if p is not None:
             r.update(p.axes)
             r["point"] = p.index
     return res
+
+
+#: a row's status when the solver stopped at the time limit without a proof (a plan not proven
+#: optimal, or none): a larger limit may give the answer
+UNPROVEN = ("feasible", "no_solution_in_limit")
+
+
+def _stopped_points(rows: list[dict], limit: float | None) -> set[str]:
+    """The points (``point_key``) whose rows include one the solver left unproven at a time
+    limit smaller than ``limit`` (``None``: no limit), which this run may prove: every row of
+    such a point is run again (a pareto point as a whole). A row without a time limit was not
+    stopped by one (a row of a file from before the ``time_limit_s`` column has this run's
+    limit filled in by :func:`resume_state`: its legacy hash says it ran under it)."""
+    again = set()
+    for r in rows:
+        if r.get("solver.status") not in UNPROVEN or "time_limit_s" not in r:
+            continue
+        ran = r.get("time_limit_s")
+        if ran is not None and (limit is None or limit > ran):
+            again.add(r.get("point_key"))
+    return again
 
 
 def _check_header(out: Path, columns: list[str]) -> None:
@@ -512,8 +554,9 @@ def _hash_cut(row: dict, sw: SweepLike) -> bool:
     p = next((p for p in sw.points if p.key == row.get("point_key")), None)
     if p is None:
         return False
-    full, got = point_hash(p, sw.options()), str(row.get("point_hash") or "")
-    return got != full and full.startswith(got)
+    got = str(row.get("point_hash") or "")
+    return any(got != full and full.startswith(got)
+               for full in (point_hash(p, sw.options()), point_hash(p, sw.options(), True)))
 
 
 def _check_columns(out: Path, columns: list[str], rows: list[dict], axis_keys: list[str]) -> None:
