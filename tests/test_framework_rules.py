@@ -19,8 +19,9 @@ from planner.app.emit import emit
 from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.frameworks import framework_violations
-from planner.model.instance import Instance, load_instance
+from planner.model.instance import Instance, load_instance, parse_instance
 from planner.model.plan import Plan, plan_from_spec
+from planner.model.schema import PlanSpec
 
 INSTANCES = Path(__file__).resolve().parent.parent / "instances"
 
@@ -138,3 +139,61 @@ def test_the_search_without_a_framework_keeps_interleaving():
     inst = _inst("gpt3-175b-a100.toml")
     plan = solve(inst, solver="enumerate").report.plan
     assert plan.vp > 1
+
+
+# ------------------------------------------------------------- Megatron-LM: validate_args overlaps
+
+def _megatron_p2p_off(framework: str | None) -> Instance:
+    """GPT-3 175B on 4 A100 nodes, the pipeline pinned at two ranks and the p2p overlap off,
+    where an interleaved plan wins when no framework rule applies."""
+    return parse_instance({
+        "model": {"preset": "gpt3-175b"}, "training": {"global_batch": 64},
+        "cluster": {"gpu": "a100-80gb", "nodes": 4},
+        "constraints": {"overlap_p2p_comm": False, "pp": 2,
+                        **({"framework": framework} if framework else {})}}, "test")
+
+
+def test_megatron_search_leaves_interleaving_on_two_ranks_without_p2p_overlap():
+    """Megatron-LM's validate_args asserts pp > 2 for an interleaved schedule without p2p
+    overlap. The rule lived in the export alone: the search proved optimal a plan the launch
+    then refused. Every backend leaves it now, and agrees (an audit of 2026-12-05)."""
+    free = solve(_megatron_p2p_off(None), solver="enumerate").report.plan
+    assert free.vp > 1 and free.pp == 2              # (the rule binds on this instance)
+    found = {}
+    for backend in ("cpsat", "highs", "enumerate"):
+        res = solve(_megatron_p2p_off("megatron"), solver=backend)
+        assert res.status.value == "optimal"
+        found[backend] = (res.report.plan.to_spec(), res.report.step_time_s)
+        assert res.report.plan.vp == 1 and not res.report.violations
+        emit(_megatron_p2p_off("megatron"), res.report.plan, "megatron")   # launchable
+    specs = {repr(spec) for spec, _ in found.values()}
+    times = [t for _, t in found.values()]
+    assert len(specs) == 1 and max(times) - min(times) < 1e-9 * max(times)
+
+
+def test_evaluate_under_megatron_reports_interleaving_on_two_ranks_without_p2p_overlap():
+    inst = _megatron_p2p_off("megatron")
+    plan = plan_from_spec(inst, PlanSpec(tp=8, pp=2, vp=4, dp=2, overlap_p2p_comm=False))
+    assert any("overlap_p2p_comm = false needs pp > 2" in v for v in evaluate(inst, plan).violations)
+    # NeMo builds Megatron-Core's configs without validate_args
+    nemo = _megatron_p2p_off("nemo")
+    assert not framework_violations("nemo", plan_from_spec(
+        nemo, PlanSpec(tp=8, pp=2, vp=4, dp=2, overlap_p2p_comm=False)))
+
+
+@pytest.mark.parametrize("framework, refused", [("megatron", True), ("nemo", False), (None, False)])
+def test_a_param_gather_overlap_pin_without_grad_reduce_overlap_is_refused_under_megatron(
+        framework, refused):
+    """Megatron-LM's default leaves grad-reduce overlap off, so a pin of the parameter-gather
+    overlap alone was searched as a plan validate_args refuses ('Must use
+    --overlap-param-gather with --overlap-grad-reduce')."""
+    inst = _inst("gpt3-175b-a100.toml")
+    update = {"framework": framework, "overlap_param_gather": True}
+    if refused:
+        with pytest.raises(Exception, match="overlap_param_gather = true needs "
+                                            "overlap_grad_reduce = true under Megatron-LM"):
+            inst.spec.constraints.model_validate({**inst.spec.constraints.model_dump(), **update})
+    else:
+        inst.spec.constraints.model_validate({**inst.spec.constraints.model_dump(), **update})
+    both = {**update, "overlap_grad_reduce": True}
+    inst.spec.constraints.model_validate({**inst.spec.constraints.model_dump(), **both})

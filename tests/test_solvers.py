@@ -89,6 +89,8 @@ def instances(draw):
         constraints["tp_comm_overlap"] = False     # (it needs sequence parallelism: an error)
     if constraints.get("distributed_optimizer") is False:
         constraints["overlap_param_gather"] = False    # (it needs a sharded mode: an error)
+    if constraints.get("framework") == "megatron" and constraints["overlap_param_gather"]:
+        constraints["overlap_grad_reduce"] = True      # (validate_args needs it: an error)
     if draw(st.integers(0, 5)) == 0:          # pipeline layouts (default: shortfalls up to 1)
         constraints["max_stage_shortfall"] = draw(st.sampled_from([0, 2]))
     # host offload (searched by default): a small host binds its memory row, a slow host link

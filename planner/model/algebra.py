@@ -53,6 +53,7 @@ FUNCTIONS: dict[str, Callable[[float], float]] = {
     "ring_share": lambda x: 1.0 - 1.0 / x,
     "steps": lambda x: x - 1.0,
     "gt2": lambda x: 1.0 if x > 2 + 1e-9 else 0.0,
+    "le2": lambda x: 0.0 if x > 2 + 1e-9 else 1.0,
     "not_whole": lambda x: 0.0 if x >= 1 - 1e-9 and abs(x - round(x)) <= 1e-9 * max(x, 1)
     else 1.0,
 }
@@ -278,6 +279,7 @@ ARRAY_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "ring_share": lambda x: 1.0 - 1.0 / x,
     "steps": lambda x: x - 1.0,
     "gt2": lambda x: (x > 2 + 1e-9).astype(float),
+    "le2": lambda x: (x <= 2 + 1e-9).astype(float),
     "not_whole": lambda x: 1.0 - ((x >= 1 - 1e-9)
                                   & (np.abs(x - np.rint(x)) <= 1e-9 * np.maximum(x, 1))).astype(float),
 }
@@ -299,6 +301,13 @@ def gt1(x):
 def gt2(x):
     """1 if ``x > 2`` else 0: a pipeline of ``x`` stages has middle stages."""
     return _apply("gt2", x)
+
+
+def le2(x):
+    """1 if ``x <= 2`` else 0: a pipeline of ``x`` stages has no middle stage (an argument of a
+    function is a degree at every feasible point, so ``eq1(p / 2)`` would rule out ``p = 1``:
+    formulations/encoding.py, ``_restrict_forms``)."""
+    return _apply("le2", x)
 
 
 def eq1(x):

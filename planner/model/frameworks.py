@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.model.algebra import eq1, gt1, is_one, not_whole
+from planner.model.algebra import eq1, gt1, is_one, le2, not_whole
 
 #: The data-parallel sharding modes (Megatron-Core ``data_parallel_sharding_strategy`` names;
 #: ZeRO stages 0 to 3; FSDP full shard is ``optim_grads_params``)
@@ -116,6 +116,14 @@ class Framework:
     #: weight plus a 16-bit remainder (``[training] store_param_remainders``; empty: it cannot)
     param_remainders_modes: tuple[str, ...] = ("optim",)
     param_remainders_source: str = ""
+    #: Megatron-LM's validate_args on the overlap switches (megatron/training/arguments.py):
+    #: ``--overlap-param-gather`` only with ``--overlap-grad-reduce`` ("Must use
+    #: --overlap-param-gather with --overlap-grad-reduce"), and an interleaved schedule
+    #: without p2p overlap only on more than two pipeline ranks (it asserts
+    #: pipeline_model_parallel_size > 2 "to avoid having multiple p2p sends and recvs between
+    #: same 2 ranks per communication batch"); NeMo and Megatron-Bridge build Megatron-Core's
+    #: configs without that function
+    validate_args_overlaps: bool = False
     #: the kernels its layers run on by default (``[training] kernel_stack``): "fused"
     #: (Transformer Engine's, Megatron-Core / NeMo) or "pytorch" (eager PyTorch modules)
     kernel_stack: str = "fused"
@@ -276,7 +284,8 @@ FRAMEWORKS: dict[str, Framework] = {
                           offload_overlap=True, offload_source=_MEGATRON_OFFLOAD,
                           cpu_adam_share=1 / 6, fp8_param_gather_source=_MEGATRON_FP8_GATHER,
                           fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params"),
-                          param_remainders_source=_MEGATRON_REMAINDERS),
+                          param_remainders_source=_MEGATRON_REMAINDERS,
+                          validate_args_overlaps=True),
     "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=(True, True),
                       chunked_grad_sync=True,
                       overlap_defaults=(("overlap_grad_reduce", True),
@@ -496,7 +505,34 @@ def framework_violations(name: str | None, plan) -> list[str]:
         return []
     fw = FRAMEWORKS[name]
     return (_sharding_violations(fw, plan) + _expert_violations(fw, plan)
-            + _pipeline_violations(fw, plan))
+            + _pipeline_violations(fw, plan) + _overlap_violations(fw, plan))
+
+
+def param_gather_refusal(fw: Framework, gather: bool, reduce: bool, where: str = "") -> str | None:
+    """Why the framework refuses parameter-gather overlap ``gather`` beside grad-reduce overlap
+    ``reduce`` (each the pin or the framework's default), or None."""
+    if not (fw.validate_args_overlaps and gather and not reduce):
+        return None
+    return (f"{where}overlap_param_gather = true needs {where}overlap_grad_reduce = true under "
+            f"{fw.label} (megatron/training/arguments.py validate_args: 'Must use "
+            f"--overlap-param-gather with --overlap-grad-reduce'): set {where}overlap_grad_reduce "
+            f"= true, or {where}overlap_param_gather = false")
+
+
+def _overlap_violations(fw: Framework, plan) -> list[str]:
+    """Megatron-LM's validate_args on the overlap switches (:attr:`Framework.
+    validate_args_overlaps`): parameter-gather overlap without grad-reduce overlap, and an
+    interleaved pipeline of two ranks without p2p overlap."""
+    out = []
+    gather = param_gather_refusal(fw, plan.overlap_param_gather, plan.overlap_grad_reduce)
+    if gather:
+        out.append(gather)
+    if fw.validate_args_overlaps and plan.vp > 1 and plan.pp <= 2 \
+            and not plan.overlap_p2p_comm:
+        out.append(f"vp = {plan.vp} with overlap_p2p_comm = false needs pp > 2 (pp = "
+                   f"{plan.pp}): {fw.label}'s validate_args refuses an interleaved schedule "
+                   "without p2p overlap on two pipeline ranks")
+    return out
 
 
 def _sharding_violations(fw: Framework, plan) -> list[str]:
@@ -559,14 +595,19 @@ def _pipeline_violations(fw: Framework, plan) -> list[str]:
     return out
 
 
-def framework_bar(fw: Framework, named: str | None, mode: str, x):
-    """1 (or more) where the named framework cannot run ``mode`` on the grid ``x`` (0 without a
-    named framework): the rules of :func:`framework_violations` as indicator functions of the
-    degrees (planner/model/algebra.py), so the evaluator, the enumerator and the MIP encoders
-    leave the same plans (the model charges the bar as memory no GPU has)."""
+def framework_bar(fw: Framework, named: str | None, mode: str, x, p2p_overlap: bool = True):
+    """1 (or more) where the named framework cannot run ``mode`` (with p2p overlap
+    ``p2p_overlap``) on the grid ``x`` (0 without a named framework): the rules of
+    :func:`framework_violations` that depend on the degrees, as indicator functions of them
+    (planner/model/algebra.py), so the evaluator, the enumerator and the MIP encoders leave the
+    same plans (the model charges the bar as memory no GPU has). The rest are the pins' and
+    defaults' (the modes and HSDP the search offers, :func:`param_gather_refusal`)."""
     if named is None:
         return 0.0
     bar = 0.0
+    if fw.validate_args_overlaps and not p2p_overlap:
+        # interleaved (v > 1) on two ranks (p > 1 when interleaved: the rule interleave_pp)
+        bar = bar + gt1(x.v) * le2(x.p)
     if mode in fw.sharding_needs_no_pp:
         bar = bar + gt1(x.p)
     if mode == "none" and fw.ddp_needs_1d:

@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, FrameworkName
+from planner.model.frameworks import (FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, FrameworkName,
+                                      param_gather_refusal)
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
@@ -733,7 +734,11 @@ def overlap_refusal(framework: str | None, spec, where: str = "") -> str | None:
     fw = FRAMEWORKS[framework]
     bad = [k for k in OVERLAP_KNOBS if getattr(spec, k) and k not in fw.overlaps_expressible]
     if not bad:
-        return None
+        # (a switch not given is the framework's default)
+        reduce = spec.overlap_grad_reduce
+        return param_gather_refusal(
+            fw, bool(spec.overlap_param_gather),
+            fw.overlap_default("overlap_grad_reduce") if reduce is None else reduce, where)
     return (f"{', '.join(where + k for k in bad)} = true, but constraints.framework = "
             f"\"{framework}\": {fw.label} has no switch for "
             + ("it" if len(bad) == 1 else "them") + " (planner/model/frameworks.py)")

@@ -1007,7 +1007,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # a sharding mode the named framework does not run with this grid: memory no GPU
             # has, so the search leaves it (the search's only way to say "not under this
             # mode"); evaluate reports the rule itself (framework_violations)
-            bar = framework_bar(fw, inst.spec.constraints.framework, k.dp_sharding, x)
+            bar = framework_bar(fw, inst.spec.constraints.framework, k.dp_sharding, x,
+                                k.overlap_p2p_comm)
             if not is_zero(bar):
                 memory[name]["framework_rule"] = bar * 2 * memory_limit_bytes(inst)
     time["offload"] = time["offload"] + activation_offload_time(
