@@ -556,13 +556,16 @@ def _caps_text(var: str, caps: dict[str, tuple], inst: Instance) -> str:
 
 
 def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins,
-                    sp_may_be_off: bool = False) -> None:
+                    sp_may_be_off: bool = False, admits=None) -> None:
     """A ``[constraints]`` pin of a degree that no value of the rules allows (``pp = 16`` on 8
     GPUs) empties the other degrees' domains too; say the pin alone, with the values the rules
     leave once it is lifted, and stop (raises :class:`InfeasibleError`). ``start_pins``: pins
     made by a variable's candidates (the micro-batch), with its candidates when unpinned.
     ``sp_may_be_off``: sequence parallelism may be pinned off (a dense model that leaves it
-    free), which lifts the rule that splits the sequence over tp."""
+    free), which lifts the rule that splits the sequence over tp. ``admits(key, value)``:
+    whether the pin changed to ``value`` (the other constraints kept) leaves a plan that
+    keeps every structural rule, the layout's included (a first-stage pin can rule out the
+    degree the domains alone would suggest); the nearest such value is suggested."""
     lines = []
     # per pinned variable: (pin, the starting candidates and caps with the pin lifted)
     # (a cap at the pin itself, the default cap a pin raises or one written equal to it, is
@@ -579,8 +582,17 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins,
         if free[var]:
             lines.append(f"constraints.{key} = {pin} binds: the {LABELS[var][0]} must satisfy "
                          f"{rules}, and the rules leave only {key} in {free[var]}")
-            near = min(free[var], key=lambda x: (abs(x - pin), x))
+            by_distance = sorted(free[var], key=lambda x: (abs(x - pin), x))
+            near = next((x for x in by_distance if admits is None or admits(key, x)), None)
             sp_off = sp_may_be_off and BY_NAME["sp_seq"].says in rules
+            if near is None:
+                pair = admits.with_one_lifted(key, by_distance) if admits else None
+                lines.append(f"no {key} in {free[var]} leaves a plan with the other "
+                             "constraints kept" + (
+                                 f"; nearest change: {key} = {pair[1]} and lift "
+                                 f"constraints.{pair[0]}" if pair else
+                                 ": change another pin as well"))
+                continue
             lines.append(f"nearest change: {key} = {near} (or lift constraints.{key}"
                          + (", or set constraints.sequence_parallel = false" if sp_off else "")
                          + ")")
@@ -591,8 +603,47 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins,
         raise InfeasibleError("the constraints leave no plan", lines)
 
 
-def build_space(inst: Instance) -> SearchSpace:
-    """The search space of an instance under its ``[constraints]`` (pins and caps are domains)."""
+class _Admits:
+    """``admits(key, value)``: whether ``[constraints] key = value`` (a cap below it raised to
+    it), the other constraints kept (or ``lift`` set to its default), leaves a plan keeping
+    the structural rules."""
+
+    def __init__(self, inst: Instance):
+        self.inst = inst
+
+    def __call__(self, key: str, value: int, lift: str | None = None) -> bool:
+        c = self.inst.spec.constraints
+        cap = "max_micro_batch" if key == "micro_batch" else f"max_{key}"
+        change = {key: value}
+        if getattr(c, cap, None) is not None and getattr(c, cap) < value:
+            change[cap] = value
+        if lift is not None:
+            change[lift] = type(c).model_fields[lift].default
+        try:
+            space = build_space(self.inst.with_spec(constraints=c.model_copy(update=change)),
+                                suggest=False)
+        except InfeasibleError:
+            return False
+        return bool(count_points(space))
+
+    def with_one_lifted(self, key: str, values: list[int]) -> tuple[str, int] | None:
+        """The nearest of ``values`` that leaves a plan once one other pin the instance writes
+        is lifted (set to its default), and that pin: ``(pin, value)``, or None."""
+        c = self.inst.spec.constraints
+        cap = "max_micro_batch" if key == "micro_batch" else f"max_{key}"
+        others = [k for k in sorted(c.model_fields_set) if k not in (key, cap)
+                  and getattr(c, k) != type(c).model_fields[k].default]
+        for value in values:
+            for other in others:
+                if self(key, value, lift=other):
+                    return other, value
+        return None
+
+
+def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
+    """The search space of an instance under its ``[constraints]`` (pins and caps are domains).
+    ``suggest``: a pin that binds is explained with the nearest value that leaves a plan,
+    each candidate checked on a space of its own (built without that check)."""
     m = inst.model
     c = inst.spec.constraints
     tr = inst.spec.training
@@ -669,7 +720,8 @@ def build_space(inst: Instance) -> SearchSpace:
         _pins_that_bind(rows, start, caps, dom, bounded_by,
                         {"b": (c.micro_batch, free_b)} if c.micro_batch is not None else {},
                         # (MoE layers need sequence parallelism at tp > 1)
-                        sp_may_be_off=not m.moe and c.sequence_parallel is None)
+                        sp_may_be_off=not m.moe and c.sequence_parallel is None,
+                        admits=_Admits(inst) if suggest else None)
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]
     pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
     layout_binds = bool(layout_why and dom["P"] and dom["V"])

@@ -328,3 +328,21 @@ def test_a_sub_host_cluster_a_degree_product_and_an_account_flag_name_a_change_t
             "cluster": {"gpu": "a100-80gb", "nodes": 1},
             "constraints": {"account_for_embedding": True}}
     assert "nearest change: unpin constraints.account_for_embedding" in explain(flag)
+
+
+@pytest.mark.parametrize("first, says, pins", [
+    (7, "nearest change: pp = 4 (or lift constraints.pp)", {"pp": 4, "first_stage_layers": 7}),
+    (5, "no pp in [1, 2, 4, 8] leaves a plan with the other constraints kept; nearest change: "
+        "pp = 2 and lift constraints.first_stage_layers", {"pp": 2})])
+def test_a_binding_degree_pin_suggests_a_value_the_other_pins_admit(first, says, pins):
+    """pp = 3 on 8 GPUs: the domains alone point at pp = 2, which a first stage of 7 (or 5)
+    of the 30 layers rules out (a stage at most one layer short of the others). The
+    suggestion is now checked with the other pins kept, and names the pin to lift with it
+    when none keeps them; each suggestion applied solves."""
+    doc = {"model": {"layers": 30, "hidden": 1024, "heads": 16, "vocab": 32000,
+                     "seq_len": 1024},
+           "training": {"global_batch": 64}, "cluster": {"gpu": "h100-sxm", "nodes": 1},
+           "constraints": {"pp": 3, "first_stage_layers": first}}
+    assert says in explain(doc)
+    res = solve(parse_instance({**doc, "constraints": pins}), solver="enumerate")
+    assert res.report.plan.pp == pins["pp"]
