@@ -168,7 +168,7 @@ def tolerance(res) -> float:
     return (res.quantum_s or 0.0) * 200 + 1e-6 * abs(res.objective)
 
 
-#: Three tests of 14 examples each (derandomized: each name draws its own instances), so that
+#: Three tests of 12 examples each (derandomized: each name draws its own instances), so that
 #: pytest-xdist spreads them over the cores; one test of 120 had become the suite's critical
 #: path, 2 x 40 passed the suite's 3 minutes once the sharding modes were searched, of 2 x 30
 #: one test took 52 s and the other 113 s (two of its draws, split into sharding-mode models,
