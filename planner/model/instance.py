@@ -138,8 +138,23 @@ class Instance:
         return self.gpus // self.node_size
 
     def with_nodes(self, nodes: int) -> Instance:
-        """The same instance on ``nodes`` hosts."""
+        """The same instance on ``nodes`` whole hosts (``--nodes N``: the user's size)."""
         return replace(self, gpus=nodes * self.hw.gpus_per_host, node_options=(nodes,))
+
+    def at_size(self, nodes: int) -> Instance:
+        """The instance at ``nodes``, one of its own sizes (``node_options``), as a query
+        (pareto, capacity) walks them: a one-size instance keeps its own GPU count, which is
+        not always whole hosts (``cluster.gpus = 4`` on 8-GPU hosts is one partial node of 4
+        GPUs, where :meth:`with_nodes` would fill the host to 8)."""
+        if self.node_options == (nodes,):
+            return self
+        return self.with_nodes(nodes)
+
+    @property
+    def partial_host(self) -> bool:
+        """Whether the instance is fewer GPUs than one host (``cluster.gpus`` below the
+        host's count): its one size is not a whole node."""
+        return self.gpus < self.hw.gpus_per_host
 
     def with_spec(self, **sections: Any) -> Instance:
         """A copy with whole sections of the spec replaced (constraints, plan, training...).
