@@ -599,3 +599,20 @@ def test_pareto_help_describes_the_front_the_code_computes(runner):
     text = _flat(runner.invoke(app, ["pareto", "--help"]).stdout)
     assert "GPUs, step time, days and dollars" not in text
     assert "training days and dollars" in text and "GPU-seconds per sequence" in text
+
+
+def test_pareto_says_what_the_front_is_decided_on_when_days_or_cost_are_not_shown(runner,
+                                                                                 tmp_path):
+    """Without tokens or a price the table shows '-' for days and cost, while the front is
+    decided on time and GPU-seconds per sequence: an unmarked size had nothing shown to say
+    why."""
+    f = _small(tmp_path, tokens="0")
+    f.write_text(f.read_text().replace("tokens = 0\n", ""))
+    text = _flat(runner.invoke(app, ["pareto", str(f)]).stdout)
+    assert "without training.tokens, time is the time per sequence" in text
+    assert "cost GPU-seconds per sequence" in text
+    f.write_text(_small(tmp_path).read_text().replace("price_per_gpu_hour = 2.5\n", ""))
+    text = _flat(runner.invoke(app, ["pareto", str(f)]).stdout)
+    assert "without cluster.price_per_gpu_hour, cost is GPU-seconds per sequence" in text
+    priced = _flat(runner.invoke(app, ["pareto", str(_small(tmp_path, name="p.toml"))]).stdout)
+    assert "front: without" not in priced

@@ -605,7 +605,7 @@ def pareto(
     the front: the sizes no other size beats on both training days and dollars (time per
     sequence without training.tokens, GPU-seconds per sequence without a price)."""
     from formulations import queries
-    from planner.app.report import caveat_lines, pareto_table, sizes_text
+    from planner.app.report import caveat_lines, front_basis_lines, pareto_table, sizes_text
 
     try:
         if plot:
@@ -639,6 +639,8 @@ def pareto(
     else:
         out.print(pareto_table(points, batch_range=not isinstance(
             inst.spec.training.global_batch, int)))
+        for line in front_basis_lines(inst):
+            out.print(Text(line, style="dim"), soft_wrap=True)
         for line in caveat_lines(points):
             out.print(Text(line, style="yellow"), soft_wrap=True)
     if none_fits:

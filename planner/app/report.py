@@ -339,6 +339,20 @@ def pareto_table(points, batch_range: bool = False) -> Table:
     return t
 
 
+def front_basis_lines(inst) -> list[str]:
+    """What the front of a pareto table is decided on where its days or cost column is empty
+    (``-``): the fallbacks of :func:`formulations.queries.front_key`, which the table does not
+    show."""
+    if not inst.spec.training.tokens:           # (no days, so no dollars either)
+        return ["front: without training.tokens, time is the time per sequence (step s / "
+                "global batch) instead of days, and cost GPU-seconds per sequence (that x "
+                "GPUs) instead of dollars"]
+    if inst.spec.cluster.price_per_gpu_hour is None:
+        return ["front: without cluster.price_per_gpu_hour, cost is GPU-seconds per sequence "
+                "(step s / global batch x GPUs) instead of dollars"]
+    return []
+
+
 def caveat_lines(points) -> list[str]:
     """The caveats of the table's plans (what their numbers rest on that the measured runs do
     not confirm: the MoE terms, a precision the GPU type has no measured run at, ...), once
