@@ -1,7 +1,7 @@
 """The planning questions users ask, each answered with proven optima (docs/encoding.md, "Queries"):
 
 * :func:`pareto`: the optimum at every allowed cluster size, and the non-dominated front of
-  (GPUs, step time, days, dollars);
+  (days, dollars), the GPU count counted through the dollars;
 * :func:`capacity`: the fewest nodes whose optimal plan meets a deadline (exact: every smaller
   size is shown to miss it, by a proven optimum or by a compute lower bound);
 * :func:`compare`: a constrained optimum next to the unconstrained one, with the constraints
@@ -19,6 +19,7 @@ from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.instance import Instance
 from planner.model.schema import ConstraintSpec
 from planner.model.terms import gemm_rate
+from planner.model.words import plural
 from planner.model.workload import Shape
 
 from formulations.result import SolveResult, Status
@@ -97,16 +98,15 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     split) dominates the smaller one. For a fixed batch, days, step time and time per sequence
     order the sizes alike.
     """
+    from formulations.solve import check_backend
+
     options = list(node_options or inst.node_options)
     if len(options) > MAX_PARETO_SIZES:
-        from planner.model.errors import InputError
-
-        raise InputError(f"{inst.source}: cluster.nodes: the range holds {len(options):,} sizes, "
-                         f"each a separate proof; pareto takes at most {MAX_PARETO_SIZES}: give "
-                         "node_counts = [...] with the sizes of interest, or a narrower range")
+        raise InputError(f"{inst.source}: {too_many_sizes(inst, len(options))}")
+    check_backend(solver)        # (before any size: one may be infeasible before a backend runs)
     points = []
     for n in options:
-        sized = inst.with_nodes(n)
+        sized = inst.at_size(n)
         try:
             res = solve(sized, solver=solver, time_limit=time_limit, explain="brief")
             if res.report:
@@ -120,6 +120,17 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
         p.on_front = not any(_dominates(front_key(q), front_key(p))
                              for q in feasible if q is not p)
     return points
+
+
+def too_many_sizes(inst: Instance, count: int) -> str:
+    """Why a range is too long for pareto, naming the key the instance gave its sizes with."""
+    if inst.spec.cluster.node_counts is not None:
+        return (f"cluster.node_counts: lists {count:,} sizes, each a separate proof; pareto "
+                f"takes at most {MAX_PARETO_SIZES}: keep the {MAX_PARETO_SIZES} or fewer of "
+                "interest")
+    return (f"cluster.nodes: the range holds {count:,} sizes, each a separate proof; pareto "
+            f"takes at most {MAX_PARETO_SIZES}: give node_counts = [...] with at most "
+            f"{MAX_PARETO_SIZES} sizes of interest, or a narrower range")
 
 
 def _stop_reason(res: SolveResult) -> str:
@@ -145,6 +156,9 @@ def front_key(p: ParetoPoint) -> tuple[float, float]:
 
 #: the proof a capacity answer gives for one node fewer when that size is not in the range
 OUTSIDE_RANGE = "outside the instance's node range"
+#: the proof of a size without any plan (``reason`` gives the solver's sentence, ``detail``
+#: what binds): a stable token a script can switch on, as the other proofs are
+NO_PLAN = "no plan fits"
 
 
 @dataclass
@@ -156,6 +170,13 @@ class CapacityAnswer:
     next_smaller: dict[str, Any] | None = None
     cheapest: dict[str, Any] | None = None
     wall_s: float = 0.0
+    #: the sizes the compute lower bound ruled out without a solve, smallest first, and the
+    #: bound of the largest of them (the least days any of them needs)
+    bound_skipped: list[int] = field(default_factory=list)
+    skipped_days_lower_bound: float | None = None
+    #: the GPU count of an instance smaller than one host (``cluster.gpus = 4`` on 8-GPU
+    #: hosts), its one size; None for whole nodes
+    partial_gpus: int | None = None
 
     @property
     def unproven(self) -> list[int]:
@@ -167,17 +188,125 @@ class CapacityAnswer:
         return [c["nodes"] for c in self.checked if c["nodes"] != self.nodes
                 and c.get("status") in (Status.FEASIBLE.value, Status.NO_SOLUTION_IN_LIMIT.value)]
 
+    @property
+    def fastest(self) -> dict[str, Any] | None:
+        """Without an answer, the fastest size solved (``{"nodes", "days", "status",
+        "proof"}``; the smallest size of a tie): the best the range was shown to do, which
+        need not be its largest size. None with an answer, or when no size solved has a
+        plan."""
+        if self.nodes is not None:
+            return None
+        timed = [c for c in self.checked if c.get("days") is not None]
+        if not timed:
+            return None
+        best = min(timed, key=lambda c: (c["days"], c["nodes"]))
+        return {**best, "proof": _proof(best["status"])}
+
+    @property
+    def without_plan(self) -> list[dict[str, Any]]:
+        """The sizes solved that have no plan at all (``checked`` entries, ``feasible`` false)."""
+        return [c for c in self.checked if c.get("feasible") is False]
+
+    @property
+    def none_has_a_plan(self) -> bool:
+        """No answer, and every size solved is proven to have no plan: the deadline is not
+        what rules them out (some smaller sizes may be out by the compute bound as well)."""
+        return (self.nodes is None and bool(self.checked)
+                and len(self.without_plan) == len(self.checked))
+
+    def miss_reason(self) -> str:
+        """Why there is no answer, in one sentence (the error of exit 3): the fastest size
+        found and its days, or why no size has a plan, never only the deadline."""
+        deadline = plural(self.deadline_days, "day")
+        if self.none_has_a_plan:
+            sizes = [c["nodes"] for c in self.checked]
+            head = (f"no size in the range has a plan ({_sizes(sizes)}: "
+                    f"{_common_reason(self.without_plan)})")
+            if self.bound_skipped:
+                lb = days_text(self.skipped_days_lower_bound, self.deadline_days)
+                head += (f"; the smaller {_sizes(self.bound_skipped)} need at least {lb} days "
+                         f"by the compute lower bound, more than {deadline}")
+            return head
+        fast = self.fastest
+        if fast is not None and self.partial_gpus is not None:
+            return (f"the instance's one size, {_size_words(fast['nodes'], self.partial_gpus)}, "
+                    f"does not meet {deadline}: its plan needs "
+                    f"{days_text(fast['days'], self.deadline_days)} days ({fast['proof']})")
+        if fast is not None:
+            return (f"no size in the range meets {deadline}: the fastest found, "
+                    f"{_size_words(fast['nodes'], self.partial_gpus)}, needs "
+                    f"{days_text(fast['days'], self.deadline_days)} days ({fast['proof']})")
+        ns = self.next_smaller or {}
+        if "days_lower_bound" in ns:
+            return (f"no size in the range meets {deadline}: even the largest, "
+                    f"{_size_words(ns['nodes'], self.partial_gpus)}, needs at least "
+                    f"{days_text(ns['days_lower_bound'], self.deadline_days)} days "
+                    "(compute lower bound)")
+        return f"no size in the range meets {deadline}"
+
     def to_dict(self) -> dict[str, Any]:
         out = self.result.to_dict() if self.result else {"plan": None}
         out["nodes"] = self.nodes
         out["deadline_days"] = self.deadline_days
         out["meets_deadline"] = self.result is not None
         out["next_smaller"] = self.next_smaller
+        out["fastest"] = self.fastest
         out["checked"] = self.checked
         out["cheapest"] = self.cheapest
         out["unproven"] = self.unproven
         out["wall_s"] = self.wall_s
         return out
+
+
+def _proof(status: str) -> str:
+    return "proven optimum" if status == Status.OPTIMAL.value else "not proven (time limit)"
+
+
+def _sizes(nodes: list[int]) -> str:
+    """``3 nodes``, ``1-3 nodes``, ``1, 3 nodes``."""
+    if len(nodes) == 1:
+        return plural(nodes[0], "node")
+    if nodes == list(range(nodes[0], nodes[-1] + 1)):
+        return f"{nodes[0]:,}-{nodes[-1]:,} nodes"
+    shown = ", ".join(f"{n:,}" for n in nodes[:8])
+    return shown + (f" and {len(nodes) - 8:,} more" if len(nodes) > 8 else "") + " nodes"
+
+
+def _size_words(nodes: int, partial_gpus: int | None) -> str:
+    """A size in a sentence: ``80 nodes``, or ``4 GPUs`` for an instance smaller than a host."""
+    if partial_gpus is not None:
+        return f"{plural(partial_gpus, 'GPU')} (part of one node)"
+    return plural(nodes, "node")
+
+
+def _common_reason(entries: list[dict[str, Any]]) -> str:
+    """The sentence of the sizes without a plan: theirs when they share it, else the largest
+    size's, said to be that size's (what binds at each follows the error line)."""
+    last = entries[-1]["reason"]
+    same = sum(1 for e in entries if e["reason"] == last)
+    if len(entries) == 1 or same == len(entries):
+        return last
+    return f"at {entries[-1]['nodes']:,} nodes, {last}; other sizes for other reasons"
+
+
+def days_text(days: float, versus: float | None = None) -> str:
+    """Days as a reader compares them: one decimal from 1 day up, three significant figures
+    below (``0.00724``, where one decimal printed ``0.0``), and more decimals where that would
+    not show on which side of ``versus`` (a deadline) the value lies (``29.97`` against 30, not
+    ``30.0``). Engineering notation beyond a trillion."""
+    import math
+
+    from planner.model.words import number
+
+    if not math.isfinite(days) or days >= 1e12:
+        return number(days)
+    if days <= 0:
+        return "0"
+    decimals = 1 if days >= 1 else 2 - math.floor(math.log10(days))
+    if versus is not None and days != versus:
+        while decimals < 12 and (round(days, decimals) > versus) != (days > versus):
+            decimals += 1
+    return f"{days:,.{decimals}f}"
 
 
 def days_lower_bound(inst: Instance, nodes: int) -> float:
@@ -187,13 +316,32 @@ def days_lower_bound(inst: Instance, nodes: int) -> float:
     half at ``attention_efficiency`` of the peak, 0.87 on Blackwell against a GEMM asymptote
     of 0.52), so counting it at the GEMM rate overstated the bound at long sequences, and
     capacity skipped sizes that met the deadline (an audit found 1 B200 node at 0.61 days
-    where the bound said at least 0.67)."""
+    where the bound said at least 0.67). The GPUs are the size's own (:meth:`Instance.at_size`:
+    a ``cluster.gpus`` smaller than a host is that many, not the host's)."""
     sh = Shape.of(inst.model)
     hw = inst.hw
     rate = max(hw.peak * hw.efficiency, gemm_rate(inst))
     sequences = inst.spec.training.tokens / sh.s
     gemm_flops = sh.model_flops(sequences) - 3 * sequences * sh.L * sh.attention_flops(1)
-    return gemm_flops / (nodes * hw.gpus_per_host * rate) / 86400
+    return gemm_flops / (inst.at_size(nodes).gpus * rate) / 86400
+
+
+def _infeasible(n: int, exc: InfeasibleError) -> dict[str, Any]:
+    """A size without a plan, as pareto gives one: ``reason`` the solver's sentence (which
+    kind of rule leaves no plan: memory, the structural rules, a constraint), ``detail`` what
+    binds, one line each."""
+    return {"nodes": n, "feasible": False, "reason": exc.args[0], "detail": list(exc.explanation)}
+
+
+def _objective_for_days(sized: Instance, days: float) -> float:
+    """The objective (step time, or time per sequence for a batch range) of a plan of
+    ``sized`` that trains the token budget in ``days``: at a fixed size and batch, days are
+    the objective times ``tokens / seq_len`` (per sequence) or the steps."""
+    sequences = sized.spec.training.tokens / Shape.of(sized.model).s
+    per_sample = days * 86400 / sequences
+    if default_objective(sized) == "time_per_sample":
+        return per_sample
+    return per_sample * sized.spec.training.global_batch
 
 
 def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
@@ -203,31 +351,43 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
 
     Sizes whose compute lower bound already misses the deadline are skipped (provably too
     small); the rest are solved in increasing order until one meets the deadline, so the answer
-    is minimal. With ``budget_usd`` (and a price) it also reports the cheapest plan meeting the
-    deadline among the sizes from the answer up to the end of the range, and whether it fits
-    the budget.
+    is minimal. A size's proven optimum decides it, not the plan the tie-break goals chose
+    (up to 0.01% slower, formulations/ties.py): when only the optimum meets the deadline, a
+    plan within it is asked for. With ``budget_usd`` (and a price) it also reports the
+    cheapest plan meeting the deadline among the sizes from the answer up to the end of the
+    range, and whether it fits the budget. Without an answer, ``fastest`` is the fastest size
+    solved, and sizes without any plan say why (``checked[].reason`` and ``detail``).
     """
+    from formulations.solve import check_backend
+
     if not inst.spec.training.tokens:
         raise InputError(f"{inst.source}: capacity needs training.tokens (the token budget)")
     if budget_usd is not None and inst.spec.cluster.price_per_gpu_hour is None:
         raise InputError(f"{inst.source}: a budget (--budget-usd, budget_usd) needs "
                          "cluster.price_per_gpu_hour (dollars per GPU-hour) to cost the plans")
+    check_backend(solver)        # (even when the compute bound leaves no size to solve)
     t0 = time.perf_counter()
     options = sorted(inst.node_options)
-    ans = CapacityAnswer(deadline_days, None, None)
+    ans = CapacityAnswer(deadline_days, None, None,
+                         partial_gpus=inst.gpus if inst.partial_host else None)
     last_miss: dict[str, Any] | None = None
     for n in options:
         lb = days_lower_bound(inst, n)
         if lb > deadline_days:
             last_miss = {"nodes": n, "days_lower_bound": lb, "proof": "compute lower bound"}
+            ans.bound_skipped.append(n)
+            ans.skipped_days_lower_bound = lb
             continue
+        sized = inst.at_size(n)
         try:
-            res = solve(inst.with_nodes(n), solver=solver, time_limit=time_limit,
-                        explain=False)
+            res = solve(sized, solver=solver, time_limit=time_limit, explain="limits")
         except InfeasibleError as exc:
-            ans.checked.append({"nodes": n, "feasible": False, "reason": str(exc)})
-            last_miss = {"nodes": n, "feasible": False, "proof": exc.args[0]}
+            entry = _infeasible(n, exc)
+            ans.checked.append(entry)
+            last_miss = {"nodes": n, "feasible": False, "proof": NO_PLAN,
+                         "reason": exc.args[0], "detail": entry["detail"]}
             continue
+        res = _within_deadline(sized, res, deadline_days, solver, time_limit)
         days = res.report.total_days if res.report else None
         ans.checked.append({"nodes": n, "days": days, "status": res.status.value})
         # a plan that meets the deadline shows the size suffices, proven optimal there or not
@@ -238,13 +398,12 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
             ans.nodes, ans.result = n, res
             break
         last_miss = {"nodes": n, "days": days, "status": res.status.value,
-                     "proof": "proven optimum" if res.status.value == "optimal" else
-                     "not proven (time limit)"}
+                     "proof": _proof(res.status.value)}
     if ans.nodes is None:
         ans.next_smaller = last_miss          # the largest size and why it misses
     elif last_miss is not None and last_miss["nodes"] == ans.nodes - 1:
         ans.next_smaller = last_miss
-    elif ans.nodes - 1 >= 1:
+    elif ans.nodes - 1 >= 1 and ans.partial_gpus is None:
         n = ans.nodes - 1
         ans.next_smaller = {"nodes": n, "days_lower_bound": days_lower_bound(inst, n),
                             "proof": OUTSIDE_RANGE if n not in options
@@ -256,6 +415,26 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
     return ans
 
 
+def _within_deadline(sized: Instance, res: SolveResult, deadline: float, solver: str,
+                     time_limit: float | None) -> SolveResult:
+    """``res``, or, when its plan misses the deadline only by the tie window (the tie-break
+    goals may choose a plan up to 0.01% slower than the proven optimum, which meets it), a
+    plan of the size that meets the deadline: the size suffices, and the answer must say so."""
+    rep = res.report
+    if (rep is None or rep.total_days is None or rep.total_days <= deadline
+            or res.status != Status.OPTIMAL or not res.bound or not res.objective):
+        return res
+    if rep.total_days * res.bound / res.objective > deadline:
+        return res                        # the optimum itself misses
+    try:
+        capped = solve(sized, solver=solver, time_limit=time_limit, explain=False,
+                       max_objective=_objective_for_days(sized, deadline))
+    except InfeasibleError:
+        return res                        # (the optimum sits on the deadline, within rounding)
+    ok = capped.report and capped.report.total_days <= deadline
+    return capped if ok and capped.status in (Status.OPTIMAL, Status.FEASIBLE) else res
+
+
 def _cheapest(inst, ans, options, deadline, solver, time_limit, budget):
     """The cheapest plan meeting the deadline from the answer's size to the end of the range.
 
@@ -263,22 +442,24 @@ def _cheapest(inst, ans, options, deadline, solver, time_limit, budget):
     the best so far, as a cap on its objective: at a fixed size the cost is the time per
     sequence times ``tokens / seq_len * GPUs * price``, the deadline the time per sequence
     times ``tokens / seq_len``. A size that cannot beat it is a proof of infeasibility, which
-    the MIP finds faster than the size's own optimum."""
+    the MIP finds faster than the size's own optimum. A size whose capped solve stopped at the
+    time limit (without a plan, or with one not proven the cheapest there) proves neither:
+    it is listed in ``unproven``, and the cheapest is then not proven."""
     best = ans.result
-    sequences = inst.spec.training.tokens / Shape.of(inst.model).s
     price = inst.spec.cluster.price_per_gpu_hour
     larger = [x for x in options if x > ans.nodes]
+    unproven = []
     for n in larger:
-        sized = inst.with_nodes(n)
-        kind = default_objective(sized)
-        per_sample = min(deadline * 86400, best.report.cost * 3600 / (sized.gpus * price)) \
-            / sequences
-        unit = 1 if kind == "time_per_sample" else sized.spec.training.global_batch
+        sized = inst.at_size(n)
+        # (days at this size's GPUs that cost what the best so far costs)
+        cap_days = min(deadline, best.report.cost / (24 * sized.gpus * price))
         try:
             res = solve(sized, solver=solver, time_limit=time_limit, explain=False,
-                        max_objective=per_sample * unit * (1 + 1e-9))
+                        max_objective=_objective_for_days(sized, cap_days) * (1 + 1e-9))
         except InfeasibleError:
             continue
+        if res.status in (Status.NO_SOLUTION_IN_LIMIT, Status.FEASIBLE):
+            unproven.append(n)
         rep = res.report
         if rep and rep.total_days <= deadline and (rep.cost or 0) < (best.report.cost or 0):
             best = res
@@ -286,7 +467,7 @@ def _cheapest(inst, ans, options, deadline, solver, time_limit, budget):
     return {"nodes": best.report.plan.nodes, "cost": cost, "within_budget":
             cost is not None and cost <= budget, "budget_usd": budget,
             "plan": best.report.plan.to_dict(), "total_days": best.report.total_days,
-            "sizes_checked": len(larger)}
+            "sizes_checked": len(larger), "unproven": unproven}
 
 
 # ------------------------------------------------------------------------------------------

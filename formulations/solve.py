@@ -416,7 +416,10 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     """The optimal plan of an instance (fixed GPU count) under its constraints.
 
     Raises :class:`~planner.model.errors.InfeasibleError` (with what binds) when no plan exists;
-    ``explain="brief"`` says what binds without searching for the nearest change.
+    ``explain="brief"`` says what binds without searching for the nearest change;
+    ``explain="limits"`` does so only where the structural rules admit plans (memory, a pin,
+    ``min_mfu`` rule them all out), and a size they leave none keeps the count's one sentence,
+    found in milliseconds (capacity meets such sizes by the dozen).
     ``exclude`` lists plans to leave out, as (base-variable values, knobs) pairs (top-k).
     ``max_objective`` admits only plans at or below it (in the objective's unit, like a
     minimum MFU): a query that needs to know whether a size can beat a plan it already has
@@ -443,11 +446,11 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
                     if size["space_plans"] else (None, None))
     wall = time.perf_counter() - t0
     if raw is None or raw.status == Status.INFEASIBLE:
-        if explain and not exclude:
+        if explain and not exclude and (explain != "limits" or size["space_plans"]):
             from formulations.explain import explain_infeasible
 
             raise explain_infeasible(space, objective_cap(inst, kind), kind,
-                                     suggest=explain != "brief")
+                                     suggest=explain not in ("brief", "limits"))
         # (without the explanation: the count tells a size no degrees fit from one whose
         # plans all break a limit, which capacity and pareto report per size)
         if not size["space_plans"]:

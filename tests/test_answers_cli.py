@@ -9,6 +9,7 @@ stdout for the rest) and parsed with the format's own parser.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -387,3 +388,231 @@ def test_json_stays_json_when_pyomo_warns_while_loading_a_solution(runner, monke
     result = runner.invoke(app, ["solve", str(GPT13), "--solver", "highs", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(_streams(result)[0])["solver"]["status"] == "optimal"
+
+
+# ---- the pareto / capacity audit ---------------------------------------------------------------
+
+#: the small dense model of tests/test_queries.py (a second per size at most), sharding pinned
+SMALL = """[model]
+layers = 8
+hidden = 1024
+heads = 8
+kv_heads = 4
+gated_mlp = true
+vocab = 32000
+seq_len = 2048
+position_embedding = "rope"
+tied_embeddings = false
+[training]
+global_batch = 64
+tokens = {tokens}
+[cluster]
+gpu = "{gpu}"
+{size}
+price_per_gpu_hour = 2.5
+[constraints]
+max_micro_batch = 4
+dp_sharding = "optim"
+optimizer_offload = false
+max_recompute_layers = 0
+{constraints}
+"""
+
+
+def _small(tmp_path, size="nodes = [1, 2]", tokens="2e9", gpu="h100-sxm", constraints="",
+           name="small.toml") -> Path:
+    f = tmp_path / name
+    f.write_text(SMALL.format(size=size, tokens=tokens, gpu=gpu, constraints=constraints))
+    return f
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_pareto_and_capacity_answer_a_partial_host_for_its_own_gpus(runner, tmp_path):
+    f = _small(tmp_path, size="gpus = 4")
+    solved = json.loads(runner.invoke(app, ["solve", str(f), "--json"]).stdout)
+    front = json.loads(runner.invoke(app, ["pareto", str(f), "--json"]).stdout)
+    [point] = front["all"]
+    assert point["plan"]["gpus"] == solved["plan"]["gpus"] == 4
+    assert point["total_days"] == pytest.approx(solved["total_days"], rel=1e-9)
+    days = solved["total_days"]
+    met = runner.invoke(app, ["capacity", str(f), "--deadline-days", str(days * 1.01)])
+    assert met.exit_code == 0, met.output
+    text = _flat(met.stdout)
+    assert "4 x NVIDIA H100" in text and "4 GPUs (cluster.gpus, part of one node)" in text
+    assert "Fewer GPUs may suffice" in text
+    missed = runner.invoke(app, ["capacity", str(f), "--deadline-days", str(days * 0.99)])
+    assert missed.exit_code == 3        # (8 GPUs meet it: the queries used to fill the host)
+    assert "does not meet" in _flat(missed.stderr) and "4 GPUs" in _flat(missed.stderr)
+
+
+def test_capacity_without_an_answer_names_the_fastest_size_not_the_largest(runner, tmp_path):
+    """Llama-3-70B on 80-81 nodes at 30 days: 81 nodes needs 39.7 days, 80 nodes 39.2; the
+    answer named only the largest size's 39.7 as if it were the range's best."""
+    f = tmp_path / "l70.toml"
+    f.write_text((ROOT / "instances" / "llama3-70b-capacity.toml").read_text()
+                 .replace("nodes = [1, 512]", "nodes = [80, 81]"))
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30", "--json"])
+    assert r.exit_code == 3, r.output
+    d = json.loads(r.stdout)
+    days = {c["nodes"]: c["days"] for c in d["checked"]}
+    assert days[80] < days[81]
+    assert d["fastest"]["nodes"] == 80 and d["fastest"]["days"] == days[80]
+    assert "the fastest found, 80 nodes, needs 39.2 days" in d["error"]
+    text = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30"])
+    assert "The fastest size solved, 80 nodes, needs 39.2 days" in _flat(text.stdout)
+
+
+def test_capacity_without_any_plan_says_what_binds_not_the_deadline(runner, tmp_path):
+    f = _small(tmp_path, constraints="tp = 3")
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "1000"])
+    assert r.exit_code == 3
+    out, errs = _flat(r.stdout), _flat(r.stderr)
+    assert "No size in the range has a plan: the deadline is not what rules them out" in out
+    assert "meets 1000 days" not in out + errs
+    assert "error: no size in the range has a plan" in errs
+    assert "constraints.tp = 3 binds" in errs and "nearest change" in errs
+    d = json.loads(runner.invoke(app, ["capacity", str(f), "--deadline-days", "1000",
+                                       "--json"]).stdout)
+    assert d["exit_code"] == 3 and any("constraints.tp = 3 binds" in x for x in d["details"])
+    assert all(c["reason"] == "the constraints leave no plan" for c in d["checked"])
+    assert d["next_smaller"]["proof"] == "no plan fits"
+    assert d["next_smaller"]["reason"] == "the constraints leave no plan"
+
+
+def test_capacity_panel_says_a_plan_stopped_at_the_time_limit_is_not_proven(
+        runner, monkeypatch, tmp_path):
+    from dataclasses import replace
+
+    from formulations.result import Status
+    from formulations.solve import solve
+
+    monkeypatch.setattr("formulations.queries.solve",
+                        lambda inst, **kw: replace(solve(inst, **kw), status=Status.FEASIBLE))
+    f = _small(tmp_path)
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "1000"])
+    assert r.exit_code == 0, r.output
+    text = _flat(r.stdout)
+    assert "proven optimal plan" not in text
+    assert "plan not proven optimal: the solver stopped at the time limit" in text
+
+
+def test_days_are_printed_with_their_digits_in_pareto_and_capacity(runner, tmp_path):
+    """1e7 tokens train in about 0.005 days: the table and the answer printed '0.0'."""
+    f = _small(tmp_path, tokens="1e7")
+    d = json.loads(runner.invoke(app, ["pareto", str(f), "--json"]).stdout)
+    days = {p["nodes"]: p["total_days"] for p in d["all"]}
+    assert max(days.values()) < 0.05
+    table = runner.invoke(app, ["pareto", str(f)]).stdout
+    for n, value in days.items():
+        row = next(ln for ln in table.splitlines() if re.match(rf"│ . │\s+{n} │", ln))
+        cell = [c.strip() for c in row.split("│")][6]
+        assert float(cell) == pytest.approx(value, rel=0.01)
+    deadline = min(days.values()) * 0.995
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", f"{deadline:.6g}"])
+    assert r.exit_code == 3
+    shown = float(re.search(r"needs ([0-9.]+) days", _flat(r.stdout)).group(1))
+    assert shown > deadline and shown == pytest.approx(min(days.values()), rel=0.01)
+
+
+def test_pareto_prints_the_plan_caveats_once_under_the_table(runner, tmp_path):
+    """B300 has no measured run: every plan carries the caveat, which solve prints and the
+    pareto text dropped."""
+    f = _small(tmp_path, gpu="b300")
+    d = json.loads(runner.invoke(app, ["pareto", str(f), "--json"]).stdout)
+    caveats = {c for p in d["all"] for c in p["caveats"]}
+    assert caveats
+    text = runner.invoke(app, ["pareto", str(f)]).stdout
+    flat = _flat(text)
+    for c in caveats:
+        assert flat.count(_flat(c)) == 1
+
+
+@pytest.mark.parametrize("size, key", [
+    ("node_counts = [" + ", ".join(str(n) for n in range(1, 601)) + "]", "cluster.node_counts"),
+    ("nodes = [1, 600]", "cluster.nodes"),
+], ids=["node_counts", "nodes"])
+def test_pareto_size_limit_names_the_key_the_file_used(runner, tmp_path, size, key):
+    f = _small(tmp_path, size=size)
+    r = runner.invoke(app, ["pareto", str(f)])
+    assert r.exit_code == 2
+    errs = _flat(r.stderr)
+    assert f"{key}:" in errs and "600 sizes" in errs and "at most 512" in errs
+    other = {"cluster.nodes", "cluster.node_counts"} - {key}
+    assert not any(f"{k}:" in errs for k in other)
+
+
+def test_capacity_checks_the_solver_name_before_the_bound_skips_every_size(runner, tmp_path):
+    f = _small(tmp_path)
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "0.00001", "--solver", "foo"])
+    assert r.exit_code == 2 and '--solver: unknown solver "foo"' in r.stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_capacity_exit_3_writes_an_error_line(runner, tmp_path, as_json):
+    f = _small(tmp_path)
+    flags = ["--json"] if as_json else []
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "0.00001", *flags])
+    assert r.exit_code == 3 and r.stderr.startswith("error: no size in the range meets")
+    d = json.loads(runner.invoke(app, ["solve", str(f), "--nodes", "1", "--json"]).stdout)
+    over = runner.invoke(app, ["capacity", str(f), "--deadline-days",
+                               str(d["total_days"] * 1.01), "--budget-usd", "1", *flags])
+    assert over.exit_code == 3
+    assert "error: the cheapest plan meeting the deadline, " in over.stderr
+    assert "over the $1 budget" in _flat(over.stderr)
+    if as_json:
+        doc = json.loads(over.stdout)
+        assert doc["exit_code"] == 3 and doc["error"] in _flat(over.stderr)
+
+
+def test_capacity_over_budget_with_a_stopped_capped_solve_is_no_verdict(
+        runner, monkeypatch, tmp_path):
+    """A larger size whose capped solve stopped at the time limit may hold a cheaper plan:
+    'over budget' is then not shown (exit 4, raise --time-limit), and within budget says the
+    cheapest is not proven."""
+    from dataclasses import replace
+
+    from formulations.result import Status
+    from formulations.solve import solve
+
+    def capped_stop(inst, **kwargs):
+        if kwargs.get("max_objective") is None:
+            return solve(inst, **kwargs)
+        res = solve(inst, **dict(kwargs, max_objective=None))
+        return replace(res, status=Status.NO_SOLUTION_IN_LIMIT, report=None)
+
+    monkeypatch.setattr("formulations.queries.solve", capped_stop)
+    f = _small(tmp_path)
+    d = json.loads(runner.invoke(app, ["solve", str(f), "--nodes", "1", "--json"]).stdout)
+    args = ["capacity", str(f), "--deadline-days", str(d["total_days"] * 1.01)]
+    over = runner.invoke(app, [*args, "--budget-usd", "0.01"])
+    assert over.exit_code == 4, over.output
+    assert "--time-limit" in over.stderr and "at 2 nodes" in _flat(over.stderr)
+    within = runner.invoke(app, [*args, "--budget-usd", "1e9"])
+    assert within.exit_code == 0
+    assert "note: the cheapest plan is not proven the cheapest" in _flat(within.stderr)
+
+
+def test_pareto_help_describes_the_front_the_code_computes(runner):
+    text = _flat(runner.invoke(app, ["pareto", "--help"]).stdout)
+    assert "GPUs, step time, days and dollars" not in text
+    assert "training days and dollars" in text and "GPU-seconds per sequence" in text
+
+
+def test_pareto_says_what_the_front_is_decided_on_when_days_or_cost_are_not_shown(runner,
+                                                                                 tmp_path):
+    """Without tokens or a price the table shows '-' for days and cost, while the front is
+    decided on time and GPU-seconds per sequence: an unmarked size had nothing shown to say
+    why."""
+    f = _small(tmp_path, tokens="0")
+    f.write_text(f.read_text().replace("tokens = 0\n", ""))
+    text = _flat(runner.invoke(app, ["pareto", str(f)]).stdout)
+    assert "without training.tokens, time is the time per sequence" in text
+    assert "cost GPU-seconds per sequence" in text
+    f.write_text(_small(tmp_path).read_text().replace("price_per_gpu_hour = 2.5\n", ""))
+    text = _flat(runner.invoke(app, ["pareto", str(f)]).stdout)
+    assert "without cluster.price_per_gpu_hour, cost is GPU-seconds per sequence" in text
+    priced = _flat(runner.invoke(app, ["pareto", str(_small(tmp_path, name="p.toml"))]).stdout)
+    assert "front: without" not in priced

@@ -9,7 +9,7 @@ import pytest
 
 from planner.model.errors import InputError
 from planner.model.plan import Plan
-from planner.app.plot import _dollars, plan_label, plot_front
+from planner.app.plot import _dollars, _plain, plan_label, plot_front
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -120,3 +120,39 @@ def test_dollar_ticks_stay_distinct():
     labels = [_dollars(t, ticks) for t in ticks]
     assert len(set(labels)) == len(labels) and all(lb.endswith("M") for lb in labels)
     assert _dollars(1.5e6, (1e6, 1.5e6, 2e6)) == "$1.5M"
+
+
+def test_log_axis_tick_labels_are_the_tick_values():
+    """A log axis spanning less than a decade ticks at 1, 1.5, 2, 2.5, ... x 10^k: 1.5 and 2
+    both read "2" (values from 1 up were rounded to whole numbers)."""
+    ticks = [m * 10.0 ** k for k in range(-2, 4) for m in (1, 1.5, 2, 2.5, 3, 4, 5, 7.5)]
+    labels = [_plain(t) for t in ticks]
+    assert len(set(labels)) == len(labels)
+    for t, lb in zip(ticks, labels):
+        assert float(lb.replace(",", "")) == pytest.approx(t, rel=1e-9)
+    assert _plain(2048) == "2,048" and _plain(1.5) == "1.5" and _plain(0.15) == "0.15"
+
+
+def test_a_narrow_front_s_drawn_step_time_labels_are_distinct(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    pts = [_point(g, s, on_front=True) for g, s in ((64, 2.6), (128, 1.9), (256, 1.3))]
+    seen = {}
+    real_close = plt.close
+
+    def keep(fig):
+        ax = fig.axes[0]
+        lo, hi = ax.get_ylim()
+        seen["labels"] = [t.get_text() for t, v in zip(ax.yaxis.get_majorticklabels(),
+                                                        ax.yaxis.get_majorticklocs())
+                          if lo <= v <= hi and t.get_text()]
+        real_close(fig)
+
+    plt.close = keep
+    try:
+        plot_front(pts, tmp_path / "f.png", "narrow")
+    finally:
+        plt.close = real_close
+    assert len(seen["labels"]) >= 2
+    assert len(set(seen["labels"])) == len(seen["labels"]), seen["labels"]

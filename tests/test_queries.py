@@ -92,7 +92,9 @@ def test_capacity_says_when_one_node_fewer_has_no_valid_degrees():
     assert ans.nodes == 4
     ns = ans.next_smaller
     assert ns["nodes"] == 3 and ns["feasible"] is False
-    assert "structural rules on 24 GPUs" in ns["proof"]
+    # the documented token a script switches on, the solver's sentence beside it
+    assert ns["proof"] == queries.NO_PLAN == "no plan fits"
+    assert "structural rules on 24 GPUs" in ns["reason"]
 
 
 def test_capacity_at_the_bottom_of_the_range_says_fewer_may_suffice():
@@ -353,3 +355,142 @@ def test_the_capacity_bound_stays_below_the_proven_optimum(gpu, seq):
         one = solve(inst.with_nodes(1), solver="enumerate", explain=False).report.total_days
         ans = queries.capacity(inst, one * 1.01, solver="enumerate")
         assert ans.nodes == 1
+
+
+# ---- the pareto / capacity audit -------------------------------------------------------------
+
+def _on_gpus(gpus: int, **over):
+    """:func:`doc` on a fixed ``cluster.gpus`` instead of a node range."""
+    d = doc(**over)
+    d["cluster"] = {"gpu": "h100-sxm", "gpus": gpus, "price_per_gpu_hour": 2.5}
+    return parse_instance(d)
+
+
+def test_a_gpu_count_below_one_host_is_answered_for_its_own_gpus():
+    """``cluster.gpus = 4`` on 8-GPU hosts is one partial node of 4 GPUs (as solve answers);
+    pareto and capacity answered for a whole host of 8, and capacity called a deadline met
+    that the 4 GPUs miss."""
+    inst = _on_gpus(4)
+    own = solve(inst).report
+    assert own.plan.gpus == 4
+    whole = solve(inst.with_nodes(1)).report          # the host the queries used to fill
+    assert whole.plan.gpus == 8 and whole.total_days < own.total_days
+    [point] = queries.pareto(inst)
+    assert point.gpus == 4
+    assert point.result.report.total_days == pytest.approx(own.total_days, rel=1e-9)
+    between = (own.total_days + whole.total_days) / 2
+    missed = queries.capacity(inst, between)
+    assert missed.nodes is None and missed.partial_gpus == 4
+    assert missed.fastest["days"] == pytest.approx(own.total_days, rel=1e-9)
+    assert "4 GPUs" in missed.miss_reason()
+    met = queries.capacity(inst, own.total_days * 1.01)
+    assert met.result.report.plan.gpus == 4 and met.next_smaller is None
+    # the compute lower bound is the 4 GPUs' own, and still below their optimum
+    assert queries.days_lower_bound(inst, 1) > queries.days_lower_bound(inst.with_nodes(1), 1)
+    assert queries.days_lower_bound(inst, 1) <= own.total_days
+
+
+def test_capacity_without_an_answer_names_the_fastest_size_solved():
+    """Sizes 2-3, where 3 has no degrees: the answer used to name only the largest size, and
+    nothing when that size has no plan; the fastest size solved is the best the range does."""
+    inst = parse_instance(doc(cluster={"nodes": [2, 3]}, constraints={"max_stage_shortfall": 0}))
+    two = solve(inst.with_nodes(2)).report.total_days
+    ans = queries.capacity(inst, two * 0.9)
+    assert ans.nodes is None and [c["nodes"] for c in ans.checked] == [2, 3]
+    assert ans.next_smaller["nodes"] == 3 and ans.next_smaller["proof"] == queries.NO_PLAN
+    assert ans.fastest["nodes"] == 2
+    assert ans.fastest["days"] == pytest.approx(two, rel=1e-9)
+    assert ans.fastest["proof"] == "proven optimum"
+    assert ans.to_dict()["fastest"] == ans.fastest
+    why = ans.miss_reason()
+    assert "the fastest found, 2 nodes" in why
+    assert float(why.split("needs ")[1].split(" days")[0]) == pytest.approx(two, rel=1e-3)
+
+
+@pytest.mark.parametrize("model, over, says, binds", [
+    ({"hidden": 4096, "heads": 32, "kv_heads": 8}, {"memory_reserve_GiB": 79.0}, "GPU memory",
+     "memory:"),
+    ({}, {"tp": 3}, "the constraints leave no plan", "constraints.tp = 3"),
+])
+def test_capacity_without_any_plan_says_why_not_the_deadline(model, over, says, binds):
+    """No size has a plan: the deadline is not the reason, and 'no plan satisfies the limits'
+    (the solver's sentence without an explanation) did not say which limit."""
+    inst = parse_instance(doc(cluster={"nodes": [1, 2]}, model=model, constraints=over))
+    ans = queries.capacity(inst, 1e6)
+    assert ans.nodes is None and ans.none_has_a_plan and ans.fastest is None
+    for c in ans.checked:
+        assert says in c["reason"] and "no plan satisfies the limits" not in c["reason"]
+        assert any(binds in line for line in c["detail"])
+    assert ans.next_smaller["proof"] == queries.NO_PLAN and says in ans.next_smaller["reason"]
+    why = ans.miss_reason()
+    assert why.startswith("no size in the range has a plan") and says in why
+    assert "meets" not in why
+
+
+def test_capacity_decides_a_size_by_its_optimum_not_the_tie_broken_plan(monkeypatch):
+    """The tie-break goals may choose a plan up to 0.01% slower than the proven optimum
+    (formulations/ties.py). A deadline between the two: the size meets it (the optimum's plan
+    does), where capacity called it a miss and answered a larger size."""
+    from dataclasses import replace
+
+    slower = 5e-5
+
+    def tie_broken(inst, **kwargs):
+        res = solve(inst, **kwargs)
+        if kwargs.get("max_objective") is not None or res.report is None:
+            return res
+        rep = replace(res.report, total_days=res.report.total_days * (1 + slower))
+        return replace(res, report=rep, objective=res.objective * (1 + slower),
+                       bound=res.objective)
+
+    inst = parse_instance(doc(cluster={"nodes": [1, 2]}))
+    best = solve(inst.with_nodes(1)).report.total_days
+    monkeypatch.setattr(queries, "solve", tie_broken)
+    ans = queries.capacity(inst, best * (1 + slower / 2))
+    assert ans.nodes == 1
+    assert ans.result.report.total_days <= ans.deadline_days
+
+
+def test_an_unknown_solver_is_bad_input_even_when_nothing_is_solved():
+    inst = parse_instance(doc())
+    tiny = queries.days_lower_bound(inst, 4) / 2          # every size out by the bound
+    assert queries.capacity(inst, tiny).checked == []
+    with pytest.raises(InputError, match="--solver: unknown solver"):
+        queries.capacity(inst, tiny, solver="foo")
+    no_degrees = parse_instance(doc(constraints={"tp": 3}))  # infeasible before any backend
+    with pytest.raises(InputError, match="--solver: unknown solver"):
+        queries.pareto(no_degrees, solver="foo")
+
+
+def test_the_cheapest_says_which_capped_solves_stopped_at_the_time_limit(monkeypatch):
+    """A larger size whose capped solve stopped at the time limit was skipped silently: the
+    cheapest plan and ``within_budget`` then rest on a size nobody looked at."""
+    from dataclasses import replace
+
+    from formulations.result import Status
+
+    def capped_stop(inst, **kwargs):
+        if kwargs.get("max_objective") is None:
+            return solve(inst, **kwargs)
+        res = solve(inst, **dict(kwargs, max_objective=None))
+        return replace(res, status=Status.NO_SOLUTION_IN_LIMIT, report=None)
+
+    inst = parse_instance(doc(cluster={"nodes": [1, 3]}))
+    deadline = solve(inst.with_nodes(1)).report.total_days * 1.001
+    monkeypatch.setattr(queries, "solve", capped_stop)
+    ans = queries.capacity(inst, deadline, budget_usd=1e9)
+    assert ans.nodes == 1 and ans.cheapest["unproven"] == [2, 3]
+
+
+def test_days_read_back_on_the_deadline_s_side():
+    """Days printed to one decimal read "0.0 days" (0.00724 against a 0.005-day deadline) and
+    "30.0" for 29.97 against 30: the printed value must read back on the same side of the
+    deadline as the value, and close to it."""
+    cases = [(0.00724, 0.005), (0.0231, 0.001), (29.97, 30.0), (30.04, 30.0), (39.2, 30.0),
+             (0.6104, 0.61), (0.6096, 0.61), (1234.5, 1234.0), (5.5, 4.0), (2.0000001, 2.0)]
+    for days, deadline in cases:
+        shown = float(queries.days_text(days, deadline).replace(",", ""))
+        assert (shown > deadline) == (days > deadline), (days, deadline, shown)
+        assert shown == pytest.approx(days, rel=0.01)
+    for days in (0.00724, 0.0231, 0.3, 7.25, 158.8):
+        assert float(queries.days_text(days)) == pytest.approx(days, rel=0.01)

@@ -201,7 +201,7 @@ def test_messages_name_the_users_keys(runner, tmp_path):
     r = runner.invoke(app, ["solve", str(f)])
     assert r.exit_code == 2
     assert [ln for ln in r.stderr.splitlines() if "dp_sharding" in ln] == \
-        [ln for ln in r.stderr.splitlines() if "dp_sharding.1" in ln and '"zero"' in ln]
+        [ln for ln in r.stderr.splitlines() if "dp_sharding[1]" in ln and '"zero"' in ln]
     f.write_text(GPT13.read_text().replace("pp = 1\ndp = 8", "pp = 2\ndp = 4\n"
                                            "first_stage_layers = 30"))
     r = runner.invoke(app, ["evaluate", str(f)])
@@ -573,3 +573,20 @@ def test_a_number_flag_is_checked_for_finiteness_before_its_range(runner, flag, 
     range check ran first), where 'inf' was told it is not finite (a fuzzer)."""
     r = runner.invoke(app, ["solve", str(GPT13), flag, value])
     assert r.exit_code == 2 and says in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("write, says, not_says", [
+    (lambda t: t.replace("nodes = 1", "node_counts = [1, 2, 0]"),
+     "cluster.node_counts[2]: Input should be greater than 0 (got 0)", "node_counts.2"),
+    (lambda t: t + '\n[constraints]\nrecompute = ["none", "bogus"]\n',
+     "constraints.recompute[1]: Input should be", "recompute.1"),
+])
+def test_a_list_element_is_named_by_its_index_in_brackets(runner, tmp_path, write, says,
+                                                           not_says):
+    """``cluster.node_counts.2`` reads in TOML as a dotted key (a table node_counts with a key
+    "2"); the user wrote the third element of an array."""
+    f = tmp_path / "i.toml"
+    f.write_text(write(GPT13.read_text()))
+    r = runner.invoke(app, ["solve", str(f)])
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.stderr.split()) and not_says not in r.stderr

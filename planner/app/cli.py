@@ -602,9 +602,10 @@ def pareto(
     as_json: JsonOpt = False,
 ) -> None:
     """Proven optimum at every node count of [cluster] nodes = [lo, hi] (or node_counts), and
-    the non-dominated front of GPUs, step time, days and dollars."""
+    the front: the sizes no other size beats on both training days and dollars (time per
+    sequence without training.tokens, GPU-seconds per sequence without a price)."""
     from formulations import queries
-    from planner.app.report import pareto_table, sizes_text
+    from planner.app.report import caveat_lines, front_basis_lines, pareto_table, sizes_text
 
     try:
         if plot:
@@ -638,20 +639,14 @@ def pareto(
     else:
         out.print(pareto_table(points, batch_range=not isinstance(
             inst.spec.training.global_batch, int)))
+        for line in front_basis_lines(inst):
+            out.print(Text(line, style="dim"), soft_wrap=True)
+        for line in caveat_lines(points):
+            out.print(Text(line, style="yellow"), soft_wrap=True)
     if none_fits:
         err.print(f"error: {none_msg}", markup=False, highlight=False)
         if not as_json:
-            # what binds, once per distinct explanation, with the sizes it holds for (the
-            # table's rows carry only the one-line reason; --json has each row's detail)
-            why: dict[tuple[str, ...], list[int]] = {}
-            for d in docs:
-                if d.get("detail"):
-                    why.setdefault(tuple(d["detail"]), []).append(d["nodes"])
-            for lines, sizes in why.items():
-                err.print(f"at {sizes_text(sizes)}:", markup=False, highlight=False,
-                          soft_wrap=True)
-                for line in lines:
-                    err.print(f"  - {line}", markup=False, highlight=False, soft_wrap=True)
+            _print_why(docs)
         raise typer.Exit(none_code)
     if stopped:        # a front without those sizes: any of them might have been on it
         err.print(f"note: the front leaves out {stop_msg}", markup=False, highlight=False)
@@ -684,37 +679,85 @@ def capacity(
                                budget_usd=budget_usd)
     except PlanError as exc:
         _fail(exc, as_json)
-    missed = ans.result is None or (ans.cheapest and not ans.cheapest["within_budget"])
+    over = bool(ans.cheapest and not ans.cheapest["within_budget"])
+    missed = ans.result is None or over
     deadline = plural(ans.deadline_days, "day")
+    advice = queries.time_limit_advice(time_limit)
     stop_msg = (f"at {sizes_text(ans.unproven)} the solver stopped at the time limit without a "
-                f"proven answer; {queries.time_limit_advice(time_limit)}") if ans.unproven else ""
+                f"proven answer; {advice}") if ans.unproven else ""
+    cheap_unproven = (ans.cheapest or {}).get("unproven") or []
+    cheap_msg = (f"at {sizes_text(cheap_unproven)} the solver stopped at the time limit before "
+                 f"ruling out a cheaper plan; {advice}") if cheap_unproven else ""
+    details: list[str] = []
     if ans.result is None and ans.unproven:     # no answer because sizes stopped: exit 4
         error, code = f"no size in the range is proven to meet {deadline}: {stop_msg}", 4
     elif ans.result is None:
-        error, code = f"no size in the range meets {deadline}", 3
+        error, code = ans.miss_reason(), 3
+        details = _why_lines(ans.without_plan) if ans.none_has_a_plan else []
     else:
-        error, code = "the cheapest plan meeting the deadline is over the budget", 3
+        ch = ans.cheapest or {}
+        error = (f"the cheapest plan meeting the deadline, {plural(ch.get('nodes', 0), 'node')} "
+                 f"at ${ch.get('cost') or 0:,.0f}, is over the ${budget_usd or 0:,.0f} budget")
+        code = 3
+        if over and cheap_unproven:             # a cheaper plan is not ruled out: no verdict
+            error, code = f"{error} as far as proven: {cheap_msg}", 4
     if as_json:
         doc = ans.to_dict()
         if missed:
             doc.update(error=error, exit_code=code)
+            if details:
+                doc["details"] = details
         _emit_json(doc)
     elif ans.result is not None:
-        print_step(ans.result.report, inst.with_nodes(ans.nodes), out,
+        print_step(ans.result.report, inst.at_size(ans.nodes), out,
                    extra=[capacity_panel(ans)])
     else:
         out.print(capacity_panel(ans))
+    sys.stdout.flush()            # the report before the notes and the error on stderr
     if ans.result is not None and ans.result.status == Status.FEASIBLE:
-        err.print(f"note: the plan on {ans.nodes} node{'s' * (ans.nodes != 1)} meets the "
-                  f"deadline but is not proven the fastest there (the solver stopped at the time limit; "
-                  f"{queries.time_limit_advice(time_limit)})", markup=False, highlight=False)
+        err.print(f"note: the plan on {plural(ans.nodes, 'node')} meets the "
+                  f"deadline but is not proven the fastest there (the solver stopped at the time "
+                  f"limit; {advice})", markup=False, highlight=False)
     if ans.result is not None and ans.unproven:  # a smaller size might have met the deadline
         err.print(f"note: {ans.nodes} nodes is not proven the fewest: {stop_msg}", markup=False,
                   highlight=False)
+    if cheap_unproven and not (missed and code == 4):
+        err.print(f"note: the cheapest plan is not proven the cheapest: {cheap_msg}",
+                  markup=False, highlight=False)
     if missed:
-        if code == 4:
-            err.print(f"error: {error}", markup=False, highlight=False)
+        err.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        if not as_json:
+            _print_why(ans.without_plan if ans.none_has_a_plan else [])
         raise typer.Exit(code)
+
+
+def _why_groups(entries: list[dict[str, Any]]) -> dict[tuple[str, ...], list[int]]:
+    """What binds at sizes without a plan (``{"nodes", "detail"}`` entries), once per distinct
+    explanation, with the sizes it holds for."""
+    why: dict[tuple[str, ...], list[int]] = {}
+    for d in entries:
+        if d.get("detail"):
+            why.setdefault(tuple(d["detail"]), []).append(d["nodes"])
+    return why
+
+
+def _why_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """:func:`_why_groups` as one string per line of explanation, for ``--json``'s details."""
+    from planner.app.report import sizes_text
+
+    return [f"at {sizes_text(sizes)}: {line}"
+            for lines, sizes in _why_groups(entries).items() for line in lines]
+
+
+def _print_why(entries: list[dict[str, Any]]) -> None:
+    """:func:`_why_groups` on stderr, under the error line (the table's rows and the capacity
+    panel carry only each size's one-line reason; --json has each size's detail)."""
+    from planner.app.report import sizes_text
+
+    for lines, sizes in _why_groups(entries).items():
+        err.print(f"at {sizes_text(sizes)}:", markup=False, highlight=False, soft_wrap=True)
+        for line in lines:
+            err.print(f"  - {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

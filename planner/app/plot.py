@@ -48,7 +48,11 @@ def _dollars(v: float, locs: list[float] | tuple = ()) -> str:
 
 
 def _plain(v: float, _pos: Any = None) -> str:
-    return f"{v:,.0f}" if v >= 1 else f"{v:g}"
+    """A tick value as written: digit groups from 1 up (``2,048``), and the decimals a log
+    axis's 1.5, 2.5 ... mantissas need (``1.5``, not ``2``, beside the 2 tick)."""
+    if v >= 1:
+        return f"{v:,.3f}".rstrip("0").rstrip(".")
+    return f"{v:g}"
 
 
 def _log_subs(span: float) -> tuple[float, ...]:

@@ -5,6 +5,7 @@ Rendering lives here and nowhere else so every command prints a plan the same wa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console, Group
@@ -13,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from formulations.queries import OUTSIDE_RANGE
+from formulations.queries import OUTSIDE_RANGE, days_text
 from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.terms import MEMORY_TERMS, TIME_TERMS
@@ -45,6 +46,14 @@ def _big(x: float, fmt: str) -> str:
     """``fmt`` below a trillion (``$1,021,133``), engineering notation beyond, where digit
     groups stop being readable (1e30 tokens is 37.6e18 days)."""
     return format(x, fmt) if abs(x) < 1e12 else number(x)
+
+
+def _dollars(x: float) -> str:
+    """Whole dollars from $100 up (``91,487``), three significant figures below (``11.1``),
+    where whole dollars printed sizes the front tells apart as the same cost."""
+    if x >= 100 or x <= 0:
+        return _big(x, ",.0f")
+    return f"{x:.{max(0, 2 - math.floor(math.log10(x)))}f}"
 
 
 def _count(x: float) -> str:
@@ -324,10 +333,39 @@ def pareto_table(points, batch_range: bool = False) -> Table:
         t.add_row("*" if p.on_front else "", str(p.nodes), str(rep.plan.gpus), rep.plan.label(),
                   *([f"{rep.plan.global_batch:,}"] if batch_range else []),
                   f"{rep.step_time_s:.4f}",
-                  _big(rep.total_days, ".1f") if rep.total_days is not None else "-",
-                  _big(rep.cost, ",.0f") if rep.cost is not None else "-",
+                  days_text(rep.total_days) if rep.total_days is not None else "-",
+                  _dollars(rep.cost) if rep.cost is not None else "-",
                   f"{100 * rep.mfu:.1f}%", p.result.status.value)
     return t
+
+
+def front_basis_lines(inst) -> list[str]:
+    """What the front of a pareto table is decided on where its days or cost column is empty
+    (``-``): the fallbacks of :func:`formulations.queries.front_key`, which the table does not
+    show."""
+    if not inst.spec.training.tokens:           # (no days, so no dollars either)
+        return ["front: without training.tokens, time is the time per sequence (step s / "
+                "global batch) instead of days, and cost GPU-seconds per sequence (that x "
+                "GPUs) instead of dollars"]
+    if inst.spec.cluster.price_per_gpu_hour is None:
+        return ["front: without cluster.price_per_gpu_hour, cost is GPU-seconds per sequence "
+                "(step s / global batch x GPUs) instead of dollars"]
+    return []
+
+
+def caveat_lines(points) -> list[str]:
+    """The caveats of the table's plans (what their numbers rest on that the measured runs do
+    not confirm: the MoE terms, a precision the GPU type has no measured run at, ...), once
+    each, as ``plan solve`` prints them under a plan; one that holds for some sizes only names
+    them."""
+    planned = [p for p in points if p.result is not None and p.result.report is not None]
+    held: dict[str, list[int]] = {}
+    for p in planned:
+        for c in p.result.report.caveats:
+            held.setdefault(c, []).append(p.nodes)
+    return [f"not validated: {c}" + ("" if len(sizes) == len(planned)
+                                     else f" (at {sizes_text(sizes)})")
+            for c, sizes in held.items()]
 
 
 def _planless_runs(points) -> list[list]:
@@ -355,52 +393,101 @@ def sizes_text(nodes: list[int], shown: int = 8) -> str:
 
 
 def capacity_panel(ans) -> Panel:
+    from formulations.result import Status
+
     lines = []
     deadline = plural(ans.deadline_days, "day")
+    partial = ans.partial_gpus
+
+    def size(n: int) -> str:
+        return (f"{plural(partial, 'GPU')} (cluster.gpus, part of one node)" if partial
+                else plural(n, "node"))
+
+    def days(x: float) -> str:
+        return days_text(x, ans.deadline_days)
+
+    def fastest_line() -> None:
+        fast = ans.fastest
+        if fast is not None:
+            lead = ("Its plan" if partial else f"The fastest size solved, {size(fast['nodes'])},")
+            lines.append(f"{lead} needs {days(fast['days'])} days ({fast['proof']}).")
+
+    none_here = ("The instance's one size" if partial else "No size in the range")
     if ans.nodes is None and ans.unproven:
-        lines.append(f"No size in the range is proven to meet {deadline}: at "
+        lines.append(f"{none_here} is proven to meet {deadline}: at "
                      f"{sizes_text(ans.unproven)} the solver stopped at the time limit without a "
                      "proven answer.")
+        fastest_line()
+    elif ans.nodes is None and ans.none_has_a_plan:
+        lines.append(f"{none_here} has a plan: the deadline is not what rules "
+                     f"{'it' if partial else 'them'} out.")
+        why: dict[str, list[int]] = {}
+        for c in ans.without_plan:
+            why.setdefault(c["reason"], []).append(c["nodes"])
+        for reason, sizes in why.items():
+            lines.append(f"At {size(sizes[0]) if len(sizes) == 1 else sizes_text(sizes)}: "
+                         f"{reason} (what binds: on stderr, or --json checked[].detail).")
+        if ans.bound_skipped:
+            lines.append(f"The smaller {sizes_text(ans.bound_skipped)} need at least "
+                         f"{days(ans.skipped_days_lower_bound)} days (compute lower bound).")
     elif ans.nodes is None:
-        lines.append(f"No size in the range meets {deadline}.")
-        if ans.next_smaller:
-            ns = ans.next_smaller
-            best = ns.get("days", ns.get("days_lower_bound"))
-            if best is not None:
-                lines.append(f"The largest size, {plural(ns['nodes'], 'node')}, needs at least "
-                             f"{_big(best, '.1f')} "
-                             f"days ({ns['proof']}).")
+        lines.append(f"The instance's one size does not meet {deadline}." if partial
+                     else f"No size in the range meets {deadline}.")
+        fastest_line()
+        ns = ans.next_smaller or {}
+        if ans.fastest is None and "days_lower_bound" in ns:
+            lines.append(f"Even the largest size, {size(ns['nodes'])}, needs at least "
+                         f"{days(ns['days_lower_bound'])} days (compute lower bound).")
+        elif ans.bound_skipped:
+            lines.append(f"The smaller {sizes_text(ans.bound_skipped)} need at least "
+                         f"{days(ans.skipped_days_lower_bound)} days (compute lower bound).")
+        if ans.without_plan:
+            lines.append(f"No plan at {sizes_text([c['nodes'] for c in ans.without_plan])} "
+                         "(each size's reason: --json checked[].reason).")
     else:
         ns = ans.next_smaller or {}
-        # the range's smallest size, with fewer nodes not ruled out by the compute bound: the
-        # fewest of the range, not shown the fewest that suffice
-        open_below = (ns.get("proof") == OUTSIDE_RANGE
-                      and ns.get("days_lower_bound", 0.0) <= ans.deadline_days)
-        lines.append(f"Fewest nodes {'of the range ' if open_below else ''}meeting "
-                     f"{deadline}: {ans.nodes} "
-                     f"({ans.result.report.total_days:.2f} days, proven optimal plan).")
-        if open_below:
-            # (one node fewer is not among the instance's sizes: below a range's start, or a
-            # gap of node_counts, whose smaller listed sizes the answer already ruled out)
-            lines.append(escape(f"Fewer nodes may suffice: {plural(ans.nodes - 1, 'node')} "
-                                "(one fewer) is not among the instance's sizes; give "
-                                "cluster.nodes = [lo, hi] (or node_counts) that include it to "
-                                "search it."))
-    ns = ans.next_smaller if ans.nodes is not None else None   # else: the largest size, above
+        proven = ans.result.status == Status.OPTIMAL
+        status = ("proven optimal plan" if proven else
+                  "plan not proven optimal: the solver stopped at the time limit")
+        took = f"{days(ans.result.report.total_days)} days, {status}"
+        if partial:
+            lines.append(f"The instance's one size, {size(ans.nodes)}, meets {deadline} "
+                         f"({took}).")
+            lines.append(escape("Fewer GPUs may suffice: cluster.gpus fixes one size; give a "
+                                "smaller cluster.gpus to try fewer."))
+        else:
+            # the range's smallest size, with fewer nodes not ruled out by the compute bound:
+            # the fewest of the range, not shown the fewest that suffice
+            open_below = (ns.get("proof") == OUTSIDE_RANGE
+                          and ns.get("days_lower_bound", 0.0) <= ans.deadline_days)
+            lines.append(f"Fewest nodes {'of the range ' if open_below else ''}meeting "
+                         f"{deadline}: {ans.nodes} ({took}).")
+            if open_below:
+                # (one node fewer is not among the instance's sizes: below a range's start, or
+                # a gap of node_counts, whose smaller listed sizes the answer already ruled out)
+                lines.append(escape(f"Fewer nodes may suffice: {plural(ans.nodes - 1, 'node')} "
+                                    "(one fewer) is not among the instance's sizes; give "
+                                    "cluster.nodes = [lo, hi] (or node_counts) that include it "
+                                    "to search it."))
+    ns = ans.next_smaller if ans.nodes is not None else None   # else: said above
     if ns:
         if "days" in ns and ns.get("days") is not None:
-            lines.append(f"One node fewer ({ns['nodes']}): at best {ns['days']:.2f} days "
+            lines.append(f"One node fewer ({ns['nodes']}): at best {days(ns['days'])} days "
                          f"({ns['proof']}).")
         elif "days_lower_bound" in ns:
             lines.append(f"One node fewer ({ns['nodes']}): at least "
-                         f"{ns['days_lower_bound']:.2f} days ({ns['proof']}).")
+                         f"{days(ns['days_lower_bound'])} days ({ns['proof']}).")
         else:
-            lines.append(f"One node fewer ({ns['nodes']}): {ns.get('proof', 'no plan fits')}.")
+            # (the solver's sentence says there is no plan, and which kind of rule excludes
+            # them all: memory, the structural rules, a constraint)
+            why = ns.get("reason") or ns.get("proof", "no plan fits")
+            lines.append(f"One node fewer ({ns['nodes']}): {why}.")
     if ans.cheapest:
         ch = ans.cheapest
-        lines.append(f"Cheapest plan meeting the deadline: {plural(ch['nodes'], 'node')}, "
+        lines.append(f"Cheapest plan meeting the deadline: {size(ch['nodes'])}, "
                      f"${ch['cost']:,.0f} ({'within' if ch['within_budget'] else 'over'} the "
                      f"${ch['budget_usd']:,.0f} budget; {plural(ch['sizes_checked'], 'larger size')} "
-                     "checked).")
+                     "checked" + (f", {len(ch['unproven'])} not proven: the solver stopped at "
+                                  "the time limit" if ch.get("unproven") else "") + ").")
     lines.append(f"{plural(len(ans.checked), 'size')} solved, {ans.wall_s:.2f} s.")
     return Panel("\n".join(lines), title="Capacity")

@@ -490,16 +490,20 @@ def point_problems(sw: Sweep) -> list[str]:
 
 
 def _query_problems(sw: Sweep, inst) -> list[str]:
+    from formulations import queries
+
     if sw.query == "solve" and len(inst.node_options) > 1:
-        return ["cluster.nodes: gives a range of sizes; query = \"solve\" needs one size (use "
+        key = ("cluster.node_counts: lists several sizes" if inst.spec.cluster.node_counts
+               is not None else "cluster.nodes: gives a range of sizes")
+        return [f"{key}; query = \"solve\" needs one size (use "
                 "query = \"pareto\" or \"capacity\", or sweep \"cluster.nodes\" over counts)"]
     if sw.query == "capacity" and not inst.spec.training.tokens:
         return ["training.tokens: required with query = \"capacity\" (the token budget)"]
     if (sw.query == "capacity" and sw.budget_usd is not None
             and inst.spec.cluster.price_per_gpu_hour is None):
         return ["cluster.price_per_gpu_hour: required with budget_usd (the cost of a plan)"]
-    if sw.query == "pareto" and len(inst.node_options) > 512:
-        return [f"cluster.nodes: {len(inst.node_options):,} sizes; pareto takes at most 512"]
+    if sw.query == "pareto" and len(inst.node_options) > queries.MAX_PARETO_SIZES:
+        return [queries.too_many_sizes(inst, len(inst.node_options))]
     return []
 
 
@@ -510,7 +514,7 @@ def _query_problems(sw: Sweep, inst) -> list[str]:
 #: result keys that are not columns: constant text, per-stage detail, lists of sub-results,
 #: the plan again as a [plan] table (its plan.* columns say it)
 _SKIP = {"memory_by_stage_gib", "mfu_formula", "violations", "checked", "cheapest", "all",
-         "next_smaller", "plan_spec"}
+         "next_smaller", "fastest", "plan_spec"}
 
 
 def flatten_result(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -616,10 +620,8 @@ def _run_query(task: dict[str, Any]) -> list[dict[str, Any]]:
                              "the time limit at "
                              + ", ".join(map(str, ans.unproven)) + " nodes")
         elif ans.result is None:
-            miss = ans.next_smaller or {}
             row["solver.status"] = "infeasible"
-            row["reason"] = (f"no size of the range meets {plural(ans.deadline_days, 'day')}"
-                             + (f"; {miss.get('nodes')} nodes: {miss.get('proof')}" if miss else ""))
+            row["reason"] = ans.miss_reason()
         else:
             row["reason"] = ""
         return [row]

@@ -138,8 +138,23 @@ class Instance:
         return self.gpus // self.node_size
 
     def with_nodes(self, nodes: int) -> Instance:
-        """The same instance on ``nodes`` hosts."""
+        """The same instance on ``nodes`` whole hosts (``--nodes N``: the user's size)."""
         return replace(self, gpus=nodes * self.hw.gpus_per_host, node_options=(nodes,))
+
+    def at_size(self, nodes: int) -> Instance:
+        """The instance at ``nodes``, one of its own sizes (``node_options``), as a query
+        (pareto, capacity) walks them: a one-size instance keeps its own GPU count, which is
+        not always whole hosts (``cluster.gpus = 4`` on 8-GPU hosts is one partial node of 4
+        GPUs, where :meth:`with_nodes` would fill the host to 8)."""
+        if self.node_options == (nodes,):
+            return self
+        return self.with_nodes(nodes)
+
+    @property
+    def partial_host(self) -> bool:
+        """Whether the instance is fewer GPUs than one host (``cluster.gpus`` below the
+        host's count): its one size is not a whole node."""
+        return self.gpus < self.hw.gpus_per_host
 
     def with_spec(self, **sections: Any) -> Instance:
         """A copy with whole sections of the spec replaced (constraints, plan, training...).
@@ -201,15 +216,33 @@ _UNION_TAG = re.compile(r"(int|float|str|bool|none|constrained-[a-z]+|[a-z-]+\[.
 
 
 def key_path(loc: tuple, key_last: bool = False) -> str:
-    """The key path of a pydantic error, without pydantic's own union-member tags.
-    ``key_last``: the last element is the user's key whatever it looks like (an unknown key,
-    ``global-batch`` or a quoted ``"global batch"``), so it is kept as written."""
+    """The key path of a pydantic error, without pydantic's own union-member tags, in TOML's
+    words: keys joined by dots, an array's element by its index in brackets
+    (``cluster.node_counts[2]``: ``node_counts.2`` would be a dotted key, a table
+    ``node_counts`` with a key "2"). ``key_last``: the last element is the user's key whatever
+    it looks like (an unknown key, ``global-batch`` or a quoted ``"global batch"``), so it is
+    kept as written."""
     body, last = (loc[:-1], loc[-1:]) if key_last and loc else (loc, ())
-    keep = [str(p) for p in body
+    keep = [p for p in body
             if isinstance(p, int) or (isinstance(p, str) and not _UNION_TAG.fullmatch(p))]
-    keep += [str(p) if isinstance(p, int) or _BARE_KEY.fullmatch(p) else toml_value(p)
+    keep += [p if isinstance(p, int) or _BARE_KEY.fullmatch(p) else toml_value(p)
              for p in last]
-    return ".".join(keep) or "<file>"
+    out = ""
+    for p in keep:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out or "<file>"
+
+
+def _parent_key(key: str) -> str:
+    """The key path holding ``key``: the array of an element (``a.b[2]`` -> ``a.b``), the
+    table of a key (``a.b`` -> ``a``)."""
+    m = re.fullmatch(r"(.*)\[\d+\]", key)
+    return m.group(1) if m else key.rsplit(".", 1)[0]
+
+
+def _is_element(key: str) -> bool:
+    """Whether ``key`` names an array's element (``a.b[2]``)."""
+    return re.fullmatch(r".*\[\d+\]", key) is not None
 
 
 def _section_model(loc: tuple):
@@ -274,7 +307,7 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
         if key.removeprefix(prefix) in pairs and isinstance(err.get("input"), (list, tuple)):
             continue                # (the number member's complaint about a pair)
         if _pair_member(err["loc"]):
-            parent = key.rsplit(".", 1)[0]
+            parent = _parent_key(key)
             which = ("lo", "hi")[err["loc"][-1]] if err["loc"][-1] < 2 else err["loc"][-1]
             whole = written.get(parent)
             line = (f"{which} = {toml_value(err.get('input'))}: "
@@ -283,10 +316,10 @@ def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
             out[parent] = (f"{out[parent].removesuffix(got)}; {line}{got}" if parent in out
                            else f"in [lo, hi], {line}{got}")
             continue
-        parent = key.rsplit(".", 1)[0]
-        if key in out or any(k.startswith(key + ".") for k in out):
+        parent = _parent_key(key)
+        if key in out or any(k.startswith((key + ".", key + "[")) for k in out):
             continue
-        if parent in out and key.rsplit(".", 1)[-1].isdigit():
+        if parent in out and _is_element(key):
             if err["type"] not in ("literal_error", "enum"):
                 continue            # (a pair's missing member: the whole value's line stands)
             del out[parent]         # a list's bad element says more than the list as a whole
