@@ -304,7 +304,9 @@ def days_text(days: float, versus: float | None = None) -> str:
         return "0"
     decimals = 1 if days >= 1 else 2 - math.floor(math.log10(days))
     if versus is not None and days != versus:
-        while decimals < 12 and (round(days, decimals) > versus) != (days > versus):
+        # (a value that rounds onto the deadline, 29.97 -> 30.0, does not say its side either)
+        while decimals < 12 and (round(days, decimals) == versus
+                                 or (round(days, decimals) > versus) != (days > versus)):
             decimals += 1
     return f"{days:,.{decimals}f}"
 

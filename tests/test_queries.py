@@ -491,6 +491,7 @@ def test_days_read_back_on_the_deadline_s_side():
     for days, deadline in cases:
         shown = float(queries.days_text(days, deadline).replace(",", ""))
         assert (shown > deadline) == (days > deadline), (days, deadline, shown)
+        assert shown != deadline or days == deadline, (days, deadline, shown)  # (not "30.0")
         assert shown == pytest.approx(days, rel=0.01)
     for days in (0.00724, 0.0231, 0.3, 7.25, 158.8):
         assert float(queries.days_text(days)) == pytest.approx(days, rel=0.01)
