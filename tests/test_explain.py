@@ -28,15 +28,21 @@ def test_batch_that_no_dp_divides():
 
 
 def test_weights_alone_do_not_fit_and_divisibility_restricts_pp():
-    msg = explain({"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": [1024, 8192]},
-                   "cluster": {"gpu": "a100-80gb", "gpus": 5128},
-                   # TP may cross nodes; replicated parameters (sharded ones fit: ZeRO-3 on
-                   # 5128 GPUs needs 1.9 GiB per GPU for the states)
-                   "constraints": {"tp_within_node": False, "dp_sharding": ["none", "optim"]}})
+    doc = {"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": [1024, 8192]},
+           "cluster": {"gpu": "a100-80gb", "gpus": 5128},
+           # TP may cross nodes; replicated parameters (sharded ones fit: ZeRO-3 on 5128 GPUs
+           # needs 1.9 GiB per GPU for the states)
+           "constraints": {"tp_within_node": False, "dp_sharding": ["none", "optim"]}}
+    msg = explain(doc)
     assert "weights + gradients + optimizer states alone need" in msg
     # 105 layers: pp = 2 only with an uneven layout (106 = 2 x 53, one stage one layer short)
     assert "pp can only be [1, 2]" in msg and "105 layers" in msg
-    assert "nearest change: 642 nodes" in msg
+    # lifting the sharding pin lets a plan fit (every what-if is tried, schema.WHAT_IFS) ...
+    assert 'nearest change: lift constraints.dp_sharding = ["none", "optim"]' in msg
+    # ... and under it the nearest larger cluster is the one offered when nothing lifts
+    from formulations.explain import _larger_cluster
+    (bigger,) = _larger_cluster(parse_instance(doc))
+    assert bigger.startswith("nearest change: 642 nodes")
 
 
 def test_a_lifted_constraint_is_suggested():
@@ -244,6 +250,9 @@ def _applied(doc, line):
       "optimizer_offload": False}, "raise constraints.max_cp from 1 to 4"),
     ({"recompute": "none", "max_tp": 1, "max_pp": 1, "dp_sharding": "optim",
       "optimizer_offload": False}, "raise constraints.max_tp from 1 to 2"),
+    # every what-if is tried (schema.WHAT_IFS), dp_sharding too (it once was not)
+    ({"recompute": "none", "max_tp": 1, "max_pp": 1, "dp_sharding": "optim",
+      "optimizer_offload": False}, "lift constraints.dp_sharding = \"optim\""),
     ({"memory_reserve_GiB": 76.0}, "lower constraints.memory_reserve_GiB from 76 to"),
     ({"tp": 8, "pp": 2, "pp_within_node": True}, "set constraints.tp_within_node = false"),
 ])

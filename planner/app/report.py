@@ -284,7 +284,8 @@ def compare_table(cmp) -> Table:
     if cmp.constrained and cmp.constrained.report:
         c = cmp.constrained.report
         t.add_row("constrained", c.plan.label(), f"{c.step_time_s:.4f}",
-                  f"{100 * cmp.slowdown:+.2f}% slower" if cmp.slowdown >= 5e-5 else "as fast")
+                  f"{100 * cmp.slowdown:+.2f}% slower" if cmp.slowdown >= 5e-5 else
+                  f"{-100 * cmp.slowdown:.2f}% faster" if cmp.slowdown <= -5e-5 else "as fast")
     else:
         t.add_row("constrained", "no plan", "", "")
     for b in cmp.binding:
