@@ -16,21 +16,11 @@ from rich.text import Text
 from formulations.queries import OUTSIDE_RANGE
 from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
-from planner.model.terms import MEMORY_TERMS, TIME_TERMS
+from planner.model.terms import MEMORY_TERMS, TIME_TERM_LABELS, TIME_TERMS
 from planner.model.instance import Instance
 from planner.model.words import number, plural, stage_words, toml_value
 
-TERM_LABELS = {
-    "compute": "compute (fwd + bwd + recompute)",
-    "bubble": "pipeline bubble",
-    "tp_comm": "tensor-parallel comm",
-    "cp_comm": "context-parallel comm (exposed)",
-    "ep_comm": "expert-parallel all-to-all",
-    "pp_comm": "pipeline p2p comm",
-    "dp_comm": "data-parallel grad reduction",
-    "optimizer": "optimizer step (HBM-bound)",
-    "offload": "host offload transfers (exposed)",
-}
+TERM_LABELS = {term: long for term, (long, _) in TIME_TERM_LABELS.items()}
 
 
 def _fmt_s(x: float) -> str:

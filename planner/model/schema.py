@@ -10,7 +10,7 @@ surface at load time with the key path that holds them.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -192,6 +192,12 @@ class ModelSpec(_Strict):
     @property
     def ffn(self) -> int:
         return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def moe_ffn(self) -> int:
+        """The MLP width of one expert (and of each shared expert): ``moe_ffn_hidden``, by
+        default :attr:`ffn`."""
+        return self.moe_ffn_hidden or self.ffn
 
 
 def _pair_or_number(v, what: str, instead: str):
@@ -402,6 +408,9 @@ class TrainingSpec(_Strict):
 class ClusterSpec(_Strict):
     """The machines: a catalog GPU, how many, and optional overrides of catalog figures."""
 
+    #: the size keys, of which a cluster takes exactly one
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("nodes", "node_counts", "gpus")
+
     gpu: str
     nodes: upto(MAX_NODES) | tuple[upto(MAX_NODES), upto(MAX_NODES)] | None = Field(
         default=None, description="node count, or [lo, hi] for pareto / capacity")
@@ -449,7 +458,7 @@ class ClusterSpec(_Strict):
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSpec:
-        given = [k for k in ("nodes", "node_counts", "gpus") if getattr(self, k) is not None]
+        given = [k for k in self.SIZE_KEYS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of nodes, node_counts or gpus"
                              + (f" (got {', '.join(given)})" if given else ""))

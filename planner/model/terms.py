@@ -37,8 +37,19 @@ from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
 
-TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-              "optimizer", "offload")
+#: The step time's terms, each with its words: a report's row and a plot's legend entry.
+TIME_TERM_LABELS = {
+    "compute": ("compute (fwd + bwd + recompute)", "compute"),
+    "bubble": ("pipeline bubble", "pipeline bubble"),
+    "tp_comm": ("tensor-parallel comm", "TP comm"),
+    "cp_comm": ("context-parallel comm (exposed)", "CP comm"),
+    "ep_comm": ("expert-parallel all-to-all", "EP all-to-all"),
+    "pp_comm": ("pipeline p2p comm", "PP p2p"),
+    "dp_comm": ("data-parallel grad reduction", "DP grad reduction"),
+    "optimizer": ("optimizer step (HBM-bound)", "optimizer step"),
+    "offload": ("host offload transfers (exposed)", "host offload"),
+}
+TIME_TERMS = tuple(TIME_TERM_LABELS)
 #: The communication terms of the step time (each a collective or transfer on its links).
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits",
