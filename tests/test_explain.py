@@ -337,3 +337,33 @@ def test_a_sub_host_cluster_a_degree_product_and_an_account_flag_name_a_change_t
             "cluster": {"gpu": "a100-80gb", "nodes": 1},
             "constraints": {"account_for_embedding": True}}
     assert "nearest change: unpin constraints.account_for_embedding" in explain(flag)
+
+
+def test_an_empty_degree_names_the_cap_the_search_applied(monkeypatch):
+    """The message for a degree no value satisfies named the file's caps, not the ones the
+    search applied (an audit): with sequence parallelism off an MoE model's tp is capped at 1,
+    below max_tp = 8. The case is forced here (a tp of 1 always satisfies the rules): the
+    domain of tp is emptied after the caps are applied."""
+    from formulations import space
+
+    real = space._domains
+
+    def no_tp(rows, start, caps):
+        dom, why = real(rows, start, caps)
+        return {**dom, "T": []}, why
+
+    monkeypatch.setattr(space, "_domains", no_tp)
+    doc = {"model": {"preset": "mixtral-8x7b"}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "nodes": 2},
+           "constraints": {"sequence_parallel": False, "max_tp": 8}}
+    with pytest.raises(InfeasibleError) as info:
+        space.build_space(parse_instance(doc))
+    (line,) = [ln for ln in info.value.explanation if ln.startswith("no tensor-parallel degree")]
+    assert line.endswith(" within tp at most 1 (MoE with tp > 1 needs sequence parallelism, "
+                         "which constraints.sequence_parallel = false turns off)")
+    assert "max_tp" not in line
+    doc["constraints"] = {"max_tp": 8}          # a cap the file wrote is named as such
+    with pytest.raises(InfeasibleError) as info:
+        space.build_space(parse_instance(doc))
+    (line,) = [ln for ln in info.value.explanation if ln.startswith("no tensor-parallel degree")]
+    assert line.endswith(" within constraints.max_tp = 8")
