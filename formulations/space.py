@@ -908,9 +908,6 @@ def count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[st
     return out
 
 
-#: the largest product of domain sizes one count tracks to give several forms' reach
-REACH_TRACK_LIMIT = 200000
-
 #: the base variables the counter takes last (see :func:`_count_points`)
 _BATCH_LAST = ("V", "b", "B")
 

@@ -231,11 +231,6 @@ def _launch_problems(inst: Instance, plan: Plan) -> list[str]:
 
 # ---------------------------------------------------------------------------------------- helpers
 
-def _node_size(inst: Instance, plan: Plan) -> int:
-    """The NVLink segment the placement fills (GB200 NVL72: 72 GPUs over 18 hosts)."""
-    return plan.node_size
-
-
 def _per_host(plan: Plan) -> int:
     """GPUs per host, the count a launcher starts per node (GB200: 4, not the 72 of the
     NVLink domain)."""
@@ -408,7 +403,7 @@ def _stages_text(plan: Plan) -> str:
 def _megatron(inst: Instance, plan: Plan) -> str:
     m = inst.model
     precision = inst.spec.training.precision
-    node = _node_size(inst, plan)
+    node = plan.node_size       # (the NVLink segment the placement fills)
     intra = _intra(plan)
     order = _rank_order(plan)
     comments = _header(inst, plan, "Megatron-LM pretrain_gpt.py arguments")
@@ -993,7 +988,7 @@ def _torchtitan_compile(inst: Instance, plan: Plan) -> tuple[bool, list[str]]:
 def _torchtitan(inst: Instance, plan: Plan) -> str:
     m = inst.model
     precision = inst.spec.training.precision
-    node = _node_size(inst, plan)
+    node = plan.node_size       # (the NVLink segment the placement fills)
     mb, micro = plan.micro_batch, int(plan.micro_batches)
     comments = _header(inst, plan, "torchtitan 0.2 job config (--job.config_file)")
     comments.append(

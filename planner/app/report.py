@@ -18,7 +18,7 @@ from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.terms import MEMORY_TERMS, TIME_TERM_LABELS, TIME_TERMS
 from planner.model.instance import Instance
-from planner.model.words import number, plural, stage_words, toml_value
+from planner.model.words import count, number, plural, stage_words, toml_value
 
 TERM_LABELS = {term: long for term, (long, _) in TIME_TERM_LABELS.items()}
 
@@ -35,11 +35,6 @@ def _big(x: float, fmt: str) -> str:
     """``fmt`` below a trillion (``$1,021,133``), engineering notation beyond, where digit
     groups stop being readable (1e30 tokens is 37.6e18 days)."""
     return format(x, fmt) if abs(x) < 1e12 else number(x)
-
-
-def _count(x: float) -> str:
-    """An integer as is; a fraction (a plan that breaks a divisibility rule) to 4 digits."""
-    return f"{x:,}" if isinstance(x, int) else f"{x:.4g}"
 
 
 def plan_table(rep: StepReport, inst: Instance) -> Table:
@@ -72,7 +67,7 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
               f"PP {p.pp_intra}   (across {unit}s: TP {p.inter('tp'):g}  CP {p.inter('cp'):g}  "
               f"DP {p.inter('dp'):g}  PP {p.inter('pp'):g})")
     t.add_row("batch", f"global {p.global_batch} = DP {p.dp} x micro-batch {p.micro_batch} x "
-              f"{_count(p.micro_batches)} micro-batches")
+              f"{count(p.micro_batches)} micro-batches")
     rc = p.recompute + (f" of {p.recompute_layers} layer{'s' * (p.recompute_layers > 1)} per "
                         "virtual stage (block method)"
                         if p.recompute == "full" and p.recompute_layers else "")

@@ -216,7 +216,7 @@ def _resolve_hf(doc: dict[str, Any], base_dir: Path) -> None:
             model["hf_config"] = str((base_dir / ref).resolve())
 
 
-def _inline_hf(doc: dict[str, Any], source: str) -> None:
+def _inline_hf(doc: dict[str, Any]) -> None:
     """Replace ``model.hf_config`` by the keys it gives, so that the point needs no file (a Ray
     worker on another machine has none). Explicit keys still override the config's."""
     model = doc.get("model")
@@ -476,7 +476,7 @@ def point_problems(sw: Sweep) -> list[str]:
     seen: dict[str, tuple[dict[str, Any], int]] = {}
     for pt in sw.points:
         try:
-            _inline_hf(pt.doc, sw.source)
+            _inline_hf(pt.doc)
             inst = parse_instance(pt.doc, f"point {pt.index}")
             found = _query_problems(sw, inst)
         except InputError as exc:

@@ -21,7 +21,6 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8", "nvfp4"]
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
-PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Efficiency = Annotated[float, Field(ge=0.01, le=1)]
 Bandwidth = Annotated[float, Field(ge=1e-3, le=1e6)]        # GB/s: 1 MB/s .. 1 PB/s

@@ -54,7 +54,6 @@ TIME_TERMS = tuple(TIME_TERM_LABELS)
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits",
                 "comm_buffers")
-STAGES = ("first", "last")
 
 #: Bytes per parameter in mixed-precision Adam (Megatron-LM; Korthikanti et al. Sec. 4):
 #: 16-bit weights, fp32 gradients, fp32 master weights + two Adam moments.
@@ -92,7 +91,6 @@ UB_BYTES_16, UB_BYTES_FP8 = 10 * 2, 6 * 1 + 4 * 2
 WIRE_16, GRAD_WIRE_FP32 = 2, 4
 #: FP8 parameters (``[training] fp8_param_gather``) on the wire and in memory: one FP8 copy
 FP8_WIRE = FP8_COPY_BYTES
-GRAD_WIRE_BYTES = WIRE_16
 #: Block-scaled (MXFP8) GEMMs and their quantization run at this share of the per-tensor FP8
 #: rate (docs/model.md, "FP8", item 5: fitted once on Megatron-Bridge 25.11's three same-plan
 #: FP8-CS / FP8-MX pairs; the MXFP8 rows of later releases are held out)
