@@ -32,13 +32,18 @@ of the instance (``N``, ``g``, nodes, layers, heads, kv heads, sequence, experts
 3, 5, 7), products are sums of exponent vectors and divisibility is a per-prime ``<=``
 (docs/encoding.md, "Degrees as exponent vectors").
 
-Nothing here states a structural rule of its own: the rows come from the rule table
+The degrees' structural rules are not restated here: the rows come from the rule table
 (:mod:`planner.model.rules`), each rule's quantity run on the symbols of the base variables
 (:func:`rule_rows`), and so do the domains (:func:`_domains`): a rule ``K / (x_1^a_1 ...)`` that
 must be an integer bounds each ``x_i`` to the divisors of ``K``, and a rule of two variables
 keeps only the values of each that the other can match. The only inputs beyond the rules are
 the ranges of the batch knobs (``[training] global_batch``, the micro-batch caps) and the
-``[constraints]`` pins and caps.
+``[constraints]`` pins and caps. The knob combinations are another matter: :func:`build_space`
+filters them by rules it writes itself, which planner/model/frameworks.py also states as the
+messages of a fixed plan: the sharding modes and HSDP the framework runs, parameter-gather
+overlap only with a sharded mode, and host offload's (optimizer offload in the framework's
+modes; activation offload only where the framework runs it, without recompute and on an even
+layout).
 """
 
 from __future__ import annotations

@@ -197,9 +197,13 @@ TP_PP_DP_ORDER = ("tp", "pp", "dp", "cp")       # --use-tp-pp-dp-mapping ("tp-pp
 def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     """Launch configuration text for ``plan`` in one of :data:`FORMATS`.
 
-    Raises :class:`~planner.model.errors.InputError` for an unknown format, or for a plan no framework
-    could launch: a global batch that is not a whole number of micro-batches, or pp * vp not
-    dividing the layers.
+    Raises :class:`~planner.model.errors.InputError` for an unknown format, or for a plan the
+    format's framework cannot launch, naming each reason: a structural rule it breaks (a global
+    batch that is not a whole number of micro-batches, pp * vp not dividing the layers, ...), a
+    framework rule (:func:`~planner.model.frameworks.framework_violations`: sharding modes,
+    HSDP, expert grid, interleaving, context parallelism, Megatron-LM's overlap checks), a host
+    offload rule (:func:`~planner.model.frameworks.offload_violations`) or a sharding mode the
+    framework refuses for the precision (:func:`~planner.model.frameworks.sharding_refusal`).
 
     Example
     -------

@@ -1,5 +1,7 @@
-"""Values and counts in the user's words: TOML values (not Python reprs), plurals, and large
-numbers in engineering notation. Every message a user reads formats its values through here.
+"""Values and counts in the user's words: TOML values (not Python reprs), plurals, numbers as
+the user wrote them, counts, and large numbers in engineering notation: the formatters the
+messages share. (Units are written where they are said, GiB to one decimal, seconds by their
+size, and so are the words "on" / "off".)
 
 >>> toml_value(None), toml_value(True), toml_value((1,)), toml_value("full")
 ('unset', 'true', '[1]', '"full"')
