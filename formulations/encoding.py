@@ -1,7 +1,8 @@
 """Encode an instance as the log-domain model every MIP backend solves (docs/encoding.md).
 
 The evaluator (:func:`planner.model.terms.step_terms`) is run on symbols, once per categorical
-combination (recompute x sequence parallelism x distributed optimizer), and returns the step time
+combination (recompute x sequence parallelism x sharding mode x pipeline layout x host offload x
+recomputed share x overlap switches: ``SearchSpace.combos``), and returns the step time
 and the memory of each pipeline stage as signomials. Each monomial is a function of one *form*
 (a product of base variables such as ``B T / (N b)``); a few also carry an indicator of a second
 form (``gt1(P / P_in)``: the pipeline crosses nodes). Terms are grouped by form, and each group

@@ -14,10 +14,11 @@ import math
 import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
-from formulations.space import SearchSpace, build_space, count_points, divisors
+from formulations.space import LABELS, SearchSpace, build_space, count_points, divisors
 from planner.model.plan import layout_choices
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
+from planner.model.schema import PIN_CAPS, WHAT_IFS, ConstraintSpec, lifted
 from planner.model.terms import host_memory_limit_bytes, memory_limit_bytes, step_terms
 from planner.model.words import pinned, plural, toml_value
 from planner.model.workload import Shape
@@ -392,17 +393,23 @@ def _suggestions(space: SearchSpace, grow: bool = True, need: bool = True) -> li
     inst = space.inst
     c = inst.spec.constraints
     trials = []
-    relax = {"recompute": None, "distributed_optimizer": None, "sequence_parallel": None,
-             "max_tp": None, "tp": None, "max_pp": None, "pp": None, "max_cp": None,
-             "cp": None, "tp_within_node": False, "pp_within_node": False,
-             "optimizer_offload": None, "offload_layers": None}
-    #: a cap is raised to the degree of the plan that then fits (a cap the user never wrote,
-    #: max_cp's default 1, cannot be "lifted" by deleting it)
-    degree_of = {"max_tp": "T", "max_pp": "P", "max_cp": "C"}
-    for key, free in relax.items():
-        if getattr(c, key) != free and getattr(c, key) is not None:
-            trials.append((f"lift constraints.{key} = {toml_value(getattr(c, key))}",
-                           {key: free}))
+    #: a cap on a degree is raised to the degree of the plan that then fits (a cap the user
+    #: never wrote, max_cp's default 1, cannot be "lifted" by deleting it); the micro-batch's
+    #: cap is not (a larger micro-batch never needs less memory)
+    degree_of = {PIN_CAPS[key]: var for var, (_, key) in LABELS.items()
+                 if key in PIN_CAPS and var != "b"}
+    # every what-if the instance sets (planner/model/schema.py WHAT_IFS), lifted as --compare
+    # lifts it, but a placement rule even at its default; not min_mfu, a cap on the step time
+    # (explained on its own), nor the reach of a pin
+    for key in ConstraintSpec.model_fields:
+        kind = WHAT_IFS[key]
+        if kind in ("kept", "reach") or key == "min_mfu":
+            continue
+        given = getattr(c, key)
+        free = (None if key in degree_of else False if kind == "placement"
+                else lifted(c, key))
+        if given != free and given is not None:
+            trials.append((f"lift constraints.{key} = {toml_value(given)}", {key: free}))
     if (c.memory_reserve_GiB or 0) > 0:
         trials.append(("memory_reserve_GiB", {"memory_reserve_GiB": 0.0}))
     out = []

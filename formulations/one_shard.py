@@ -46,13 +46,6 @@ TWIN_MODE = "optim"
 ONE_SHARD_POINTS_LIMIT = 5_000
 
 
-def root_of(space: SearchSpace) -> SearchSpace:
-    """The space a solve started from (the parts and batch models narrow it)."""
-    while space.parent is not None:
-        space = space.parent
-    return space
-
-
 def twin_of(k: Knobs) -> Knobs:
     """The combination with ZeRO-1 in place of ``k``'s sharding mode."""
     return replace(k, dp_sharding=TWIN_MODE, reshard_after_forward=None)
@@ -91,7 +84,7 @@ def dominated_at_one_shard(space: SearchSpace, objective: str) -> frozenset[Knob
     """The combinations of ``space`` whose plans at ``dp * cp = 1`` a ZeRO-1 twin of the solve's
     whole space always beats or matches first (the module docstring), checked on the root
     space's points (every batch of a range) and cached there."""
-    root = root_of(space)
+    root = space.root()         # (the space the solve started from)
     if all(k.dp_sharding == TWIN_MODE for k in space.combos):
         return frozenset()                  # (a ZeRO-1 part: nothing to check, nothing spent)
     # (keyed on what the answer reads: a copy made by dataclasses.replace shares the cache dict

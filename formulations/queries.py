@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.instance import Instance
-from planner.model.schema import ConstraintSpec
+from planner.model.schema import REACHES, WHAT_IFS, ConstraintSpec, lifted
 from planner.model.terms import gemm_rate
 from planner.model.words import plural
 from planner.model.workload import Shape
@@ -490,43 +490,28 @@ class Comparison:
                 "binding": self.binding}
 
 
-#: constraint keys that restrict the space (the memory reserve is physics, not a what-if)
-WHATIF_KEYS = ("tp", "pp", "dp", "cp", "vp", "ep", "micro_batch", "max_tp", "max_pp", "max_dp",
-               "max_cp", "max_ep", "max_vp", "min_micro_batch", "max_micro_batch", "recompute",
-               "sequence_parallel", "distributed_optimizer", "tp_within_node", "pp_within_node",
-               "cp_within_node", "min_mfu")
-
-
-def _least_restrictive(key: str, given: Any, default: Any, explicit: bool) -> Any:
-    """The value of a what-if key in the unconstrained baseline: a pin or a filter is lifted
-    (None), and a cap or a floor keeps whichever of the instance's value and the default lets
-    more plans in, so a cap the instance *raises* above its default (``max_cp = 2``,
-    ``max_micro_batch = 64``) stays raised: the baseline's space holds the constrained one and
-    its optimum is never slower. A placement rule (``*_within_node``) the instance sets is
-    lifted (false); one it leaves at its default keeps it (``tp_within_node`` defaults to
-    true: tensor parallelism inside a node, as every recipe runs it)."""
-    if key.startswith("max_"):
-        return None if given is None or default is None else max(given, default)
-    if key == "min_micro_batch":
-        return min(given, default)
-    if key.endswith("_within_node"):
-        return False if explicit else default
-    return default
+#: the ``[constraints]`` keys that restrict the space, the what-ifs, in the file's order:
+#: every key but the ones :data:`~planner.model.schema.WHAT_IFS` keeps (the framework, its
+#: overlaps, the reserves)
+WHATIF_KEYS = tuple(k for k in ConstraintSpec.model_fields if WHAT_IFS[k] != "kept")
 
 
 def unconstrained_spec(c: ConstraintSpec) -> ConstraintSpec:
-    """The instance's constraints with every what-if lifted (see :func:`_least_restrictive`);
-    the memory reserve is kept."""
-    defaults = ConstraintSpec(memory_reserve_GiB=c.memory_reserve_GiB)
-    return c.model_copy(update={
-        k: _least_restrictive(k, getattr(c, k), getattr(defaults, k), k in c.model_fields_set)
-        for k in WHATIF_KEYS})
+    """The instance's constraints with every what-if lifted, each to the value
+    :func:`~planner.model.schema.lifted` gives by its kind: a pin or a filter is lifted, a cap
+    or a floor keeps whichever of the instance's value and the default lets more plans in, a
+    placement rule the instance sets is lifted; the framework, its overlaps and the memory
+    reserves are kept."""
+    return c.model_copy(update={k: lifted(c, k) for k in WHATIF_KEYS})
 
 
 def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
     """The instance's constrained optimum next to the optimum without its what-if constraints
-    (the true unconstrained optimum: caps the instance raises stay raised), and each constraint
-    that binds on its own (lifting it alone speeds the optimum up).
+    (:func:`unconstrained_spec`: caps the instance raises stay raised, so the baseline's space
+    holds the constrained one; only a ``recompute_layers`` pin on a count that is not a share
+    the search tries, a quarter, half or three quarters of a virtual stage, lies outside it, and
+    the constrained plan may then be the faster), and each constraint that binds on its own
+    (lifting it alone speeds the optimum up).
 
     Every solve must return a plan (a stop at the time limit raises :class:`SolverError`): a
     missing optimum leaves nothing to compare, and a missing lifted one leaves open whether
@@ -546,11 +531,15 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
         raise _no_plan("--compare, the optimum under the [constraints]", con, time_limit)
     slow = (con.report.step_time_s / base.report.step_time_s - 1) if con and con.report else None
     binding = []
-    set_keys = [k for k in WHATIF_KEYS if getattr(c, k) != getattr(lifted_all, k)]
+    # (a reach key only follows its pin: lifted with it, never alone)
+    set_keys = [k for k in WHATIF_KEYS
+                if getattr(c, k) != getattr(lifted_all, k) and k not in REACHES]
     for key in set_keys:
-        lifted = inst.with_spec(constraints=c.model_copy(update={key: getattr(lifted_all, key)}))
+        update = {key: getattr(lifted_all, key)} | {
+            reach: getattr(lifted_all, reach) for reach, pin in REACHES.items() if pin == key}
+        without = inst.with_spec(constraints=c.model_copy(update=update))
         try:
-            alt = solve(lifted, solver=solver, time_limit=time_limit, explain=False)
+            alt = solve(without, solver=solver, time_limit=time_limit, explain=False)
         except InfeasibleError:
             continue
         if alt.report is None:

@@ -430,7 +430,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     >>> from planner.model.instance import load_instance                    # doctest: +SKIP
     >>> res = solve(load_instance("instances/gpt3-175b-a100.toml"))   # doctest: +SKIP
     >>> res.status.value, res.report.plan.label()                       # doctest: +SKIP
-    ('optimal', 'TP4 PP8 DP32 VP6 mb1')
+    ('optimal', 'TP4 PP8 DP32 VP12 mb1')
     """
     t0 = time.perf_counter()
     kind = objective or default_objective(inst)

@@ -32,13 +32,18 @@ of the instance (``N``, ``g``, nodes, layers, heads, kv heads, sequence, experts
 3, 5, 7), products are sums of exponent vectors and divisibility is a per-prime ``<=``
 (docs/encoding.md, "Degrees as exponent vectors").
 
-Nothing here states a structural rule of its own: the rows come from the rule table
+The degrees' structural rules are not restated here: the rows come from the rule table
 (:mod:`planner.model.rules`), each rule's quantity run on the symbols of the base variables
 (:func:`rule_rows`), and so do the domains (:func:`_domains`): a rule ``K / (x_1^a_1 ...)`` that
 must be an integer bounds each ``x_i`` to the divisors of ``K``, and a rule of two variables
 keeps only the values of each that the other can match. The only inputs beyond the rules are
 the ranges of the batch knobs (``[training] global_batch``, the micro-batch caps) and the
-``[constraints]`` pins and caps.
+``[constraints]`` pins and caps. The knob combinations are another matter: :func:`build_space`
+filters them by rules it writes itself, which planner/model/frameworks.py also states as the
+messages of a fixed plan: the sharding modes and HSDP the framework runs, parameter-gather
+overlap only with a sharded mode, and host offload's (optimizer offload in the framework's
+modes; activation offload only where the framework runs it, without recompute and on an even
+layout).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from types import SimpleNamespace
 from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_of
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
                                 overlap_default, recompute_share_choices)
+from planner.model.schema import PIN_CAPS
 from planner.model.words import pinned
 from planner.model.rules import BY_NAME, EXPERT_ONLY, Rule, Sizes, rules_for
 from planner.model.terms import reduce_every_microbatch
@@ -541,15 +547,25 @@ def _domains(rows: list[RuleRow], start: dict[str, list[int] | None], caps: dict
     return dom, why
 
 
-def _caps_text(var: str, caps: dict[str, tuple], inst: Instance) -> str:
+def _caps_text(var: str, caps: dict[str, tuple], inst: Instance,
+               capped: dict[str, str] | None = None) -> str:
+    """The pin and cap that cut ``var``'s values as the search applied them (``caps``, from
+    :func:`build_space`), not as the file wrote them: a cap the search puts below the file's
+    (``sequence_parallel = false`` caps an MoE model's tp at 1) is said with its reason from
+    ``capped``."""
     key = LABELS[var][1]
     c = inst.spec.constraints
+    pin, _, hi = caps.get(var, (None, None, None))
     parts = []
-    if key and getattr(c, key, None) is not None:
-        parts.append(f"constraints.{key} = {getattr(c, key)}")
-    cap = {"T": "max_tp", "C": "max_cp", "P": "max_pp", "V": "max_vp", "E": "max_ep"}.get(var)
-    if cap and getattr(c, cap) is not None:
-        parts.append(f"constraints.{cap} = {getattr(c, cap)}")
+    if key and pin is not None:
+        parts.append(f"constraints.{key} = {pin}")
+    cap = PIN_CAPS.get(key)
+    if hi is not None:
+        if cap and getattr(c, cap) == hi:
+            parts.append(f"constraints.{cap} = {hi}")
+        else:
+            why = (capped or {}).get(var)
+            parts.append(f"{key or LABELS[var][0]} at most {hi}" + (f" ({why})" if why else ""))
     if var == "b":
         parts.append(f"micro-batch sizes {c.min_micro_batch} to {c.max_micro_batch}")
     return (" within " + " and ".join(parts)) if parts else ""
@@ -679,6 +695,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
             "P": (c.pp, None, c.max_pp), "V": (c.vp, None, c.max_vp),
             "E": (c.ep, None, c.max_ep)}
 
+    capped: dict[str, str] = {}          # a cap below the file's -> why
     rows, implications, knob_rules = rule_rows(inst)
     # a knob the rules need (sequence parallelism for MoE layers with tp > 1) that the
     # constraints turn off leaves the degree it needs at 1
@@ -692,6 +709,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
                     f"{rule.message(None, Sizes.of(inst))}, which the constraints turn off, "
                     f"and constraints.{LABELS[var][1]} = {pin}"])
             caps[var] = (pin, lo, 1)
+            capped[var] = f"{rule.says}, which constraints.{rule.knob} = false turns off"
     # The shard group's replicas (HSDP): a degree like the others, R = dp / dp_shard_size,
     # across nodes (the rules dp_shard / dp_replicas); 1 where the framework has no HSDP or
     # only unsharded data parallelism is allowed. A pinned dp_shard_size is a cap on the form
@@ -699,6 +717,8 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
     no_hsdp = bool(c.framework) and not framework_of(c.framework).hsdp
     if no_hsdp or set(c.sharding_modes) <= {"none"}:
         caps["R"] = (None, None, 1)
+        capped["R"] = (f"constraints.framework = \"{c.framework}\" has no HSDP" if no_hsdp
+                       else "the constraints allow only unsharded data parallelism")
     dom, bounded_by = _domains(rows, start, caps)
     if not m.moe:       # (a dense model's reasons are the dense rules)
         silent = {BY_NAME[name].says for name in EXPERT_ONLY}
@@ -735,7 +755,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
         if not dom[var] and B:               # (an empty batch range is reported above)
             rules = "; ".join(dict.fromkeys(bounded_by[var]))
             why.append(f"no {LABELS[var][0]} satisfies: {rules}"
-                       f"{_caps_text(var, caps, inst)}")
+                       f"{_caps_text(var, caps, inst, capped)}")
     modes = c.recompute_modes
     if not modes:
         why.append("constraints.recompute allows no mode")
@@ -944,9 +964,6 @@ def count_points(space: SearchSpace, track: tuple[str, ...] = (), only: tuple[st
             out[k] = out.get(k, 0) + n
     return out
 
-
-#: the largest product of domain sizes one count tracks to give several forms' reach
-REACH_TRACK_LIMIT = 200000
 
 #: the base variables the counter takes last (see :func:`_count_points`)
 _BATCH_LAST = ("V", "b", "B")

@@ -35,7 +35,6 @@ TIE_RELATIVE = 1e-4
 MEMORY_TOLERANCE_BYTES = float(2**20)
 INTERNODE_TOLERANCE_BYTES = float(2**20)
 INTERNODE_RELATIVE = 1e-6
-GOALS = ("objective", "memory", "internode", "lex")
 
 #: The lexicographic key of the last goal: (base variable, +1 smaller first / -1 larger first).
 LEX_ORDER = (("T", 1), ("P", 1), ("C", 1), ("E", 1), ("V", 1), ("b", 1), ("B", -1),

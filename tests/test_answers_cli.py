@@ -24,7 +24,7 @@ from planner.app.cli import app
 from planner.app.emit import FORMATS, emit
 from planner.model.instance import load_instance
 from planner.model.plan import plan_from_spec
-from planner.model.schema import ConstraintSpec
+from planner.model.schema import REACHES, WHAT_IFS, ConstraintSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT13 = ROOT / "instances" / "gpt-1.3b-1node.toml"
@@ -213,6 +213,50 @@ def test_unconstrained_keeps_caps_the_instance_raises():
     lowered = queries.unconstrained_spec(ConstraintSpec(max_micro_batch=8, max_ep=2))
     assert (lowered.max_micro_batch, lowered.max_ep) == (32, None)
     assert lowered.tp_within_node is True      # a default placement rule stays
+
+
+def test_every_constraint_key_is_a_classified_what_if_or_kept():
+    """One owner says what each [constraints] key is to a what-if (schema.WHAT_IFS): a key added
+    to ConstraintSpec without a kind would be kept by --compare's baseline unseen (an audit:
+    dp_sharding, the layout, recompute and offload pins were)."""
+    assert set(WHAT_IFS) == set(ConstraintSpec.model_fields)
+    assert set(WHAT_IFS.values()) <= {"pin", "filter", "cap", "floor", "reach", "placement",
+                                      "kept"}
+    assert set(REACHES) == {k for k, kind in WHAT_IFS.items() if kind == "reach"}
+    assert set(queries.WHATIF_KEYS) == {k for k, kind in WHAT_IFS.items() if kind != "kept"}
+    # the baseline frees every pin and filter, keeps what is not a what-if
+    every = ConstraintSpec(tp=2, dp_sharding="none", dp_shard_size=2, reshard_after_forward=True,
+                           first_stage_layers=3, last_stage_layers=3, recompute="full",
+                           recompute_layers=2, max_recompute_layers=2, optimizer_offload=False,
+                           offload_layers=4, max_stage_shortfall=0, min_mfu=0.3,
+                           account_for_loss=False, framework="megatron",
+                           overlap_grad_reduce=True, memory_reserve_GiB=3.0)
+    u = queries.unconstrained_spec(every)
+    for key, kind in WHAT_IFS.items():
+        if kind in ("pin", "filter"):
+            assert getattr(u, key) is None, key
+        elif kind == "kept":
+            assert getattr(u, key) == getattr(every, key), key
+    assert (u.max_recompute_layers, u.max_stage_shortfall) == (None, 1)
+    assert u.max_offload_layers == 4        # the pinned count stays in the baseline's space
+
+
+def test_compare_with_a_dp_sharding_pin_compares_against_the_unpinned_optimum(runner, tmp_path):
+    """dp_sharding = "none" was kept by the baseline (an audit): --compare said the pin cost
+    nothing. The baseline is now the optimum without it, and the pin binds."""
+    path = tmp_path / "gpt13.toml"
+    path.write_text(GPT13.read_text() + '\n[constraints]\ndp_sharding = "none"\n')
+    free = runner.invoke(app, ["solve", str(GPT13), "--json", "--solver", "enumerate"])
+    r = runner.invoke(app, ["solve", str(path), "--compare", "--json", "--solver", "enumerate"])
+    assert r.exit_code == 0 and free.exit_code == 0
+    cmp, free = json.loads(r.stdout)["compare"], json.loads(free.stdout)
+    base = cmp["unconstrained"]
+    assert base["solver"]["objective"] == pytest.approx(free["solver"]["objective"])
+    assert base["plan_spec"] == free["plan_spec"] and base["plan_spec"]["dp_sharding"] != "none"
+    assert cmp["constrained"]["plan_spec"]["dp_sharding"] == "none"
+    assert cmp["slowdown"] > 0
+    (bind,) = [b for b in cmp["binding"] if b["constraint"] == "dp_sharding"]
+    assert (bind["value"], bind["lifted_to"]) == ("none", None)
 
 
 def test_compare_on_llama3_70b_is_never_faster_than_the_baseline(runner):

@@ -28,15 +28,21 @@ def test_batch_that_no_dp_divides():
 
 
 def test_weights_alone_do_not_fit_and_divisibility_restricts_pp():
-    msg = explain({"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": [1024, 8192]},
-                   "cluster": {"gpu": "a100-80gb", "gpus": 5128},
-                   # TP may cross nodes; replicated parameters (sharded ones fit: ZeRO-3 on
-                   # 5128 GPUs needs 1.9 GiB per GPU for the states)
-                   "constraints": {"tp_within_node": False, "dp_sharding": ["none", "optim"]}})
+    doc = {"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": [1024, 8192]},
+           "cluster": {"gpu": "a100-80gb", "gpus": 5128},
+           # TP may cross nodes; replicated parameters (sharded ones fit: ZeRO-3 on 5128 GPUs
+           # needs 1.9 GiB per GPU for the states)
+           "constraints": {"tp_within_node": False, "dp_sharding": ["none", "optim"]}}
+    msg = explain(doc)
     assert "weights + gradients + optimizer states alone need" in msg
     # 105 layers: pp = 2 only with an uneven layout (106 = 2 x 53, one stage one layer short)
     assert "pp can only be [1, 2]" in msg and "105 layers" in msg
-    assert "nearest change: 642 nodes" in msg
+    # lifting the sharding pin lets a plan fit (every what-if is tried, schema.WHAT_IFS) ...
+    assert 'nearest change: lift constraints.dp_sharding = ["none", "optim"]' in msg
+    # ... and under it the nearest larger cluster is the one offered when nothing lifts
+    from formulations.explain import _larger_cluster
+    (bigger,) = _larger_cluster(parse_instance(doc))
+    assert bigger.startswith("nearest change: 642 nodes")
 
 
 def test_a_lifted_constraint_is_suggested():
@@ -244,6 +250,9 @@ def _applied(doc, line):
       "optimizer_offload": False}, "raise constraints.max_cp from 1 to 4"),
     ({"recompute": "none", "max_tp": 1, "max_pp": 1, "dp_sharding": "optim",
       "optimizer_offload": False}, "raise constraints.max_tp from 1 to 2"),
+    # every what-if is tried (schema.WHAT_IFS), dp_sharding too (it once was not)
+    ({"recompute": "none", "max_tp": 1, "max_pp": 1, "dp_sharding": "optim",
+      "optimizer_offload": False}, "lift constraints.dp_sharding = \"optim\""),
     ({"memory_reserve_GiB": 76.0}, "lower constraints.memory_reserve_GiB from 76 to"),
     ({"tp": 8, "pp": 2, "pp_within_node": True}, "set constraints.tp_within_node = false"),
 ])
@@ -346,3 +355,33 @@ def test_a_binding_degree_pin_suggests_a_value_the_other_pins_admit(first, says,
     assert says in explain(doc)
     res = solve(parse_instance({**doc, "constraints": pins}), solver="enumerate")
     assert res.report.plan.pp == pins["pp"]
+
+
+def test_an_empty_degree_names_the_cap_the_search_applied(monkeypatch):
+    """The message for a degree no value satisfies named the file's caps, not the ones the
+    search applied (an audit): with sequence parallelism off an MoE model's tp is capped at 1,
+    below max_tp = 8. The case is forced here (a tp of 1 always satisfies the rules): the
+    domain of tp is emptied after the caps are applied."""
+    from formulations import space
+
+    real = space._domains
+
+    def no_tp(rows, start, caps):
+        dom, why = real(rows, start, caps)
+        return {**dom, "T": []}, why
+
+    monkeypatch.setattr(space, "_domains", no_tp)
+    doc = {"model": {"preset": "mixtral-8x7b"}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "nodes": 2},
+           "constraints": {"sequence_parallel": False, "max_tp": 8}}
+    with pytest.raises(InfeasibleError) as info:
+        space.build_space(parse_instance(doc))
+    (line,) = [ln for ln in info.value.explanation if ln.startswith("no tensor-parallel degree")]
+    assert line.endswith(" within tp at most 1 (MoE with tp > 1 needs sequence parallelism, "
+                         "which constraints.sequence_parallel = false turns off)")
+    assert "max_tp" not in line
+    doc["constraints"] = {"max_tp": 8}          # a cap the file wrote is named as such
+    with pytest.raises(InfeasibleError) as info:
+        space.build_space(parse_instance(doc))
+    (line,) = [ln for ln in info.value.explanation if ln.startswith("no tensor-parallel degree")]
+    assert line.endswith(" within constraints.max_tp = 8")

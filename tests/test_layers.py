@@ -25,33 +25,62 @@ def _folder_of_module(name: str) -> str | None:
     return None
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every imported module of a file, with its line, wherever the import statement stands."""
+def _module_of(path: Path) -> str:
+    """The dotted module name of a file under the root (a package's ``__init__`` is the
+    package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
+    """Every imported module of a file, with its line, wherever the import statement stands;
+    a relative import (``from ..app import cli``) resolved against ``module``, the file's
+    dotted name (default: from its path under the root)."""
+    if module is None:
+        module = _module_of(path) if path.is_relative_to(ROOT) else path.stem
+    parts = module.removesuffix(".__init__").split(".")
+    package = parts if path.name == "__init__.py" else parts[:-1]
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
-            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:         # (from . import x: the package; each further dot one up)
+                if node.level - 1 >= len(package):
+                    raise AssertionError(f"{path}:{node.lineno}: a relative import above the root")
+                base = package[:len(package) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            if name:
+                out.append((node.lineno, name))
+            out += [(node.lineno, f"{name}.{a.name}" if name else a.name) for a in node.names]
     return out
 
 
-def _edges() -> dict[tuple[str, str], list[str]]:
+def _edges(root: Path = ROOT) -> dict[tuple[str, str], list[str]]:
+    """(importing folder, imported folder) -> the places, over every module under planner/
+    and formulations/, subpackages included."""
     edges: dict[tuple[str, str], list[str]] = {}
-    for folder in ("planner", *LAYERS):
-        for path in sorted((ROOT / folder).glob("*.py")):
-            for line, name in _imports(path):
+    for top in ("planner", "formulations"):
+        for path in sorted((root / top).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            folder = _folder_of_module(module.removesuffix(".__init__"))
+            for line, name in _imports(path, module):
                 target = _folder_of_module(name)
                 if target and target != folder:
                     edges.setdefault((folder, target), []).append(
-                        f"{path.relative_to(ROOT)}:{line} imports {name}")
+                        f"{path.relative_to(root)}:{line} imports {name}")
     return edges
 
 
+def _upward(edges) -> list[str]:
+    return [where for (src, dst), places in edges.items()
+            if src in LAYERS and dst in LAYERS and LAYERS[dst] > LAYERS[src] for where in places]
+
+
 def test_layers_import_one_way():
-    wrong = [where for (src, dst), places in _edges().items()
-             if src in LAYERS and dst in LAYERS and LAYERS[dst] > LAYERS[src] for where in places]
+    wrong = _upward(_edges())
     assert not wrong, "\n".join(wrong)
 
 
@@ -82,3 +111,27 @@ def test_the_check_sees_function_level_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from planner.app import cli\n    return cli\n")
     assert (2, "planner.app") in _imports(f)
+
+
+def test_the_check_resolves_relative_imports_and_walks_subpackages(tmp_path):
+    """A relative import (``from ..app import cli`` in planner/model) and a module of a
+    subpackage (planner/model/sub/) were never checked (an audit); both are now upward
+    imports the layer test reports."""
+    model = tmp_path / "planner" / "model"
+    (model / "sub").mkdir(parents=True)
+    (tmp_path / "formulations").mkdir()
+    (tmp_path / "planner" / "__init__.py").write_text("")
+    (model / "__init__.py").write_text("")
+    (model / "m.py").write_text("def f():\n    from ..app import cli\n    return cli\n")
+    (model / "sub" / "__init__.py").write_text("from ...app.report import x\n")
+    (model / "sub" / "deep.py").write_text("from formulations import solve\nfrom . import m\n")
+    assert (2, "planner.app") in _imports(model / "m.py", "planner.model.m")
+    assert (1, "planner.app.report.x") in _imports(model / "sub" / "__init__.py",
+                                                   "planner.model.sub.__init__")
+    assert (2, "planner.model.sub.m") in _imports(model / "sub" / "deep.py",
+                                                  "planner.model.sub.deep")
+    wrong = _upward(_edges(tmp_path))
+    assert sorted(w.split(" imports ")[0] for w in wrong) == [
+        "planner/model/m.py:2", "planner/model/m.py:2", "planner/model/sub/__init__.py:1",
+        "planner/model/sub/__init__.py:1", "planner/model/sub/deep.py:1",
+        "planner/model/sub/deep.py:1"]

@@ -958,3 +958,17 @@ def test_shipped_sweeps_are_valid(path):
     from planner.app.sweep_plot import layout
 
     assert layout(s)["x"] in s.axis_keys
+
+
+def test_a_row_labels_its_plan_as_reports_do_and_the_plot_names_every_term():
+    """An audit: the sweep wrote its own plan label, CP EP VP where reports (Plan.label) say
+    CP VP EP, and the breakdown plot's own term labels had lost host offload."""
+    from planner.app.sweep_plot import TERM_LABELS
+    from planner.model.plan import plan_label
+    from planner.model.terms import TIME_TERMS
+
+    plan = {"tp": 2, "pp": 4, "dp": 8, "cp": 2, "vp": 3, "ep": 8, "micro_batch": 1,
+            "recompute": "full"}
+    assert sw._label(plan) == plan_label(plan) + " rc-full" == "TP2 PP4 DP8 CP2 VP3 EP8 mb1 rc-full"
+    assert sw._label({**plan, "recompute": "none"}) == plan_label(plan)
+    assert tuple(TERM_LABELS) == TIME_TERMS and TERM_LABELS["offload"] == "host offload"

@@ -186,21 +186,24 @@ from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, sharding_re
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
 from planner.model.instance import Instance
-from planner.model.plan import Plan, default_placement
+from planner.model.plan import ORDER, Plan, default_placement
 from planner.model.rules import violations
 
 FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
 
-MEGATRON_ORDER = ("tp", "cp", "dp", "pp")       # Megatron-Core default "tp-cp-ep-dp-pp"
 TP_PP_DP_ORDER = ("tp", "pp", "dp", "cp")       # --use-tp-pp-dp-mapping ("tp-pp-dp", cp = 1)
 
 
 def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     """Launch configuration text for ``plan`` in one of :data:`FORMATS`.
 
-    Raises :class:`~planner.model.errors.InputError` for an unknown format, or for a plan no framework
-    could launch: a global batch that is not a whole number of micro-batches, or pp * vp not
-    dividing the layers.
+    Raises :class:`~planner.model.errors.InputError` for an unknown format, or for a plan the
+    format's framework cannot launch, naming each reason: a structural rule it breaks (a global
+    batch that is not a whole number of micro-batches, pp * vp not dividing the layers, ...), a
+    framework rule (:func:`~planner.model.frameworks.framework_violations`: sharding modes,
+    HSDP, expert grid, interleaving, context parallelism, Megatron-LM's overlap checks), a host
+    offload rule (:func:`~planner.model.frameworks.offload_violations`) or a sharding mode the
+    framework refuses for the precision (:func:`~planner.model.frameworks.sharding_refusal`).
 
     Example
     -------
@@ -232,11 +235,6 @@ def _launch_problems(inst: Instance, plan: Plan) -> list[str]:
 
 # ---------------------------------------------------------------------------------------- helpers
 
-def _node_size(inst: Instance, plan: Plan) -> int:
-    """The NVLink segment the placement fills (GB200 NVL72: 72 GPUs over 18 hosts)."""
-    return plan.node_size
-
-
 def _per_host(plan: Plan) -> int:
     """GPUs per host, the count a launcher starts per node (GB200: 4, not the 72 of the
     NVLink domain)."""
@@ -257,7 +255,7 @@ def _rank_order(plan: Plan) -> str | None:
     """The Megatron-Core rank order that gives the plan's placement: "default" (tp-cp-ep-dp-pp),
     "tp-pp-dp" (``use_tp_pp_dp_mapping``, cp = 1 only) or None (no stock order does)."""
     node = plan.node_size
-    if _intra(plan) == _placed(plan, node, MEGATRON_ORDER):
+    if _intra(plan) == _placed(plan, node, ORDER):
         return "default"
     if plan.cp == 1 and _intra(plan) == _placed(plan, node, TP_PP_DP_ORDER):
         return "tp-pp-dp"
@@ -284,7 +282,7 @@ _OP_SELECTIVE = ("selective recompute \"op\": cannot express; the plan costs tor
 
 
 def _intra(plan: Plan) -> dict[str, int]:
-    return {d: getattr(plan, f"{d}_intra") for d in MEGATRON_ORDER}
+    return {d: getattr(plan, f"{d}_intra") for d in ORDER}
 
 
 def _placed(plan: Plan, node_size: int, order: tuple[str, ...]) -> dict[str, int]:
@@ -293,7 +291,7 @@ def _placed(plan: Plan, node_size: int, order: tuple[str, ...]) -> dict[str, int
 
 
 def _fmt_intra(f: dict[str, int]) -> str:
-    return ", ".join(f"{d}_intra={f[d]}" for d in MEGATRON_ORDER)
+    return ", ".join(f"{d}_intra={f[d]}" for d in ORDER)
 
 
 def _ep(plan: Plan) -> int:
@@ -308,7 +306,7 @@ def _moe(inst: Instance) -> dict[str, object] | None:
         return None
     d, n = m.first_dense_layers, m.moe_layer_interval
     pattern = [int(i >= d and (i - d) % n == 0) for i in range(m.layers)]
-    ffn = m.moe_ffn_hidden or m.ffn
+    ffn = m.moe_ffn
     return {"experts": m.experts, "top_k": m.top_k, "ffn": ffn,
             "shared_ffn": m.shared_experts * ffn, "pattern": pattern,
             "freq": 1 if all(pattern) else _freq_expr(m.layers, d, n)}
@@ -409,7 +407,7 @@ def _stages_text(plan: Plan) -> str:
 def _megatron(inst: Instance, plan: Plan) -> str:
     m = inst.model
     precision = inst.spec.training.precision
-    node = _node_size(inst, plan)
+    node = plan.node_size       # (the NVLink segment the placement fills)
     intra = _intra(plan)
     order = _rank_order(plan)
     comments = _header(inst, plan, "Megatron-LM pretrain_gpt.py arguments")
@@ -430,7 +428,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         comments.append(
             f"rank order: the plan places {_fmt_intra(intra)} per {_segment(plan)}, which "
             f"Megatron's default order (tp innermost, then cp, dp, pp) does not give (it gives "
-            f"{_fmt_intra(_placed(plan, node, MEGATRON_ORDER))}); order the hosts or ranks to match, "
+            f"{_fmt_intra(_placed(plan, node, ORDER))}); order the hosts or ranks to match, "
             "or expect the communication times to differ from the plan's")
     if precision in LOW_PRECISIONS:
         comments.append(f"{precision} needs Transformer Engine (--transformer-impl "
@@ -994,7 +992,7 @@ def _torchtitan_compile(inst: Instance, plan: Plan) -> tuple[bool, list[str]]:
 def _torchtitan(inst: Instance, plan: Plan) -> str:
     m = inst.model
     precision = inst.spec.training.precision
-    node = _node_size(inst, plan)
+    node = plan.node_size       # (the NVLink segment the placement fills)
     mb, micro = plan.micro_batch, int(plan.micro_batches)
     comments = _header(inst, plan, "torchtitan 0.2 job config (--job.config_file)")
     comments.append(
@@ -1022,7 +1020,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     elif micro > 1:
         comments.append(f"no pipeline: local_batch_size = micro_batch; global_batch_size gives "
                         f"{micro} gradient-accumulation steps")
-    if _intra(plan) != _placed(plan, node, MEGATRON_ORDER):
+    if _intra(plan) != _placed(plan, node, ORDER):
         comments.append(f"rank order: the plan places {_fmt_intra(_intra(plan))} per "
                         f"{_segment(plan)}; torchtitan's mesh (pp, dp, cp, tp; tp innermost) "
                         "does not")

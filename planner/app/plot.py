@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.model.errors import InputError
+from planner.model.plan import plan_label as label_of
 
 FRONT = "#1f5fbf"
 OTHER = "#9a9a9a"
@@ -24,15 +25,10 @@ STYLE = {"font.size": 10, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fo
 
 
 def plan_label(plan: dict[str, Any], batch: bool = False) -> str:
-    """:meth:`planner.model.plan.Plan.label` from a plan dict (``Plan.to_dict()``): every degree
-    above 1 (CP, VP, EP too) and the micro-batch; with ``batch`` also the global batch (for a
-    front whose sizes chose different batches)."""
-    s = f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}"
-    for dim in ("cp", "vp", "ep"):
-        if plan.get(dim, 1) > 1:
-            s += f" {dim.upper()}{plan[dim]}"
-    s += f" mb{plan['micro_batch']}"
-    return s + (f" B{plan['global_batch']}" if batch and "global_batch" in plan else "")
+    """:func:`planner.model.plan.plan_label` of a plan dict (``Plan.to_dict()``); with ``batch``
+    also the global batch (for a front whose sizes chose different batches)."""
+    return label_of(plan) + (f" B{plan['global_batch']}" if batch and "global_batch" in plan
+                             else "")
 
 
 def _dollars(v: float, locs: list[float] | tuple = ()) -> str:

@@ -17,21 +17,11 @@ from rich.text import Text
 from formulations.queries import OUTSIDE_RANGE, days_text
 from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
-from planner.model.terms import MEMORY_TERMS, TIME_TERMS
+from planner.model.terms import MEMORY_TERMS, TIME_TERM_LABELS, TIME_TERMS
 from planner.model.instance import Instance
-from planner.model.words import number, plural, stage_words, toml_value
+from planner.model.words import count, number, plural, stage_words, toml_value
 
-TERM_LABELS = {
-    "compute": "compute (fwd + bwd + recompute)",
-    "bubble": "pipeline bubble",
-    "tp_comm": "tensor-parallel comm",
-    "cp_comm": "context-parallel comm (exposed)",
-    "ep_comm": "expert-parallel all-to-all",
-    "pp_comm": "pipeline p2p comm",
-    "dp_comm": "data-parallel grad reduction",
-    "optimizer": "optimizer step (HBM-bound)",
-    "offload": "host offload transfers (exposed)",
-}
+TERM_LABELS = {term: long for term, (long, _) in TIME_TERM_LABELS.items()}
 
 
 def _fmt_s(x: float) -> str:
@@ -54,11 +44,6 @@ def _dollars(x: float) -> str:
     if x >= 100 or x <= 0:
         return _big(x, ",.0f")
     return f"{x:.{max(0, 2 - math.floor(math.log10(x)))}f}"
-
-
-def _count(x: float) -> str:
-    """An integer as is; a fraction (a plan that breaks a divisibility rule) to 4 digits."""
-    return f"{x:,}" if isinstance(x, int) else f"{x:.4g}"
 
 
 def plan_table(rep: StepReport, inst: Instance) -> Table:
@@ -91,7 +76,7 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
               f"PP {p.pp_intra}   (across {unit}s: TP {p.inter('tp'):g}  CP {p.inter('cp'):g}  "
               f"DP {p.inter('dp'):g}  PP {p.inter('pp'):g})")
     t.add_row("batch", f"global {p.global_batch} = DP {p.dp} x micro-batch {p.micro_batch} x "
-              f"{_count(p.micro_batches)} micro-batches")
+              f"{count(p.micro_batches)} micro-batches")
     rc = p.recompute + (f" of {p.recompute_layers} layer{'s' * (p.recompute_layers > 1)} per "
                         "virtual stage (block method)"
                         if p.recompute == "full" and p.recompute_layers else "")
@@ -293,7 +278,8 @@ def compare_table(cmp) -> Table:
     if cmp.constrained and cmp.constrained.report:
         c = cmp.constrained.report
         t.add_row("constrained", c.plan.label(), f"{c.step_time_s:.4f}",
-                  f"{100 * cmp.slowdown:+.2f}% slower" if cmp.slowdown >= 5e-5 else "as fast")
+                  f"{100 * cmp.slowdown:+.2f}% slower" if cmp.slowdown >= 5e-5 else
+                  f"{-100 * cmp.slowdown:.2f}% faster" if cmp.slowdown <= -5e-5 else "as fast")
     else:
         t.add_row("constrained", "no plan", "", "")
     for b in cmp.binding:

@@ -45,6 +45,8 @@ from typing import Any
 from planner.model.words import plural, toml_value
 from planner.model.errors import InfeasibleError, InputError, PlanError
 from planner.model.instance import parse_instance, read_toml
+from planner.model.plan import plan_label
+from planner.model.schema import ClusterSpec
 from planner.app.sweep_output import (Sink, axes_text, check_out_path, point_hash,
                                       resume_state)
 
@@ -57,7 +59,7 @@ PLOT_KINDS = ("auto", "lines", "heatmap")
 PLOT_Y = ("step_time_s", "speedup", "total_days", "cost", "mfu", "memory_gib.total",
           "time_per_sequence_s", "capacity.nodes")
 SECTIONS = ("model", "training", "cluster", "constraints")
-SIZE_KEYS = ("nodes", "node_counts", "gpus")     # [cluster] takes exactly one of these
+SIZE_KEYS = ClusterSpec.SIZE_KEYS     # [cluster] takes exactly one of these
 MAX_POINTS = 100_000
 CASE = "case"
 
@@ -214,7 +216,7 @@ def _resolve_hf(doc: dict[str, Any], base_dir: Path) -> None:
             model["hf_config"] = str((base_dir / ref).resolve())
 
 
-def _inline_hf(doc: dict[str, Any], source: str) -> None:
+def _inline_hf(doc: dict[str, Any]) -> None:
     """Replace ``model.hf_config`` by the keys it gives, so that the point needs no file (a Ray
     worker on another machine has none). Explicit keys still override the config's."""
     model = doc.get("model")
@@ -474,7 +476,7 @@ def point_problems(sw: Sweep) -> list[str]:
     seen: dict[str, tuple[dict[str, Any], int]] = {}
     for pt in sw.points:
         try:
-            _inline_hf(pt.doc, sw.source)
+            _inline_hf(pt.doc)
             inst = parse_instance(pt.doc, f"point {pt.index}")
             found = _query_problems(sw, inst)
         except InputError as exc:
@@ -536,11 +538,9 @@ def flatten_result(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _label(plan: dict[str, Any]) -> str:
-    s = f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}"
-    for k in ("cp", "ep", "vp"):
-        if plan.get(k, 1) > 1:
-            s += f" {k.upper()}{plan[k]}"
-    s += f" mb{plan['micro_batch']}"
+    """The plan's label as reports print it (:func:`~planner.model.plan.plan_label`), and its
+    recompute mode when it recomputes (``TP8 PP4 DP2 VP2 EP8 mb1 rc-full``)."""
+    s = plan_label(plan)
     if plan.get("recompute", "none") != "none":
         s += f" rc-{plan['recompute']}"
     return s

@@ -192,7 +192,9 @@ def _parse_cell(s: str) -> Any:
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a sweep output (.csv or .parquet); a missing or empty file has none."""
+    """The rows of a sweep output (.csv or .parquet); a missing or empty file has none. (The
+    sweep itself reads through :func:`_read_output`: a library entry point, used by
+    tests/test_sweep.py.)"""
     return _read_output(Path(path)).rows
 
 

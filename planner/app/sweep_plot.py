@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.model.errors import InputError
+from planner.model.terms import TIME_TERM_LABELS, TIME_TERMS
 
 STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8}
 Y_LABELS = {"step_time_s": "step time (s)", "speedup": "speedup (x)",
@@ -25,9 +26,7 @@ Y_LABELS = {"step_time_s": "step time (s)", "speedup": "speedup (x)",
             "mfu": "MFU", "memory_gib.total": "memory per GPU (GiB)",
             "time_per_sequence_s": "time per sequence (s)",
             "capacity.nodes": "nodes to meet the deadline"}
-TERM_LABELS = {"compute": "compute", "bubble": "pipeline bubble", "tp_comm": "TP comm",
-               "cp_comm": "CP comm", "ep_comm": "EP all-to-all", "pp_comm": "PP p2p",
-               "dp_comm": "DP grad reduction", "optimizer": "optimizer step"}
+TERM_LABELS = {term: short for term, (_, short) in TIME_TERM_LABELS.items()}
 HEATMAP_MIN_VALUES = 7       # auto: a heatmap when both axes have at least this many values
 
 
@@ -245,8 +244,6 @@ def _heatmap(ax, fig, rows, sweep, lay, warnings: list[str]) -> None:
 
 
 def _breakdown(ax, solved, sweep) -> None:
-    from planner.model.terms import TIME_TERMS
-
     terms = [t for t in TIME_TERMS if any((r.get(f"breakdown_s.{t}") or 0) > 0 for r in solved)]
     labels = []
     for r in solved:
@@ -256,11 +253,11 @@ def _breakdown(ax, solved, sweep) -> None:
         labels.append("/".join(parts))
     bottom = [0.0] * len(solved)
     colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
-              "#8c8c8c"]
+              "#8c8c8c", "#ccb974"]
     for i, t in enumerate(terms):
         share = [100 * (r.get(f"breakdown_s.{t}") or 0) / r["step_time_s"] for r in solved]
         ax.bar(range(len(solved)), share, bottom=bottom, color=colors[i % len(colors)],
-               label=TERM_LABELS.get(t, t), width=0.85)
+               label=TERM_LABELS[t], width=0.85)
         bottom = [b + s for b, s in zip(bottom, share)]
     step = max(1, math.ceil(len(solved) / 40))
     ax.set_xticks(range(0, len(solved), step))

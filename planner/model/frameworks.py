@@ -499,8 +499,11 @@ def framework_violations(name: str | None, plan) -> list[str]:
     a sharding mode the framework does not run, one it runs only without pipeline
     parallelism, plain DDP beside other parallelism (a shard group of one included where the
     framework runs that as DDP), HSDP where it has none, an expert grid its device mesh cannot
-    build, interleaving or context parallelism where it has none. :func:`framework_bar` is the
-    same rules in the search's form."""
+    build, interleaving or context parallelism where it has none, and the overlap rules of
+    Megatron-LM's argument checks. In the search's form :func:`framework_bar` holds those that
+    depend on the degrees; the rest the search applies where it chooses the knobs (the
+    sharding modes and HSDP it offers: formulations/space.py ``build_space``; the overlap
+    pins: :func:`param_gather_refusal`)."""
     if name is None:
         return []
     fw = FRAMEWORKS[name]

@@ -25,6 +25,7 @@ and never raises (a report lists them all).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from typing import Any
@@ -36,7 +37,9 @@ from planner.model.instance import Instance
 from planner.model.rules import violations
 from planner.model.schema import KNOB_DEFAULTS, PIN_CAPS, PlanSpec, overlap_refusal
 
-ORDER = ("tp", "cp", "dp", "pp")  # Megatron-LM rank order, innermost first
+#: Megatron-LM's rank order, innermost first (Megatron-Core's default "tp-cp-ep-dp-pp"; the
+#: exports check a plan's placement against it)
+ORDER = ("tp", "cp", "dp", "pp")
 
 #: The search's base variables (the free choices of a plan), in enumeration order.
 #: ``R``: replicas of the data-parallel shard group (HSDP; ``dp_shard_size = dp / R``).
@@ -146,6 +149,18 @@ class Knobs:
         """First/last counts given as numbers (Megatron ``--decoder-first/last-pipeline-num-
         layers``), not by counting the embedding / loss as layers."""
         return self.uneven and not (self.account_for_embedding or self.account_for_loss)
+
+
+def plan_label(plan: Mapping[str, Any]) -> str:
+    """The short human label of a plan given by its degrees (a :class:`Plan`'s fields, or
+    ``Plan.to_dict()`` as JSON and sweep rows carry it), e.g. ``TP8 PP8 DP16 EP8 mb1``: tp, pp
+    and dp, then every other degree above 1 (CP, VP, EP), then the micro-batch. The one writer
+    of the label (:meth:`Plan.label`, plots, sweep rows)."""
+    s = f"TP{plan['tp']} PP{plan['pp']} DP{plan['dp']}"
+    for dim in ("cp", "vp", "ep"):
+        if plan.get(dim, 1) > 1:
+            s += f" {dim.upper()}{plan[dim]}"
+    return s + f" mb{plan['micro_batch']}"
 
 
 def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool]]:
@@ -503,15 +518,8 @@ class Plan:
         return self.grid.inter(dim)
 
     def label(self) -> str:
-        """Short human label, e.g. ``TP8 PP8 DP16 mb1``."""
-        s = f"TP{self.tp} PP{self.pp} DP{self.dp}"
-        if self.cp > 1:
-            s += f" CP{self.cp}"
-        if self.vp > 1:
-            s += f" VP{self.vp}"
-        if self.ep > 1:
-            s += f" EP{self.ep}"
-        return s + f" mb{self.micro_batch}"
+        """Short human label, e.g. ``TP8 PP8 DP16 mb1`` (:func:`plan_label`)."""
+        return plan_label(vars(self))
 
     def to_spec(self) -> dict[str, Any]:
         """The plan as a ``[plan]`` table that ``plan evaluate`` reads back to this plan: every

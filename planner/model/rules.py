@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.model.instance import Instance
+from planner.model.words import as_written as _g
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,6 @@ def _positive_integer(x) -> bool:
 
 def _moe(inst: Instance) -> bool:
     return inst.model.moe
-
-
-def _g(x) -> str:
-    """A number as the user wrote it: 32, not 32.0 (a fraction to 4 digits)."""
-    x = float(x)
-    return f"{int(x)}" if x.is_integer() else f"{x:.4g}"
 
 
 def _within(dim: str) -> Rule:

@@ -10,7 +10,7 @@ surface at load time with the key path that holds them.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,7 +21,6 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8", "nvfp4"]
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
-PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Efficiency = Annotated[float, Field(ge=0.01, le=1)]
 Bandwidth = Annotated[float, Field(ge=1e-3, le=1e6)]        # GB/s: 1 MB/s .. 1 PB/s
@@ -38,6 +37,42 @@ MAX_BATCH, MAX_NODES, MAX_GPUS, MAX_EXPERTS = 1 << 30, 1 << 20, 1 << 24, 1 << 16
 # knob -> its cap, for pins that must lie within their caps
 PIN_CAPS = {"tp": "max_tp", "pp": "max_pp", "dp": "max_dp", "cp": "max_cp", "ep": "max_ep",
             "vp": "max_vp", "micro_batch": "max_micro_batch"}
+#: What each ``[constraints]`` key is to a what-if, the one list of them (``plan solve
+#: --compare``'s unconstrained baseline and the "nearest change" of an infeasible instance
+#: read it; tests/test_answers_cli.py checks that every key is here). :func:`lifted` gives
+#: the value the baseline lifts each kind to:
+#:
+#: - ``pin``: fixes a knob (a degree, a switch, a layer count); freed (None, the search's
+#:   default);
+#: - ``filter``: allows some values only (recompute and sharding modes, ``min_mfu``); lifted
+#:   (None: all);
+#: - ``cap`` / ``floor``: bounds a knob; the baseline keeps whichever of the instance's value
+#:   and the default lets more plans in (None: no bound), so a cap the instance *raises* above
+#:   its default (``max_cp = 2``) stays raised;
+#: - ``reach``: a key that widens the search (``max_offload_layers``: without it activation
+#:   offload is not searched): kept, and raised to the pin it reaches (:data:`REACHES`) so
+#:   that the pinned value stays in the baseline's space;
+#: - ``placement``: keeps a degree inside a node; lifted (false) where the instance sets it,
+#:   kept at its default otherwise (``tp_within_node`` defaults to true, as recipes run it);
+#: - ``kept``: not a what-if: the framework the plan must run on, its overlap switches (the
+#:   framework's settings, not a choice of the search) and the memory reserves (physics).
+WHAT_IFS = {
+    **dict.fromkeys(("tp", "pp", "dp", "cp", "vp", "ep", "micro_batch", "sequence_parallel",
+                     "distributed_optimizer", "dp_shard_size", "reshard_after_forward",
+                     "first_stage_layers", "last_stage_layers", "account_for_embedding",
+                     "account_for_loss", "recompute_layers", "optimizer_offload",
+                     "offload_layers"), "pin"),
+    **dict.fromkeys(("recompute", "dp_sharding", "min_mfu"), "filter"),
+    **dict.fromkeys(("max_tp", "max_pp", "max_dp", "max_cp", "max_ep", "max_vp",
+                     "max_micro_batch", "max_stage_shortfall", "max_recompute_layers"), "cap"),
+    "min_micro_batch": "floor",
+    "max_offload_layers": "reach",
+    **dict.fromkeys(("tp_within_node", "pp_within_node", "cp_within_node"), "placement"),
+    **dict.fromkeys(("framework", *OVERLAP_KNOBS, "memory_reserve_GiB",
+                     "host_memory_reserve_GiB"), "kept"),
+}
+#: a ``reach`` key of :data:`WHAT_IFS` -> the pin whose value it must reach
+REACHES = {"max_offload_layers": "offload_layers"}
 #: The one default of the two memory knobs, for ``plan evaluate`` (a ``[plan]`` that does not
 #: set them) and ``plan solve`` (a ``[constraints]`` that does not pin them) alike: on. In this
 #: model neither ever costs time or adds memory (tests/test_dominance.py), and both are what
@@ -156,6 +191,12 @@ class ModelSpec(_Strict):
     @property
     def ffn(self) -> int:
         return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def moe_ffn(self) -> int:
+        """The MLP width of one expert (and of each shared expert): ``moe_ffn_hidden``, by
+        default :attr:`ffn`."""
+        return self.moe_ffn_hidden or self.ffn
 
 
 def _pair_or_number(v, what: str, instead: str):
@@ -366,6 +407,9 @@ class TrainingSpec(_Strict):
 class ClusterSpec(_Strict):
     """The machines: a catalog GPU, how many, and optional overrides of catalog figures."""
 
+    #: the size keys, of which a cluster takes exactly one
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("nodes", "node_counts", "gpus")
+
     gpu: str
     nodes: upto(MAX_NODES) | tuple[upto(MAX_NODES), upto(MAX_NODES)] | None = Field(
         default=None, description="node count, or [lo, hi] for pareto / capacity")
@@ -413,7 +457,7 @@ class ClusterSpec(_Strict):
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSpec:
-        given = [k for k in ("nodes", "node_counts", "gpus") if getattr(self, k) is not None]
+        given = [k for k in self.SIZE_KEYS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of nodes, node_counts or gpus"
                              + (f" (got {', '.join(given)})" if given else ""))
@@ -642,6 +686,25 @@ class ConstraintSpec(_Strict):
         if isinstance(self.recompute, str):
             return (self.recompute,)
         return tuple(m for m in RECOMPUTE_MODES if m in self.recompute)
+
+
+def lifted(c: ConstraintSpec, key: str) -> object:
+    """The value of ``[constraints]`` key ``key`` in the unconstrained baseline of ``c``, by
+    its kind in :data:`WHAT_IFS` (a ``kept`` key keeps its value)."""
+    kind, given = WHAT_IFS[key], getattr(c, key)
+    default = ConstraintSpec.model_fields[key].default
+    if kind in ("pin", "filter"):
+        return None
+    if kind == "cap":
+        return None if given is None or default is None else max(given, default)
+    if kind == "floor":
+        return min(given, default)
+    if kind == "reach":
+        pin = getattr(c, REACHES[key])
+        return given if not pin else max(given or 0, pin)
+    if kind == "placement":
+        return False if key in c.model_fields_set else default
+    return given
 
 
 class PlanSpec(_Strict):

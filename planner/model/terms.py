@@ -13,7 +13,8 @@ Training of Transformers", ISPASS 2023 (Sec. III: compute, communication, bubble
 extended as docs/model.md describes (recompute, sequence/context parallelism, interleaving, the
 distributed optimizer, GQA, gated MLPs, FP8).
 
-:func:`evaluate` turns one :class:`~planner.model.plan.Plan` into a :class:`StepReport` with the
+It gives the terms only: :func:`planner.model.evaluate.evaluate` turns one
+:class:`~planner.model.plan.Plan` into a :class:`~planner.model.evaluate.StepReport` with the
 breakdown, memory per GPU against capacity, MFU, days and cost, and the list of limits the plan
 violates (never an exception for a plan that does not fit).
 """
@@ -37,13 +38,23 @@ from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
 from planner.model.workload import Shape
 
-TIME_TERMS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-              "optimizer", "offload")
+#: The step time's terms, each with its words: a report's row and a plot's legend entry.
+TIME_TERM_LABELS = {
+    "compute": ("compute (fwd + bwd + recompute)", "compute"),
+    "bubble": ("pipeline bubble", "pipeline bubble"),
+    "tp_comm": ("tensor-parallel comm", "TP comm"),
+    "cp_comm": ("context-parallel comm (exposed)", "CP comm"),
+    "ep_comm": ("expert-parallel all-to-all", "EP all-to-all"),
+    "pp_comm": ("pipeline p2p comm", "PP p2p"),
+    "dp_comm": ("data-parallel grad reduction", "DP grad reduction"),
+    "optimizer": ("optimizer step (HBM-bound)", "optimizer step"),
+    "offload": ("host offload transfers (exposed)", "host offload"),
+}
+TIME_TERMS = tuple(TIME_TERM_LABELS)
 #: The communication terms of the step time (each a collective or transfer on its links).
 COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 MEMORY_TERMS = ("weights", "gradients", "optimizer_states", "activations", "logits",
                 "comm_buffers")
-STAGES = ("first", "last")
 
 #: Bytes per parameter in mixed-precision Adam (Megatron-LM; Korthikanti et al. Sec. 4):
 #: 16-bit weights, fp32 gradients, fp32 master weights + two Adam moments.
@@ -81,7 +92,6 @@ UB_BYTES_16, UB_BYTES_FP8 = 10 * 2, 6 * 1 + 4 * 2
 WIRE_16, GRAD_WIRE_FP32 = 2, 4
 #: FP8 parameters (``[training] fp8_param_gather``) on the wire and in memory: one FP8 copy
 FP8_WIRE = FP8_COPY_BYTES
-GRAD_WIRE_BYTES = WIRE_16
 #: Block-scaled (MXFP8) GEMMs and their quantization run at this share of the per-tensor FP8
 #: rate (docs/model.md, "FP8", item 5: fitted once on Megatron-Bridge 25.11's three same-plan
 #: FP8-CS / FP8-MX pairs; the MXFP8 rows of later releases are held out)
@@ -242,16 +252,23 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
       backward (K/V plus their gradients), assumed to overlap with the attention core (only the
       excess over it is exposed).
 
-    Per step: compute = ``m * (L/p * layer + logits)`` on the last (slowest) stage; bubble =
-    ``R (p - 1) / v`` micro-batch stage times (Narayanan et al. Sec. 2.2); pipeline transfers =
+    Per step: compute = ``m`` micro-batch times of the slowest stage (the pace: the first stage
+    holds its layers less its shortfall, a middle one ``L/p`` layers, the last its layers less
+    its shortfall and the output layer and logits; with an even layout the last); bubble =
+    ``R (p - 1) / v`` stage times of the slowest stage (Narayanan et al. Sec. 2.2); pipeline
+    transfers =
     ``2 m (v - 1/p)`` sends of ``b s h / (c t)`` per GPU (scatter-gather / sequence-parallel
     layout), the fill and flush only with ``overlap_p2p_comm`` and interleaving; data-parallel
     gradient reduction over ``dp * cp`` ranks of the stage's parameters, hidden behind the last
     micro-batch's backward (``overlap_grad_reduce``) and the first one's forward
-    (``overlap_param_gather``) but for one bucket each; the Adam step as HBM traffic. Memory
-    is checked on the first stage (most activations in flight: ``1 + (p - 1) / (p v)`` times
-    the layers' worth, Korthikanti et al. Sec. 4.2.3) and on the last (output layer and
-    logits).
+    (``overlap_param_gather``) but for one bucket each; the Adam step as HBM traffic; host
+    offload's transfers and CPU Adam step (``offload``). Memory has a row per distinct stage:
+    the first (most activations in flight: ``1 + (p - 1) / (p v)`` times the layers' worth,
+    Korthikanti et al. Sec. 4.2.3), the last (output layer and logits) and, with an uneven
+    layout at ``p > 2``, a middle one (Megatron's rank 1, full-size stages); a ``<stage>_step``
+    row for the optimizer step's peak where it holds a main-gradient copy; and, with host
+    offload, a ``host`` row (the host's share, scaled to the GPU limit:
+    :func:`host_memory_row`).
     """
     if k.recompute == "full" and (k.recompute_layers or k.recompute_share):
         return _partial_recompute(inst, x, k)

@@ -1,5 +1,7 @@
-"""Values and counts in the user's words: TOML values (not Python reprs), plurals, and large
-numbers in engineering notation. Every message a user reads formats its values through here.
+"""Values and counts in the user's words: TOML values (not Python reprs), plurals, numbers as
+the user wrote them, counts, and large numbers in engineering notation: the formatters the
+messages share. (Units are written where they are said, GiB to one decimal, seconds by their
+size, and so are the words "on" / "off".)
 
 >>> toml_value(None), toml_value(True), toml_value((1,)), toml_value("full")
 ('unset', 'true', '[1]', '"full"')
@@ -39,9 +41,6 @@ def pinned(constraints: object, keys: tuple[str, ...]) -> list[str]:
     return [f"constraints.{k} = {toml_value(getattr(constraints, k))}" for k in keys
             if getattr(constraints, k) is not None]
 
-def on_off(v: bool) -> str:
-    return "on" if v else "off"
-
 
 def plural(n: int | float, word: str, words: str | None = None) -> str:
     """``1 node``, ``2 nodes`` (``words`` for an irregular plural)."""
@@ -52,6 +51,18 @@ def plural(n: int | float, word: str, words: str | None = None) -> str:
 def article(word: str) -> str:
     """``a plan``, ``an instance``."""
     return ("an " if word[:1].lower() in "aeiou" else "a ") + word
+
+
+def as_written(x) -> str:
+    """A number as the user wrote it: 32, not 32.0 (a fraction to 4 digits)."""
+    x = float(x)
+    return f"{int(x)}" if x.is_integer() else f"{x:.4g}"
+
+
+def count(x: float) -> str:
+    """An integer as is, with thousands separators; a fraction (a plan that breaks a
+    divisibility rule) to 4 digits."""
+    return f"{x:,}" if isinstance(x, int) else f"{x:.4g}"
 
 
 def number(x: float, digits: int = 3) -> str:

@@ -46,7 +46,7 @@ class Shape:
                      gated=m.gated_mlp, tied=m.tied_embeddings,
                      learned_pos=m.position_embedding == "learned", dropout=m.dropout,
                 experts=m.experts if m.moe else 0, top_k=m.top_k if m.moe else 0,
-                f_e=(m.moe_ffn_hidden or m.ffn) if m.moe else 0,
+                f_e=m.moe_ffn if m.moe else 0,
                 shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
                 d=m.head_dim or 0)
 
