@@ -61,7 +61,7 @@ from types import SimpleNamespace
 from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_of
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
                                 overlap_default, recompute_share_choices)
-from planner.model.schema import PIN_CAPS
+from planner.model.schema import PIN_CAPS, WHAT_IFS, lifted
 from planner.model.words import pinned
 from planner.model.rules import BY_NAME, EXPERT_ONLY, Rule, Sizes, rules_for
 from planner.model.terms import reduce_every_microbatch
@@ -634,7 +634,7 @@ class _Admits:
         if getattr(c, cap, None) is not None and getattr(c, cap) < value:
             change[cap] = value
         if lift is not None:
-            change[lift] = type(c).model_fields[lift].default
+            change[lift] = lifted(c, lift)
         try:
             space = build_space(self.inst.with_spec(constraints=c.model_copy(update=change)),
                                 suggest=False)
@@ -644,11 +644,12 @@ class _Admits:
 
     def with_one_lifted(self, key: str, values: list[int]) -> tuple[str, int] | None:
         """The nearest of ``values`` that leaves a plan once one other pin the instance writes
-        is lifted (set to its default), and that pin: ``(pin, value)``, or None."""
+        is lifted (to its unconstrained value, :func:`planner.model.schema.lifted`), and that
+        pin: ``(pin, value)``, or None."""
         c = self.inst.spec.constraints
         cap = "max_micro_batch" if key == "micro_batch" else f"max_{key}"
         others = [k for k in sorted(c.model_fields_set) if k not in (key, cap)
-                  and getattr(c, k) != type(c).model_fields[k].default]
+                  and WHAT_IFS[k] != "kept" and getattr(c, k) != lifted(c, k)]
         for value in values:
             for other in others:
                 if self(key, value, lift=other):
