@@ -629,9 +629,9 @@ class _Admits:
 
     def __call__(self, key: str, value: int, lift: str | None = None) -> bool:
         c = self.inst.spec.constraints
-        cap = "max_micro_batch" if key == "micro_batch" else f"max_{key}"
+        cap = PIN_CAPS.get(key, "")
         change = {key: value}
-        if getattr(c, cap, None) is not None and getattr(c, cap) < value:
+        if cap and getattr(c, cap) is not None and getattr(c, cap) < value:
             change[cap] = value
         if lift is not None:
             change[lift] = lifted(c, lift)
@@ -647,7 +647,7 @@ class _Admits:
         is lifted (to its unconstrained value, :func:`planner.model.schema.lifted`), and that
         pin: ``(pin, value)``, or None."""
         c = self.inst.spec.constraints
-        cap = "max_micro_batch" if key == "micro_batch" else f"max_{key}"
+        cap = PIN_CAPS.get(key, "")
         others = [k for k in sorted(c.model_fields_set) if k not in (key, cap)
                   and WHAT_IFS[k] != "kept" and getattr(c, k) != lifted(c, k)]
         for value in values:
