@@ -26,7 +26,6 @@ from planner.model.workload import Shape
 
 def _structural(space: SearchSpace) -> InfeasibleError:
     inst = space.inst
-    m = inst.model
     N = inst.gpus
     gb = inst.spec.training.global_batch
     lines = []
