@@ -17,6 +17,13 @@ from planner.model.plan import Degrees, Knobs
 from planner.model.terms import step_terms
 from planner.model.instance import parse_instance
 
+#: The distributed optimizer with overlap_param_gather hides its parameter all-gather only
+#: behind the first forward, where the plain all-reduce hid behind the backward: docs/encoding.md
+#: ("up to 0.03% more", measured on these plans) is why the search does not prune plain data
+#: parallelism when a data-parallel overlap is on. The one tolerance of this test, and only
+#: for that pair; everywhere the search prunes, the premise is checked to 1e-12.
+DIST_OPT_OVERLAP_SLACK = 3e-4
+
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(
@@ -51,10 +58,15 @@ def test_sequence_parallel_and_distributed_optimizer_dominate(
             if hi[0] >= lo[0] and hi[1] >= lo[1]:
                 on, off = terms[hi], terms[lo]
                 if t_out == 1 or hi[0] == lo[0]:
-                    # (the distributed optimizer's overlapped parameter all-gather hides only
-                    # behind the first forward, where the all-reduce hid behind the backward:
-                    # up to 0.03% more on these instances, measured)
-                    assert float(on.step_time) <= float(off.step_time) * (1 + 1e-3)
+                    # The search prunes on this premise and then claims a proven optimum, so
+                    # it must hold exactly (float rounding aside): sequence parallelism is
+                    # kept on with or without overlap, plain data parallelism is left out
+                    # where no data-parallel overlap is on (formulations/space.py). Only the
+                    # distributed optimizer's step with the data-parallel overlaps on gets
+                    # the documented slack, and there plain data parallelism is searched.
+                    slack = DIST_OPT_OVERLAP_SLACK if overlap and hi[1] != lo[1] else 1e-12
+                    assert float(on.step_time) <= float(off.step_time) * (1 + slack), \
+                        (lo, hi, float(on.step_time) / float(off.step_time) - 1)
                 for stage in on.memory:
                     # (tp_comm_overlap's userbuffers come with sequence parallelism, which the
                     # search keeps on wherever tp_comm_overlap is (formulations/space.py,

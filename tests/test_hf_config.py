@@ -13,7 +13,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from planner.model.errors import InputError
 from planner.model.hf_config import SUPPORTED, read_hf_config
@@ -29,15 +28,10 @@ MOE_DEFAULTS = {"shared_experts": 0, "first_dense_layers": 0, "moe_layer_interva
 
 
 def spec(d: dict, seq_len: int = 4096) -> ModelSpec:
-    """Build a ModelSpec from the reader's keys (the instance overrides seq_len). A key the
-    schema does not accept yet (extra_forbidden) is an expected failure, not an error."""
-    try:
-        return ModelSpec(**{**d, "seq_len": seq_len})
-    except ValidationError as exc:
-        unknown = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden"]
-        if unknown:
-            pytest.xfail(f"ModelSpec does not accept {unknown} yet")
-        raise
+    """Build a ModelSpec from the reader's keys (the instance overrides seq_len). Any key the
+    schema rejects fails the test: the reader and the schema must agree (a key truly pending
+    would be a strict xfail on the test that needs it)."""
+    return ModelSpec(**{**d, "seq_len": seq_len})
 
 
 def write(tmp_path: Path, cfg: object, name: str = "config.json") -> Path:

@@ -100,7 +100,9 @@ def test_bf16_optimizer_states_need_bf16_weights():
                         "training": {"global_batch": 64, "precision": "fp16",
                                      "optimizer_dtype": "bf16"},
                         "cluster": {"gpu": "a100-80gb", "gpus": 64}})
-    assert "optimizer_dtype" in str(exc.value)
+    assert exc.value.problems == [
+        'training: optimizer_dtype = "bf16" keeps no master copy: the weights must be bf16 '
+        '(precision bf16 or fp8), not fp16']
 
 
 def test_activations_selective_sequence_parallel_korthikanti():

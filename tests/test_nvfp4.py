@@ -74,18 +74,32 @@ def test_held_activations_are_narrower_than_fp8s():
 
 
 @pytest.mark.parametrize("training, gpu, says", [
-    ({"precision": "nvfp4"}, "h100-sxm", "training.precision"),
-    ({"precision": "nvfp4"}, "mi300x", "peak_tflops_fp4"),
-    ({"precision": "nvfp4", "fp8_param_gather": True}, "gb200", "fp8_param_gather"),
-    ({"precision": "nvfp4", "fp8_recipe": "mxfp8"}, "gb200", "fp8_recipe"),
-    ({"precision": "nvfp4", "kernel_stack": "pytorch"}, "gb200", "kernel_stack"),
+    # the key, then the reason: Blackwell-only (an FP4 peak in the catalog)
+    ({"precision": "nvfp4"}, "h100-sxm",
+     ('training.precision: "nvfp4" needs FP4 tensor cores with a peak in the catalog '
+      '(b200, b300, gb200, gb300); h100-sxm has none',)),
+    ({"precision": "nvfp4"}, "mi300x",
+     ('training.precision: "nvfp4" needs FP4 tensor cores', "mi300x has none "
+      "(hardware_catalog/mi300x.toml peak_tflops_fp4)")),
+    # FP8-only settings under NVFP4
+    ({"precision": "nvfp4", "fp8_param_gather": True}, "gb200",
+     ('training: fp8_param_gather = true keeps the weights in FP8, which needs precision = '
+      '"fp8" (precision = "nvfp4")',)),
+    ({"precision": "nvfp4", "fp8_recipe": "mxfp8"}, "gb200",
+     ('training: fp8_recipe = "mxfp8" scales FP8 tensors, which needs precision = "fp8" '
+      '(precision = "nvfp4")',)),
+    # Transformer Engine's stack only
+    ({"precision": "nvfp4", "kernel_stack": "pytorch"}, "gb200",
+     ('training: precision = "nvfp4" is Transformer Engine\'s NVFP4BlockScaling '
+      '(kernel_stack = "fused")', 'kernel_stack = "pytorch" has no NVFP4 costs')),
 ])
 def test_input_errors(training, gpu, says):
     with pytest.raises(InputError) as exc:
         parse_instance({"model": {"preset": "llama3-8b"},
                         "training": {"global_batch": 128, **training},
                         "cluster": {"gpu": gpu, "gpus": 8}})
-    assert says in str(exc.value)          # (InputError's text lists its problems)
+    (problem,) = exc.value.problems         # one problem, naming the key and the reason
+    assert all(part in problem for part in says), problem
 
 
 #: Megatron-Bridge 26.02's NVFP4 rows and the MXFP8 rows of the same plan

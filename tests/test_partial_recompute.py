@@ -14,6 +14,7 @@ import pytest
 from formulations.enumerate import degrees_of, feasible_points
 from formulations.solve import solve
 from formulations.space import build_space, layout_key, space_size
+from formulations.ties import objective_cap
 from planner.model.errors import InfeasibleError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
@@ -34,6 +35,15 @@ def _inst(**constraints):
     return parse_instance(doc)
 
 
+def _recompute_times(inst, plan, counts):
+    """Step time of ``plan`` under each recompute choice that fits: none and selective, and
+    full recompute of ``counts`` layers of each virtual stage (0: every layer)."""
+    choices = [("none", 0), ("selective", 0)] + [("full", n) for n in counts]
+    reps = {(m, n): evaluate(inst, replace(plan, recompute=m, recompute_layers=n))
+            for m, n in choices}
+    return {ch: rep.step_time_s for ch, rep in reps.items() if rep.fits}
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_partial_recompute_is_the_one_optimum_of_every_backend(monkeypatch, split):
     """Also with the space split as a large one is, one model per sharding mode, layout and
@@ -48,15 +58,44 @@ def test_partial_recompute_is_the_one_optimum_of_every_backend(monkeypatch, spli
     if split:
         assert all("layout models" in results[b].note for b in ("highs", "cpsat"))
     plans = {b: r.report.plan for b, r in results.items()}
-    assert {(p.recompute, p.recompute_layers) for p in plans.values()} == {("full", 3)}
     assert len(set(plans.values())) == 1
+    # independently of the search: every recompute choice the space offers this plan (none,
+    # selective, full over every layer, and the quarter, half and three quarters of its
+    # 12-layer virtual stages, docs/encoding.md "Partial recompute"), each through evaluate;
+    # the backends' choice is the fastest that fits, and it recomputes part of each stage
+    best = plans["enumerate"]
+    stage = inst.model.layers // (best.pp * best.vp)
+    assert stage == 12
+    times = _recompute_times(inst, best, [0, stage // 4, stage // 2, 3 * stage // 4])
+    fastest = min(times.values())
+    for p in plans.values():
+        assert times[(p.recompute, p.recompute_layers)] <= objective_cap(fastest), (p, times)
+    assert best.recompute == "full" and 0 < best.recompute_layers < stage
     for r in results.values():              # the evaluator reproduces each objective
         assert r.report.step_time_s == pytest.approx(r.objective, rel=1e-6)
-    best = plans["enumerate"]
     none = evaluate(inst, replace(best, recompute="none", recompute_layers=0))
     full = evaluate(inst, replace(best, recompute_layers=0))
     assert not none.fits and full.fits
     assert results["enumerate"].objective < full.step_time_s * (1 - 1e-3)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the search offers only the shares 1/4, 1/2, 3/4 of a virtual stage (docs/encoding.md, "
+    "'Partial recompute': shares, not counts, for the MIP forms), so it proves TP1 PP2 mb8 "
+    "with 3 of 12 layers recomputed (1.3736 s) optimal while max_recompute_layers = 24 allows "
+    "2 of 12, which fits (28.6 of 30.0 GiB) and is 2.3% faster (1.3420 s; 1 of 12 does not "
+    "fit, 30.6 GiB)"))
+def test_partial_recompute_is_the_fastest_count_the_constraints_allow():
+    """Over every count of each virtual stage's layers the constraints allow (0 to 12 under
+    max_recompute_layers = 24), each through evaluate, solve's choice is the fastest that
+    fits (within the tie window)."""
+    inst = _inst()
+    res = solve(inst, solver="enumerate", explain=False)
+    best = res.report.plan
+    stage = inst.model.layers // (best.pp * best.vp)
+    times = _recompute_times(inst, best, range(stage + 1))
+    assert res.objective <= objective_cap(min(times.values())), (
+        (best.recompute, best.recompute_layers), min(times, key=times.get), times)
 
 
 def test_search_form_is_the_evaluator_on_every_point():

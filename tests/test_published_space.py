@@ -4,6 +4,8 @@ proven optimum under the model is at least as fast as the published plan."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from formulations.enumerate import feasible_points
 from formulations.result import Status
 from formulations.solve import solve
 from formulations.space import build_space
+from planner.model.catalog import GiB
 from planner.model.evaluate import evaluate
 from planner.model.plan import plan_from_spec
 from planner.app.validate import OVERLAP_KNOBS, load_runs, run_instance, source_of
@@ -72,12 +75,20 @@ def test_optimum_is_at_least_as_fast_as_published(run):
     if plan.offload_layers:
         pins["max_offload_layers"] = plan.offload_layers
     inst = inst.with_spec(constraints=inst.spec.constraints.model_copy(update=pins))
+    if not rep.fits:
+        # The model says the published plan does not fit (tests/test_memory_megatron.py's
+        # KNOWN_MISFITS: llama3-405b-8192 and nemo2407-gpt3-20b-64, memory alone). That the
+        # optimum fits is solve's own guarantee, so the question is asked where the plan does
+        # fit: on GPUs with just the memory the model says the published plan needs.
+        assert rep.violations and all(v.startswith("memory:") for v in rep.violations), \
+            rep.violations
+        short = (rep.memory_gib["total"] - rep.memory_gib["limit"]) * GiB
+        inst = replace(inst, hw=replace(inst.hw, hbm_bytes=inst.hw.hbm_bytes + short * 1.000001))
+        rep = evaluate(inst, plan)
+        assert rep.fits, rep.violations
     best = solve(inst, solver="enumerate")
     assert best.status == Status.OPTIMAL
-    if rep.fits:
-        assert best.report.step_time_s <= rep.step_time_s * (1 + 1e-9)
-    else:  # the model says the published plan does not fit; the optimum still must fit
-        assert best.report.fits
+    assert best.report.step_time_s <= rep.step_time_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("rid, backend", [

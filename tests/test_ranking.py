@@ -54,24 +54,35 @@ def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):
         assert r["ratio"] >= 1 - 1e-6, (run["id"], r)
 
 
-def test_most_published_plans_are_near_the_optimum(data, ranks):
-    """Measured (`plan validate`): 149 of the 161 ranked runs are within 10% of the model's
-    optimum (the two Llama 3 405B runs and the held-out plan that does not fit under the model
-    among them, with a ratio below 1), and the largest ratio of a dense run is 1.269
-    (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2 x PP8 VP6; 1.257 before the
-    interleaved schedule's per-chunk gradient reduction was costed). (34 of 44 while the H100
-    runs were costed with their overlaps off: the NeMo and DGX Cloud plans hide collectives
-    that the optimum's cannot, and the H100 efficiencies were fitted without them.)"""
+#: Regression ratchets, not properties: today's output of the ranking (``plan validate``,
+#: measured), so that a model change that ranks more published plans far from the optimum,
+#: or a dense one farther, fails here and has to be looked at. They prove nothing about the
+#: model being right; the property is the issue's target, the strict xfail
+#: test_every_published_plan_within_10_percent below. Raise them when the model gets better,
+#: never lower them to make a change pass without saying why.
+RATCHET_WITHIN_TARGET = 149       # of the 161 ranked runs, ratio <= TARGET
+RATCHET_WORST_DENSE = 1.27        # today 1.269
+
+
+def test_ranking_ratchet_runs_within_target_and_worst_dense_ratio(data, ranks):
+    """Regression ratchet (see RATCHET_WITHIN_TARGET): measured (`plan validate`), 149 of the
+    161 ranked runs are within 10% of the model's optimum (the two Llama 3 405B runs and the
+    held-out plan that does not fit under the model among them, with a ratio below 1), and the
+    largest ratio of a dense run is 1.269 (Narayanan et al.'s 39.1B at TP8 x PP2 against TP2
+    x PP8 VP6; 1.257 before the interleaved schedule's per-chunk gradient reduction was
+    costed). (34 of 44 while the H100 runs were costed with their overlaps off: the NeMo and
+    DGX Cloud plans hide collectives that the optimum's cannot, and the H100 efficiencies
+    were fitted without them.)"""
     ratios = [r["ratio"] for r in ranks.values() if r.get("ratio")]
     assert len(ratios) == len(ranks)
     # (151 while the Blackwell capacities were their datasheets' GB read as 10^9 bytes: with
     # nvidia-smi's, 6-12 GiB more per GPU, Nemotron-4 340B at FP8 on 512 GB200 ranks 1.110
     # against TP4 PP2 and Qwen3-235B on 256 GB200 1.102)
-    assert sum(x <= TARGET for x in ratios) >= 149
+    assert sum(x <= TARGET for x in ratios) >= RATCHET_WITHIN_TARGET
     # the dense runs; the MoE terms are not validated (README): expert parallelism across
     # nodes ranks 1.26-1.69 against 4- or 8-way inside a node (DeepSeek-V3, Qwen3 on H100)
     dense = [r["ratio"] for rid, r in ranks.items() if not _moe(data, rid)]
-    assert max(dense) <= 1.27
+    assert max(dense) <= RATCHET_WORST_DENSE
 
 
 def test_the_moe_caveat_states_how_far_the_moe_ranking_is_off(data, ranks):

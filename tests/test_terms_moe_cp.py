@@ -294,10 +294,21 @@ def test_moe_tp_needs_sequence_parallelism():
 
 
 def test_ep_intra_must_match_a_single_node():
+    """On one node of 8 GPUs, ep = 4 with ep_intra = 1 would put the 4 expert ranks on 4
+    nodes: the degrees it implies are no placement (the expert group spans e_out = 4 nodes,
+    its expert data-parallel group a quarter of one, ed_out = 0.25), so the plan is refused,
+    by name; with ep_intra = 4 the same plan tiles the node and is accepted."""
     inst = make_inst(8, model=moe_model(False))              # one node of 8 GPUs
     plan = make_plan(inst, dp=8, ep=4, ep_intra=1, check=False)
     x = plan.grid.degrees()
-    assert x.ed_out >= 1 and x.e_out == 1 or structural_violations(inst, plan) != []
+    assert (x.e_in, x.e_out, x.ed_out) == (1, 4, 0.25)
+    assert structural_violations(inst, plan) == [
+        "ep_intra=1: the expert data-parallel group (2 ranks, 8 of them inside a node) does "
+        "not tile the 1 node; choose ep_intra so ep / ep_intra divides the node count"]
+    fits = make_plan(inst, dp=8, ep=4, ep_intra=4, check=False)
+    y = fits.grid.degrees()
+    assert (y.e_in, y.e_out, y.ed_out) == (4, 1, 1)
+    assert structural_violations(inst, fits) == []
 
 
 def test_all_moe_tp_overlap_ignores_unused_ffn_hidden():
