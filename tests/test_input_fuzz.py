@@ -68,15 +68,9 @@ EMIT_FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
 EXIT_CODES = {0, 2, 3, 4}
 
 #: seed -> why the case fails today (a real bug, reported, not fixed here): xfail(strict), so
-#: the fix turns it into an XPASS failure and the entry is removed with it
-_UNEVEN = ("the uneven-layout message (planner/model/rules.py, _layers_message: \"[plan]: the "
-           "N layers left after first_stage_layers=... and last_stage_layers=... must split "
-           "evenly over the M other pipeline stages, each a multiple of vp=...\") names the end "
-           "stages and vp but neither pp nor the model's layers")
-KNOWN_BUGS: dict[int, str] = {
-    215: f"plan.pp=1000003 is not named: {_UNEVEN}",
-    236: f"model.layers=127 is not named (\"the 113 layers left\"): {_UNEVEN}",
-}
+#: the fix turns it into an XPASS failure and the entry is removed with it (seeds 215 and 236,
+#: an uneven-layout message naming neither pp nor the model's layers, were fixed with it)
+KNOWN_BUGS: dict[int, str] = {}
 
 #: the keys the schema knows, per section (a mutation may set any of them)
 SCHEMA = {"model": ModelSpec, "training": TrainingSpec, "cluster": ClusterSpec,

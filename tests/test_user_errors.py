@@ -205,7 +205,7 @@ def test_messages_name_the_users_keys(runner, tmp_path):
     f.write_text(GPT13.read_text().replace("pp = 1\ndp = 8", "pp = 2\ndp = 4\n"
                                            "first_stage_layers = 30"))
     r = runner.invoke(app, ["evaluate", str(f)])
-    assert r.exit_code == 2 and "more than the model's 24" in r.stderr
+    assert r.exit_code == 2 and "more than the model's layers=24" in r.stderr
 
 
 def test_the_top_list_says_what_sets_equal_looking_plans_apart():

@@ -159,12 +159,13 @@ def _layers_message(v, k: Sizes, kn) -> str:
     others = f"the {middles} other pipeline stage{'s' if middles != 1 else ''}"
     if left < 0:
         return (f"{given}: {_g(k.layers - left)} layers on the end stages, more than the "
-                f"model's {k.layers}")
+                f"model's layers={k.layers} (pp={v.pp})")
     if left == 0 and middles > 0:
-        return f"{given} take all {k.layers} layers, leaving none for {others}"
-    return (f"the {_g(left)} layers left after {given} must split evenly over the {middles} "
-            f"other pipeline stage{'s' if middles != 1 else ''}, each a multiple of vp={v.vp} "
-            f"(got {_g(m)} per stage)")
+        return (f"{given} take all of the model's layers={k.layers}, leaving none for {others} "
+                f"(pp={v.pp})")
+    return (f"the {_g(left)} of the model's layers={k.layers} left after {given} must split "
+            f"evenly over the {middles} other pipeline stage{'s' if middles != 1 else ''} "
+            f"(pp={v.pp}), each a multiple of vp={v.vp} (got {_g(m)} per stage)")
 
 
 def _ends(v, k: Sizes, kn) -> tuple:
