@@ -825,8 +825,10 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
 
     # Unless a constraint pins them, sequence parallelism and the distributed optimizer are
     # turned on: in this model they never add memory and the distributed optimizer costs no
-    # time (it moves the same data-parallel bytes and shards the optimizer states; overlapped,
-    # its parameter all-gather hides only behind the first forward: up to 0.03% more); sequence
+    # time without data-parallel overlap (it moves the same data-parallel bytes and shards the
+    # optimizer states; with overlap_param_gather its all-gather hides only behind the first
+    # forward, up to 0.03% more, and with overlap_grad_reduce alone not at all, up to 0.20%
+    # more: then plain data parallelism is searched too, docs/encoding.md); sequence
     # parallelism moves the same tensor-parallel bytes and shards what was replicated, and
     # costs no time with tensor parallelism inside a node. Across nodes its exposed backward
     # all-gather (where the plain all-reduce runs beside the weight-gradient GEMM, terms.py)
