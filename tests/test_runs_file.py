@@ -123,7 +123,7 @@ def test_a_plan_that_breaks_a_structural_rule_is_refused_but_one_over_memory_is_
             ("tp = 1, pp = 1, dp = 3, micro_batch = 8, global_batch = 512",
              "dp*micro_batch = 24 must divide global_batch=512"),
             ("tp = 1, pp = 2, dp = 4, first_stage_layers = 30, micro_batch = 8, "
-             "global_batch = 512", "30 layers on the end stages, more than the model's 24")):
+             "global_batch = 512", "30 layers on the end stages, more than the model's layers=24")):
         r, f = _validate(runner, tmp_path, MODEL + _run(plan))
         assert r.exit_code == 2, r.output
         assert r.stdout == "" and "Traceback" not in r.output
