@@ -496,22 +496,18 @@ def test_first_stage_holds_most_activations(pp):
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["gemm-bound", "chunk-bound"])
-def test_tp_comm_overlap_leaves_one_chunk_or_what_the_gemms_cannot_hide(case):
-    """tp_comm_overlap (with sequence parallelism): per layer, exposed = max(raw / tp, raw -
-    GEMMs): one chunk of the tp-way split stays exposed, and no more than the layer's GEMM time
-    hides; raw from the same plan without the overlap."""
+def test_tp_comm_overlap_hides_some_and_needs_sequence_parallelism():
+    """tp_comm_overlap (with sequence parallelism) hides part of the layer's tensor-parallel
+    time and never adds any; Megatron-LM refuses it without sequence parallelism, where the
+    plan then pays the raw collectives. How much it hides is compared with an event simulation
+    of Transformer Engine's userbuffers in tests/test_overlap_sim.py."""
     tp = 4
-    h, s, b = (H, S, 1) if case == "gemm-bound" else (4096, 2048, 8)
-    inst = make_inst(tp, model={"hidden": h, "seq_len": s, "heads": 32}, global_batch=8)
-    raw = terms_of(inst, make_plan(inst, tp=tp, b=b, sp=True)).layer
-    got = terms_of(inst, make_plan(inst, tp=tp, b=b, sp=True, tp_comm_overlap=True)).layer
-    expect = max(raw["tp_comm"] / tp, raw["tp_comm"] - raw["gemm"])
-    assert (expect == raw["tp_comm"] - raw["gemm"]) == (case == "gemm-bound")
-    assert got["tp_comm"] == pytest.approx(expect, rel=REL)
-    # Megatron-LM refuses it without sequence parallelism: then nothing is hidden
-    no_sp = terms_of(inst, make_plan(inst, tp=tp, b=b, tp_comm_overlap=True)).layer
-    assert no_sp["tp_comm"] == terms_of(inst, make_plan(inst, tp=tp, b=b)).layer["tp_comm"]
+    inst = make_inst(tp, model={"hidden": 4096, "seq_len": 2048, "heads": 32}, global_batch=8)
+    raw = terms_of(inst, make_plan(inst, tp=tp, b=8, sp=True)).layer
+    got = terms_of(inst, make_plan(inst, tp=tp, b=8, sp=True, tp_comm_overlap=True)).layer
+    assert 0 < got["tp_comm"] < raw["tp_comm"]
+    no_sp = terms_of(inst, make_plan(inst, tp=tp, b=8, tp_comm_overlap=True)).layer
+    assert no_sp["tp_comm"] == terms_of(inst, make_plan(inst, tp=tp, b=8)).layer["tp_comm"]
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -543,28 +539,27 @@ def test_async_allreduce_hides_the_backward_collectives_behind_the_weight_gradie
 
 
 def test_grad_reduce_and_param_gather_overlap_hide_behind_backward_and_forward():
-    """Distributed optimizer, dp = 2, p = 1, no recompute (3 passes): the reduce-scatter half of
-    the raw reduction hides behind the last micro-batch's backward (2/3 of its compute) and the
-    all-gather half behind the first one's forward (1/3), down to one bucket each: with 1M
-    parameters per layer (below Megatron's 40M bucket) a bucket is one layer's reduction.
-    (Gradients reduced in 16 bits, so the two halves move the same bytes.)"""
+    """Distributed optimizer, dp = 2, p = 1: with overlap_grad_reduce the reduce-scatter half of
+    the raw reduction hides in part behind the backward, with overlap_param_gather the
+    all-gather half behind the forward, never below one bucket each: with 1M parameters per
+    layer (below Megatron's 40M bucket) a bucket is one layer's reduction, worked by hand.
+    (Gradients reduced in 16 bits, so the two halves move the same bytes.) What stays exposed
+    is compared with an event simulation of Megatron-Core's bucket queue in
+    tests/test_overlap_sim.py."""
     dp = 2
     inst = make_inst(dp, model={"hidden": 512, "seq_len": 256, "heads": 8, "layers": 4},
                      training={"grad_reduce_dtype": "bf16"}, global_batch=4)
     plan = dict(dp=dp, b=2, distopt=True)
     raw = terms_of(inst, make_plan(inst, **plan))
     half = raw.time["dp_comm"] / 2
-    step = 4 * raw.layer["compute"]                          # one micro-batch: L layers, t = 1
     sh = Shape.of(inst.model)
     # one layer's gradients in 16-bit over the dp ring inside a node, as a reduce-scatter
     bucket_half = (dp - 1) / dp * 2 * sh.layer_params / BWI + (dp - 1) * inst.hw.lat_intra
     ov = terms_of(inst, make_plan(inst, **plan, overlap_grad_reduce=True)).time["dp_comm"]
-    assert ov == pytest.approx(max(half - 2 / 3 * step, bucket_half) + half, rel=REL)
+    assert half + bucket_half <= ov * (1 + REL) and ov < raw.time["dp_comm"]
     both = terms_of(inst, make_plan(inst, **plan, overlap_grad_reduce=True,
                                     overlap_param_gather=True)).time["dp_comm"]
-    assert both == pytest.approx(max(half - 2 / 3 * step, bucket_half)
-                                 + max(half - 1 / 3 * step, bucket_half), rel=REL)
-    assert bucket_half < both < raw.time["dp_comm"]
+    assert 2 * bucket_half <= both * (1 + REL) and both < ov
     # without the distributed optimizer there is no parameter all-gather to overlap
     allred = terms_of(inst, make_plan(inst, dp=dp, b=2)).time["dp_comm"]
     gather_only = terms_of(inst, make_plan(inst, dp=dp, b=2, overlap_param_gather=True))
@@ -606,17 +601,16 @@ def test_interleaved_gradient_reduction_matches_a_simulation_of_the_cool_down(bw
         assert plain.time["dp_comm"] > ov.time["dp_comm"]       # the cool-down hides more
 
 
-def test_p2p_overlap_leaves_the_fill_and_flush_only_when_interleaved():
-    """overlap_p2p_comm: with vp > 1 only the 2 (p - 1) transfers of the pipeline fill and flush
-    stay exposed; at vp = 1 (Megatron turns the overlap off) the transfers are unchanged."""
+def test_p2p_overlap_hides_some_only_when_interleaved():
+    """overlap_p2p_comm: with vp > 1 part of the pipeline transfers hides behind compute; at
+    vp = 1 (Megatron turns the overlap off) the transfers are unchanged. How many stay exposed
+    is compared with an event simulation of Megatron-Core's interleaved schedule in
+    tests/test_overlap_sim.py."""
     pp, vp = 2, 2
     inst = make_inst(pp, global_batch=8)
     raw = terms_of(inst, make_plan(inst, pp=pp, vp=vp)).time["pp_comm"]
     got = terms_of(inst, make_plan(inst, pp=pp, vp=vp, overlap_p2p_comm=True)).time["pp_comm"]
-    m = 8                                                    # micro-batches, b = 1, dp = 1
-    one = raw / (2 * m * (vp - 1 / pp))                      # one send
-    assert got == pytest.approx(2 * (pp - 1) * one, rel=REL)
-    assert got < raw
+    assert 0 < got < raw
     flat = make_plan(inst, pp=pp, overlap_p2p_comm=True)
     assert terms_of(inst, flat).time["pp_comm"] == \
         terms_of(inst, make_plan(inst, pp=pp)).time["pp_comm"]
