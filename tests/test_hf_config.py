@@ -423,3 +423,26 @@ def test_what_transformers_would_read_the_reader_reads_alike(tmp_path):
         with pytest.raises(InputError) as exc:
             read_hf_config(write(tmp_path, {**qwen, "head_dim": bad}, "q3.json"))
         assert "head_dim: expected a positive integer" in str(exc.value)
+
+
+def test_the_deepseek_caveat_states_mla_s_saved_activations_counted_by_tensor():
+    """MLA keeps about 3x the attention activations of the multi-head stand-in, which the plan
+    does not count: the caveat says by how much. Counted here tensor by tensor from DeepSeek-V3's
+    MLA widths (its technical report, Sec. 2.1.1: 128 heads, per-head query / key width 128 +
+    64 rotary, value width 128, query and KV compression ranks 1536 and 512), 16-bit, per token
+    and layer, before the tensor split, as Megatron-Core's MLA and fused attention save them."""
+    saved = {
+        "query (128 heads x 192)": 128 * 192,
+        "key (128 heads x 192)": 128 * 192,
+        "value (128 heads x 128)": 128 * 128,
+        "attention output = projection input (128 x 128)": 128 * 128,
+        "query layer norm input (1536)": 1536,
+        "query up-projection input (1536)": 1536,
+        "KV layer norm input (512)": 512,
+        "KV up-projection input (512)": 512,
+    }
+    mla = 2 * sum(saved.values())
+    stand_in = 2 * (7168 + 7168 + 7168 + 7168)   # q, k, v and output of 128 heads x 56
+    text = read_hf_config(DEEPSEEK_V3)["approximates"]
+    assert f"{stand_in:,} bytes per token and layer" in text
+    assert f"MLA saves {mla:,} ({mla / stand_in:.1f}x" in text and mla == 172_032

@@ -321,7 +321,27 @@ def _mla_words(cfg: dict[str, Any], heads: int, hidden: int) -> str:
         parts.append(f"value head dim {cfg['v_head_dim']}")
     if isinstance(cfg.get("kv_lora_rank"), int):
         parts.append(f"compressed KV of rank {cfg['kv_lora_rank']}")
-    return (f"multi-head latent attention (MLA: {', '.join(parts)}) as multi-head attention "
-            f"with {heads} heads of {hidden} / {heads} = {hidden // heads}, whose attention core "
-            "is narrower: DeepSeek-V3's model FLOPs come out about 12% under MLA's at 4,096 "
-            "tokens and 21% at 8,192")
+    words = (f"multi-head latent attention (MLA: {', '.join(parts)}) as multi-head attention "
+             f"with {heads} heads of {hidden} / {heads} = {hidden // heads}, whose attention core "
+             "is narrower: DeepSeek-V3's model FLOPs come out about 12% under MLA's at 4,096 "
+             "tokens and 21% at 8,192")
+    dims = [cfg.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                 "q_lora_rank", "kv_lora_rank")]
+    if all(isinstance(x, int) for x in dims):
+        mla, counted = mla_saved_bytes(heads, *dims), 8 * hidden
+        words += (f"; and its attention activations are {counted:,} bytes per token and layer "
+                  f"(before the tensor split) where MLA saves {mla:,} ({mla / counted:.1f}x: "
+                  "query and key heads of the nope + rope width, value and output heads, the "
+                  "low-rank inputs), so the plan's activation memory is under-counted: keep "
+                  "headroom for the difference")
+    return words
+
+
+def mla_saved_bytes(heads: int, nope: int, rope: int, v: int, q_lora: int, kv_lora: int) -> int:
+    """The 16-bit bytes per token one layer of multi-head latent attention keeps for its
+    backward, as Megatron-Core's MLA (multi_latent_attention.py) and its fused attention hold
+    them: the query and key (``heads * (nope + rope)`` each) and value and output
+    (``heads * v`` each) of the attention core, the projection's input being that output, and
+    the inputs of the two low-rank layer norms and up-projections (``q_lora``, ``kv_lora``, two
+    each). A hand count from the tensor shapes, not a measurement."""
+    return 2 * (2 * heads * (nope + rope) + 2 * heads * v + 2 * q_lora + 2 * kv_lora)
