@@ -12,11 +12,11 @@ from __future__ import annotations
 #: node-id prefixes of the longest tests, longest first
 LONGEST = (
     "tests/test_solvers.py::test_three_backends_agree",
+    "tests/test_solvers.py::test_three_backends_agree_on_more_instances",
     "tests/test_solvers.py::test_three_backends_agree_on_a_third_draw",
     "tests/test_sweep.py::test_local_pool_and_ray_give_identical_tables",
     "tests/test_one_answer.py::test_backends_return_the_same_plan_on_every_shipped_instance",
     "tests/test_solvers.py::test_batch_range_models_prove_the_optimum_with_a_cutoff",
-    "tests/test_solvers.py::test_three_backends_agree_on_more_instances",
     "tests/test_rack_scale.py::test_solver_places_groups_inside_the_72_gpu_domain",
     "tests/test_count.py::test_batch_models_presolve_to_their_dominant_assignments",
     "tests/test_published_space.py::test_mip_backends_prove_the_same_optimum_on_published_instances",
