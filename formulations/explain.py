@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from formulations.enumerate import degrees_of, feasible_points
-from formulations.space import LABELS, SearchSpace, build_space, count_points, divisors
+from formulations.space import (LABELS, Admits, SearchSpace, build_space, count_points,
+                                divisors)
 from planner.model.plan import layout_choices
 from planner.model.catalog import GiB
 from planner.model.errors import InfeasibleError
@@ -121,23 +122,17 @@ def _nearest_degree_pin(inst) -> list[str]:
     the nearest value (a divisor of the GPU count) with which the structural rules leave a
     plan, the other pins kept."""
     c = inst.spec.constraints
+    admits = Admits(inst)
     out = []
     for key in ("tp", "pp", "cp"):
         pin = getattr(c, key)
         if pin is None:
             continue
-        for value in sorted(divisors(inst.gpus), key=lambda v: (abs(v - pin), v)):
-            if value == pin:
-                continue
-            cap = f"max_{key}"
-            change = {key: value, **({cap: value} if (getattr(c, cap) or value) < value else {})}
-            try:
-                if count_points(build_space(inst.with_spec(
-                        constraints=c.model_copy(update=change)))):
-                    out.append(f"{key} = {value}")
-                    break
-            except InfeasibleError:
-                continue
+        near = next((value for value in sorted(divisors(inst.gpus),
+                                               key=lambda v: (abs(v - pin), v))
+                     if value != pin and admits(key, value)), None)
+        if near is not None:
+            out.append(f"{key} = {near}")
     return [f"nearest change: {' or '.join(out)} (one pin changed, the others kept)"] if out \
         else []
 

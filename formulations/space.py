@@ -619,10 +619,12 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins,
         raise InfeasibleError("the constraints leave no plan", lines)
 
 
-class _Admits:
+class Admits:
     """``admits(key, value)``: whether ``[constraints] key = value`` (a cap below it raised to
     it), the other constraints kept (or ``lift`` set to its default), leaves a plan keeping
-    the structural rules."""
+    the structural rules: the check of every "nearest change" of a degree pin (here and
+    formulations/explain.py). Its spaces are built without the suggestion search
+    (``suggest=False``): a pin that binds there only has to be seen to bind."""
 
     def __init__(self, inst: Instance):
         self.inst = inst
@@ -742,7 +744,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
                         {"b": (c.micro_batch, free_b)} if c.micro_batch is not None else {},
                         # (MoE layers need sequence parallelism at tp > 1)
                         sp_may_be_off=not m.moe and c.sequence_parallel is None,
-                        admits=_Admits(inst) if suggest else None)
+                        admits=Admits(inst) if suggest else None)
     layout_rules = [r for r in rules_for(inst) if r.on_knobs]
     pairs, layout_why = _layout_pairs(inst, layout_rules, layouts, dom["P"], dom["V"])
     layout_binds = bool(layout_why and dom["P"] and dom["V"])
