@@ -398,6 +398,10 @@ def capacity_panel(ans) -> Panel:
             lead = ("Its plan" if partial else f"The fastest size solved, {size(fast['nodes'])},")
             lines.append(f"{lead} needs {days(fast['days'])} days ({fast['proof']}).")
 
+    def skipped_line() -> str:
+        return (f"The smaller {sizes_text(ans.bound_skipped)} need at least "
+                f"{days(ans.skipped_days_lower_bound)} days (compute lower bound).")
+
     none_here = ("The instance's one size" if partial else "No size in the range")
     if ans.nodes is None and ans.unproven:
         lines.append(f"{none_here} is proven to meet {deadline}: at "
@@ -414,8 +418,7 @@ def capacity_panel(ans) -> Panel:
             lines.append(f"At {size(sizes[0]) if len(sizes) == 1 else sizes_text(sizes)}: "
                          f"{reason} (what binds: on stderr, or --json checked[].detail).")
         if ans.bound_skipped:
-            lines.append(f"The smaller {sizes_text(ans.bound_skipped)} need at least "
-                         f"{days(ans.skipped_days_lower_bound)} days (compute lower bound).")
+            lines.append(skipped_line())
     elif ans.nodes is None:
         lines.append(f"The instance's one size does not meet {deadline}." if partial
                      else f"No size in the range meets {deadline}.")
@@ -425,8 +428,7 @@ def capacity_panel(ans) -> Panel:
             lines.append(f"Even the largest size, {size(ns['nodes'])}, needs at least "
                          f"{days(ns['days_lower_bound'])} days (compute lower bound).")
         elif ans.bound_skipped:
-            lines.append(f"The smaller {sizes_text(ans.bound_skipped)} need at least "
-                         f"{days(ans.skipped_days_lower_bound)} days (compute lower bound).")
+            lines.append(skipped_line())
         if ans.without_plan:
             lines.append(f"No plan at {sizes_text([c['nodes'] for c in ans.without_plan])} "
                          "(each size's reason: --json checked[].reason).")
