@@ -729,21 +729,41 @@ def test_nemo_aligns_the_interleaved_parameter_gathers(vp, gather, expected):
 
 
 def test_an_approximated_shape_is_said_in_the_caveats_and_every_export():
-    """The DeepSeek-V3 preset costs multi-head latent attention as multi-head attention: the
-    exports' model arguments build that approximation (Megatron: 128 heads of 56), so each
+    """A shape that stands in for another (a Hugging Face config's sliding-window attention
+    costed as full attention): the exports' model arguments build that approximation, so each
     export and the plan's caveats say so (an audit found them silent)."""
     from planner.model.evaluate import evaluate
     from planner.model.instance import load_instance
-    inst = load_instance(INSTANCES / "deepseek-v3-h800.toml")
-    plan = plan_from_spec(inst, inst.spec.plan)
-    assert any(c.startswith("model shape: multi-head latent attention")
-               for c in evaluate(inst, plan).caveats)
+    dense = load_instance(INSTANCES / "gpt3-175b-a100.toml")
+    plan = plan_from_spec(dense, dense.spec.plan)
+    assert "model shape" not in emit(dense, plan, "megatron")
+    words = "sliding-window attention (a window of 4096 tokens) as full causal attention"
+    inst = dense.with_spec(model=dense.spec.model.model_copy(update={"approximates": words}))
+    assert any(c.startswith(f"model shape: {words}") for c in evaluate(inst, plan).caveats)
     for fmt in ("megatron", "nemo"):
         text = " ".join(emit(inst, plan, fmt).replace("#", " ").split())
-        assert "model shape: multi-head latent attention" in text, fmt
+        assert f"model shape: {words}" in text, fmt
         assert "build the approximation, not the original" in text, fmt
-    dense = load_instance(INSTANCES / "gpt3-175b-a100.toml")
-    assert "model shape" not in emit(dense, plan_from_spec(dense, dense.spec.plan), "megatron")
+
+
+def test_multi_head_latent_attention_is_exported_with_its_widths():
+    """DeepSeek-V3's MLA under Megatron-LM's argument names (arguments.py _add_mla_args) and
+    Megatron-Core's MLATransformerConfig fields (NeMo), with no query groups or head width
+    of multi-head attention; nothing is said to be approximated any more."""
+    from planner.model.instance import load_instance
+    inst = load_instance(INSTANCES / "deepseek-v3-h800.toml")
+    plan = plan_from_spec(inst, inst.spec.plan)
+    args = parse_megatron(emit(inst, plan, "megatron"))
+    assert {"--multi-latent-attention": True, "--q-lora-rank": "1536", "--kv-lora-rank": "512",
+            "--qk-head-dim": "128", "--qk-pos-emb-head-dim": "64",
+            "--v-head-dim": "128"}.items() <= args.items()
+    assert not {"--group-query-attention", "--num-query-groups", "--kv-channels"} & set(args)
+    y = parse_yaml(emit(inst, plan, "nemo"))
+    assert (y["model.config.multi_latent_attention"], y["model.config.kv_lora_rank"],
+            y["model.config.qk_pos_emb_head_dim"]) == (True, 512, 64)
+    assert "model.config.num_query_groups" not in y
+    for fmt in ("megatron", "nemo"):
+        assert "model shape:" not in emit(inst, plan, fmt)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -77,20 +77,24 @@ def test_mixtral_8x7b():
 
 def test_deepseek_v3():
     d = read_hf_config(DEEPSEEK_V3)
-    # what the shape stands in for, from the config's MLA widths: the preset's own words
-    from planner.model.instance import parse_instance
-    preset = parse_instance({"model": {"preset": "deepseek-v3"}, "training": {"global_batch": 8},
-                             "cluster": {"gpu": "h100-sxm", "gpus": 8}})
-    assert d.pop("approximates") == preset.spec.model.approximates
     assert d == {
-        "layers": 61, "hidden": 7168, "heads": 128, "kv_heads": 128, "ffn_hidden": 18432,
+        "layers": 61, "hidden": 7168, "heads": 128, "ffn_hidden": 18432,
         "gated_mlp": True, "vocab": 129280, "tied_embeddings": False,
         "position_embedding": "rope", "dropout": False,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_head_dim": 128,
+        "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
         "experts": 256, "top_k": 8, "moe_ffn_hidden": 2048, "shared_experts": 1,
         "first_dense_layers": 3, "moe_layer_interval": 1,
     }
     m = spec(d)
-    assert m.moe_layers == 58   # 61 layers, the first 3 dense
+    assert m.moe_layers == 58 and m.mla   # 61 layers, the first 3 dense
+    # the shipped preset is the released config (and the published runs use the preset)
+    from planner.model.instance import parse_instance
+    preset = parse_instance({"model": {"preset": "deepseek-v3"}, "training": {"global_batch": 8},
+                             "cluster": {"gpu": "h100-sxm", "gpus": 8}})
+    given = preset.spec.model.model_dump(exclude={"preset", "name", "seq_len"},
+                                         exclude_defaults=True)
+    assert given == {k: v for k, v in d.items() if v != ModelSpec.model_fields[k].default}
 
 
 @pytest.mark.parametrize("path", [LLAMA3_8B, MIXTRAL_8X7B, DEEPSEEK_V3])
@@ -254,7 +258,7 @@ def test_qwen3_dense_consistent_head_dim_is_silent(tmp_path):
     assert "experts" not in d
 
 
-def test_deepseek_v2_and_mla_kv_heads(tmp_path):
+def test_deepseek_v2_mla_widths_default_and_kv_heads_unread(tmp_path):
     cfg = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
            "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
            "n_routed_experts": 160, "n_shared_experts": 2, "num_experts_per_tok": 6,
@@ -263,17 +267,21 @@ def test_deepseek_v2_and_mla_kv_heads(tmp_path):
            "vocab_size": 102400, "max_position_embeddings": 163840,
            "tie_word_embeddings": False, "attention_dropout": 0.0}   # DeepSeek-V2
     d = read_hf_config(write(tmp_path, cfg))
-    assert d.pop("approximates").startswith("multi-head latent attention (MLA: 128 heads, "
-                                            "compressed KV of rank 512)")
-    assert d == {"layers": 60, "hidden": 5120, "heads": 128, "kv_heads": 128, "ffn_hidden": 12288,
+    # the widths the file leaves out are transformers' DeepseekV2Config defaults
+    assert d == {"layers": 60, "hidden": 5120, "heads": 128, "ffn_hidden": 12288,
                  "gated_mlp": True, "vocab": 102400, "tied_embeddings": False,
                  "position_embedding": "rope", "dropout": False,
+                 "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_head_dim": 128,
+                 "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                  "experts": 160, "top_k": 6, "moe_ffn_hidden": 1536, "shared_experts": 2,
                  "first_dense_layers": 1, "moe_layer_interval": 1}
     assert spec(d).moe_layers == 59
-    # MLA is modelled as multi-head attention: kv_heads = heads whatever the file says
-    d = read_hf_config(write(tmp_path, {**cfg, "num_key_value_heads": 8}))
-    assert d["kv_heads"] == 128
+    # MLA has no key / value groups: num_key_value_heads is not read
+    assert "kv_heads" not in read_hf_config(write(tmp_path, {**cfg, "num_key_value_heads": 8}))
+    # DeepSeek-V2-Lite: q_lora_rank null, queries projected directly (no q_lora_rank key)
+    lite = read_hf_config(write(tmp_path, {**cfg, "q_lora_rank": None, "kv_lora_rank": 256}))
+    assert "q_lora_rank" not in lite and lite["kv_lora_rank"] == 256
+    assert spec(lite).mla and spec(lite).q_lora_rank is None
 
 
 @pytest.mark.parametrize("layers, first, freq", [(61, 3, 1), (61, 3, 2), (30, 4, 3), (10, 0, 2)])
@@ -425,24 +433,30 @@ def test_what_transformers_would_read_the_reader_reads_alike(tmp_path):
         assert "head_dim: expected a positive integer" in str(exc.value)
 
 
-def test_the_deepseek_caveat_states_mla_s_saved_activations_counted_by_tensor():
-    """MLA keeps about 3x the attention activations of the multi-head stand-in, which the plan
-    does not count: the caveat says by how much. Counted here tensor by tensor from DeepSeek-V3's
-    MLA widths (its technical report, Sec. 2.1.1: 128 heads, per-head query / key width 128 +
-    64 rotary, value width 128, query and KV compression ranks 1536 and 512), 16-bit, per token
-    and layer, before the tensor split, as Megatron-Core's MLA and fused attention save them."""
-    saved = {
+def test_deepseek_mla_saved_activations_counted_by_tensor():
+    """The activations one MLA layer keeps for its backward, counted here tensor by tensor from
+    DeepSeek-V3's widths (its technical report, Sec. 2.1.1: 128 heads, per-head query / key
+    width 128 + 64 rotary, value width 128, query and KV compression ranks 1536 and 512),
+    16-bit, per token, as Megatron-Core's MLASelfAttention and fused attention save them: the
+    heads split over the tensor group, the compressed ones on each rank's sequence shard."""
+    from planner.model.workload import Shape
+    split = {
         "query (128 heads x 192)": 128 * 192,
         "key (128 heads x 192)": 128 * 192,
         "value (128 heads x 128)": 128 * 128,
         "attention output = projection input (128 x 128)": 128 * 128,
+    }
+    sharded = {
         "query layer norm input (1536)": 1536,
         "query up-projection input (1536)": 1536,
         "KV layer norm input (512)": 512,
         "KV up-projection input (512)": 512,
     }
-    mla = 2 * sum(saved.values())
-    stand_in = 2 * (7168 + 7168 + 7168 + 7168)   # q, k, v and output of 128 heads x 56
-    text = read_hf_config(DEEPSEEK_V3)["approximates"]
-    assert f"{stand_in:,} bytes per token and layer" in text
-    assert f"MLA saves {mla:,} ({mla / stand_in:.1f}x" in text and mla == 172_032
+    sh = Shape.of(spec({**read_hf_config(DEEPSEEK_V3), "seq_len": 4096}))
+    # the hidden-wide tensors every layer keeps (norm, QKV / MLP inputs: 8 h) are the same
+    # as multi-head attention's
+    plain = Shape.of(spec({**read_hf_config(LLAMA3_8B), "seq_len": 4096}))
+    assert plain.act_replicated_bytes == 8 * plain.h
+    assert sh.act_replicated_bytes - 8 * sh.h == 2 * sum(sharded.values())
+    assert sh.attn_act_parallel_bytes == 2 * sum(split.values())
+    assert 2 * (sum(split.values()) + sum(sharded.values())) == 172_032

@@ -339,6 +339,13 @@ def _overlaps(plan: Plan) -> dict[str, bool]:
     return {name: getattr(plan, name) for name in OVERLAP_KNOBS}
 
 
+def _mla_widths(m) -> dict[str, int]:
+    """Multi-head latent attention's widths under Megatron-Core's names (``q_lora_rank`` only
+    where the queries are compressed), as [model] gives them."""
+    keys = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+    return {k: getattr(m, k) for k in keys if getattr(m, k) is not None}
+
+
 def _layers_per_stage(inst: Instance, plan: Plan) -> int:
     """Decoder layers of a (middle) virtual stage."""
     return (inst.model.layers + plan.knobs.padded_layers) // (plan.pp * plan.vp)
@@ -529,6 +536,11 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args += ["--group-query-attention", f"--num-query-groups {m.kv}"]
     if m.head_dim is not None:
         args.append(f"--kv-channels {m.head_dim}")
+    if m.mla:
+        # multi-head latent attention (Megatron-LM arguments.py _add_mla_args; its
+        # --q-lora-rank default None is queries not compressed)
+        args.append("--multi-latent-attention")
+        args += [f"--{key.replace('_', '-')} {value}" for key, value in _mla_widths(m).items()]
     if m.gated_mlp:
         args.append("--swiglu")
     if not m.tied_embeddings:
@@ -833,7 +845,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "hidden_size": m.hidden,
                 "ffn_hidden_size": m.ffn,
                 "num_attention_heads": m.heads,
-                "num_query_groups": m.kv,
+                # (MLA: Megatron-Core's MLATransformerConfig fields, which NeMo's DeepSeek
+                # configs subclass; it has no query groups)
+                **({"multi_latent_attention": True, **_mla_widths(m)} if m.mla
+                   else {"num_query_groups": m.kv}),
                 **({"kv_channels": m.head_dim} if m.head_dim is not None else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
@@ -996,7 +1011,10 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     mb, micro = plan.micro_batch, int(plan.micro_batches)
     comments = _header(inst, plan, "torchtitan 0.2 job config (--job.config_file)")
     comments.append(
-        f"model shape (layers {m.layers}, hidden {m.hidden}, heads {m.heads}, kv heads {m.kv}, "
+        f"model shape (layers {m.layers}, hidden {m.hidden}, heads {m.heads}, "
+        + (("multi-head latent attention: " + ", ".join(
+            f"{k} {v}" for k, v in _mla_widths(m).items()) + ", ") if m.mla
+           else f"kv heads {m.kv}, ")
         + (f"head dim {m.head_dim}, " if m.head_dim is not None else "")
         + f"ffn {m.ffn}, vocab {m.vocab}"
         + (", {experts} experts, top-{top_k}, expert ffn {ffn}".format(**_moe(inst)) if _moe(inst) else "")

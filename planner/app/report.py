@@ -51,10 +51,17 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     t = Table(title="Plan", show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("model", f"{escape(inst.model.name or 'custom')}: {inst.model.layers} layers, hidden "
-              f"{inst.model.hidden}, {inst.model.heads} heads ({inst.model.kv} kv"
-              + (f", {inst.model.head_dim} wide" if inst.model.head_dim is not None else "")
-              + f"), seq {inst.model.seq_len}")
+    m = inst.model
+    if m.mla:
+        heads = (f"{m.heads} heads (MLA: query / key {m.qk_head_dim} + {m.qk_pos_emb_head_dim}"
+                 f" RoPE wide, value {m.v_head_dim}; compressed"
+                 + (f" query {m.q_lora_rank}," if m.q_lora_rank else "")
+                 + f" key / value {m.kv_lora_rank})")
+    else:
+        heads = (f"{m.heads} heads ({m.kv} kv"
+                 + (f", {m.head_dim} wide" if m.head_dim is not None else "") + ")")
+    t.add_row("model", f"{escape(m.name or 'custom')}: {m.layers} layers, hidden "
+              f"{m.hidden}, {heads}, seq {m.seq_len}")
     hosts = f"{plural(p.nodes, 'node')} of {inst.hw.gpus_per_host}"
     if inst.node_size != inst.hw.gpus_per_host:
         hosts += f", NVLink segments of {inst.node_size}"

@@ -79,8 +79,9 @@ class StepReport:
 
 MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit peak); model FLOPs "
                "= 3 * B * (L * (GEMM + 4 s^2 a d) + 2 s h V) per sequence (a d = h unless "
-               "head_dim is given), no recompute, the attention core counted in full (not halved "
-               "for the causal mask) "
+               "head_dim is given; multi-head latent attention: 2 s^2 a (qk_head_dim + "
+               "qk_pos_emb_head_dim + v_head_dim)), no recompute, the attention core counted "
+               "in full (not halved for the causal mask) "
                "(Narayanan et al. 2021 Eq. 3; Megatron-LM until March 2025, which since halves "
                "the core: its logged MFU is lower, 1-13% here)")
 

@@ -17,7 +17,7 @@ Key mapping, all families (required unless a default is given)::
     num_attention_heads                -> heads
     num_key_value_heads                -> kv_heads            (absent: 8 for mistral / mixtral,
                                                              as transformers' defaults; else
-                                                             heads; DeepSeek: = heads)
+                                                             heads; DeepSeek: not read)
     head_dim                           -> head_dim            (below; a positive integer)
     intermediate_size                  -> ffn_hidden          (width of the dense MLP layers)
     vocab_size                         -> vocab
@@ -56,23 +56,21 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
                      i >= first_k_dense_replace and i % moe_layer_freq == 0; identical when the
                      frequency is 1, as in every published DeepSeek config)
 
+DeepSeek's multi-head latent attention (deepseek_v2, deepseek_v3), absent keys at transformers'
+DeepseekV2Config / DeepseekV3Config defaults::
+
+    kv_lora_rank       -> kv_lora_rank         (default 512)
+    q_lora_rank        -> q_lora_rank          (default 1536; null: queries not compressed,
+                                                as DeepSeek-V2-Lite, and the key is left out)
+    qk_nope_head_dim   -> qk_head_dim          (default 128)
+    qk_rope_head_dim   -> qk_pos_emb_head_dim  (default 64)
+    v_head_dim         -> v_head_dim           (default 128)
+
 An MoE config with no routed experts (0, 1 or null: one expert is a dense MLP), or whose dense
 layers leave no MoE layer, is returned as a dense model.
 
 Approximations (what the returned shape does not capture):
 
-* DeepSeek multi-head latent attention (MLA) is modelled as ordinary multi-head attention with
-  ``num_attention_heads`` heads of ``hidden / heads`` width and ``kv_heads = heads``; the low-rank
-  ``q_lora_rank``/``kv_lora_rank`` projections and the decoupled RoPE dims are dropped. For
-  DeepSeek-V3 (hidden 7168, 128 heads) per layer this over-counts the K/V projection weights
-  (2 * 7168^2 = 103M against MLA's 21M) and under-counts the output projection (51M against
-  117M, since MLA's values are 128 wide per head): net +18M attention weights per layer (+10%),
-  about 0.2% of the 671B total parameters and 3% of the 37B active per token. The attention-score
-  FLOPs and stored Q/K/V activations are *under*-counted: MLA's per-head widths are 192 for
-  queries/keys and 128 for values against 56 here (about 2.9x fewer score FLOPs). Per token and
-  MoE layer at 4,096 tokens (forward, the core counted without its causal half as everywhere
-  here) that is 1.32 GFLOP against MLA's 1.51 (-12%; -21% at 8,192), so the shape's
-  ``approximates`` (in the plan's caveats) says so.
 * DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not counted;
   ``layers`` is ``num_hidden_layers``.
 * ``head_dim`` (Qwen3, newer Mistral) becomes the ModelSpec's ``head_dim`` when ``head_dim *
@@ -268,7 +266,15 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
         elif dense_at:
             notes.append(f"mlp_only_layers {dense_at} ignored: those layers are modelled as MoE")
     elif family in ("deepseek_v2", "deepseek_v3"):
-        out["kv_heads"] = heads   # MLA approximated as multi-head attention (module docstring)
+        # multi-head latent attention: its widths (transformers' DeepseekV2Config /
+        # DeepseekV3Config defaults where absent; q_lora_rank null: queries not compressed)
+        del out["kv_heads"]
+        out["kv_lora_rank"] = r.count("kv_lora_rank", 512)
+        if "q_lora_rank" not in cfg or cfg["q_lora_rank"] is not None:
+            out["q_lora_rank"] = r.count("q_lora_rank", 1536)
+        out["qk_head_dim"] = r.count("qk_nope_head_dim", 128)
+        out["qk_pos_emb_head_dim"] = r.count("qk_rope_head_dim", 64)
+        out["v_head_dim"] = r.count("v_head_dim", 128)
         freq = r.count("moe_layer_freq", 1)
         first = r.count("first_k_dense_replace", 0, minimum=0)
         moe = {"experts": r.count("n_routed_experts", 0, minimum=0),
@@ -303,45 +309,6 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
         raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
     if head_dim and head_dim * heads != out["hidden"]:
         out["head_dim"] = head_dim     # the attention is a d wide, not hidden (Qwen3)
-    if family.startswith("deepseek"):
-        out["approximates"] = _mla_words(cfg, heads, out["hidden"])
     for note in notes:
         warnings.warn(f"{p}: {note}", UserWarning, stacklevel=2)
     return out, max_context
-
-
-def _mla_words(cfg: dict[str, Any], heads: int, hidden: int) -> str:
-    """What the DeepSeek shape approximates (ModelSpec ``approximates``, in the plan's caveats
-    and the exports' headers), with the config's own MLA widths where it gives them."""
-    qk = [cfg.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim")]
-    parts = [f"{heads} heads"]
-    if all(isinstance(x, int) for x in qk):
-        parts.append(f"query / key head dim {sum(qk)} with RoPE")
-    if isinstance(cfg.get("v_head_dim"), int):
-        parts.append(f"value head dim {cfg['v_head_dim']}")
-    if isinstance(cfg.get("kv_lora_rank"), int):
-        parts.append(f"compressed KV of rank {cfg['kv_lora_rank']}")
-    words = (f"multi-head latent attention (MLA: {', '.join(parts)}) as multi-head attention "
-             f"with {heads} heads of {hidden} / {heads} = {hidden // heads}, whose attention core "
-             "is narrower: DeepSeek-V3's model FLOPs come out about 12% under MLA's at 4,096 "
-             "tokens and 21% at 8,192")
-    dims = [cfg.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                                 "q_lora_rank", "kv_lora_rank")]
-    if all(isinstance(x, int) for x in dims):
-        mla, counted = mla_saved_bytes(heads, *dims), 8 * hidden
-        words += (f"; and its attention activations are {counted:,} bytes per token and layer "
-                  f"(before the tensor split) where MLA saves {mla:,} ({mla / counted:.1f}x: "
-                  "query and key heads of the nope + rope width, value and output heads, the "
-                  "low-rank inputs), so the plan's activation memory is under-counted: keep "
-                  "headroom for the difference")
-    return words
-
-
-def mla_saved_bytes(heads: int, nope: int, rope: int, v: int, q_lora: int, kv_lora: int) -> int:
-    """The 16-bit bytes per token one layer of multi-head latent attention keeps for its
-    backward, as Megatron-Core's MLA (multi_latent_attention.py) and its fused attention hold
-    them: the query and key (``heads * (nope + rope)`` each) and value and output
-    (``heads * v`` each) of the attention core, the projection's input being that output, and
-    the inputs of the two low-rank layer norms and up-projections (``q_lora``, ``kv_lora``, two
-    each). A hand count from the tensor shapes, not a measurement."""
-    return 2 * (2 * heads * (nope + rope) + 2 * heads * v + 2 * q_lora + 2 * kv_lora)

@@ -106,6 +106,8 @@ OVERLAP_DESCRIPTIONS = {
 }
 REPLACED_OVERLAP_KEYS = {"dp_overlap": "overlap_grad_reduce / overlap_param_gather",
                          "tp_overlap": "tp_comm_overlap"}
+#: The widths multi-head latent attention needs (``q_lora_rank`` is optional).
+MLA_KEYS = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 MOE_KEYS = ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
             "moe_layer_interval")
 
@@ -126,6 +128,24 @@ class ModelSpec(_Strict):
     head_dim: upto(MAX_WIDTH) | None = Field(
         default=None, description="width of one attention head (Megatron-LM --kv-channels, "
         "Hugging Face head_dim); default hidden / heads")
+    # multi-head latent attention (DeepSeek-V2 / V3), Megatron-Core's MLATransformerConfig
+    # names; kv_lora_rank set makes the attention MLA (docs/model.md, "Multi-head latent
+    # attention")
+    kv_lora_rank: upto(MAX_WIDTH) | None = Field(
+        default=None, description="multi-head latent attention: rank of the compressed keys "
+        "and values (Megatron-Core --kv-lora-rank, Hugging Face kv_lora_rank); given, the "
+        "attention is MLA and qk_head_dim, qk_pos_emb_head_dim and v_head_dim are needed too")
+    q_lora_rank: upto(MAX_WIDTH) | None = Field(
+        default=None, description="MLA: rank of the compressed queries (--q-lora-rank); "
+        "none: the queries are projected from the hidden state directly (DeepSeek-V2-Lite)")
+    qk_head_dim: upto(MAX_WIDTH) | None = Field(
+        default=None, description="MLA: width of a query / key head without its RoPE part "
+        "(--qk-head-dim, Hugging Face qk_nope_head_dim)")
+    qk_pos_emb_head_dim: upto(MAX_WIDTH) | None = Field(
+        default=None, description="MLA: the RoPE part of a query / key head "
+        "(--qk-pos-emb-head-dim, Hugging Face qk_rope_head_dim)")
+    v_head_dim: upto(MAX_WIDTH) | None = Field(
+        default=None, description="MLA: width of a value head (--v-head-dim)")
     ffn_hidden: upto(MAX_WIDTH) | None = Field(default=None, description="MLP width; default 4 * hidden")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style three-matrix MLP")
     vocab: upto(MAX_VOCAB)
@@ -135,8 +155,8 @@ class ModelSpec(_Strict):
     dropout: bool = Field(default=True, description="trained with dropout (stores 1-byte masks)")
     approximates: str | None = Field(
         default=None, description="what this shape stands in for where the model has no "
-        "term of its own (a preset's: DeepSeek-V3's multi-head latent attention costed as "
-        "multi-head attention), said in the plan's caveats and in every export, whose model "
+        "term of its own (a Hugging Face config's: sliding-window attention costed as "
+        "full attention), said in the plan's caveats and in every export, whose model "
         "arguments build the approximation")
     hf_config: str | None = Field(
         default=None, description="a Hugging Face config.json (path relative to the instance) "
@@ -155,7 +175,19 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSpec:
-        if self.head_dim is None and self.hidden % self.heads:
+        mla_given = [k for k in ("q_lora_rank",) + MLA_KEYS if getattr(self, k) is not None]
+        if mla_given:
+            missing = [k for k in MLA_KEYS if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"multi-head latent attention ({', '.join(mla_given)} given) "
+                                 f"also needs {', '.join(missing)}")
+            other = [k for k in ("kv_heads", "head_dim") if getattr(self, k) is not None]
+            if other:
+                raise ValueError(f"{' and '.join(other)} do not apply to multi-head latent "
+                                 "attention (its heads are qk_head_dim + qk_pos_emb_head_dim "
+                                 "wide for queries and keys, v_head_dim for values): remove "
+                                 f"{'them' if len(other) > 1 else 'it'}")
+        elif self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}), "
                              "or give head_dim")
         if self.heads % self.kv:
@@ -187,6 +219,11 @@ class ModelSpec(_Strict):
     @property
     def kv(self) -> int:
         return self.kv_heads or self.heads
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (``kv_lora_rank`` given)."""
+        return self.kv_lora_rank is not None
 
     @property
     def ffn(self) -> int:

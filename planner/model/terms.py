@@ -320,7 +320,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         score_bytes = 0.0
     else:
         score_elems = sh.a * b * s * s / (t * c)           # s/c query rows x s keys, a/t heads
-        roof = vmax(4 * sh.q / peak16, 2 * 2 * sh.a / hw.hbm_bw)  # per (b s^2 / (t c)): flops vs bytes
+        # per (b s^2 / (t c)): flops (QK^T over q, AV over o) vs bytes
+        roof = vmax(2 * (sh.q + sh.o_w) / peak16, 2 * 2 * sh.a / hw.hbm_bw)
         attn = (passes + (1 if core_attn else 0)) * (b * s * s / (t * c)) * roof
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
 
@@ -361,10 +362,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             total = total + f
         return total
 
-    qkv_w = sh.q + 2 * sh.kv_w
     fc1_w = (2 if sh.gated else 1)
-    attn_gemms = [(tokens, qkv_w / t, h, 1), (tokens, h, sh.q / t, 1)]
-    dense_gemms = attn_gemms + [(tokens, fc1_w * sh.f / t, h, 1), (tokens, h, sh.f / t, 1)]
+    # the QKV and output projections (MLA: its down- and up-projections, workload.Shape)
+    attn_gemms = sh.attn_gemms(tokens, t, shard)
+    mlp_gemms = [(tokens, fc1_w * sh.f / t, h, 1), (tokens, h, sh.f / t, 1)]
+    dense_gemms = attn_gemms + mlp_gemms
     if sh.n_moe:
         # expert tensor parallelism 1: a GPU holds experts / ep whole experts and receives
         # top_k copies of its tokens / t (sequence-sharded) tokens, tokens * top_k * ep / (t E)
@@ -381,7 +383,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # torchtitan's op-level policy counts the layer's matmuls in the order they run (q, k, v,
     # o, then w1, w3, w2 gated or w1, w2 plain) and recomputes the even ones: k, o and w3
     # (gated) or w2 (plain); for an MoE layer the experts' matmuls stand for the MLP's
-    attn_recomputed = [(tokens, sh.kv_w / t, h, 1), (tokens, h, sh.q / t, 1)]
+    attn_recomputed = sh.attn_recomputed_gemms(tokens, t, shard)
     dense_recomputed = attn_recomputed + [
         (tokens, sh.f / t, h, 1) if sh.gated else (tokens, h, sh.f / t, 1)]
 
@@ -396,7 +398,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     if lowp:
         norm_fed = h + (h * ring_share(t) if sp else 0)     # the QKV / fc1 input: 2h - h/t
         row_grad = 2 * h + 2 * h / shard              # the projection's / fc2's output gradient
-        attn_cast = (norm_fed + 4 * sh.q / t, 4 * qkv_w / t + row_grad)
+        # (the attention's input GEMMs' output gradients: QKV, MLA's projections; MLA's
+        # compressed query and key / value are norm outputs like norm_fed, on the shard)
+        attn_cast = (norm_fed + 4 * sh.o_w / t + 2 * sh.lora_w / shard,
+                     sum(4 * n * mm for mm, n, _, _ in sh.attn_gemms(1, t, shard)[:-1]) + row_grad)
         dense_cast = (attn_cast[0] + norm_fed + sh.f / t, attn_cast[1] + row_grad)
         copies = (sh.top_k + sh.shared) / t if sh.n_moe else 0.0
         # an MoE layer's experts: the permuted tokens cast whole, the activation fused, the
@@ -441,16 +446,31 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # writes the quantized input, gather_along_first_dim(ln_out, quantizer=...); base.py
     # grad_output_preprocess: the gradient is quantized, then gathered; so since TE 1.0), and
     # so does torchao's float8 at per-tensor dynamic scaling (gather_narrow)
+    # MLA's attention gathers its compressed query and key / value instead of the hidden state
+    # (workload.Shape.attn_gather_w): its forward pair is that all-gather and the hidden
+    # state's reduce-scatter, its backward pair the hidden gradient's all-gather and the
+    # compressed ones' reduce-scatter (without sequence parallelism: an all-reduce of the
+    # hidden state forward, of the compressed widths backward)
     act_bytes = 2 * tokens * h
     n_allreduce = 4 + (2 if full else 0)
-    gathered = narrow_bytes(tr) * tokens * h if (sp and gather_narrow) else act_bytes
-    tp_rs = 0.5 * allreduce(act_bytes, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
-                            hw.lat_intra, hw.lat_inter)
-    tp_ag = 0.5 * allreduce(gathered, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
-                            hw.lat_intra, hw.lat_inter)
+
+    def tp_pair(width):
+        """(all-gather, reduce-scatter) of ``width``-wide tokens over the tensor group."""
+        act = 2 * tokens * width
+        gathered = narrow_bytes(tr) * tokens * width if (sp and gather_narrow) else act
+        return tuple(0.5 * allreduce(z, x.t_in, x.t_out, hw.bw_intra, hw.bw_inter,
+                                     hw.lat_intra, hw.lat_inter) for z in (gathered, act))
+
+    tp_ag, tp_rs = tp_pair(h)
     tp_one = tp_ag + tp_rs
-    tp_layer = n_allreduce * tp_one
-    tp_moe = n_allreduce / 2 * tp_one
+    if sh.mla:
+        ag_w, rs_w = tp_pair(sh.attn_gather_w)
+        attn_fwd, attn_bwd = (ag_w + tp_rs, tp_ag + rs_w) if sp else (tp_one, ag_w + rs_w)
+        tp_layer = n_fwd * (attn_fwd + tp_one) + attn_bwd + tp_one
+        tp_moe = n_fwd * attn_fwd + attn_bwd
+    else:
+        tp_layer = n_allreduce * tp_one
+        tp_moe = n_allreduce / 2 * tp_one
     if k.tp_comm_overlap and sp and not is_one(t):
         # tp_comm_overlap (Transformer Engine userbuffers, needs sequence parallelism): each
         # all-gather / reduce-scatter is split into tp chunks pipelined with the chunks of its
@@ -466,21 +486,29 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # reduce-scatter, and the all-gather of the row-parallel output's gradient before it
         # stays exposed (Megatron-Core LinearWithGradAccumulationAndAsyncCommunication;
         # Korthikanti et al. 2022, Sec. 5, Table 4). The recomputed forward's are exposed.
-        def backward_exposed(wgrad):
+        def backward_exposed(wgrad, ag=tp_ag, rs=tp_rs):
             if sp:
-                return tp_ag + hidden_cost(tp_rs, vmax(0.0, tp_rs - wgrad), slow)
-            return hidden_cost(tp_one, vmax(0.0, tp_one - wgrad), slow)
-        wgrad_qkv = gemm_s([attn_gemms[0]], peak_gemm)
-        exposed_qkv = backward_exposed(wgrad_qkv)
-        tp_layer = ((n_allreduce - 2) * tp_one + exposed_qkv
-                    + backward_exposed(gemm_s([dense_gemms[2]], peak_gemm)))
-        tp_moe = (n_allreduce / 2 - 1) * tp_one + exposed_qkv
+                return ag + hidden_cost(rs, vmax(0.0, rs - wgrad), slow)
+            both = tp_one if ag is tp_ag else ag + rs
+            return hidden_cost(both, vmax(0.0, both - wgrad), slow)
+        # (MLA: the two up-projections' input gradients, beside their weight gradients)
+        wgrad_qkv = gemm_s(sh.gathering_gemms(tokens, t, shard), peak_gemm)
+        if sh.mla:
+            exposed_qkv = backward_exposed(wgrad_qkv, tp_ag if sp else ag_w, rs_w)
+            tp_layer = (n_fwd * (attn_fwd + tp_one) + exposed_qkv
+                        + backward_exposed(gemm_s(mlp_gemms[:1], peak_gemm)))
+            tp_moe = n_fwd * attn_fwd + exposed_qkv
+        else:
+            exposed_qkv = backward_exposed(wgrad_qkv)
+            tp_layer = ((n_allreduce - 2) * tp_one + exposed_qkv
+                        + backward_exposed(gemm_s(mlp_gemms[:1], peak_gemm)))
+            tp_moe = (n_allreduce / 2 - 1) * tp_one + exposed_qkv
 
     # ---- context-parallel ring exchange per layer and micro-batch --------------------------
     if is_one(x.c_in) and is_one(x.c_out):
         cp_layer = 0.0
     else:
-        kv_bytes = 2 * 2 * tokens * sh.kv_w / t
+        kv_bytes = 2 * tokens * (sh.k_w + sh.v_w) / t      # (MLA: every head's K and V)
         hops = steps(c) * passes          # forward: K/V; backward: K/V and their gradients
         cp_raw = hops * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
                                    hw.lat_intra, hw.lat_inter)
@@ -873,8 +901,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # matmuls (q, v, the MLP's first; gated also its last, w2) and of the attention
             # kernel (with its softmax statistics); the backward re-materialises one layer
             kept_repl = 2 * h * (2 if sh.gated else 1)
-            kept_par = 2 * sh.q + 2 * sh.kv_w + 2 * sh.q + mlp_kept + 4 * sh.a
-            return tokens * (kept_repl / shard + kept_par / t), none
+            kept = sh.op_kept_attention_bytes(t, shard) + mlp_kept / t
+            return tokens * (kept_repl / shard + kept), none
         return (sel if core_attn else none), 0.0
 
     # 1F1B keeps p micro-batches of the first stage's L/p layers in flight; interleaving adds

@@ -7,7 +7,10 @@ arithmetic on ``t``, ``c``, ``b`` so numbers, arrays and symbols all work.
 Sources: FLOPs follow Narayanan et al. 2021 (arXiv 2104.04473) Sec. 5.1 / Eq. 3 and their
 generalisation in Megatron-LM ``num_floating_point_operations`` (GQA, gated MLP); stored
 activations follow Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4 and Table 2, generalised
-to GQA and gated MLPs term by term. All tensors are 16-bit (2 bytes) unless stated.
+to GQA and gated MLPs term by term. Multi-head latent attention (DeepSeek-V2 / V3) follows
+Megatron-Core's ``MLASelfAttention`` module by module (docs/model.md, "Multi-head latent
+attention"); its projections match Megatron-LM's ``num_floating_point_operations`` MLA branch.
+All tensors are 16-bit (2 bytes) unless stated.
 """
 
 from __future__ import annotations
@@ -38,28 +41,134 @@ class Shape:
     f_e: int = 0              # width of one expert
     shared: int = 0           # shared experts per MoE layer
     n_moe: int = 0            # MoE layers
-    d: int = 0                # width of one attention head (0: h / a)
+    d: int = 0                # width of one attention head (0: h / a); MLA: without RoPE
+    kv_lora: int = 0          # MLA: rank of the compressed keys / values (0: not MLA)
+    q_lora: int = 0           # MLA: rank of the compressed queries (0: projected directly)
+    d_rope: int = 0           # MLA: RoPE part of a query / key head
+    d_v: int = 0              # MLA: width of a value head
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
+        if m.mla:
+            mla = dict(d=m.qk_head_dim, kv_lora=m.kv_lora_rank, q_lora=m.q_lora_rank or 0,
+                       d_rope=m.qk_pos_emb_head_dim, d_v=m.v_head_dim)
+        else:
+            mla = dict(d=m.head_dim or 0)
         return Shape(L=m.layers, h=m.hidden, a=m.heads, k=m.kv, f=m.ffn, V=m.vocab, s=m.seq_len,
                      gated=m.gated_mlp, tied=m.tied_embeddings,
                      learned_pos=m.position_embedding == "learned", dropout=m.dropout,
                 experts=m.experts if m.moe else 0, top_k=m.top_k if m.moe else 0,
                 f_e=m.moe_ffn if m.moe else 0,
-                shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
-                d=m.head_dim or 0)
+                shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers, **mla)
 
     # attention widths ----------------------------------------------------------------------
     @property
+    def mla(self) -> bool:
+        return self.kv_lora > 0
+
+    @property
     def q(self) -> float:
-        """Width of the queries (and of the attention output): ``a d``, ``h`` by default."""
+        """Width of the queries: ``a d``, ``h`` by default; MLA ``a (d + d_rope)``."""
+        if self.mla:
+            return self.a * (self.d + self.d_rope)
         return self.a * self.d if self.d else self.h
 
     @property
     def kv_w(self) -> float:
-        """Width of the keys (and of the values): ``k d``, ``h k / a`` by default."""
+        """Width of the keys (and of the values) of grouped-query attention: ``k d``,
+        ``h k / a`` by default (MLA: :attr:`k_w`, :attr:`v_w`)."""
         return self.k * self.d if self.d else self.h * self.k / self.a
+
+    @property
+    def k_w(self) -> float:
+        """Width of the keys the attention core reads: :attr:`kv_w`; MLA ``a (d + d_rope)``
+        (every head's key, up-projected from the compressed one)."""
+        return self.q if self.mla else self.kv_w
+
+    @property
+    def v_w(self) -> float:
+        """Width of the values: :attr:`kv_w`; MLA ``a d_v``."""
+        return self.a * self.d_v if self.mla else self.kv_w
+
+    @property
+    def o_w(self) -> float:
+        """Width of the attention output (the projection's input): :attr:`q`; MLA ``a d_v``."""
+        return self.a * self.d_v if self.mla else self.q
+
+    @property
+    def lora_w(self) -> int:
+        """MLA: the compressed widths a token carries into the up-projections (``q_lora +
+        kv_lora``), each with its layer norm; 0 otherwise."""
+        return self.q_lora + self.kv_lora
+
+    @property
+    def attn_gather_w(self) -> float:
+        """Width of what the attention's column-parallel layers gather over the tensor group
+        (sequence parallelism) or reduce in the backward: the hidden state, ``h``; MLA the
+        compressed query (or the hidden state without ``q_lora``), the compressed key / value
+        and the shared RoPE key, ``q_lora + kv_lora + d_rope`` (Megatron-Core
+        ``MLASelfAttention``: the down-projections are duplicated on each rank's sequence
+        shard)."""
+        if not self.mla:
+            return self.h
+        return (self.q_lora or self.h) + self.kv_lora + self.d_rope
+
+    def attn_gemms(self, tokens, t, shard) -> list[tuple]:
+        """The attention's linear layers on one GPU as ``(M, N, K, count)`` (``M`` tokens,
+        ``N x K`` the weight shard) for ``tokens`` tokens on a tensor group of ``t``,
+        ``shard`` = ``t`` under sequence parallelism, else 1: the fused QKV and the output
+        projection; MLA (in Megatron-Core's order) the query down-projection (duplicated on
+        every rank, on its sequence shard), its up-projection (or the direct query
+        projection), the key / value down- and up-projections and the output projection.
+        The column-parallel layers whose input is gathered come first, see
+        :meth:`gathering_gemms`."""
+        h = self.h
+        if not self.mla:
+            return [(tokens, (self.q + 2 * self.kv_w) / t, h, 1), (tokens, h, self.q / t, 1)]
+        kv_up = (tokens, self.a * (self.d + self.d_v) / t, self.kv_lora, 1)
+        kv_down = (tokens / shard, self.kv_lora + self.d_rope, h, 1)
+        if self.q_lora:
+            q = [(tokens, self.q / t, self.q_lora, 1), kv_up,
+                 (tokens / shard, self.q_lora, h, 1), kv_down]
+        else:
+            q = [(tokens, self.q / t, h, 1), kv_up, kv_down]
+        return q + [(tokens, h, self.o_w / t, 1)]
+
+    def gathering_gemms(self, tokens, t, shard) -> list[tuple]:
+        """The attention's column-parallel layers whose input gradient is reduced over the
+        tensor group (beside their weight-gradient GEMMs: async all-reduce / reduce-scatter):
+        the QKV; MLA the two up-projections (or the query projection and the key / value
+        up-projection)."""
+        return self.attn_gemms(tokens, t, shard)[:1 if not self.mla else 2]
+
+    def attn_recomputed_gemms(self, tokens, t, shard) -> list[tuple]:
+        """The attention matmuls torchtitan's op-level selective recompute re-runs (every
+        second one in the order they run): the key and output projections of q, k, v, o; MLA
+        the two up-projections of q_a, q_b, kv_a, kv_b, o (the MLP's parity is kept as
+        for q, k, v, o: an approximation)."""
+        gemms = self.attn_gemms(tokens, t, shard)
+        if not self.mla:
+            return [(tokens, self.kv_w / t, self.h, 1), gemms[-1]]
+        return [gemms[i] for i in self._op_recomputed]
+
+    @property
+    def _op_recomputed(self) -> tuple[int, ...]:
+        """MLA: the indices in :meth:`attn_gemms` of q_b and kv_b (with ``q_lora``: q_a, q_b,
+        kv_a, kv_b, o run in that order), else of kv_a and o (q, kv_a, kv_b, o)."""
+        return (0, 1) if self.q_lora else (2, 3)
+
+    def op_kept_attention_bytes(self, t, shard) -> float:
+        """Bytes per token torchtitan's op-level policy keeps of the attention: the outputs of
+        the matmuls it does not re-run and of the attention kernel (with its fp32 softmax
+        statistics, ``4 a``): q and v, ``2 q + 2 kv``, and the kernel's ``2 q``; MLA the
+        down-projections' outputs on the sequence shard, the output projection's and the
+        kernel's (``2 a d_v``)."""
+        stats = 4 * self.a / t
+        if not self.mla:
+            return (2 * self.q + 2 * self.kv_w + 2 * self.q) / t + stats
+        kept = [g for i, g in enumerate(self.attn_gemms(1, t, shard))
+                if i not in self._op_recomputed]
+        return 2 * sum(m * n for m, n, _, _ in kept) + 2 * self.o_w / t + stats
 
     # parameters --------------------------------------------------------------------------
     @property
@@ -67,24 +176,34 @@ class Shape:
         return 3 if self.gated else 2
 
     @property
+    def attn_matrix_params(self) -> float:
+        """Weights of the attention's linear layers (:meth:`attn_gemms` on one rank): QKV
+        ``h (q + 2 kv)`` and projection ``q h``; MLA ``h q_lora + q_lora a (d + d_rope)`` (or
+        ``h a (d + d_rope)``), ``h (kv_lora + d_rope) + kv_lora a (d + d_v)`` and ``a d_v h``."""
+        return sum(n * k * c for _, n, k, c in self.attn_gemms(1, 1, 1))
+
+    @property
+    def attention_params(self) -> float:
+        """The attention's weights, its norm(s) and biases in one layer: the linear layers
+        (:attr:`attn_matrix_params`), two layer norms ``4h`` and the biases ``q + 2 kv + h``
+        (as Narayanan et al. count GPT-3's ``13h``); MLA the norms of the compressed query and
+        key / value too, ``2 (q_lora + kv_lora)``, and no QKV bias (Megatron-Core builds its
+        projections without one)."""
+        h = self.h
+        if self.mla:
+            return self.attn_matrix_params + 4 * h + 2 * self.lora_w + h
+        return self.attn_matrix_params + 4 * h + (self.q + 2 * self.kv_w) + h
+
+    @property
     def layer_params(self) -> float:
-        """Weights of one layer: QKV ``h (q + 2 kv)`` (``q = a d``, ``kv = k d`` wide: ``h (h +
-        2 h k / a)`` at the default ``d = h / a``), projection ``q h``, MLP ``(2 or 3) h f``,
-        plus norms and biases (``13h`` for GPT-3, as Narayanan et al.)."""
+        """Weights of one layer: the attention (:attr:`attention_params`), MLP ``(2 or 3) h
+        f`` and its biases ``f + h``."""
         h, f = self.h, self.f
-        qkv = h * (self.q + 2 * self.kv_w)
-        linear = 4 * h + (self.q + 2 * self.kv_w) + h + f + h
-        return qkv + self.q * h + self.mlp_matrices * h * f + linear
+        return self.attention_params + self.mlp_matrices * h * f + f + h
 
     @property
     def n_dense(self) -> int:
         return self.L - self.n_moe
-
-    @property
-    def attention_params(self) -> float:
-        """QKV, projection, the two norms and the attention biases of one layer."""
-        h = self.h
-        return h * (self.q + 2 * self.kv_w) + self.q * h + 4 * h + (self.q + 2 * self.kv_w) + h
 
     @property
     def expert_params(self) -> float:
@@ -110,16 +229,15 @@ class Shape:
 
     # FLOPs, forward, per micro-batch of b sequences, whole layer (divide by t*c per GPU) -------
     def gemm_flops(self, b) -> float:
-        """Dense GEMMs of one layer forward: ``2 b s (h (q + 2 kv) + q h + (2|3) h f)``."""
-        h = self.h
-        return 2 * b * self.s * (h * (self.q + 2 * self.kv_w) + self.q * h
-                                 + self.mlp_matrices * h * self.f)
+        """Dense GEMMs of one layer forward: ``2 b s (attention weights + (2|3) h f)``, the
+        attention's ``h (q + 2 kv) + q h`` (:attr:`attn_matrix_params`)."""
+        return 2 * b * self.s * (self.attn_matrix_params + self.mlp_matrices * self.h * self.f)
 
     def attention_flops(self, b) -> float:
-        """Attention core forward (``QK^T`` and ``AV``): ``4 b s^2 q`` (``4 b s^2 h`` at the
-        default head width), counted without the causal half as Megatron-LM and Narayanan et
-        al. Eq. 3 do."""
-        return 4 * b * self.s * self.s * self.q
+        """Attention core forward (``QK^T`` and ``AV``): ``2 b s^2 (q + o)``, ``4 b s^2 h`` at
+        the default head width (MLA: queries / keys ``a (d + d_rope)`` wide, values ``a d_v``),
+        counted without the causal half as Narayanan et al. Eq. 3 do."""
+        return 2 * b * self.s * self.s * (self.q + self.o_w)
 
     def logits_flops(self, b) -> float:
         """Output layer forward: ``2 b s h V``."""
@@ -153,9 +271,10 @@ class Shape:
     @property
     def eltwise_replicated_bytes(self) -> float:
         """Layer norms (read 2h + write 2h, twice) and the two bias-dropout-add kernels (read 4h,
-        write 2h + a 1-byte mask: 7h each): ``22 h`` (``20 h`` without dropout); replicated on
+        write 2h + a 1-byte mask: 7h each): ``22 h`` (``20 h`` without dropout); MLA's two norms
+        of the compressed query and key / value ``4 (q_lora + kv_lora)`` more; replicated on
         every tensor rank unless sequence parallelism shards them."""
-        return (20 + 2 * self.dropout_mask_bytes) * self.h
+        return (20 + 2 * self.dropout_mask_bytes) * self.h + 4 * self.lora_w
 
     @property
     def eltwise_parallel_bytes(self) -> float:
@@ -181,17 +300,25 @@ class Shape:
     @property
     def act_replicated_bytes(self) -> float:
         """Layer-norm inputs (2 x 2h), QKV and MLP inputs (2 x 2h), two dropout masks (2 x h):
-        ``10 h`` (``8 h`` without dropout); replicated across tensor ranks without sequence
-        parallelism."""
-        return (8 + 2 * self.dropout_mask_bytes) * self.h
+        ``10 h`` (``8 h`` without dropout); MLA also the compressed query and key / value, the
+        inputs of their norms and of the up-projections (``4 (q_lora + kv_lora)``: on the
+        rank's sequence shard, as Transformer Engine keeps a gathered input); replicated across
+        tensor ranks without sequence parallelism."""
+        return (8 + 2 * self.dropout_mask_bytes) * self.h + 4 * self.lora_w
+
+    @property
+    def attn_act_parallel_bytes(self) -> float:
+        """The attention's tensors split over tensor ranks: Q, K, V and the projection input
+        (the attention output), 2 bytes each: ``4 q + 4 kv`` (``4 h k / a`` for K and V at the
+        default head width); MLA ``2 (2 a (d + d_rope) + 2 a d_v)``."""
+        return 2 * (self.q + self.k_w + self.v_w + self.o_w)
 
     @property
     def act_parallel_bytes(self) -> float:
-        """Q (``2 q``), K and V (``4 kv``: ``4 h k / a`` at the default head width), projection
-        input (``2 q``), MLP: plain ``4f`` (GeLU input and output), gated ``6f`` (both halves of
-        fc1's output and the product); for GPT-3 (k = a, f = 4h) this is Korthikanti's
-        ``24 h``."""
-        return 4 * self.q + 4 * self.kv_w + (6 if self.gated else 4) * self.f
+        """The attention's tensors (:attr:`attn_act_parallel_bytes`), MLP: plain ``4f`` (GeLU
+        input and output), gated ``6f`` (both halves of fc1's output and the product); for
+        GPT-3 (k = a, f = 4h) this is Korthikanti's ``24 h``."""
+        return self.attn_act_parallel_bytes + (6 if self.gated else 4) * self.f
 
     @property
     def moe_act_parallel_bytes(self) -> float:
@@ -199,7 +326,7 @@ class Shape:
         permuted hidden state (``2 h``) and the MLP activations of each of its ``top_k`` routed
         experts, plus the shared experts' (``4 f_e`` or ``6 f_e`` each)."""
         mlp = (6 if self.gated else 4) * self.f_e
-        return (4 * self.q + 4 * self.kv_w
+        return (self.attn_act_parallel_bytes
                 + self.top_k * (2 * self.h + mlp) + self.shared * mlp)
 
     # FP8 (and NVFP4) under Transformer Engine ----------------------------------------------
@@ -209,14 +336,15 @@ class Shape:
     # the norms' and the activation's backward still need their 16-bit inputs.
     def fp8_saved_replicated_bytes(self, held: float = 1.0) -> float:
         """The QKV and fc1 inputs (the norms' outputs), ``held`` bytes each instead of 2:
-        ``2 (2 - held) h`` fewer of :attr:`act_replicated_bytes`."""
-        return 2 * (2 - held) * self.h
+        ``2 (2 - held) h`` fewer of :attr:`act_replicated_bytes`; MLA also the up-projections'
+        inputs, ``(2 - held) (q_lora + kv_lora)``."""
+        return (2 - held) * (2 * self.h + self.lora_w)
 
     def fp8_saved_projection_bytes(self, flash: bool, held: float = 1.0) -> float:
-        """The projection input (``q`` wide) kept narrow: ``(2 - held) q`` fewer bytes, except
-        under fused attention, whose backward keeps its output (the projection input) in 16
-        bits: the narrow copy is ``held q`` more."""
-        return -held * self.q if flash else (2 - held) * self.q
+        """The projection input (``o`` wide: :attr:`o_w`) kept narrow: ``(2 - held) o`` fewer
+        bytes, except under fused attention, whose backward keeps its output (the projection
+        input) in 16 bits: the narrow copy is ``held o`` more."""
+        return -held * self.o_w if flash else (2 - held) * self.o_w
 
     def fp8_saved_parallel_bytes(self, flash: bool, held: float = 1.0) -> float:
         """Fewer bytes of :attr:`act_parallel_bytes` kept narrow: the projection input

@@ -1,0 +1,173 @@
+"""Multi-head latent attention (``[model] kv_lora_rank`` and its widths: DeepSeek-V2 / V3).
+
+Checked against figures this project does not compute: the parameter counts the DeepSeek
+reports publish, and Megatron-LM's own FLOP count of an MLA layer
+(``num_floating_point_operations``, megatron/training/training.py, its
+``multi_latent_attention`` branch); and against the model's own multi-head attention where the
+two must agree (the same gathered width, the same tensor-parallel time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.model.errors import InputError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+from planner.model.workload import Shape
+
+#: DeepSeek-V2 (arXiv 2405.04434, Sec. 3.1.1 and its released config.json): 60 layers, the
+#: first dense, 160 routed experts of 1536 (top-6) and 2 shared; MLA with queries compressed to
+#: 1536 and keys / values to 512, 128 heads of 128 + 64 (RoPE) and values of 128
+DEEPSEEK_V2 = {"layers": 60, "hidden": 5120, "heads": 128, "ffn_hidden": 12288, "gated_mlp": True,
+               "vocab": 102400, "seq_len": 4096, "tied_embeddings": False,
+               "position_embedding": "rope", "dropout": False,
+               "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128,
+               "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+               "experts": 160, "top_k": 6, "moe_ffn_hidden": 1536, "shared_experts": 2,
+               "first_dense_layers": 1}
+#: DeepSeek-V2-Lite (the same report, Appendix B): 27 layers, 16 heads, queries not compressed
+DEEPSEEK_V2_LITE = {**{k: v for k, v in DEEPSEEK_V2.items() if k != "q_lora_rank"},
+                    "layers": 27, "hidden": 2048, "heads": 16, "ffn_hidden": 10944,
+                    "experts": 64, "moe_ffn_hidden": 1408}
+
+
+def _inst(model, plan=None, precision="bf16", gpus=8, **training):
+    doc = {"model": model, "training": {"global_batch": 64, "precision": precision, **training},
+           "cluster": {"gpu": "h100-sxm", "gpus": gpus}}
+    if plan:
+        doc["plan"] = plan
+    return parse_instance(doc)
+
+
+def _shape(model):
+    return Shape.of(_inst(model).model)
+
+
+@pytest.mark.parametrize("model, total_b, active_b", [
+    ({"preset": "deepseek-v3"}, 671, 37),   # DeepSeek-V3 technical report, abstract
+    (DEEPSEEK_V2, 236, 21),                 # DeepSeek-V2 report, abstract
+    (DEEPSEEK_V2_LITE, 15.7, 2.4),          # DeepSeek-V2 report, Appendix B
+])
+def test_parameter_counts_are_the_reports(model, total_b, active_b):
+    """Total and activated parameters (the experts a token meets, without the input embedding,
+    which is a lookup) within the reports' rounding. The multi-head stand-in this replaced
+    counted DeepSeek-V3's attention 10% heavier (205M against 187M weights a layer) and
+    V2-Lite's 22% heavier, activated 37.7B and 2.53B."""
+    sh = _shape(model)
+    idle = sh.n_moe * (sh.experts - sh.top_k) * sh.expert_params
+    active = sh.total_params - idle - sh.V * sh.h
+    assert sh.total_params / 1e9 == pytest.approx(total_b, rel=0.005)
+    assert active / 1e9 == pytest.approx(active_b, rel=0.025)
+
+
+def megatron_mla_linear(m):
+    """Megatron-LM's token-linear MLA term per token and layer over 6 (forward + backward, 2
+    FLOPs a multiply-add): the q lora (or direct query), kv lora, RoPE key and output
+    projections, with the norms' ``+ 1`` per compressed element."""
+    h, a = m["hidden"], m["heads"]
+    qk = m["qk_head_dim"] + m["qk_pos_emb_head_dim"]
+    q = (h * a * qk if m.get("q_lora_rank") is None
+         else m["q_lora_rank"] * (h + a * qk + 1))
+    kv = m["kv_lora_rank"] * (h + a * (m["qk_head_dim"] + m["v_head_dim"]) + 1)
+    return q + kv + h * m["qk_pos_emb_head_dim"] + a * m["v_head_dim"] * h
+
+
+@pytest.mark.parametrize("model", [DEEPSEEK_V2, DEEPSEEK_V2_LITE])
+def test_attention_gemm_flops_are_megatrons(model):
+    """The attention's GEMM FLOPs of a layer (a dense layer's GEMMs less its MLP) are
+    Megatron-LM's MLA count less the norms it counts beside them."""
+    sh = _shape(model)
+    attention = sh.gemm_flops(1) - sh.mlp_flops(1, sh.f)
+    norms = model["kv_lora_rank"] + (model.get("q_lora_rank") or 0)
+    assert attention / (2 * sh.s) == megatron_mla_linear(model) - norms
+
+
+def test_attention_core_flops_are_megatrons_unhalved():
+    """``QK^T`` over heads of 128 + 64 and ``AV`` over values of 128: Megatron-LM's core term
+    (forward and backward, halved for the causal mask) doubled, since this model counts the
+    core without the causal half (as Narayanan et al. Eq. 3)."""
+    sh = _shape({"preset": "deepseek-v3"})
+    a, s = 128, 4096
+    megatron_core = 3 * 2 * (a * (128 + 64) / 2 + a * 128 / 2) * s * s
+    assert 3 * sh.attention_flops(1) == 2 * megatron_core
+
+
+def test_mla_keys_come_together_and_exclude_key_value_heads():
+    for partial in ({"kv_lora_rank": 512}, {"q_lora_rank": 1536, "qk_head_dim": 128}):
+        model = {k: v for k, v in DEEPSEEK_V2.items()
+                 if k not in ("q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                              "qk_pos_emb_head_dim", "v_head_dim")}
+        with pytest.raises(InputError) as exc:
+            _inst({**model, **partial})
+        assert "multi-head latent attention" in str(exc.value)
+        assert "qk_pos_emb_head_dim" in str(exc.value) and "v_head_dim" in str(exc.value)
+    for extra in ({"kv_heads": 8}, {"head_dim": 128}):
+        with pytest.raises(InputError) as exc:
+            _inst({**DEEPSEEK_V2, **extra})
+        (key,) = extra
+        assert f"{key} do not apply to multi-head latent attention" in str(exc.value)
+
+
+def _tp_comm(model, sp, recompute="none"):
+    """Tensor-parallel seconds at TP8, every collective exposed (no asynchronous backward
+    collective: what hides it is the GEMMs', which differ between the two attentions)."""
+    plan = {"tp": 8, "pp": 1, "dp": 1, "micro_batch": 1, "sequence_parallel": sp,
+            "recompute": recompute}
+    inst = _inst(model, plan, async_tensor_model_parallel_allreduce=False)
+    rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+    return rep.breakdown_s["tp_comm"]
+
+
+#: a dense MLA model and the multi-head model of the same hidden width
+DENSE_MLA = {"layers": 4, "hidden": 4096, "heads": 32, "ffn_hidden": 11008, "gated_mlp": True,
+             "vocab": 32000, "seq_len": 4096, "tied_embeddings": False,
+             "position_embedding": "rope", "dropout": False, "kv_lora_rank": 512,
+             "q_lora_rank": 1536, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+             "v_head_dim": 128}
+DENSE_MHA = {k: v for k, v in DENSE_MLA.items()
+             if k not in ("kv_lora_rank", "q_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                          "v_head_dim")}
+
+
+@pytest.mark.parametrize("sp, recompute", [(True, "none"), (False, "none"), (True, "full")])
+def test_tensor_parallel_time_follows_the_gathered_width(sp, recompute):
+    """MLA's attention gathers its compressed query and key / value (and the RoPE key) over
+    the tensor group, not the hidden state: with those summing to the hidden width its
+    tensor-parallel time is multi-head attention's; narrower, it is less, by less than the
+    attention's half of it (the hidden state is still reduced after the projection)."""
+    wide = {**DENSE_MLA, "q_lora_rank": 4096 - 512 - 64}          # 3520 + 512 + 64 = 4096
+    mha = _tp_comm(DENSE_MHA, sp, recompute)
+    assert _tp_comm(wide, sp, recompute) == pytest.approx(mha, rel=1e-9)
+    narrow = _tp_comm(DENSE_MLA, sp, recompute)                                # 1536 + 512 + 64 = 2112
+    assert 0.75 * mha < narrow < mha
+
+
+def test_mla_saves_more_attention_activations_than_its_hidden_width_suggests():
+    """DeepSeek-V3 at TP8: every head's 192-wide query and key and 128-wide value and output
+    are kept (163,840 bytes a token and layer before the split), where 56-wide heads of the
+    hidden width would keep 57,344: the plan's activations are larger than the stand-in's."""
+    plan = {"tp": 8, "pp": 1, "dp": 1, "micro_batch": 1, "sequence_parallel": True,
+            "recompute": "none", "ep": 8}
+    v3 = {"preset": "deepseek-v3", "layers": 4, "first_dense_layers": 1}
+    stand_in = {**v3, **{k: None for k in ("kv_lora_rank", "q_lora_rank", "qk_head_dim",
+                                          "qk_pos_emb_head_dim", "v_head_dim")}}
+    acts = []
+    for model in (v3, stand_in):
+        inst = _inst(model, plan)
+        acts.append(evaluate(inst, plan_from_spec(inst, inst.spec.plan),
+                             spec=inst.spec.plan).memory_gib["activations"])
+    per_layer_token = (163_840 - 57_344) / 8 + (8192 - 0) / 8    # split heads, sharded lora
+    extra_gib = per_layer_token * 4 * 4096 / 2**30
+    assert acts[0] - acts[1] == pytest.approx(extra_gib, rel=0.02)
+
+
+def test_backends_agree_on_an_mla_moe_model():
+    """A DeepSeek-V2-Lite-shaped model on two nodes with tensor, context and expert
+    parallelism free: CP-SAT, HiGHS and the enumerator find the same plan."""
+    from tests.test_solvers import _agree
+    model = {**DEEPSEEK_V2_LITE, "layers": 4, "seq_len": 8192}
+    _agree({"model": model,
+            "training": {"global_batch": 32, "precision": "bf16"},
+            "cluster": {"gpu": "h100-sxm", "nodes": 2},
+            "constraints": {"max_cp": 2, "max_recompute_layers": 0, "optimizer_offload": False}})
