@@ -21,9 +21,9 @@ Every case must end with exit 0 (fine), 2 (bad input), 3 (infeasible, or a plan 
 rule) or 4 (solver failure), with no traceback (no "Traceback (most recent call last)", no
 exception but SystemExit). At exit 2 the message is non-empty and names what the case's own
 mutations touched (``names_touched``: a key by its section-qualified path, or under its section's
-marker, or with its value; a whole section by its name), or the flag value at fault. Under ``--json``
-stdout is JSON, and at a non-zero exit an
-object with ``error`` and ``exit_code`` equal to the exit code.
+marker, or with its value; a whole section by its name), or the flag value at fault. Under
+``--json`` stdout is JSON, and at a non-zero exit an object with ``error`` and ``exit_code``
+equal to the exit code.
 
 Seeded: case ``s<N>`` draws everything from ``random.Random(N)``, so a failure names its seed and
 its mutations (in the test id and in the message, with the whole mutated TOML) and reproduces
