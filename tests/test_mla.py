@@ -106,7 +106,7 @@ def test_mla_keys_come_together_and_exclude_key_value_heads():
         with pytest.raises(InputError) as exc:
             _inst({**DEEPSEEK_V2, **extra})
         (key,) = extra
-        assert f"{key} do not apply to multi-head latent attention" in str(exc.value)
+        assert f"{key} does not apply to multi-head latent attention" in str(exc.value)
 
 
 def _tp_comm(model, sp, recompute="none"):

@@ -183,7 +183,8 @@ class ModelSpec(_Strict):
                                  f"also needs {', '.join(missing)}")
             other = [k for k in ("kv_heads", "head_dim") if getattr(self, k) is not None]
             if other:
-                raise ValueError(f"{' and '.join(other)} do not apply to multi-head latent "
+                raise ValueError(f"{' and '.join(other)} "
+                                 f"{'do' if len(other) > 1 else 'does'} not apply to multi-head latent "
                                  "attention (its heads are qk_head_dim + qk_pos_emb_head_dim "
                                  "wide for queries and keys, v_head_dim for values): remove "
                                  f"{'them' if len(other) > 1 else 'it'}")
