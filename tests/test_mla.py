@@ -171,3 +171,79 @@ def test_backends_agree_on_an_mla_moe_model():
             "training": {"global_batch": 32, "precision": "bf16"},
             "cluster": {"gpu": "h100-sxm", "nodes": 2},
             "constraints": {"max_cp": 2, "max_recompute_layers": 0, "optimizer_offload": False}})
+
+
+def _report(model, plan, **training):
+    inst = _inst(model, plan, **training)
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+
+
+def test_up_projection_recompute_drops_queries_keys_and_values():
+    """Megatron-Core's ``mla_up_proj`` recompute module drops each layer's Q, K and V once the
+    core has read them (128 heads x 192, x 192 and x 128 for DeepSeek-V3: 131,072 bytes a token
+    before the tensor split) and re-materialises one layer's for its backward; the attention
+    core's own recompute (core_attention) saves nothing under fused attention."""
+    v3 = {"preset": "deepseek-v3", "layers": 4, "first_dense_layers": 1}
+    plan = {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1, "sequence_parallel": True,
+            "recompute": "selective", "ep": 4}
+    acts = {mode: _report(v3, plan, selective_recompute=mode).memory_gib["activations"]
+            for mode in ("core_attention", "mla_up_proj")}
+    none = _report(v3, {**plan, "recompute": "none"}).memory_gib["activations"]
+    assert acts["core_attention"] == pytest.approx(none, rel=1e-12)
+    qkv = 2 * (128 * 192 + 128 * 192 + 128 * 128)
+    assert none - acts["mla_up_proj"] == pytest.approx((4 - 1) * 4096 * qkv / 2 / 2**30,
+                                                        rel=1e-9)
+
+
+def test_up_projection_recompute_costs_less_than_the_core_at_long_sequences():
+    """Re-running the up-projections is linear in the sequence, the core's recompute
+    quadratic: at 32K tokens mla_up_proj is the cheaper selective recompute, at 1K the
+    dearer; both cost more than keeping everything."""
+    model = {**DEEPSEEK_V2_LITE, "layers": 2, "experts": 0, "first_dense_layers": 0}
+    for k in ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers"):
+        model.pop(k, None)
+    plan = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "recompute": "selective"}
+    for seq, up_cheaper in ((32768, True), (1024, False)):
+        m = {**model, "seq_len": seq}
+        step = {mode: _report(m, plan, selective_recompute=mode).step_time_s
+                for mode in ("core_attention", "mla_up_proj")}
+        kept = _report(m, {**plan, "recompute": "none"}).step_time_s
+        assert (step["mla_up_proj"] < step["core_attention"]) is up_cheaper, (seq, step)
+        assert min(step.values()) > kept
+
+
+def test_up_projection_recompute_needs_mla_and_megatron_core():
+    with pytest.raises(InputError) as exc:
+        _inst(DENSE_MHA, selective_recompute="mla_up_proj")
+    assert "model.kv_lora_rank" in str(exc.value)
+    doc = {"model": DEEPSEEK_V2_LITE,
+           "training": {"global_batch": 64, "selective_recompute": "mla_up_proj"},
+           "cluster": {"gpu": "h100-sxm", "gpus": 8}, "constraints": {"framework": "torchtitan"}}
+    with pytest.raises(InputError) as exc:
+        parse_instance(doc)
+    assert "Megatron-Core recompute module" in str(exc.value)
+
+
+def test_up_projection_recompute_is_exported_as_its_module():
+    from planner.app.emit import emit
+    inst = _inst({"preset": "deepseek-v3"}, {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1,
+                                             "recompute": "selective", "ep": 4},
+                 selective_recompute="mla_up_proj")
+    plan = plan_from_spec(inst, inst.spec.plan)
+    megatron = emit(inst, plan, "megatron")
+    assert "--recompute-granularity selective" in megatron
+    assert "--recompute-modules mla_up_proj" in megatron
+    assert "--recompute-activations" not in megatron
+    nemo = emit(inst, plan, "nemo")
+    assert "recompute_modules: [mla_up_proj]" in nemo
+
+
+def test_backends_agree_with_up_projection_recompute():
+    from tests.test_solvers import _agree
+    model = {**DEEPSEEK_V2_LITE, "layers": 4, "seq_len": 8192}
+    _agree({"model": model,
+            "training": {"global_batch": 32, "precision": "bf16",
+                         "selective_recompute": "mla_up_proj"},
+            "cluster": {"gpu": "h100-sxm", "nodes": 2},
+            "constraints": {"recompute": "selective", "max_recompute_layers": 0,
+                            "optimizer_offload": False}})

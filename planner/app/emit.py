@@ -490,7 +490,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append("--sequence-parallel")
     args += _megatron_sharding(inst, plan, comments)
     args += _megatron_offload(plan)
-    if plan.recompute == "selective":
+    if plan.recompute == "selective" and selective_recompute(inst) == "mla_up_proj":
+        # (Megatron-LM examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh writes it so)
+        args += ["--recompute-granularity selective", "--recompute-modules mla_up_proj"]
+    elif plan.recompute == "selective":
         args.append("--recompute-activations")
     elif plan.recompute == "full" and plan.recompute_layers:
         # block: the first N layers of each virtual stage recompute, the rest keep activations
@@ -852,6 +855,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"kv_channels": m.head_dim} if m.head_dim is not None else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
+                **({"recompute_modules": ["mla_up_proj"]}
+                   if plan.recompute == "selective"
+                   and selective_recompute(inst) == "mla_up_proj" else {}),
                 "recompute_method": ("block" if plan.recompute_layers else "uniform") if full
                 else None,
                 "recompute_num_layers": (plan.recompute_layers or 1) if full else None,

@@ -275,12 +275,15 @@ class TrainingSpec(_Strict):
         "without pipeline parallelism) or once per step, accumulating unsharded in between "
         "(false: torchtitan's pipelined stages); default the framework's, by the pipeline "
         "degree")
-    selective_recompute: Literal["core_attention", "op"] | None = Field(
+    selective_recompute: Literal["core_attention", "op", "mla_up_proj"] | None = Field(
         default=None, description="what recompute = \"selective\" recomputes: core_attention "
         "(Megatron-Core's recompute module core_attn: the attention core re-runs, the rest is "
-        "kept) or op (torchtitan's op-level selective checkpointing: the outputs of every "
+        "kept), op (torchtitan's op-level selective checkpointing: the outputs of every "
         "second matmul and of the attention kernel are kept, the other matmuls and the "
-        "element-wise ops re-run); default the framework's (torchtitan: op)")
+        "element-wise ops re-run) or mla_up_proj (Megatron-Core's recompute module of that "
+        "name, for multi-head latent attention: the up-projections and RoPE re-run before the "
+        "attention's backward, so its queries, keys and values are not kept); default the "
+        "framework's (torchtitan: op)")
     kernel_stack: Literal["fused", "pytorch"] | None = Field(
         default=None, description="the kernels the GEMMs and the attention core run on, "
         "with their own calibrated figures per GPU type (hardware_catalog/*.toml "
@@ -862,4 +865,15 @@ class InstanceSpec(_Strict):
             raise ValueError("training.moe_token_dispatcher applies to mixture-of-experts "
                              "models only (how tokens reach their experts), and model.experts "
                              "= 0 is a dense model: set model.experts, or remove it")
+        if self.training.selective_recompute == "mla_up_proj" and not self.model.mla:
+            raise ValueError("training.selective_recompute = \"mla_up_proj\" recomputes "
+                             "multi-head latent attention's up-projections, and the model has "
+                             "none (model.kv_lora_rank not given): use core_attention, or "
+                             "describe the model's MLA")
+        if (self.training.selective_recompute == "mla_up_proj"
+                and self.constraints.framework not in (None, "megatron", "nemo")):
+            raise ValueError("training.selective_recompute = \"mla_up_proj\" is a "
+                             "Megatron-Core recompute module; constraints.framework = "
+                             f"\"{self.constraints.framework}\" has none: use its own "
+                             "selective recompute")
         return self

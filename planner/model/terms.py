@@ -284,7 +284,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # framework's): Megatron-Core's core attention, or torchtitan's op-level policy (every
     # second matmul of the layer and the element-wise ops; the attention output is kept)
     op_level = selective and selective_recompute(inst) == "op"
-    core_attn = selective and not op_level
+    # Megatron-Core's mla_up_proj: MLA's up-projections (and RoPE) re-run before the core's
+    # backward, their outputs (Q, K, V) dropped once the core has read them
+    up_proj = selective and selective_recompute(inst) == "mla_up_proj"
+    core_attn = selective and not op_level and not up_proj
     n_fwd = 2 if full else 1
     passes = n_fwd + 2
     flash = tr.flash_attention
@@ -416,6 +419,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         gemm_s_ = passes * gemm_s(gemms, peak_gemm)
         if op_level:
             gemm_s_ = gemm_s_ + gemm_s(recomputed, peak_gemm)
+        if up_proj:
+            gemm_s_ = gemm_s_ + gemm_s(sh.gathering_gemms(tokens, t, shard), peak_gemm)
         fwd = tokens * (sh.eltwise_replicated_bytes / shard + mlp_bytes / t) + score_bytes
         elt_s = ((passes + (1 if op_level else 0)) * fwd
                  + (score_bytes if core_attn else 0)
@@ -887,7 +892,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         """(stored bytes per layer and micro-batch, working set of one re-materialised layer).
         ``parallel_bytes``: the tensor-parallel stored bytes per token (FP8-held included);
         ``mlp_kept``: bytes per token of the MLP's first matmul output (op-level policy)."""
-        none = tokens * (replicated_bytes / shard + parallel_bytes / t)
+        # (mla_up_proj: Q, K and V are not kept; one layer's are re-materialised for its
+        # backward)
+        qkv = 2 * (sh.q + sh.k_w + sh.v_w) if up_proj else 0
+        none = tokens * (replicated_bytes / shard + (parallel_bytes - qkv) / t)
         if flash:
             none = none + 4 * sh.a * tokens / t                  # fp32 softmax statistics
             sel = none
@@ -896,6 +904,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             none = none + sh.act_score_bytes_per_element * sh.a * tokens * s / t
         if full:
             return 2 * tokens * h / shard, none                   # the layer input checkpoint
+        if up_proj:
+            return none, tokens * qkv / t
         if op_level:
             # torchtitan's op-level policy keeps the layer input, the outputs of the odd
             # matmuls (q, v, the MLP's first; gated also its last, w2) and of the attention
