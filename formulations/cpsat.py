@@ -42,9 +42,28 @@ def available() -> bool:
     return True
 
 
+#: The largest objective entry, in units, a quantum allows: :data:`SAFE_INT` over 2^3, room for
+#: the sums the rows form of such entries.
+TOP_UNITS = SAFE_INT / 2**3
+
+
 def quantum(enc: Encoding) -> float:
-    """Seconds (or seconds per sequence) per integer unit of the CP-SAT objective."""
-    return 10.0 ** np.floor(np.log10(max(enc.scale, 1e-300) * RELATIVE_QUANTUM))
+    """Seconds (or seconds per sequence) per integer unit of the CP-SAT objective:
+    :data:`RELATIVE_QUANTUM` of the objective's magnitude, or, where the tables span more
+    than that leaves room for, the power of ten that keeps their largest entry within
+    :data:`TOP_UNITS`.
+
+    Why the second: the magnitude is a median table entry, and a step's tables hold both
+    microsecond pieces and the seconds of degrees no plan would take (DeepSeek-V3 on 1,024
+    GB200: a median of about 1e-3 s, entries up to 1.4e6 s), so a quantum from the median
+    alone overflowed CP-SAT's integers and the default solver refused the instance. The
+    coarser quantum (1e-8 s there) still resolves a step of seconds to about 1e-9 of it."""
+    from formulations.milp import magnitude
+    q = 10.0 ** np.floor(np.log10(max(enc.scale, 1e-300) * RELATIVE_QUANTUM))
+    top = magnitude([enc.objective, *(a for args in enc.maxes for a in args)])
+    if np.isfinite(top) and top / q > TOP_UNITS:
+        q = 10.0 ** np.ceil(np.log10(top / TOP_UNITS))
+    return float(q)
 
 
 #: CP-SAT's bounds of an unbounded side (the int64 range)

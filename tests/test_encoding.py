@@ -114,3 +114,33 @@ def test_batch_models_share_the_ranges_symbolic_terms(spec):
             assert set(shared[1]) == set(own[1])
             for stage in own[1]:
                 same(shared[1][stage], own[1][stage])
+
+
+def test_the_cp_sat_quantum_keeps_the_largest_entry_an_integer():
+    """CP-SAT's time unit is 1e-7 of a typical (median) table entry, unless the tables reach
+    further than 2^50 such units: then a coarser power of ten. DeepSeek-V3 on 1,024 GB200 had a
+    median entry near 1e-3 s and entries up to 1.4e6 s (degrees no plan takes), and CP-SAT, the
+    default solver, refused the instance ("CP-SAT needs integer units"); with the coarser unit
+    (1e-8 s) the three backends give the same plan. Here one entry of a small instance's
+    objective is widened to 10^16 units (the DeepSeek case had 1.4e16): the unit grows by
+    powers of ten so that it fits, and stays far finer than the optimum."""
+    import dataclasses
+
+    from formulations import cpsat
+    from formulations.milp import SAFE_INT, magnitude
+    from formulations.solve import solve
+
+    inst = load_instance("instances/gpt-1.3b-1node.toml")
+    enc = encode(build_space(inst), "step_time")
+    q = cpsat.quantum(enc)
+    assert q == 10.0 ** np.floor(np.log10(enc.scale * cpsat.RELATIVE_QUANTUM))
+    u = enc.objective.usages[0]
+    wide = dataclasses.replace(u, table=u.table.copy(), main_table=u.main_table.copy())
+    wide.main_table.flat[0] = wide.table.flat[0] = 1e16 * q
+    wider = dataclasses.replace(enc, objective=dataclasses.replace(
+        enc.objective, usages=[wide, *enc.objective.usages[1:]]))
+    q_wide = cpsat.quantum(wider)
+    assert magnitude([wider.objective]) / q_wide <= SAFE_INT / 8 < magnitude([wider.objective]) / q
+    assert q_wide == pytest.approx(10 * q)
+    optimum = solve(inst, solver="enumerate").objective
+    assert q_wide < 1e-6 * optimum
