@@ -457,7 +457,6 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # compressed ones' reduce-scatter (without sequence parallelism: an all-reduce of the
     # hidden state forward, of the compressed widths backward)
     act_bytes = 2 * tokens * h
-    n_allreduce = 4 + (2 if full else 0)
 
     def tp_pair(width):
         """(all-gather, reduce-scatter) of ``width``-wide tokens over the tensor group."""
@@ -468,14 +467,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     tp_ag, tp_rs = tp_pair(h)
     tp_one = tp_ag + tp_rs
-    if sh.mla:
-        ag_w, rs_w = tp_pair(sh.attn_gather_w)
-        attn_fwd, attn_bwd = (ag_w + tp_rs, tp_ag + rs_w) if sp else (tp_one, ag_w + rs_w)
-        tp_layer = n_fwd * (attn_fwd + tp_one) + attn_bwd + tp_one
-        tp_moe = n_fwd * attn_fwd + attn_bwd
-    else:
-        tp_layer = n_allreduce * tp_one
-        tp_moe = n_allreduce / 2 * tp_one
+    # the attention's collectives: (all-gather, reduce-scatter) of its backward pair, and its
+    # forward pair's time
+    ag_w, rs_w = tp_pair(sh.attn_gather_w) if sh.mla else (tp_ag, tp_rs)
+    attn_bwd_pair = (tp_ag, rs_w) if sp else (ag_w, rs_w)
+    attn_fwd = ag_w + tp_rs if sp else tp_one
+    tp_layer = n_fwd * (attn_fwd + tp_one) + sum(attn_bwd_pair) + tp_one
+    tp_moe = n_fwd * attn_fwd + sum(attn_bwd_pair)
     if k.tp_comm_overlap and sp and not is_one(t):
         # tp_comm_overlap (Transformer Engine userbuffers, needs sequence parallelism): each
         # all-gather / reduce-scatter is split into tp chunks pipelined with the chunks of its
@@ -494,20 +492,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         def backward_exposed(wgrad, ag=tp_ag, rs=tp_rs):
             if sp:
                 return ag + hidden_cost(rs, vmax(0.0, rs - wgrad), slow)
-            both = tp_one if ag is tp_ag else ag + rs
-            return hidden_cost(both, vmax(0.0, both - wgrad), slow)
+            return hidden_cost(ag + rs, vmax(0.0, ag + rs - wgrad), slow)
         # (MLA: the two up-projections' input gradients, beside their weight gradients)
         wgrad_qkv = gemm_s(sh.gathering_gemms(tokens, t, shard), peak_gemm)
-        if sh.mla:
-            exposed_qkv = backward_exposed(wgrad_qkv, tp_ag if sp else ag_w, rs_w)
-            tp_layer = (n_fwd * (attn_fwd + tp_one) + exposed_qkv
-                        + backward_exposed(gemm_s(mlp_gemms[:1], peak_gemm)))
-            tp_moe = n_fwd * attn_fwd + exposed_qkv
-        else:
-            exposed_qkv = backward_exposed(wgrad_qkv)
-            tp_layer = ((n_allreduce - 2) * tp_one + exposed_qkv
-                        + backward_exposed(gemm_s(mlp_gemms[:1], peak_gemm)))
-            tp_moe = (n_allreduce / 2 - 1) * tp_one + exposed_qkv
+        exposed_qkv = backward_exposed(wgrad_qkv, *attn_bwd_pair)
+        tp_layer = (n_fwd * (attn_fwd + tp_one) + exposed_qkv
+                    + backward_exposed(gemm_s(mlp_gemms[:1], peak_gemm)))
+        tp_moe = n_fwd * attn_fwd + exposed_qkv
 
     # ---- context-parallel ring exchange per layer and micro-batch --------------------------
     if is_one(x.c_in) and is_one(x.c_out):
