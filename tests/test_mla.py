@@ -247,3 +247,24 @@ def test_backends_agree_with_up_projection_recompute():
             "cluster": {"gpu": "h100-sxm", "nodes": 2},
             "constraints": {"recompute": "selective", "max_recompute_layers": 0,
                             "optimizer_offload": False}})
+
+
+def test_the_plan_names_the_latent_attention_s_widths(tmp_path):
+    """`plan evaluate` of a DeepSeek-V2-Lite-shaped model says its attention is MLA with its
+    widths (no compressed query: none named), not "16 heads (16 kv)"."""
+    from typer.testing import CliRunner
+
+    from planner.app.cli import app
+    import json
+    lines = ["[model]"] + [f"{k} = {json.dumps(v)}"          # (TOML's spelling of these)
+                           for k, v in {**DEEPSEEK_V2_LITE, "layers": 4}.items()]
+    lines += ["[training]", "global_batch = 64", "[cluster]", 'gpu = "h100-sxm"', "gpus = 8",
+              "[plan]", "tp = 2", "pp = 1", "dp = 4", "ep = 4", "micro_batch = 1"]
+    path = tmp_path / "lite.toml"
+    path.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["evaluate", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert ("16 heads (MLA: query / key 128 + 64 RoPE wide, value 128; compressed key / value "
+            "512)") in text
+    assert "kv)" not in text
