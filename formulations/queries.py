@@ -324,7 +324,9 @@ def days_lower_bound(inst: Instance, nodes: int) -> float:
     hw = inst.hw
     rate = max(hw.peak * hw.efficiency, gemm_rate(inst))
     sequences = inst.spec.training.tokens / sh.s
-    gemm_flops = sh.model_flops(sequences) - 3 * sequences * sh.L * sh.attention_flops(1)
+    # (the multi-token prediction layers' cores too)
+    gemm_flops = (sh.model_flops(sequences)
+                  - 3 * sequences * (sh.L + sh.mtp) * sh.attention_flops(1))
     return gemm_flops / (inst.at_size(nodes).gpus * rate) / 86400
 
 

@@ -82,7 +82,7 @@ def test_deepseek_v3():
         "gated_mlp": True, "vocab": 129280, "tied_embeddings": False,
         "position_embedding": "rope", "dropout": False,
         "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_head_dim": 128,
-        "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+        "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "mtp_layers": 1,
         "experts": 256, "top_k": 8, "moe_ffn_hidden": 2048, "shared_experts": 1,
         "first_dense_layers": 3, "moe_layer_interval": 1,
     }

@@ -45,7 +45,9 @@ def _shape(model):
 
 
 @pytest.mark.parametrize("model, total_b, active_b", [
-    ({"preset": "deepseek-v3"}, 671, 37),   # DeepSeek-V3 technical report, abstract
+    # DeepSeek-V3 technical report, abstract (the main model: its prediction module apart,
+    # tests/test_mtp.py)
+    ({"preset": "deepseek-v3", "mtp_layers": 0}, 671, 37),
     (DEEPSEEK_V2, 236, 21),                 # DeepSeek-V2 report, abstract
     (DEEPSEEK_V2_LITE, 15.7, 2.4),          # DeepSeek-V2 report, Appendix B
 ])
@@ -149,7 +151,7 @@ def test_mla_saves_more_attention_activations_than_its_hidden_width_suggests():
     hidden width would keep 57,344: the plan's activations are larger than the stand-in's."""
     plan = {"tp": 8, "pp": 1, "dp": 1, "micro_batch": 1, "sequence_parallel": True,
             "recompute": "none", "ep": 8}
-    v3 = {"preset": "deepseek-v3", "layers": 4, "first_dense_layers": 1}
+    v3 = {"preset": "deepseek-v3", "layers": 4, "first_dense_layers": 1, "mtp_layers": 0}
     stand_in = {**v3, **{k: None for k in ("kv_lora_rank", "q_lora_rank", "qk_head_dim",
                                           "qk_pos_emb_head_dim", "v_head_dim")}}
     acts = []
@@ -183,7 +185,7 @@ def test_up_projection_recompute_drops_queries_keys_and_values():
     core has read them (128 heads x 192, x 192 and x 128 for DeepSeek-V3: 131,072 bytes a token
     before the tensor split) and re-materialises one layer's for its backward; the attention
     core's own recompute (core_attention) saves nothing under fused attention."""
-    v3 = {"preset": "deepseek-v3", "layers": 4, "first_dense_layers": 1}
+    v3 = {"preset": "deepseek-v3", "layers": 4, "first_dense_layers": 1, "mtp_layers": 0}
     plan = {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1, "sequence_parallel": True,
             "recompute": "selective", "ep": 4}
     acts = {mode: _report(v3, plan, selective_recompute=mode).memory_gib["activations"]

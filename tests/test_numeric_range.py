@@ -168,11 +168,16 @@ def test_cli_huge_model_exits_3_without_traceback(tmp_path):
 
 def test_cli_out_of_range_instance_exits_4_with_the_reason(monkeypatch, tmp_path):
     """No instance file can reach this any more (the schema bounds the bandwidth): the loaded
-    instance is replaced, the rest of the command runs as usual."""
+    instance is replaced, the rest of the command runs as usual. Its objective reaches 1e9 s
+    (1 B/s links): CP-SAT's unit grows to fit it and the plan comes back (exit 0); with the
+    unit held to the median entry's (``TOP_UNITS`` unbounded, the rule before the unit could
+    grow), the objective overflows CP-SAT's integers and the command says so (exit 4)."""
     tiny = with_bandwidth(instance(), 1.0)
     monkeypatch.setattr("planner.app.cli._load", lambda path, nodes=None: tiny)
     path = tmp_path / "any.toml"
     path.write_text("")
+    assert CliRunner().invoke(app, ["solve", str(path)]).exit_code == 0
+    monkeypatch.setattr("formulations.cpsat.TOP_UNITS", float("inf"))
     result = CliRunner().invoke(app, ["solve", str(path)])
     text = all_text(result)
     assert result.exit_code == 4, text

@@ -544,6 +544,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         # --q-lora-rank default None is queries not compressed)
         args.append("--multi-latent-attention")
         args += [f"--{key.replace('_', '-')} {value}" for key, value in _mla_widths(m).items()]
+    if m.mtp_layers:
+        args.append(f"--mtp-num-layers {m.mtp_layers}")   # (arguments.py, the mtp group)
     if m.gated_mlp:
         args.append("--swiglu")
     if not m.tied_embeddings:
@@ -853,6 +855,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"multi_latent_attention": True, **_mla_widths(m)} if m.mla
                    else {"num_query_groups": m.kv}),
                 **({"kv_channels": m.head_dim} if m.head_dim is not None else {}),
+                **({"mtp_num_layers": m.mtp_layers} if m.mtp_layers else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
                 **({"recompute_modules": ["mla_up_proj"]}

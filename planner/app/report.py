@@ -60,7 +60,8 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
     else:
         heads = (f"{m.heads} heads ({m.kv} kv"
                  + (f", {m.head_dim} wide" if m.head_dim is not None else "") + ")")
-    t.add_row("model", f"{escape(m.name or 'custom')}: {m.layers} layers, hidden "
+    mtp = f" (+ {plural(m.mtp_layers, 'prediction layer')})" if m.mtp_layers else ""
+    t.add_row("model", f"{escape(m.name or 'custom')}: {m.layers} layers{mtp}, hidden "
               f"{m.hidden}, {heads}, seq {m.seq_len}")
     hosts = f"{plural(p.nodes, 'node')} of {inst.hw.gpus_per_host}"
     if inst.node_size != inst.hw.gpus_per_host:

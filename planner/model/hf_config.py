@@ -65,14 +65,16 @@ DeepseekV2Config / DeepseekV3Config defaults::
     qk_nope_head_dim   -> qk_head_dim          (default 128)
     qk_rope_head_dim   -> qk_pos_emb_head_dim  (default 64)
     v_head_dim         -> v_head_dim           (default 128)
+    num_nextn_predict_layers -> mtp_layers     (multi-token prediction depths; absent or 0:
+                                                none, and the key is left out)
 
 An MoE config with no routed experts (0, 1 or null: one expert is a dense MLP), or whose dense
 layers leave no MoE layer, is returned as a dense model.
 
 Approximations (what the returned shape does not capture):
 
-* DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``) is not counted;
-  ``layers`` is ``num_hidden_layers``.
+* ``layers`` is ``num_hidden_layers``; DeepSeek-V3's multi-token prediction module
+  (``num_nextn_predict_layers``) is ``mtp_layers``, outside ``layers``.
 * ``head_dim`` (Qwen3, newer Mistral) becomes the ModelSpec's ``head_dim`` when ``head_dim *
   heads != hidden`` (e.g. Qwen3-0.6B, Qwen3-30B-A3B: 32 heads of 128 on a hidden of 2048), so
   the attention projections and the attention core are ``heads * head_dim`` wide.
@@ -275,6 +277,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
         out["qk_head_dim"] = r.count("qk_nope_head_dim", 128)
         out["qk_pos_emb_head_dim"] = r.count("qk_rope_head_dim", 64)
         out["v_head_dim"] = r.count("v_head_dim", 128)
+        mtp = r.count("num_nextn_predict_layers", 0, minimum=0)
+        if mtp:
+            out["mtp_layers"] = mtp
         freq = r.count("moe_layer_freq", 1)
         first = r.count("first_k_dense_replace", 0, minimum=0)
         moe = {"experts": r.count("n_routed_experts", 0, minimum=0),

@@ -172,6 +172,11 @@ class ModelSpec(_Strict):
     first_dense_layers: int = Field(default=0, ge=0, description="leading dense layers")
     moe_layer_interval: upto(MAX_LAYERS) = Field(
         default=1, description="every n-th layer after the dense ones is an MoE layer")
+    mtp_layers: int = Field(
+        default=0, ge=0, le=MAX_LAYERS, description="multi-token prediction depths (DeepSeek-V3; "
+        "Megatron-Core --mtp-num-layers, Hugging Face num_nextn_predict_layers): each runs, on "
+        "the last pipeline stage, a 2h -> h projection, one transformer layer of the last "
+        "layer's kind and the output layer and loss once more")
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSpec:
@@ -209,6 +214,13 @@ class ModelSpec(_Strict):
     @property
     def moe(self) -> bool:
         return self.experts > 1
+
+    @property
+    def last_layer_moe(self) -> bool:
+        """The last decoder layer is an MoE layer (the kind of a multi-token prediction
+        layer, as Megatron-LM's ``last_layer_is_moe``)."""
+        return self.moe and (self.layers - 1 - self.first_dense_layers) % \
+            self.moe_layer_interval == 0
 
     @property
     def moe_layers(self) -> int:

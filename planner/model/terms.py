@@ -439,6 +439,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                               moe_recomputed, moe_cast)
     else:
         moe_gemm, moe_compute = 0.0, 0.0
+    # multi-token prediction (Megatron-Core's MultiTokenPredictionBlock, after the decoder on
+    # the last stage): per depth and micro-batch the 2h -> h projection, a layer of the last
+    # layer's kind and the output layer and loss again; the last stage's work beside its layers
+    last_extra = logits
+    if sh.mtp:
+        eh_proj = passes * gemm_s([(tokens, h / t, 2 * h, 1)], peak_gemm)
+        last_extra = logits + sh.mtp * (
+            (moe_compute if sh.mtp_moe else dense_compute) + eh_proj + logits)
 
     # ---- tensor-parallel communication per layer and micro-batch ---------------------------
     # a dense layer: 2 collectives forward (attention, MLP), 2 backward, 2 more under full
@@ -553,12 +561,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     # on symbols (the search; any of the pace's pieces symbolic, so every combination has the
     # same maxima)
-    symbolic = any(isinstance(z, Sig) for z in (stage_compute, logits, p, v))
+    symbolic = any(isinstance(z, Sig) for z in (stage_compute, last_extra, p, v))
     # Per stage: the first holds stage_layers - sf layers (and the embedding lookup, no FLOPs),
     # a middle one stage_layers (only when p > 2), the last stage_layers - sl and the output
-    # layer; compute and bubble follow the slowest one. A first / last stage runs its share of
-    # the middle stage's layer mix. The communication per layer is charged on the fullest
-    # stage (a middle one: an upper bound).
+    # layer (and the multi-token prediction depths: last_extra); compute and bubble follow the
+    # slowest one. A first / last stage runs its share of the middle stage's layer mix. The
+    # communication per layer is charged on the fullest stage (a middle one: an upper bound;
+    # the prediction depths' layers are within it where the last stage is as many layers
+    # short).
     per_layer = stage_compute / stage_layers
     if symbolic:
         # the search's layouts have sf, sl >= 0 and, at p = 2, one of them 0 (the space keeps
@@ -566,18 +576,18 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # maximum over the stages reduces to this one (equal to the general one below); with
         # no short last stage in the search (not k.paced) it is the last stage
         if k.paced:
-            pace_compute = stage_compute + vmax(0.0, logits - sl * per_layer)
+            pace_compute = stage_compute + vmax(0.0, last_extra - sl * per_layer)
         elif sl:
             raise ValueError("a short last stage in the search needs Knobs.paced")
         else:
-            pace_compute = stage_compute + logits
+            pace_compute = stage_compute + last_extra
         pace_bubble = stage_compute
     elif k.uneven:
         first_c, last_c = stage_compute - sf * per_layer, stage_compute - sl * per_layer
-        pace_compute = vmax(first_c, gt2(p) * stage_compute, last_c + logits)
+        pace_compute = vmax(first_c, gt2(p) * stage_compute, last_c + last_extra)
         pace_bubble = vmax(first_c, gt2(p) * stage_compute, last_c)
     else:
-        pace_compute, pace_bubble = stage_compute + logits, stage_compute
+        pace_compute, pace_bubble = stage_compute + last_extra, stage_compute
 
     time = {
         "compute": m * pace_compute,
@@ -634,9 +644,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     dense_layer_avg = dense_share * sh.layer_params + moe_share * sh.moe_dense_params
     stage_params = stage_layers * dense_layer_avg + sh.embedding_params + 2 * h \
         + eq1(p) * untied_extra                      # upper bound over first and last stage
+    # (the multi-token prediction depths, on the last stage: their layers' non-expert weights
+    # and projection, and their experts)
+    mtp_layer = (sh.moe_dense_params if sh.mtp_moe else sh.layer_params) + sh.mtp_extra_params
+    stage_params = stage_params + sh.mtp * mtp_layer
     params_gpu = stage_params / t
     expert_gpu = stage_layers * moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe \
         else 0.0
+    if sh.mtp and sh.mtp_moe:
+        expert_gpu = expert_gpu + sh.mtp * sh.experts * sh.expert_params / x.e
 
     # ---- data-parallel communication (over dp x cp ranks) + optimizer step ----------------
     # The sharding mode (SHARDING) says what each rank keeps whole and which collectives run
@@ -953,16 +969,28 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         expert_opt = state_bytes / expert_shards
         for stage, n_layers in stages.items():
             # the stage's layers, and what sits beside them: the embedding (and, at p = 1, the
-            # output layer and final norm) on the first stage, those two on the last
+            # output layer and final norm) on the first stage, those two on the last; the
+            # multi-token prediction depths on the last (on the first at p = 1), each a layer
+            # of this row's kind with its projection, and (p > 1) a copy of the embedding
+            # they read
+            on_stage = 0 if not sh.mtp or stage == "middle" else (
+                1 if stage == "last" else eq1(p))
             layers_p = (gt2(p) if stage == "middle" else 1) * n_layers * layer_p / t
+            stage_experts = experts_p
+            if sh.mtp and stage != "middle":
+                layers_p = layers_p + on_stage * sh.mtp * (layer_p + sh.mtp_extra_params) / t
+                if kind == "moe":
+                    stage_experts = experts_p + on_stage * sh.mtp * sh.experts \
+                        * sh.expert_params / x.e
             stage_head = 0.0 if stage == "middle" else (
                 (sh.embedding_params + eq1(p) * (untied_extra + 2 * h)) / t
-                if stage == "first" else (sh.V * h + 2 * h) / t)
+                if stage == "first" else
+                (sh.V * h + 2 * h + (gt1(p) * sh.V * h if sh.mtp else 0.0)) / t)
             dense_p = layers_p + stage_head
             if stage == "first":
                 acts = p * n_layers * stored * first_flight + working + embed_mask
                 held, kept_working = p * first_flight, working
-                logit = eq1(p) * logits_buffer
+                logit = eq1(p) * logits_buffer * (1 + sh.mtp)
             elif stage == "middle":
                 acts = gt2(p) * (n_layers * stored * mid_flight + working)
                 held, kept_working = gt2(p) * mid_flight, gt2(p) * working
@@ -970,7 +998,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             else:
                 acts = p * n_layers * stored * last_flight + working
                 held, kept_working = p * last_flight, working
-                logit = logits_buffer
+                # (one logits tensor per loss: the output layer's and each depth's)
+                logit = logits_buffer * (1 + sh.mtp)
             name = stage if len(kinds) == 1 else f"{stage}_{kind}"
             one_layer = layer_p / t + (experts_p / stage_layers if kind == "moe" else 0.0)
             # (the root unit: the embedding on the first stage, the output layer on the last)
@@ -993,6 +1022,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                         + eq1(p) * (L - k.offload_layers) * stored + working
                         + (embed_mask if stage == "first" else 0.0))
                 held = gt1(p) * p * flight + eq1(p) * (L - k.offload_layers) / n_layers
+            # the prediction depths' layers, held as the stage's own
+            mtp_acts = 0.0
+            if sh.mtp and stage != "middle":
+                mtp_acts = on_stage * sh.mtp * stored * p * (
+                    first_flight if stage == "first" else last_flight)
+                acts = acts + mtp_acts
             # what a partial recompute mixes (_partial_recompute): the stored bytes of one
             # layer, the micro-batches' worth of them the stage holds per layer, the working
             # set as it enters acts and the rest (acts = held x layers x stored + working +
@@ -1000,14 +1035,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             layer_info[f"stored_{name}"] = stored
             layer_info[f"held_{name}"] = held
             layer_info[f"working_{name}"] = kept_working
-            layer_info[f"extra_{name}"] = embed_mask if stage == "first" else 0.0
-            opt_gpu = dense_p * opt_bytes + experts_p * expert_opt
+            layer_info[f"extra_{name}"] = (embed_mask if stage == "first" else 0.0) + mtp_acts
+            opt_gpu = dense_p * opt_bytes + stage_experts * expert_opt
             # the weights whose FP8 copies are held: every layer's under Transformer Engine,
             # which keeps them from the forward to the backward; torchao's float8 saves the
             # 16-bit weight for the backward and casts it per GEMM
             # (float8_linear.py matmul_with_hp_or_float8_args), so only the layer being
             # computed has one
-            fp8_copies = one_layer if torchao else layers_p + experts_p
+            fp8_copies = one_layer if torchao else layers_p + stage_experts
             # the FP8 weight copies are of the layers' GEMM weights only: the embedding is a
             # lookup and Megatron-Core's output layer a tensor_parallel.ColumnParallelLinear,
             # outside Transformer Engine's FP8 modules (gpt_model.py)
@@ -1016,19 +1051,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 # layers' GEMM weights and a 16-bit shard of the rest, and no FP8 copy of the
                 # unsharded weights beside them (Megatron-Bridge's FSDP recipes set
                 # keep_fp8_transpose_cache = False): the working set is the gathered layers
-                weights = ((layers_p * weight_share + experts_p * expert_weight_share)
+                weights = ((layers_p * weight_share + stage_experts * expert_weight_share)
                            * FP8_WIRE + stage_head * weight_share * WEIGHT_BYTES
                            + working_w)
             elif fp8_params:
                 # FP8 parameters (ZeRO-1: whole): the layers' GEMM weights are the FP8
                 # copy alone, the embedding, output layer and final norm stay 16-bit
-                weights = stage_head * WEIGHT_BYTES + (layers_p + experts_p) * fp8_cache
+                weights = stage_head * WEIGHT_BYTES + (layers_p + stage_experts) * fp8_cache
             else:
-                weights = ((dense_p * weight_share + experts_p * expert_weight_share)
+                weights = ((dense_p * weight_share + stage_experts * expert_weight_share)
                            * WEIGHT_BYTES + fp8_copies * fp8_cache + working_w)
             memory[name] = {
                 "weights": weights,
-                "gradients": (dense_p * grad_share + experts_p * expert_grad_share) * grad_bytes
+                "gradients": (dense_p * grad_share + stage_experts * expert_grad_share) * grad_bytes
                 + working_g,
                 "optimizer_states": 0.0 if k.optimizer_offload else opt_gpu,
                 "activations": acts,
@@ -1041,9 +1076,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 memory[f"{name}_step"] = {
                     **memory[name], "activations": 0.0, "logits": 0.0,
                     "optimizer_states": opt_gpu + step_copy * (dense_p / shards
-                                                               + experts_p / expert_shards)}
+                                                               + stage_experts / expert_shards)}
             if stage == "first" and k.offloads:
-                host_opt = (dense_p / shards + experts_p / expert_shards) \
+                host_opt = (dense_p / shards + stage_experts / expert_shards) \
                     * host_optimizer_bytes(tr.optimizer_dtype)
                 memory[name.replace("first", "host")] = host_memory_row(
                     inst, (host_opt if k.optimizer_offload else 0.0) + off_acts)

@@ -46,6 +46,8 @@ class Shape:
     q_lora: int = 0           # MLA: rank of the compressed queries (0: projected directly)
     d_rope: int = 0           # MLA: RoPE part of a query / key head
     d_v: int = 0              # MLA: width of a value head
+    mtp: int = 0              # multi-token prediction depths (on the last pipeline stage)
+    mtp_moe: bool = False     # ... each a layer of the last decoder layer's kind
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
@@ -59,7 +61,8 @@ class Shape:
                      learned_pos=m.position_embedding == "learned", dropout=m.dropout,
                 experts=m.experts if m.moe else 0, top_k=m.top_k if m.moe else 0,
                 f_e=m.moe_ffn if m.moe else 0,
-                shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers, **mla)
+                shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
+                mtp=m.mtp_layers, mtp_moe=m.last_layer_moe, **mla)
 
     # attention widths ----------------------------------------------------------------------
     @property
@@ -221,11 +224,29 @@ class Shape:
         return self.V * self.h + (self.s * self.h if self.learned_pos else 0)
 
     @property
+    def mtp_extra_params(self) -> float:
+        """What a multi-token prediction depth adds beside its transformer layer: the
+        ``2h -> h`` projection of the normed embedding and hidden state (``eh_proj``) and
+        three norms (the two inputs' and its final one, ``2h`` each as every norm here); it
+        shares the embedding and the output layer (Megatron-Core MultiTokenPredictionLayer)."""
+        return 2 * self.h * self.h + 6 * self.h
+
+    @property
+    def mtp_layer_params(self) -> float:
+        """One multi-token prediction depth's own weights: a layer of the last decoder layer's
+        kind (experts included) and :attr:`mtp_extra_params`."""
+        layer = (self.moe_dense_params + self.experts * self.expert_params if self.mtp_moe
+                 else self.layer_params)
+        return layer + self.mtp_extra_params
+
+    @property
     def total_params(self) -> float:
-        """Parameters of the model (the output layer counted once when tied)."""
+        """Parameters of the model (the output layer counted once when tied), its
+        multi-token prediction depths included."""
         out = 0 if self.tied else self.V * self.h
         moe = self.n_moe * (self.moe_dense_params + self.experts * self.expert_params)
-        return (self.n_dense * self.layer_params + moe + self.embedding_params + out + 2 * self.h)
+        return (self.n_dense * self.layer_params + moe + self.embedding_params + out + 2 * self.h
+                + self.mtp * self.mtp_layer_params)
 
     # FLOPs, forward, per micro-batch of b sequences, whole layer (divide by t*c per GPU) -------
     def gemm_flops(self, b) -> float:
@@ -257,9 +278,14 @@ class Shape:
     def model_flops(self, batch) -> float:
         """Model FLOPs of one training step (forward + backward = 3x forward, no recompute):
         the Megatron-LM / Narayanan et al. Eq. 3 convention used for MFU (MoE layers count the
-        experts a token is routed to)."""
+        experts a token is routed to); a multi-token prediction depth counts its layer, its
+        ``2h -> h`` projection and the output layer once more, as Megatron-LM's
+        ``num_floating_point_operations`` does (less its norms)."""
+        mtp_layer = self.moe_gemm_flops(1) if self.mtp_moe else self.gemm_flops(1)
         per_seq = (self.n_dense * self.gemm_flops(1) + self.n_moe * self.moe_gemm_flops(1)
-                   + self.L * self.attention_flops(1) + self.logits_flops(1))
+                   + self.L * self.attention_flops(1) + self.logits_flops(1)
+                   + self.mtp * (mtp_layer + self.attention_flops(1)
+                                 + 2 * self.s * 2 * self.h * self.h + self.logits_flops(1)))
         return 3 * batch * per_seq
 
     # HBM traffic of element-wise kernels, forward, bytes per token --------------------------

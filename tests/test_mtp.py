@@ -1,0 +1,96 @@
+"""Multi-token prediction (``[model] mtp_layers``: DeepSeek-V3's MTP module, Megatron-Core's
+``--mtp-num-layers``): checked against DeepSeek's published weight counts and against the
+model's own pipeline rules (the depths run on the last stage)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.app.emit import emit
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+from planner.model.workload import Shape
+from tests.test_mla import DEEPSEEK_V2_LITE
+
+
+def _inst(model, plan=None, gpus=8, **training):
+    doc = {"model": model, "training": {"global_batch": 64, **training},
+           "cluster": {"gpu": "h100-sxm", "gpus": gpus}}
+    if plan:
+        doc["plan"] = plan
+    return parse_instance(doc)
+
+
+def _report(inst):
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+
+
+def test_deepseek_v3_weights_with_its_prediction_module_are_the_released_ones():
+    """DeepSeek-V3's README: 685B on Hugging Face, "671B of the Main Model weights and 14B of
+    the Multi-Token Prediction (MTP) Module weights"; README_WEIGHTS.md: the MTP module has
+    "11.5B unique parameters, excluding the shared 0.9B Embedding and 0.9B output Head" (the
+    checkpoint stores those two again)."""
+    with_mtp = Shape.of(_inst({"preset": "deepseek-v3"}).model)
+    without = Shape.of(_inst({"preset": "deepseek-v3", "mtp_layers": 0}).model)
+    assert with_mtp.mtp == 1 and with_mtp.mtp_moe      # the last of the 61 layers is MoE
+    unique = with_mtp.total_params - without.total_params
+    assert unique / 1e9 == pytest.approx(11.5, rel=0.015)
+    assert without.total_params / 1e9 == pytest.approx(671, rel=0.005)
+    stored = with_mtp.total_params + 2 * with_mtp.V * with_mtp.h     # embedding and head again
+    assert stored / 1e9 == pytest.approx(685, rel=0.005)
+
+
+#: a 4-layer MLA MoE model on two pipeline stages, its layers even (2 + 2) or the last stage
+#: two layers short (4 + 0 is no layout: 3 + 1)
+PLAN = {"tp": 1, "pp": 2, "dp": 4, "ep": 4, "micro_batch": 1, "recompute": "none"}
+
+
+def _lite(mtp, **plan):
+    model = {**DEEPSEEK_V2_LITE, "layers": 4, "mtp_layers": mtp}
+    return _report(_inst(model, {**PLAN, **plan}))
+
+
+def test_the_prediction_depths_run_on_the_last_stage():
+    """With the layers split evenly the last stage (its two layers, the output layer and now a
+    prediction layer, its projection and a second output layer) sets the pace: the step grows.
+    With the last stage one layer short, the depth takes the place of the missing layer and
+    the step grows less. The first stage's memory is unchanged; the last stage's grows by at
+    least the prediction layer's weights and its second logits."""
+    even = {mtp: _lite(mtp) for mtp in (0, 1)}
+    short = {mtp: _lite(mtp, first_stage_layers=3, last_stage_layers=1) for mtp in (0, 1)}
+    grow_even = even[1].step_time_s - even[0].step_time_s
+    grow_short = short[1].step_time_s - short[0].step_time_s
+    assert grow_even > 0 and 0 <= grow_short < grow_even
+    by_stage = {mtp: even[mtp].memory_by_stage_gib for mtp in (0, 1)}
+    firsts = [k for k in by_stage[0] if k.startswith("first") and not k.endswith("_step")]
+    lasts = [k for k in by_stage[0] if k.startswith("last") and not k.endswith("_step")]
+    for k in firsts:
+        assert by_stage[1][k]["total"] == pytest.approx(by_stage[0][k]["total"], rel=1e-12)
+    sh = Shape.of(_inst({**DEEPSEEK_V2_LITE, "mtp_layers": 1}).model)
+    layer_gib = sh.mtp_layer_params * 2 / 4 / 2**30      # 16-bit, its experts over ep = 4
+    for k in lasts:
+        assert by_stage[1][k]["weights"] - by_stage[0][k]["weights"] > 0.9 * layer_gib
+        assert by_stage[1][k]["logits"] == pytest.approx(2 * by_stage[0][k]["logits"])
+
+
+def test_the_prediction_depths_are_exported():
+    inst = _inst({"preset": "deepseek-v3"}, {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1,
+                                             "ep": 4})
+    plan = plan_from_spec(inst, inst.spec.plan)
+    assert "--mtp-num-layers 1" in emit(inst, plan, "megatron")
+    assert "mtp_num_layers: 1" in emit(inst, plan, "nemo")
+    none = _inst({"preset": "deepseek-v3", "mtp_layers": 0}, inst.spec.plan.model_dump(
+        exclude_none=True))
+    assert "mtp" not in emit(none, plan_from_spec(none, none.spec.plan), "megatron")
+
+
+def test_backends_agree_with_a_prediction_depth():
+    """The layout is free (the last stage may give up layers to the depth): CP-SAT, HiGHS and
+    the enumerator find the same plan."""
+    from tests.test_solvers import _agree
+    _agree({"model": {**DEEPSEEK_V2_LITE, "layers": 6, "mtp_layers": 1},
+            "training": {"global_batch": 32, "precision": "bf16"},
+            "cluster": {"gpu": "h100-sxm", "nodes": 2},
+            "constraints": {"max_recompute_layers": 0, "optimizer_offload": False,
+                            "max_stage_shortfall": 2}})
