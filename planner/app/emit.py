@@ -1027,6 +1027,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         + (f"head dim {m.head_dim}, " if m.head_dim is not None else "")
         + f"ffn {m.ffn}, vocab {m.vocab}"
         + (", {experts} experts, top-{top_k}, expert ffn {ffn}".format(**_moe(inst)) if _moe(inst) else "")
+        + (f", {m.mtp_layers} multi-token prediction layer(s) on the last stage"
+           if m.mtp_layers else "")
         + ") comes from [model] name/flavor: register a matching flavor")
     # the plan's mode is one torchtitan runs (emit() refused the others): plain DDP without
     # other parallelism, or FSDP2 / HSDP (optim_grads_params)
