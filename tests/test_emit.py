@@ -780,3 +780,21 @@ def test_torchtitan_reduces_in_float32_only(dtype):
         "mixed_precision_reduce")[1][:20]
     assert ("grad_reduce_dtype bf16: cannot express" in " ".join(text.replace("#", " ").split())
             ) == (dtype == "bf16")
+
+
+def test_torchtitan_virtual_stages_must_divide_by_the_pipeline_degree():
+    """15 layers on PP2 VP3 as 9 + 6 (the last rank a virtual stage short): torchtitan's keys
+    (3 layers a stage) make 5 virtual stages, which torchtitan 0.2.2 refuses ("Number of
+    virtual stages ... must be divisible by" the pipeline degree) although the per-rank sums
+    (9, 6) match the plan; the export says it cannot express the layout (an audit found it
+    silent)."""
+    doc = {"model": {"preset": "llama3-8b", "layers": 15}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "gpus": 16},
+           "constraints": {"framework": "torchtitan"},
+           "plan": {"tp": 4, "pp": 2, "dp": 2, "vp": 3, "micro_batch": 1,
+                    "first_stage_layers": 9, "last_stage_layers": 6,
+                    "dp_sharding": "optim_grads_params"}}
+    inst = parse_instance(doc)
+    text = comment_text(emit(inst, plan_from_spec(inst, inst.spec.plan), "torchtitan"))
+    assert ("cannot express: these keys make 5 virtual stages, which torchtitan requires "
+            "divisible by pipeline_parallel_degree 2") in text

@@ -270,3 +270,27 @@ def test_the_plan_names_the_latent_attention_s_widths(tmp_path):
     assert ("16 heads (MLA: query / key 128 + 64 RoPE wide, value 128; compressed key / value "
             "512)") in text
     assert "kv)" not in text
+
+
+def test_mla_widths_written_replace_the_preset_s_key_value_heads():
+    """A preset's key / value heads give way to MLA widths the instance writes (a Llama 3 8B
+    made MLA: TOML cannot unset a key); a key / value head count written on DeepSeek-V3 is
+    refused, naming it."""
+    mla = _inst({"preset": "llama3-8b", "kv_lora_rank": 512, "qk_head_dim": 128,
+                 "qk_pos_emb_head_dim": 64, "v_head_dim": 128}).model
+    assert mla.mla and mla.kv_heads is None
+    with pytest.raises(InputError) as exc:
+        _inst({"preset": "deepseek-v3", "kv_heads": 8})
+    assert "kv_heads does not apply to multi-head latent attention" in str(exc.value)
+
+
+def test_uncompressed_queries_are_exported_as_such():
+    """NeMo's MLATransformerConfig compresses queries unless q_lora_rank is null (its default
+    is 512): the export says null for DeepSeek-V2-Lite."""
+    from planner.app.emit import emit
+    from tests.test_emit import parse_yaml
+    inst = _inst({**DEEPSEEK_V2_LITE, "layers": 4},
+                 {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1, "ep": 4})
+    y = parse_yaml(emit(inst, plan_from_spec(inst, inst.spec.plan), "nemo"))
+    assert "model.config.q_lora_rank" in y and y["model.config.q_lora_rank"] is None
+    assert y["model.config.kv_lora_rank"] == 512

@@ -94,3 +94,31 @@ def test_backends_agree_with_a_prediction_depth():
             "cluster": {"gpu": "h100-sxm", "nodes": 2},
             "constraints": {"max_recompute_layers": 0, "optimizer_offload": False,
                             "max_stage_shortfall": 2}})
+
+
+def test_prediction_depths_need_rotary_positions():
+    """Megatron-LM's validate_args: "Multi-Token Prediction (MTP) is not supported with
+    learned_absolute position embedding type"; the export would not start, so the input is
+    refused, naming the key."""
+    from planner.model.errors import InputError
+    with pytest.raises(InputError) as exc:
+        _inst({"preset": "gpt-1.3b", "mtp_layers": 1})
+    assert 'position_embedding = "rope"' in str(exc.value) and "mtp_layers" in str(exc.value)
+
+
+def test_prediction_depths_pay_their_collectives_beyond_the_last_stage_s_shortfall():
+    """At pp = 1 every depth's layer adds its tensor-parallel collectives and expert
+    all-to-alls (each depth the same); on two stages with the last one layer short, one depth
+    adds none (the fullest stage's count already covers it)."""
+    model = {**DEEPSEEK_V2_LITE, "layers": 4}
+    comm = {}
+    for mtp in (0, 1, 2):
+        rep = _report(_inst({**model, "mtp_layers": mtp},
+                            {"tp": 2, "pp": 1, "dp": 4, "ep": 4, "micro_batch": 1}))
+        comm[mtp] = (rep.breakdown_s["tp_comm"], rep.breakdown_s["ep_comm"])
+    for i in (0, 1):
+        step1 = comm[1][i] - comm[0][i]
+        assert step1 > 0 and comm[2][i] - comm[1][i] == pytest.approx(step1, rel=1e-9)
+    short = {mtp: _lite(mtp, first_stage_layers=3, last_stage_layers=1) for mtp in (0, 1)}
+    for term in ("tp_comm", "ep_comm"):
+        assert short[1].breakdown_s[term] == pytest.approx(short[0].breakdown_s[term], rel=1e-12)

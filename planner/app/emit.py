@@ -852,8 +852,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "num_attention_heads": m.heads,
                 # (MLA: Megatron-Core's MLATransformerConfig fields, which NeMo's DeepSeek
                 # configs subclass; it has no query groups)
-                **({"multi_latent_attention": True, **_mla_widths(m)} if m.mla
-                   else {"num_query_groups": m.kv}),
+                # (q_lora_rank null where the queries are not compressed: the config's
+                # default, 512, would compress them)
+                **({"multi_latent_attention": True, "q_lora_rank": None, **_mla_widths(m)}
+                   if m.mla else {"num_query_groups": m.kv}),
                 **({"kv_channels": m.head_dim} if m.head_dim is not None else {}),
                 **({"mtp_num_layers": m.mtp_layers} if m.mtp_layers else {}),
                 "seq_length": m.seq_len,
@@ -1027,9 +1029,11 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         + (f"head dim {m.head_dim}, " if m.head_dim is not None else "")
         + f"ffn {m.ffn}, vocab {m.vocab}"
         + (", {experts} experts, top-{top_k}, expert ffn {ffn}".format(**_moe(inst)) if _moe(inst) else "")
-        + (f", {m.mtp_layers} multi-token prediction layer(s) on the last stage"
-           if m.mtp_layers else "")
         + ") comes from [model] name/flavor: register a matching flavor")
+    if m.mtp_layers:
+        comments.append(f"mtp_layers {m.mtp_layers}: cannot express in torchtitan 0.2's job "
+                        "config (no multi-token prediction there); the plan costs that many "
+                        "prediction depths on the last stage")
     # the plan's mode is one torchtitan runs (emit() refused the others): plain DDP without
     # other parallelism, or FSDP2 / HSDP (optim_grads_params)
     ddp = plan.dp_sharding == "none"
@@ -1162,7 +1166,17 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
             m.layers, plan.pp, par["pipeline_parallel_layers_per_stage"],
             par["pipeline_parallel_first_stage_less_layers"],
             par["pipeline_parallel_last_stage_less_layers"])
-        if built != list(plan.stage_layers or built):
+        virtual = -(-(m.layers + par["pipeline_parallel_first_stage_less_layers"]
+                      + par["pipeline_parallel_last_stage_less_layers"])
+                    // par["pipeline_parallel_layers_per_stage"])
+        if virtual % plan.pp:
+            # (torchtitan 0.2.2 distributed/pipeline_parallel.py refuses it: "Number of
+            # virtual stages ... must be divisible by" the pipeline degree)
+            comments.append(
+                f"cannot express: these keys make {virtual} virtual stages, which torchtitan "
+                f"requires divisible by pipeline_parallel_degree {plan.pp}; list each virtual "
+                "stage's modules in module_fqns_per_model_part instead")
+        elif built != list(plan.stage_layers or built):
             comments.append(
                 "cannot express: "
                 + ("the plan spreads the first / last rank's shortfall over its "

@@ -80,7 +80,8 @@ class StepReport:
 MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit peak); model FLOPs "
                "= 3 * B * (L * (GEMM + 4 s^2 a d) + 2 s h V) per sequence (a d = h unless "
                "head_dim is given; multi-head latent attention: 2 s^2 a (qk_head_dim + "
-               "qk_pos_emb_head_dim + v_head_dim)), no recompute, the attention core counted "
+               "qk_pos_emb_head_dim + v_head_dim); each multi-token prediction depth adds a "
+               "layer, 4 s h^2 and 2 s h V), no recompute, the attention core counted "
                "in full (not halved for the causal mask) "
                "(Narayanan et al. 2021 Eq. 3; Megatron-LM until March 2025, which since halves "
                "the core: its logged MFU is lower, 1-13% here)")

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from planner.model.catalog import GPU, GiB, known_gpus, load_gpu
 from planner.model.errors import InputError
 from planner.model.frameworks import kernel_stack
-from planner.model.schema import InstanceSpec, ModelSpec, default_reserve_GiB
+from planner.model.schema import InstanceSpec, ModelSpec, default_reserve_GiB, replaced_attention_keys
 from planner.model.words import article, toml_value
 
 
@@ -379,6 +379,7 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
                           f"max_position_embeddings = {max_context:,} of {ref.name}",
                           UserWarning, stacklevel=2)
         from_config = set(keys) - set(model)
+        keys = {k: v for k, v in keys.items() if k not in replaced_attention_keys(model)}
         data["model"] = model = {**keys, **model}
         model.setdefault("name", ref.stem.replace(".config", ""))
     else:
@@ -392,7 +393,9 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
             raise InputError(f"{source}: invalid instance",
                              [f"model.preset: unknown preset {toml_value(name)}; expected one of: "
                               + ", ".join(sorted(presets()))])
-        data["model"] = {**presets()[name], **model}
+        base = {k: v for k, v in presets()[name].items()
+                if k not in replaced_attention_keys(model)}
+        data["model"] = {**base, **model}
         data["model"].setdefault("name", name)
     for section in ("training", "cluster"):
         sec = data.get(section)

@@ -204,7 +204,8 @@ RULES: tuple[Rule, ...] = (
          lambda v, k: f"dp_intra = {_g(v.dp_intra)} is not a whole number"),
     Rule("heads", "integer", lambda v, k: (k.heads / v.tp, k.kv / v.tp),
          "tp divides heads and kv_heads",
-         lambda v, k: f"tp={v.tp} must divide heads={k.heads} and kv_heads={k.kv}"),
+         lambda v, k: f"tp={v.tp} must divide heads={k.heads}"
+                      + (f" and kv_heads={k.kv}" if k.kv != k.heads else "")),
     Rule("layers", "integer", lambda v, k, kn: (_padded(v, k, kn) / (v.pp * v.vp),),
          "pp*vp divides layers (plus the layout's shortfalls)", _layers_message, on_knobs=True),
     Rule("layout_pp", "integer",

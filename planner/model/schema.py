@@ -108,6 +108,18 @@ REPLACED_OVERLAP_KEYS = {"dp_overlap": "overlap_grad_reduce / overlap_param_gath
                          "tp_overlap": "tp_comm_overlap"}
 #: The widths multi-head latent attention needs (``q_lora_rank`` is optional).
 MLA_KEYS = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+#: The keys of grouped-query attention's shape, which multi-head latent attention refuses.
+GQA_KEYS = ("kv_heads", "head_dim")
+
+
+def replaced_attention_keys(explicit) -> set[str]:
+    """The keys a preset or a Hugging Face config fills in that the instance's own attention
+    keys replace: its key / value heads and head width where the instance gives MLA's widths
+    (a Llama preset made MLA). Without this the filled-in keys would meet the explicit ones and
+    be refused, and TOML has no way to unset a key. The other way (``kv_heads`` or
+    ``head_dim`` written on an MLA preset) stays an error naming the written key: one such key
+    says less about the intent than MLA's widths do."""
+    return set(GQA_KEYS) if set(("q_lora_rank",) + MLA_KEYS) & set(explicit) else set()
 MOE_KEYS = ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
             "moe_layer_interval")
 
@@ -180,6 +192,10 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSpec:
+        if self.mtp_layers and self.position_embedding != "rope":
+            raise ValueError("mtp_layers needs position_embedding = \"rope\": Megatron-Core's "
+                             "multi-token prediction runs with rotary positions, not learned "
+                             "ones (Megatron-LM validate_args)")
         mla_given = [k for k in ("q_lora_rank",) + MLA_KEYS if getattr(self, k) is not None]
         if mla_given:
             missing = [k for k in MLA_KEYS if getattr(self, k) is None]

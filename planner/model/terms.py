@@ -623,6 +623,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             time["ep_comm"] = ((eq1(p) + gt1(v)) * hidden_cost(raw, shown, slow)
                                + gt1(p) * eq1(v) * raw)
 
+    # the prediction depths' collectives where the last stage holds more layers than the
+    # fullest stage the terms above charge (not short by as many layers as there are depths;
+    # always at pp = 1), exposed: an upper bound
+    over = max(0, sh.mtp - sl)
+    if over:
+        time["tp_comm"] = time["tp_comm"] + m * over * (tp_moe if sh.mtp_moe else tp_layer)
+        if sh.mtp_moe:
+            time["ep_comm"] = time["ep_comm"] + m * over * ep_layer
+
     # ---- pipeline point-to-point ------------------------------------------------------------
     pp_bytes = act_bytes / t
     # each GPU sends m (v - 1/p) = m ((v - 1) + (1 - 1/p)) activations forward, as many back
