@@ -147,8 +147,8 @@ class Shape:
     def attn_recomputed_gemms(self, tokens, t, shard) -> list[tuple]:
         """The attention matmuls torchtitan's op-level selective recompute re-runs (every
         second one in the order they run): the key and output projections of q, k, v, o; MLA
-        the two up-projections of q_a, q_b, kv_a, kv_b, o (the MLP's parity is kept as
-        for q, k, v, o: an approximation)."""
+        the two up-projections of q_a, q_b, kv_a, kv_b, o (without ``q_lora``: kv_a and o of
+        q, kv_a, kv_b, o); the MLP's parity is kept as for q, k, v, o (an approximation)."""
         gemms = self.attn_gemms(tokens, t, shard)
         if not self.mla:
             return [(tokens, self.kv_w / t, self.h, 1), gemms[-1]]
