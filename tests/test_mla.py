@@ -164,15 +164,21 @@ def test_mla_saves_more_attention_activations_than_its_hidden_width_suggests():
     assert acts[0] - acts[1] == pytest.approx(extra_gib, rel=0.02)
 
 
-def test_backends_agree_on_an_mla_moe_model():
+@pytest.mark.parametrize("pins", [{}, {"tp": 2, "precision": "fp8"}])
+def test_backends_agree_on_an_mla_moe_model(pins):
     """A DeepSeek-V2-Lite-shaped model on two nodes with tensor, context and expert
-    parallelism free: CP-SAT, HiGHS and the enumerator find the same plan."""
+    parallelism free, and with tensor parallelism pinned at 2 under FP8 (so that the optimum
+    pays MLA's compressed-width collectives and casts): CP-SAT, HiGHS and the enumerator find
+    the same plan."""
     from tests.test_solvers import _agree
     model = {**DEEPSEEK_V2_LITE, "layers": 4, "seq_len": 8192}
+    pins = dict(pins)
+    precision = pins.pop("precision", "bf16")
     _agree({"model": model,
-            "training": {"global_batch": 32, "precision": "bf16"},
+            "training": {"global_batch": 32, "precision": precision},
             "cluster": {"gpu": "h100-sxm", "nodes": 2},
-            "constraints": {"max_cp": 2, "max_recompute_layers": 0, "optimizer_offload": False}})
+            "constraints": {"max_cp": 2, "max_recompute_layers": 0, "optimizer_offload": False,
+                            **pins}})
 
 
 def _report(model, plan, **training):
