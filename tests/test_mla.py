@@ -300,3 +300,21 @@ def test_uncompressed_queries_are_exported_as_such():
     y = parse_yaml(emit(inst, plan_from_spec(inst, inst.spec.plan), "nemo"))
     assert "model.config.q_lora_rank" in y and y["model.config.q_lora_rank"] is None
     assert y["model.config.kv_lora_rank"] == 512
+
+
+def test_every_tensor_rank_holds_the_down_projections_whole():
+    """Megatron-Core builds MLA's query and key / value down-projections as Transformer Engine
+    linears in ``parallel_mode = "duplicated"``: each of the t tensor ranks holds them whole,
+    7168 x 1536 and 7168 x (512 + 64) with DeepSeek-V3's widths. So the t ranks together hold
+    the model once plus t - 1 more copies of those, layer by layer (16-bit weights)."""
+    dense_v3 = {**DENSE_MLA, "layers": 4, "hidden": 7168, "heads": 128, "ffn_hidden": 18432,
+                "vocab": 129280}
+    duplicated = 7168 * 1536 + 7168 * (512 + 64)
+    weights = {}
+    for t in (1, 2, 4):
+        rep = _report(dense_v3, {"tp": t, "pp": 1, "dp": 8 // t, "micro_batch": 1,
+                                 "recompute": "none"})
+        weights[t] = rep.memory_gib["weights"] * 2**30
+    for t in (2, 4):
+        extra = (t * weights[t] - weights[1]) / 2         # bytes -> 16-bit weights
+        assert extra == pytest.approx((t - 1) * 4 * duplicated, rel=1e-9)

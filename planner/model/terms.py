@@ -657,7 +657,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # and projection, and their experts)
     mtp_layer = (sh.moe_dense_params if sh.mtp_moe else sh.layer_params) + sh.mtp_extra_params
     stage_params = stage_params + sh.mtp * mtp_layer
-    params_gpu = stage_params / t
+    # (split over the tensor group but for MLA's duplicated down-projections)
+    params_gpu = sh.per_rank(stage_params, stage_layers + sh.mtp, t)
     expert_gpu = stage_layers * moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe \
         else 0.0
     if sh.mtp and sh.mtp_moe:
@@ -718,8 +719,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # FP8 parameters: the layers' weights on the wire in 1 byte (MXFP8: 16 bits), the
             # embedding, output layer and final norm in 16 bits (Megatron-Core keeps them in a
             # uint8 and a bf16 buffer; taken as one collective)
-            gather_raw = over_group(1.0, param_wire * stage_layers * dense_layer_avg / t
-                                    + WIRE_16 * head_p, param_wire * expert_gpu)
+            gather_raw = over_group(1.0, param_wire * sh.per_rank(
+                stage_layers * dense_layer_avg, stage_layers, t) + WIRE_16 * head_p,
+                param_wire * expert_gpu)
         else:
             gather_raw = over_group(WIRE_16, params_gpu, expert_gpu)
     else:
@@ -734,7 +736,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # micro-batch): the layer's parameters are all-gathered before its forward, again before
     # its backward when resharded, and its gradients reduce-scattered after its backward; the
     # embedding and output layer (FSDP2's root unit) likewise.
-    layer_params_gpu = dense_layer_avg / t
+    layer_params_gpu = sh.per_rank(dense_layer_avg, 1, t)
     expert_layer = moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe else 0.0
     # (FP8 parameters under Megatron-FSDP: the layers are gathered in one byte)
     ag_layer = (over_group(param_wire if fp8_params else WIRE_16, layer_params_gpu, expert_layer)
@@ -984,10 +986,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # they read
             on_stage = 0 if not sh.mtp or stage == "middle" else (
                 1 if stage == "last" else eq1(p))
-            layers_p = (gt2(p) if stage == "middle" else 1) * n_layers * layer_p / t
+            layers_p = ((gt2(p) if stage == "middle" else 1)
+                        * sh.per_rank(n_layers * layer_p, n_layers, t))
             stage_experts = experts_p
             if sh.mtp and stage != "middle":
-                layers_p = layers_p + on_stage * sh.mtp * (layer_p + sh.mtp_extra_params) / t
+                layers_p = layers_p + on_stage * sh.per_rank(
+                    sh.mtp * (layer_p + sh.mtp_extra_params), sh.mtp, t)
                 if kind == "moe":
                     stage_experts = experts_p + on_stage * sh.mtp * sh.experts \
                         * sh.expert_params / x.e
@@ -1010,7 +1014,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 # (one logits tensor per loss: the output layer's and each depth's)
                 logit = logits_buffer * (1 + sh.mtp)
             name = stage if len(kinds) == 1 else f"{stage}_{kind}"
-            one_layer = layer_p / t + (experts_p / stage_layers if kind == "moe" else 0.0)
+            one_layer = (sh.per_rank(layer_p, 1, t)
+                         + (experts_p / stage_layers if kind == "moe" else 0.0))
             # (the root unit: the embedding on the first stage, the output layer on the last)
             head = 0.0 if stage == "middle" else (sh.V * h + 2 * h) / t
             # (Megatron-FSDP with FP8 parameters gathers the layers in FP8, their transpose

@@ -179,6 +179,19 @@ class Shape:
         return 3 if self.gated else 2
 
     @property
+    def tp_duplicated_params(self) -> float:
+        """Weights of one layer that every tensor rank holds whole: MLA's down-projections
+        ``h (q_lora + kv_lora + d_rope)`` (Transformer Engine ``parallel_mode =
+        "duplicated"``: 15.1M of DeepSeek-V3's 187.1M attention weights); 0 otherwise."""
+        return self.h * (self.q_lora + self.kv_lora + self.d_rope) if self.mla else 0.0
+
+    def per_rank(self, params, layers, t):
+        """Of ``params`` weights of ``layers`` layers, those one tensor rank of ``t`` holds:
+        ``params / t``, the duplicated ones (:attr:`tp_duplicated_params`) whole."""
+        dup = self.tp_duplicated_params
+        return params / t if not dup else (params - layers * dup) / t + layers * dup
+
+    @property
     def attn_matrix_params(self) -> float:
         """Weights of the attention's linear layers (:meth:`attn_gemms` on one rank): QKV
         ``h (q + 2 kv)`` and projection ``q h``; MLA ``h q_lora + q_lora a (d + d_rope)`` (or
