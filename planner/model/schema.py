@@ -202,7 +202,7 @@ class ModelSpec(_Strict):
             if missing:
                 raise ValueError(f"multi-head latent attention ({', '.join(mla_given)} given) "
                                  f"also needs {', '.join(missing)}")
-            other = [k for k in ("kv_heads", "head_dim") if getattr(self, k) is not None]
+            other = [k for k in GQA_KEYS if getattr(self, k) is not None]
             if other:
                 raise ValueError(f"{' and '.join(other)} "
                                  f"{'do' if len(other) > 1 else 'does'} not apply to multi-head latent "
