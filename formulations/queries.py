@@ -324,9 +324,7 @@ def days_lower_bound(inst: Instance, nodes: int) -> float:
     hw = inst.hw
     rate = max(hw.peak * hw.efficiency, gemm_rate(inst))
     sequences = inst.spec.training.tokens / sh.s
-    # (the multi-token prediction layers' cores too)
-    gemm_flops = (sh.model_flops(sequences)
-                  - 3 * sequences * (sh.L + sh.mtp) * sh.attention_flops(1))
+    gemm_flops = sh.model_flops(sequences) - sh.core_flops(sequences)
     return gemm_flops / (inst.at_size(nodes).gpus * rate) / 86400
 
 

@@ -8,18 +8,9 @@ import pytest
 
 from planner.app.emit import emit
 from planner.model.evaluate import evaluate
-from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
 from planner.model.workload import Shape
-from tests.test_mla import DEEPSEEK_V2_LITE
-
-
-def _inst(model, plan=None, gpus=8, **training):
-    doc = {"model": model, "training": {"global_batch": 64, **training},
-           "cluster": {"gpu": "h100-sxm", "gpus": gpus}}
-    if plan:
-        doc["plan"] = plan
-    return parse_instance(doc)
+from tests.test_mla import DEEPSEEK_V2_LITE, _inst
 
 
 def _report(inst):

@@ -916,21 +916,22 @@ def _toml_value(v: object) -> str:
     return str(v)
 
 
-def _torchtitan_rank_layers(layers: int, pp: int, per_stage: int, first_less: int,
-                            last_less: int) -> list[int]:
-    """The decoder layers per pipeline rank torchtitan 0.2.2 builds from its pipeline keys
+def _torchtitan_stages(layers: int, per_stage: int, first_less: int,
+                       last_less: int) -> list[int]:
+    """The decoder layers per virtual stage torchtitan 0.2.2 builds from its pipeline keys
     (distributed/pipeline_parallel.py pipeline_llm and generate_llm_fqn_per_model_part): the
     layers plus both allowances over ceil(that / layers_per_stage) virtual stages, as evenly as
     whole layers allow with the first stages one larger, the first and last stage less their
-    allowance; rank r runs stages r, r + pp, ... (the "loop" style of 1F1B and
-    Interleaved1F1B). The export compares it with the plan's layout."""
+    allowance. Rank r runs stages r, r + pp, ... (the "loop" style of 1F1B and
+    Interleaved1F1B); torchtitan refuses a stage count the pipeline degree does not divide.
+    The export compares both with the plan's layout."""
     total = layers + first_less + last_less
     n = -(-total // per_stage)
     base, extra = divmod(total, n)
     stages = [base + (i < extra) for i in range(n)]
     stages[0] -= first_less
     stages[-1] -= last_less
-    return [sum(stages[r::pp]) for r in range(pp)]
+    return stages
 
 
 #: What a Megatron-LM / NeMo export says of a plan costed on eager PyTorch kernels
@@ -1162,13 +1163,12 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         par["pipeline_parallel_last_stage_less_layers"] = 0 if spread else int(k.last_short)
         if _uneven(plan):
             comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
-        built = _torchtitan_rank_layers(
-            m.layers, plan.pp, par["pipeline_parallel_layers_per_stage"],
+        stages = _torchtitan_stages(
+            m.layers, par["pipeline_parallel_layers_per_stage"],
             par["pipeline_parallel_first_stage_less_layers"],
             par["pipeline_parallel_last_stage_less_layers"])
-        virtual = -(-(m.layers + par["pipeline_parallel_first_stage_less_layers"]
-                      + par["pipeline_parallel_last_stage_less_layers"])
-                    // par["pipeline_parallel_layers_per_stage"])
+        built = [sum(stages[r::plan.pp]) for r in range(plan.pp)]
+        virtual = len(stages)
         if virtual % plan.pp:
             # (torchtitan 0.2.2 distributed/pipeline_parallel.py refuses it: "Number of
             # virtual stages ... must be divisible by" the pipeline degree)

@@ -655,14 +655,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         + eq1(p) * untied_extra                      # upper bound over first and last stage
     # (the multi-token prediction depths, on the last stage: their layers' non-expert weights
     # and projection, and their experts)
-    mtp_layer = (sh.moe_dense_params if sh.mtp_moe else sh.layer_params) + sh.mtp_extra_params
-    stage_params = stage_params + sh.mtp * mtp_layer
+    stage_params = stage_params + sh.mtp * sh.mtp_dense_params
     # (split over the tensor group but for MLA's duplicated down-projections)
     params_gpu = sh.per_rank(stage_params, stage_layers + sh.mtp, t)
     expert_gpu = stage_layers * moe_share * sh.experts * sh.expert_params / x.e if sh.n_moe \
         else 0.0
-    if sh.mtp and sh.mtp_moe:
-        expert_gpu = expert_gpu + sh.mtp * sh.experts * sh.expert_params / x.e
+    if sh.mtp_expert_params:
+        expert_gpu = expert_gpu + sh.mtp * sh.mtp_expert_params / x.e
 
     # ---- data-parallel communication (over dp x cp ranks) + optimizer step ----------------
     # The sharding mode (SHARDING) says what each rank keeps whole and which collectives run
@@ -984,12 +983,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             # multi-token prediction depths on the last (on the first at p = 1), each a layer
             # of this row's kind with its projection, and (p > 1) a copy of the embedding
             # they read
-            on_stage = 0 if not sh.mtp or stage == "middle" else (
-                1 if stage == "last" else eq1(p))
+            mtp_here = bool(sh.mtp) and stage != "middle"
+            on_stage = (1 if stage == "last" else eq1(p)) if mtp_here else 0
             layers_p = ((gt2(p) if stage == "middle" else 1)
                         * sh.per_rank(n_layers * layer_p, n_layers, t))
             stage_experts = experts_p
-            if sh.mtp and stage != "middle":
+            if mtp_here:
                 layers_p = layers_p + on_stage * sh.per_rank(
                     sh.mtp * (layer_p + sh.mtp_extra_params), sh.mtp, t)
                 if kind == "moe":
@@ -1038,7 +1037,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                 held = gt1(p) * p * flight + eq1(p) * (L - k.offload_layers) / n_layers
             # the prediction depths' layers, held as the stage's own
             mtp_acts = 0.0
-            if sh.mtp and stage != "middle":
+            if mtp_here:
                 mtp_acts = on_stage * sh.mtp * stored * p * (
                     first_flight if stage == "first" else last_flight)
                 acts = acts + mtp_acts

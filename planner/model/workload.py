@@ -245,12 +245,21 @@ class Shape:
         return 2 * self.h * self.h + 6 * self.h
 
     @property
-    def mtp_layer_params(self) -> float:
-        """One multi-token prediction depth's own weights: a layer of the last decoder layer's
-        kind (experts included) and :attr:`mtp_extra_params`."""
-        layer = (self.moe_dense_params + self.experts * self.expert_params if self.mtp_moe
-                 else self.layer_params)
+    def mtp_dense_params(self) -> float:
+        """One multi-token prediction depth's weights but its routed experts: the non-expert
+        weights of a layer of the last decoder layer's kind and :attr:`mtp_extra_params`."""
+        layer = self.moe_dense_params if self.mtp_moe else self.layer_params
         return layer + self.mtp_extra_params
+
+    @property
+    def mtp_expert_params(self) -> float:
+        """One multi-token prediction depth's routed experts (none after a dense layer)."""
+        return self.experts * self.expert_params if self.mtp_moe else 0.0
+
+    @property
+    def mtp_layer_params(self) -> float:
+        """One multi-token prediction depth's own weights, its experts included."""
+        return self.mtp_dense_params + self.mtp_expert_params
 
     @property
     def total_params(self) -> float:
@@ -296,10 +305,15 @@ class Shape:
         ``num_floating_point_operations`` does (less its norms)."""
         mtp_layer = self.moe_gemm_flops(1) if self.mtp_moe else self.gemm_flops(1)
         per_seq = (self.n_dense * self.gemm_flops(1) + self.n_moe * self.moe_gemm_flops(1)
-                   + self.L * self.attention_flops(1) + self.logits_flops(1)
-                   + self.mtp * (mtp_layer + self.attention_flops(1)
-                                 + 2 * self.s * 2 * self.h * self.h + self.logits_flops(1)))
-        return 3 * batch * per_seq
+                   + self.logits_flops(1)
+                   + self.mtp * (mtp_layer + 2 * self.s * 2 * self.h * self.h
+                                 + self.logits_flops(1)))
+        return 3 * batch * per_seq + self.core_flops(batch)
+
+    def core_flops(self, batch) -> float:
+        """The attention core's share of :meth:`model_flops`: every layer's, the prediction
+        depths' included."""
+        return 3 * batch * (self.L + self.mtp) * self.attention_flops(1)
 
     # HBM traffic of element-wise kernels, forward, bytes per token --------------------------
     @property
