@@ -280,6 +280,14 @@ def test_validate_json_reports_all_runs(runner):
     assert d["calibration"] is None
 
 
+def test_validate_json_has_the_measured_alternatives(runner):
+    d = run_json(runner, ["validate", "--json", "--no-ranking"])
+    (a,) = d["alternatives"]
+    assert a["id"].startswith("bloom-181b") and a["optimum"] is None   # (no ranking: no solve)
+    assert a["timed_plans"] == 17 and a["oom_plans"] == 3
+    assert -1 <= a["kendall_tau"] <= 1
+
+
 def test_validate_human(runner):
     # the ranking's 30 solves are left out here (tests/test_ranking.py has them, and .ci/run
     # runs `plan validate` with them before the tests)

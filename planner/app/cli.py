@@ -391,7 +391,9 @@ def validate(
 ) -> None:
     """Predicted vs measured step time for every published run: error in sample, error out of
     sample (parameters fitted without the run's source) and the ranking ratio."""
+    from planner.app import alternatives
     from planner.app import validate as v
+    from planner.app.report import alternatives_summary, alternatives_table
 
     try:
         data = v.load_runs(runs)
@@ -401,6 +403,9 @@ def validate(
         fitted = cal.fit() if calibrate else None
         oos = v.out_of_sample(data, cal, alone)
         ranks = v.ranking(data) if rank else {}
+        # the shipped sets of measured alternatives go with the shipped runs
+        alts = (alternatives.evaluate_sets(alternatives.load_sets(), optimum=rank)
+                if runs is None else [])
     except PlanError as exc:
         _fail(exc, as_json)
     summ = v.summary(results)
@@ -423,7 +428,8 @@ def validate(
                               "calibration_only": r.calibration_only is not None,
                               "unstated": v.unstated(run)}
                              for r, run in zip(results, data["runs"])],
-                    "summary": summ, "calibration": fitted})
+                    "summary": summ, "calibration": fitted,
+                    "alternatives": [a.as_json() for a in alts]})
         return
     t = Table(title="Predicted vs measured step time")
     cols = ["run", "GPUs", "GPU", "prec", "meas. s", "pred. s", "error", "out of sample",
@@ -491,6 +497,9 @@ def validate(
     for r in misfits:
         out.print(f"[yellow]{r.id}: the model says this plan does not fit: "
                   f"{'; '.join(r.report.violations)}[/]")
+    for a in alts:
+        out.print(alternatives_table(a))
+        out.print(alternatives_summary(a))
     if fitted:
         out.print("calibration (minimiser of the mean |error|; see hardware_catalog/*.toml "
                   "calibration): " + ", ".join(f"{g}: " + ", ".join(f"{k}={x}" for k, x in f.items())

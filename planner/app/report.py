@@ -487,3 +487,42 @@ def capacity_panel(ans) -> Panel:
                                   "the time limit" if ch.get("unproven") else "") + ").")
     lines.append(f"{plural(len(ans.checked), 'size')} solved, {ans.wall_s:.2f} s.")
     return Panel("\n".join(lines), title="Capacity")
+
+
+def alternatives_table(res) -> Table:
+    """One set of measured alternatives (planner/app/alternatives.py): each plan's measured and
+    predicted seconds per sequence and ranks, and its memory, the model's beside the peak
+    nvidia-smi showed."""
+    t = Table(title=f"Measured alternatives: {res.id}")
+    for col in ("plan", "batch", "meas. s/seq", "pred. s/seq", "meas. rank", "pred. rank",
+                "mem GiB", "meas. mem GiB"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    timed = [r for r in res.plans if not r.oom]
+    meas_rank = {id(r): 1 + sum(q.measured_s < r.measured_s for q in timed) for r in timed}
+    pred_rank = {id(r): 1 + sum(q.predicted_s < r.predicted_s for q in timed) for r in timed}
+    for r in res.plans:
+        mem = f"{r.memory_gib:.1f}" + ("" if r.fits else " (!)")
+        t.add_row(r.label, str(r.global_batch),
+                  "out of memory" if r.oom else f"{r.measured_s:.4f}", f"{r.predicted_s:.4f}",
+                  "-" if r.oom else str(meas_rank[id(r)]),
+                  "-" if r.oom else str(pred_rank[id(r)]), mem,
+                  "-" if r.measured_memory_gib is None else f"{r.measured_memory_gib:.1f}",
+                  style="red" if r.oom and r.fits else ("dim" if r.oom else ""))
+    return t
+
+
+def alternatives_summary(res) -> str:
+    """The set's order figures in one paragraph (planner/app/alternatives.py)."""
+    tau = "-" if res.kendall_tau is None else f"{res.kendall_tau:+.2f}"
+    text = (f"{res.id}: Kendall's tau {tau} between predicted and measured s/seq over "
+            f"{res.timed_plans} timed plans; the model's pick among them ran "
+            f"{100 * res.pick_regret:.1f}% slower than the fastest, which it ranks "
+            f"{res.measured_best_rank}; {res.oom_predicted} of {res.oom_plans} plans that ran "
+            f"out of memory do not fit under the model, {res.fit_predicted} of "
+            f"{res.timed_plans} that ran fit")
+    opt = res.optimum
+    if opt and opt.get("plan"):
+        text += (f"; the model's optimum over the set's cluster is {opt['plan']} "
+                 f"({opt['predicted_s']:.4f} s/seq)"
+                 + (", a plan that ran out of memory" if opt["ran_out_of_memory"] else ""))
+    return text

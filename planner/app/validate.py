@@ -36,7 +36,7 @@ from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
 from planner.model.instance import (Instance, key_path, unknown_key_words, parse_instance,
                                      read_toml)
-from planner.model.plan import plan_from_spec, structural_violations
+from planner.model.plan import Plan, plan_from_spec, structural_violations
 from planner.model.schema import PlanSpec, Precision
 from planner.model.words import toml_value
 from planner.model.terms import step_terms
@@ -751,6 +751,20 @@ def _before(date: str | None, since: str) -> bool:
     return date is not None and date < since
 
 
+def run_pins(plan: Plan) -> dict[str, Any]:
+    """The ``[constraints]`` that pin a search to what a measured plan ran (the ranking's knob
+    space): its recompute mode and recomputed layers, sequence parallelism, data-parallel
+    sharding mode (ZeRO-1 is the distributed optimizer) and host offload (the optimizer's as
+    it ran, activations up to its layer count), and its overlap switches."""
+    return {"recompute": plan.recompute, "recompute_layers": plan.recompute_layers,
+            "sequence_parallel": plan.sequence_parallel,
+            "dp_sharding": plan.dp_sharding,
+            "optimizer_offload": plan.optimizer_offload,
+            **({"max_offload_layers": plan.offload_layers} if plan.offload_layers
+               else {"offload_layers": 0}),
+            **{o: getattr(plan, o) for o in OVERLAP_KNOBS}}
+
+
 def ranking_spaces(run: dict[str, Any], pins: dict[str, Any]) -> list[dict[str, Any]]:
     """The constraint pins of the knob spaces whose union is the run's ranking space: its own
     pins, and where its code predates the overlapped reduction with pipelining
@@ -814,15 +828,7 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
         plan = plan_from_spec(inst, inst.spec.plan)
         pub_report = evaluate(inst, plan, spec=inst.spec.plan)
         published = pub_report.step_time_s
-        pins = {"recompute": plan.recompute, "recompute_layers": plan.recompute_layers,
-                "sequence_parallel": plan.sequence_parallel,
-                # the run's sharding mode (ZeRO-1 is the distributed optimizer) and its host
-                # offload: the optimizer's as it ran, activations up to its layer count
-                "dp_sharding": plan.dp_sharding,
-                "optimizer_offload": plan.optimizer_offload,
-                **({"max_offload_layers": plan.offload_layers} if plan.offload_layers
-                   else {"offload_layers": 0}),
-                **{o: getattr(plan, o) for o in OVERLAP_KNOBS}}
+        pins = run_pins(plan)
         free = inst.with_spec(plan=None)
         found, notes = [], []
         for upd in ranking_spaces(run, pins):

@@ -114,6 +114,19 @@ TORCHTITAN_MEMORY_CAVEAT = (
     "the limit")
 
 
+#: What every plan under DeepSpeed's rules is told of its memory: on BigScience's topology search
+#: (planner/data/measured_alternatives.toml; the range is kept true by
+#: tests/test_alternatives.py), nvidia-smi's peaks against the model's, and the plan that ran
+#: out of memory inside the model's limit
+DEEPSPEED_MEMORY_CAVEAT = (
+    "DeepSpeed's memory: on BigScience's Megatron-DeepSpeed runs (a 181B model on 384 A100 "
+    "80GB, 2022: ZeRO-1, full recompute, planner/data/measured_alternatives.toml) the peak "
+    "nvidia-smi showed was 1.1x to 1.3x the peak this model counts per GPU, and a plan the "
+    "model fitted with 1.0 GiB to spare ran out of memory; a peak that includes the "
+    "allocator's cache bounds the need from above, but keep more room than the memory "
+    "reserve before trusting a DeepSpeed plan near the limit")
+
+
 #: What a torchtitan plan with context parallelism is told of its time: on the same benchmark,
 #: costed on the H100 SXM (its own 96 GB / 500 W parts are not in the catalog), the model's
 #: tokens/s over the measured ones sat at 0.92x-1.06x of their median on the rows without
@@ -129,7 +142,8 @@ TORCHTITAN_CP_CAVEAT = (
 
 def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
-    confirm: the MoE terms, torchtitan's memory (its measured peaks sit above the model's)
+    confirm: the MoE terms, torchtitan's and DeepSpeed's memory (their measured peaks sit
+    above the model's)
     and, for a ``plan`` with context parallelism, torchtitan's context-parallel time,
     a GPU type at a precision it has no measured run at (its
     figures there are assumptions, catalog ``measured_precisions``), a kernel stack the type
@@ -139,6 +153,8 @@ def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
     if inst.spec.model.approximates:
         out.append(f"model shape: {inst.spec.model.approximates}; its time and memory are "
                    "the approximation's")
+    if inst.spec.constraints.framework == "deepspeed":
+        out.append(DEEPSPEED_MEMORY_CAVEAT)
     if inst.spec.constraints.framework == "torchtitan":
         out.append(TORCHTITAN_MEMORY_CAVEAT)
         if plan is not None and plan.cp > 1:
