@@ -2,10 +2,12 @@
 
 A published run (planner/data/published_runs.toml) is one expert plan, so it can only say
 how far that plan lies from the model's optimum. A set of measured alternatives
-(planner/data/measured_alternatives.toml) is one model timed under many plans on the same
-machines on the same day, with the plans that ran out of memory: it says whether the model
-puts the plans in the order the hardware did, which is what a proven optimum is worth. Nothing
-here is fitted; the sets are judged as they are.
+(planner/data/measured_alternatives.toml) is one model (or a few shapes of it) timed under
+many plans on the same machines on the same day, with the plans that ran out of memory: it
+says whether the model puts the plans in the order the hardware did, which is what a proven
+optimum is worth. The times are never fitted; one figure rests on the sets' memory: DeepSpeed's
+default reserve (frameworks.py ``measured_peak_ratio``, the lowest of their nvidia-smi
+readings over the model's peak, checked day against day in tests/test_alternatives.py).
 
 Per set this reports:
 
@@ -17,8 +19,9 @@ Per set this reports:
 - ``measured_best_rank``: where the model ranks the measured fastest plan (1: first);
 - ``oom_predicted``: of the plans that ran out of memory, how many the model says do not fit;
   ``fit_predicted``: of the timed plans, how many the model says fit;
-- ``memory``: per timed plan with a measured peak, the model's peak beside it (nvidia-smi's
-  peak holds the CUDA context and the allocator's cache, so it is expected above the model);
+- ``plans``: per plan, its measured and predicted seconds per sequence, the model's peak
+  memory, headroom and fit, and the memory nvidia-smi showed where the source gives it (a
+  snapshot holding the CUDA context and the allocator's cache: expected above the model);
 - ``optimum`` (with the ranking): the model's own optimum over the set's cluster and knob
   space, and whether that plan is one that ran out of memory.
 """
@@ -33,12 +36,16 @@ from typing import Any
 from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance, read_toml
-from planner.model.plan import plan_from_spec
+from planner.model.plan import plan_from_spec, structural_violations
 
-#: GB (10^9 bytes, as nvidia-smi's sources print them) in GiB
-GB_IN_GIB = 1e9 / 2**30
-#: the keys every plan of a set shares (the rest come from the set)
-PLAN_OWN = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch")
+#: each plan's own keys (the rest of its [plan] comes from the set's ``plan``), the required
+#: first
+PLAN_OWN = ("tp", "pp", "dp", "micro_batch", "global_batch", "cp", "ep")
+#: what a plan may say beside them
+PLAN_EXTRA = ("model", "measured_step_time_s", "memory_GiB", "outcome")
+#: a set's keys, the required first
+SET_KEYS = ("id", "model", "gpu", "precision", "plans", "source", "framework", "cluster", "plan",
+            "training")
 #: a measured plan's outcome: a step time, or out of memory
 OUTCOMES = ("oom",)
 
@@ -47,37 +54,98 @@ def default_path() -> Path:
     return Path(str(resources.files("planner").joinpath("data/measured_alternatives.toml")))
 
 
+def _positive(x: Any, whole: bool = False) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+            and (not whole or isinstance(x, int)))
+
+
+def _plan_problems(where: str, pl: Any) -> list[str]:
+    """What is wrong with one plan of a set, in the file's words."""
+    if not isinstance(pl, dict):
+        return [f"{where}: expected a table {{ tp = ..., pp = ..., ... }}"]
+    out = [f"{where}.{k}: unknown key; expected one of {', '.join(PLAN_OWN + PLAN_EXTRA)}"
+           for k in pl if k not in PLAN_OWN + PLAN_EXTRA]
+    out += [f"{where}: missing {k}" for k in PLAN_OWN[:5] if k not in pl]
+    out += [f"{where}.{k} = {pl[k]!r}: expected a positive whole number" for k in PLAN_OWN
+            if k in pl and not _positive(pl[k], whole=True)]
+    out += [f"{where}.{k} = {pl[k]!r}: expected a positive number" for k in
+            ("measured_step_time_s", "memory_GiB") if k in pl and not _positive(pl[k])]
+    if "model" in pl and not isinstance(pl["model"], dict):
+        out.append(f"{where}.model: expected a table of the set's model keys it changes")
+    if ("measured_step_time_s" in pl) == ("outcome" in pl):
+        out.append(f"{where}: give measured_step_time_s or outcome = \"oom\", one of them")
+    elif "outcome" in pl and pl["outcome"] not in OUTCOMES:
+        out.append(f"{where}.outcome = {pl['outcome']!r}: expected \"oom\"")
+    return out
+
+
+def _set_problems(s: Any, n: int) -> list[str]:
+    """What is wrong with one set, in the file's words (its plans' degrees, shapes and rules
+    are checked when it is evaluated, as a published run's are)."""
+    from planner.app.validate import RUN_FRAMEWORK_NAMES
+
+    if not isinstance(s, dict):
+        return [f"sets[{n}]: expected a [[sets]] table"]
+    sid = s.get("id", f"sets[{n}]")
+    out = [f"set {sid}.{k}: unknown key; expected one of {', '.join(SET_KEYS)}"
+           for k in s if k not in SET_KEYS]
+    out += [f"set {sid}: missing {k}" for k in SET_KEYS[:5] if k not in s]
+    out += [f"set {sid}.{k}: expected a table" for k in ("model", "cluster", "plan", "training")
+            if k in s and not isinstance(s[k], dict)]
+    if "framework" in s and s["framework"] not in RUN_FRAMEWORK_NAMES:
+        out.append(f"set {sid}.framework = {s['framework']!r}: expected one of "
+                   f"{', '.join(RUN_FRAMEWORK_NAMES)}")
+    plans = s.get("plans")
+    if "plans" in s and (not isinstance(plans, list) or not plans):
+        return out + [f"set {sid}.plans: expected a non-empty list of plans"]
+    for i, pl in enumerate(plans or []):
+        out += _plan_problems(f"set {sid}, plans[{i}]", pl)
+    if out:
+        return out
+    gpus = {pl["tp"] * pl["pp"] * pl["dp"] * pl.get("cp", 1) for pl in plans}
+    if len(gpus) > 1:
+        out.append(f"set {sid}: its plans run on {sorted(gpus)} GPUs; a set is one cluster "
+                   "(tp * pp * dp * cp the same in every plan)")
+    timed = [pl for pl in plans if "measured_step_time_s" in pl]
+    if len(timed) < 2 or not any("model" not in pl for pl in timed):
+        out.append(f"set {sid}: needs two timed plans or more, one of them of the set's own "
+                   "model (no plan.model)")
+    return out
+
+
 def load_sets(path: str | Path | None = None) -> list[dict[str, Any]]:
-    """The sets of a measured-alternatives file, each plan checked as a run is."""
+    """The sets of a measured-alternatives file, every key checked (each problem named by
+    set, plan and key)."""
     p = Path(path) if path else default_path()
     data = read_toml(p, "measured alternatives file")
     sets = data.get("sets")
     if not isinstance(sets, list) or not sets:
         raise InputError(f"{p}: expected [[sets]] entries")
-    problems = []
-    for s in sets:
-        sid = s.get("id", "?")
-        for key in ("id", "model", "gpu", "precision", "plans"):
-            if key not in s:
-                problems.append(f"set {sid}: missing {key}")
-        for i, pl in enumerate(s.get("plans", [])):
-            timed = "measured_step_time_s" in pl
-            if timed == (pl.get("outcome") in OUTCOMES):
-                problems.append(f"set {sid}, plans[{i}]: give measured_step_time_s or outcome "
-                                f"= \"oom\", one of them")
-            elif "outcome" in pl and pl["outcome"] not in OUTCOMES:
-                problems.append(f"set {sid}, plans[{i}]: outcome = {pl['outcome']!r}: "
-                                "expected \"oom\"")
+    problems = [x for n, s in enumerate(sets) for x in _set_problems(s, n)]
+    ids = [s.get("id") for s in sets if isinstance(s, dict)]
+    problems += [f"set {i}: the id is given twice" for i in sorted({i for i in ids
+                                                                  if ids.count(i) > 1}, key=str)]
     if problems:
         raise InputError(f"{p}: invalid measured alternatives file", problems)
     return sets
+
+
+def model_of(s: dict[str, Any], pl: dict[str, Any]) -> dict[str, Any]:
+    """The model a plan of a set ran: the set's, with the keys the plan's own ``model``
+    changes (a search over shapes as well as plans, on the same machines that day)."""
+    return {**s["model"], **pl.get("model", {})}
+
+
+def shape_label(pl: dict[str, Any]) -> str:
+    """What a plan's own ``model`` changes, in words (empty for the set's model)."""
+    return " ".join(f"{k}={v}" for k, v in pl.get("model", {}).items())
 
 
 def _run(s: dict[str, Any], pl: dict[str, Any]) -> dict[str, Any]:
     """One plan of a set as a published run (planner/app/validate.py reads it)."""
     own = {k: pl[k] for k in PLAN_OWN if k in pl}
     label = "-".join(f"{k}{own[k]}" for k in ("tp", "pp", "dp", "micro_batch") if k in own)
-    run = {"id": f"{s['id']}:{label}", "model": s["id"], "gpu": s["gpu"],
+    run = {"id": f"{s['id']}:{label}", "model": "model", "gpu": s["gpu"],
            "precision": s["precision"], "plan": {**s.get("plan", {}), **own},
            "training": dict(s.get("training", {})),
            # (an out-of-memory plan has no time; the run format needs one, never read)
@@ -90,7 +158,7 @@ def _run(s: dict[str, Any], pl: dict[str, Any]) -> dict[str, Any]:
 def _instance(s: dict[str, Any], pl: dict[str, Any]) -> Instance:
     from planner.app.validate import run_instance
 
-    return run_instance({"models": {s["id"]: s["model"]}}, _run(s, pl), s.get("cluster"))
+    return run_instance({"models": {"model": model_of(s, pl)}}, _run(s, pl), s.get("cluster"))
 
 
 @dataclass
@@ -100,7 +168,7 @@ class PlanResult:
     measured_s: float | None            # None: out of memory
     predicted_s: float
     memory_gib: float                   # the model's peak (its fullest stage)
-    fits: bool
+    fits: bool                          # in memory (the plan keeps the structural rules)
     headroom_gib: float                 # the model's limit less its peak (< 0: over)
     measured_memory_gib: float | None = None
 
@@ -140,7 +208,7 @@ class SetResult:
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
     """Kendall's tau-a of two paired lists: (concordant - discordant pairs) / all pairs, a tie
-    in either list counting as neither; None for fewer than two pairs' worth of items."""
+    in either list counting as neither; None for fewer than two items (no pair)."""
     n = len(xs)
     if n < 2 or len(ys) != n:
         return None
@@ -155,7 +223,8 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
 def order_figures(predicted: list[float], measured: list[float]
                   ) -> tuple[float | None, float | None, int | None]:
     """(Kendall's tau, the pick's regret, the measured best's predicted rank) of paired
-    predicted and measured times (lower is better)."""
+    predicted and measured times (lower is better); a plan the model predicts as fast as the
+    measured best is not counted ahead of it."""
     if not measured:
         return None, None, None
     tau = kendall_tau(predicted, measured)
@@ -169,17 +238,21 @@ def order_figures(predicted: list[float], measured: list[float]
 def evaluate_set(s: dict[str, Any], optimum: bool = True) -> SetResult:
     """How the model orders one set's plans (and, with ``optimum``, what it would pick)."""
     rows = []
-    for pl in s["plans"]:
+    for i, pl in enumerate(s["plans"]):
         inst = _instance(s, pl)
         plan = plan_from_spec(inst, inst.spec.plan)
+        broken = structural_violations(inst, plan, inst.spec.plan)
+        if broken:
+            raise InputError(f"set {s['id']}, plans[{i}]: not a plan the model can cost",
+                             broken)
         rep = evaluate(inst, plan, spec=inst.spec.plan)
         gb = plan.global_batch
         timed = pl.get("measured_step_time_s")
-        mem = pl.get("memory_GB")
         rows.append(PlanResult(
-            plan.label(), gb, None if timed is None else timed / gb, rep.step_time_s / gb,
-            rep.memory_gib["total"], rep.fits, rep.memory_gib["headroom"],
-            None if mem is None else mem * GB_IN_GIB))
+            " ".join(x for x in (shape_label(pl), plan.label()) if x), gb,
+            None if timed is None else timed / gb, rep.step_time_s / gb,
+            rep.memory_gib["total"], rep.memory_gib["headroom"] >= 0,
+            rep.memory_gib["headroom"], pl.get("memory_GiB")))
     timed = [r for r in rows if not r.oom]
     tau, regret, rank = order_figures([r.predicted_s for r in timed],
                                       [r.measured_s for r in timed])
@@ -192,28 +265,36 @@ def evaluate_set(s: dict[str, Any], optimum: bool = True) -> SetResult:
 
 
 def _optimum(s: dict[str, Any], rows: list[PlanResult]) -> dict[str, Any]:
-    """The model's optimum over the set's cluster, at the largest global batch of its timed
-    plans, in the knob space its plans share (validate.run_pins): its plan, seconds per
-    sequence, and whether that plan ran out of memory in the set."""
+    """The model's optimum over the set's cluster for the set's own model (not a plan's
+    changed shape), at the largest global batch of its timed plans, in the knob space its
+    plans share (validate.run_pins): its plan, seconds per sequence, and whether that plan
+    ran out of memory in the set."""
     from formulations.solve import solve
     from planner.app.validate import run_pins
 
-    timed = [pl for pl in s["plans"] if "measured_step_time_s" in pl]
+    timed = [pl for pl in s["plans"] if "measured_step_time_s" in pl and "model" not in pl]
+    if not timed:
+        return {"plan": None, "note": "no timed plan of the set's own model"}
     lead = max(timed, key=lambda pl: pl["global_batch"])
     inst = _instance(s, lead)
     pins = run_pins(plan_from_spec(inst, inst.spec.plan))
     free = inst.with_spec(plan=None,
                           constraints=inst.spec.constraints.model_copy(update=pins))
     try:
-        res = solve(free, explain="brief")
+        res = solve(free, time_limit=OPTIMUM_TIME_LIMIT_S, explain="brief")
     except InfeasibleError as exc:
         return {"plan": None, "note": str(exc)}
     if res.report is None:
         return {"plan": None, "note": res.note}
-    label = res.report.plan.label()
-    return {"plan": label, "predicted_s": res.report.step_time_s / res.report.plan.global_batch,
+    label, gb = res.report.plan.label(), res.report.plan.global_batch
+    return {"plan": label, "global_batch": gb, "predicted_s": res.report.step_time_s / gb,
             "status": res.status.value,
-            "ran_out_of_memory": any(r.oom and r.label == label for r in rows)}
+            "ran_out_of_memory": any(r.oom and (r.label, r.global_batch) == (label, gb)
+                                     for r in rows)}
+
+
+#: the optimum's solve, as the ranking's (planner/app/validate.py ranking)
+OPTIMUM_TIME_LIMIT_S = 60.0
 
 
 def evaluate_sets(sets: list[dict[str, Any]], optimum: bool = True) -> list[SetResult]:

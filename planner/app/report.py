@@ -511,18 +511,27 @@ def alternatives_table(res) -> Table:
     return t
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th-13th, 21st."""
+    tail = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{tail}"
+
+
 def alternatives_summary(res) -> str:
     """The set's order figures in one paragraph (planner/app/alternatives.py)."""
     tau = "-" if res.kendall_tau is None else f"{res.kendall_tau:+.2f}"
     text = (f"{res.id}: Kendall's tau {tau} between predicted and measured s/seq over "
-            f"{res.timed_plans} timed plans; the model's pick among them ran "
-            f"{100 * res.pick_regret:.1f}% slower than the fastest, which it ranks "
-            f"{res.measured_best_rank}; {res.oom_predicted} of {res.oom_plans} plans that ran "
-            f"out of memory do not fit under the model, {res.fit_predicted} of "
-            f"{res.timed_plans} that ran fit")
+            f"{res.timed_plans} timed plans")
+    if res.pick_regret is not None:
+        text += ("; the model's pick among them is the fastest" if res.pick_regret == 0 else
+                 f"; the model's pick among them ran {100 * res.pick_regret:.1f}% slower than "
+                 f"the fastest, which it ranks {ordinal(res.measured_best_rank)}")
+    text += (f"; {res.oom_predicted} of {res.oom_plans} plans that ran out of memory do not "
+             f"fit under the model, {res.fit_predicted} of {res.timed_plans} that ran fit")
     opt = res.optimum
     if opt and opt.get("plan"):
-        text += (f"; the model's optimum over the set's cluster is {opt['plan']} "
+        text += (f"; the model's optimum over the set's cluster is {opt['plan']} at "
+                 f"{opt['global_batch']} sequences "
                  f"({opt['predicted_s']:.4f} s/seq)"
                  + (", a plan that ran out of memory" if opt["ran_out_of_memory"] else ""))
     return text

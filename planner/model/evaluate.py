@@ -115,16 +115,17 @@ TORCHTITAN_MEMORY_CAVEAT = (
 
 
 #: What every plan under DeepSpeed's rules is told of its memory: on BigScience's topology search
-#: (planner/data/measured_alternatives.toml; the range is kept true by
-#: tests/test_alternatives.py), nvidia-smi's peaks against the model's, and the plan that ran
-#: out of memory inside the model's limit
+#: (planner/data/measured_alternatives.toml; the figures are kept true by
+#: tests/test_alternatives.py), nvidia-smi's peaks against the model's, what the DeepSpeed
+#: reserve (frameworks.py measured_peak_ratio) tells, and the plan it does not
 DEEPSPEED_MEMORY_CAVEAT = (
-    "DeepSpeed's memory: on BigScience's Megatron-DeepSpeed runs (a 181B model on 384 A100 "
-    "80GB, 2022: ZeRO-1, full recompute, planner/data/measured_alternatives.toml) the peak "
-    "nvidia-smi showed was 1.1x to 1.3x the peak this model counts per GPU, and a plan the "
-    "model fitted with 1.0 GiB to spare ran out of memory; a peak that includes the "
-    "allocator's cache bounds the need from above, but keep more room than the memory "
-    "reserve before trusting a DeepSpeed plan near the limit")
+    "DeepSpeed's memory: on BigScience's Megatron-DeepSpeed runs (models of 176B-206B on 384 "
+    "A100 80GB, 2022: ZeRO-1, full recompute, planner/data/measured_alternatives.toml) the "
+    "memory nvidia-smi showed was 1.2x to 1.4x the peak this model counts per GPU; the "
+    "default reserve under DeepSpeed keeps the model's peak within the capacity over the "
+    "lowest of those ratios, 1.22x, which tells 5 of the 6 plans that ran out of memory "
+    "there, and one ran out with 14.3 GiB left under it: keep more room than the reserve "
+    "where the plan's memory is unlike those runs'")
 
 
 #: What a torchtitan plan with context parallelism is told of its time: on the same benchmark,

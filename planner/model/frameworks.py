@@ -67,6 +67,15 @@ class Framework:
     #: stage's last backward, not bucket by bucket during it (torch.distributed.pipelining's
     #: FSDP2 stages under torchtitan, DeepSpeed's PipelineEngine: see their entries)
     reduce_after_last_backward: bool = False
+    #: the lowest ratio of the memory nvidia-smi showed (the CUDA context and the allocator's
+    #: reservation, a snapshot: at most the peak) to the peak this model counts, over the
+    #: framework's measured plans; None where none was measured (the default reserve stands):
+    #: its default reserve keeps the model's peak at or under the capacity over this ratio
+    #: (schema.default_reserve_GiB)
+    measured_peak_ratio: float | None = None
+    #: bf16 training that accumulates its gradients in fp32 without sharding them keeps the
+    #: 16-bit gradients beside the fp32 ones (DeepSpeed's BF16_Optimizer: see its entry)
+    keeps_16bit_grads_beside_fp32: bool = False
     #: under pipeline parallelism a stage's FSDP2 parameters, once gathered, stay gathered over
     #: the step's micro-batches when they are not resharded after forward (torchtitan: the
     #: pipelining stage's set_reshard_after_backward(False), and FSDP2's unshard is a no-op on
@@ -348,6 +357,23 @@ FRAMEWORKS: dict[str, Framework] = {
                            # False), TrainSchedule's ReduceGrads after the last backward
                            reduce_after_last_backward=True,
                            grad_reduce_dtype="bf16",
+                           # bf16 with fp32 gradient accumulation (data_types.grad_accum_dtype =
+                           # "fp32", or the BLOOM-era bf16 optimizer) at ZeRO stage 0 / 1 runs
+                           # BF16_Optimizer (deepspeed/runtime/engine.py
+                           # _do_optimizer_sanity_check), which accumulates into a whole fp32
+                           # buffer (bf16_optimizer.py fp32_groups_gradients_flat, zeros_like
+                           # the flat 16-bit parameters) and leaves the 16-bit gradients in
+                           # place (update_hp_grads(clear_lp_grads=False), the default of
+                           # backward_epilogue and of the PipelineEngine's backward)
+                           keeps_16bit_grads_beside_fp32=True,
+                           # BigScience's Megatron-DeepSpeed runs on 384 A100 80GB (2022;
+                           # planner/data/measured_alternatives.toml, both days): nvidia-smi's
+                           # readings over the model's peak were 1.218-1.436 on 02-25 (fp16,
+                           # ZeRO-1) and 1.286-1.399 on 02-28 (BF16_Optimizer); the lowest of
+                           # the 31 (tests/test_alternatives.py recomputes it, and checks each
+                           # day against the other day's lowest: every plan that ran fits, 2 and
+                           # 3 of the 3 that ran out of memory do not)
+                           measured_peak_ratio=1.218,
                            interleaving=False, context_parallel=False,
                            interleaving_source="its PipelineEngine runs one stage per rank "
                            "with 1F1B (deepspeed/runtime/pipe/schedule.py TrainSchedule), no "

@@ -447,7 +447,8 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
             "offloads fewer layers than num_layers, TransformerConfig)"])
     reserve = spec.constraints.memory_reserve_GiB
     if reserve is None:                 # the default depends on the GPU: fix it here, once
-        reserve = default_reserve_GiB(gpu.hbm_capacity_GiB, spec.training.expandable_segments)
+        reserve = default_reserve_GiB(gpu.hbm_capacity_GiB, spec.training.expandable_segments,
+                                      spec.constraints.framework)
         spec = spec.model_copy(update={"constraints": spec.constraints.model_copy(
             update={"memory_reserve_GiB": reserve})})
     if reserve >= gpu.hbm_capacity_GiB:

@@ -559,12 +559,19 @@ class ClusterSpec(_Strict):
 RESERVE_FIXED_GiB, RESERVE_FRAGMENTATION, RESERVE_FRAGMENTATION_EXPANDABLE = 2.0, 0.05, 0.0
 
 
-def default_reserve_GiB(capacity_GiB: float, expandable_segments: bool = False) -> float:
+def default_reserve_GiB(capacity_GiB: float, expandable_segments: bool = False,
+                        framework: str | None = None) -> float:
     """The default ``constraints.memory_reserve_GiB`` for a GPU of ``capacity_GiB``:
     ``2 GiB + 5%`` of the capacity (6 GiB on an 80 GiB GPU), ``2 GiB`` under expandable
-    segments; see :data:`RESERVE_FIXED_GiB`."""
+    segments; see :data:`RESERVE_FIXED_GiB`. Under a framework whose measured peaks ran above
+    the model's by a known ratio (``Framework.measured_peak_ratio``: DeepSpeed), at least what
+    keeps the model's peak times that ratio within the capacity (14.3 GiB on 80 GiB)."""
     share = RESERVE_FRAGMENTATION_EXPANDABLE if expandable_segments else RESERVE_FRAGMENTATION
-    return round(RESERVE_FIXED_GiB + share * capacity_GiB, 2)
+    reserve = RESERVE_FIXED_GiB + share * capacity_GiB
+    ratio = FRAMEWORKS[framework].measured_peak_ratio if framework in FRAMEWORKS else None
+    if ratio:
+        reserve = max(reserve, capacity_GiB * (1 - 1 / ratio))
+    return round(reserve, 2)
 
 
 class ConstraintSpec(_Strict):
@@ -607,7 +614,7 @@ class ConstraintSpec(_Strict):
     memory_reserve_GiB: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="per-GPU memory kept free (CUDA context, NCCL buffers, "
         "allocator fragmentation); default: default_reserve_GiB(capacity, "
-        "[training] expandable_segments)")
+        "[training] expandable_segments, framework)")
     overlap_grad_reduce: bool | None = Field(
         default=None, description="pin; " + OVERLAP_DESCRIPTIONS["overlap_grad_reduce"]
         + "; default: the framework's")

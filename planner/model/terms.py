@@ -844,6 +844,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # has: a stage mixing dense and MoE layers needs no more than the larger of the two.
     fp8_cache = hw.fp8_weight_cache_bytes if lowp else 0
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
+    # bf16 gradients accumulated in a whole fp32 buffer beside the 16-bit ones the backward
+    # writes, which stay allocated (frameworks.keeps_16bit_grads_beside_fp32: DeepSpeed)
+    beside_fp32 = (WIRE_16 if fw.keeps_16bit_grads_beside_fp32 and tr.precision == "bf16"
+                   and gw == GRAD_WIRE_FP32 and not mode.grads else 0.0)
     # 16-bit gradients: the optimizer steps on a main-gradient copy of its shard (fp32: Megatron-LM's
     # fp16 row, 20 bytes per parameter, 4 + 16/d distributed; with bf16 states a bf16 shard:
     # OPTIMIZER_STATE_BYTES). The copy lives only through the optimizer step: Megatron-Core makes
@@ -1077,7 +1081,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             memory[name] = {
                 "weights": weights,
                 "gradients": (dense_p * grad_share + stage_experts * expert_grad_share) * grad_bytes
-                + working_g,
+                + working_g + (dense_p + stage_experts) * beside_fp32,
                 "optimizer_states": 0.0 if k.optimizer_offload else opt_gpu,
                 "activations": acts,
                 "logits": logit,
@@ -1285,7 +1289,8 @@ def memory_reserve_GiB(inst: Instance) -> float:
     """The per-GPU reserve: ``constraints.memory_reserve_GiB``, else the GPU's default."""
     reserve = inst.spec.constraints.memory_reserve_GiB
     return (default_reserve_GiB(inst.hw.gpu.hbm_capacity_GiB,
-                                inst.spec.training.expandable_segments)
+                                inst.spec.training.expandable_segments,
+                                inst.spec.constraints.framework)
             if reserve is None else reserve)
 
 
