@@ -293,6 +293,12 @@ def test_deepspeed(case):
     assert d["bf16"]["enabled"] is (prec != "fp16")
     assert d["fp16"]["enabled"] is (prec == "fp16")
     assert d["zero_optimization"]["stage"] == SHARDING_MODES.index(plan.dp_sharding)
+    # fp32 gradients under bf16 are accumulated in fp32 too (BF16_Optimizer, whose 16-bit and
+    # fp32 gradients the plan's memory counts); the default accumulates in the model dtype
+    fp32_grads = d["communication_data_type"] == "fp32"
+    assert ("data_types" in d) is (fp32_grads and prec != "fp16")
+    if "data_types" in d:
+        assert d["data_types"] == {"grad_accum_dtype": "fp32"}
     # partition_activations shards checkpoints, it does not recompute: always off; the model
     # code enables recompute, and the export says how
     assert d["activation_checkpointing"]["partition_activations"] is False

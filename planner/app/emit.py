@@ -100,7 +100,8 @@ dp_sharding (distributed_optimizer = optim), dp_shard_size, reshard_after_forwar
     always / never, ``training.mixed_precision_reduce``; a shard group of one without context
     parallelism beside tp / pp (torchtitan runs it as DDP), optim and optim_grads: an error
     (torchtitan has no such mode) | ``zero_optimization.stage`` 0-3 and
-    ``communication_data_type``; stage 2/3 with pp > 1 and HSDP are errors. Every export says
+    ``communication_data_type`` (with bf16 and fp32 gradients also ``data_types.
+    grad_accum_dtype = "fp32"``); stage 2/3 with pp > 1 and HSDP are errors. Every export says
     the mode the model costed; a mode the framework cannot run is an error naming the rule
     (:func:`planner.model.frameworks.framework_violations`).
 optimizer_offload, offload_layers (host offload)
@@ -1267,6 +1268,12 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                                  if plan.optimizer_offload else {})},
         "communication_data_type": "fp32" if reduce_dtype(inst) == "fp32" else (
             "fp16" if precision == "fp16" else "bf16"),
+        # bf16 with fp32 gradients: accumulated in fp32 too (DeepSpeed's default accumulates
+        # in the model dtype), which at ZeRO stage 0 / 1 runs its BF16_Optimizer, the 16-bit
+        # and fp32 gradients the plan's memory counts (frameworks.py
+        # keeps_16bit_grads_beside_fp32; deepspeed/runtime/engine.py _do_optimizer_sanity_check)
+        **({"data_types": {"grad_accum_dtype": "fp32"}}
+           if precision != "fp16" and reduce_dtype(inst) == "fp32" else {}),
         # deepspeed/runtime/activation_checkpointing/config.py: these options shape the
         # checkpoints the model code makes; partition_activations shards the saved inputs over
         # the tensor-parallel group (a memory saving the plan does not count), so all stay off
