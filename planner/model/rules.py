@@ -149,7 +149,8 @@ def _layers_message(v, k: Sizes, kn) -> str:
         counted = " and ".join(n for n, on in (("the embedding", kn.account_for_embedding),
                                                  ("the loss", kn.account_for_loss)) if on)
         return (f"with {counted} counted as a layer (account_for_embedding / account_for_loss), "
-                f"layers + {_g(kn.padded_layers)} = {_g(lp)} must be divisible by pp={v.pp} and "
+                f"layers={k.layers} + {_g(kn.padded_layers)} = {_g(lp)} must be divisible by "
+                f"pp={v.pp} and "
                 f"the per-rank count {_g(lp / v.pp)} by vp={v.vp}")
     m = lp / v.pp
     ends = [(n, m - s) for n, s in (("first", kn.first_short), ("last", kn.last_short)) if s]
