@@ -289,6 +289,34 @@ def test_validate_json_has_the_measured_alternatives(runner):
     assert -1 <= a["kendall_tau"] <= 1
 
 
+
+def test_validate_with_a_users_measured_sets(runner, tmp_path):
+    """A user's own measured sweep (--alternatives): judged alone beside the runs file given,
+    and a bad one is an input error naming its key."""
+    f = tmp_path / "mine.toml"
+    f.write_text('''[[sets]]
+id = "mine"
+model = { layers = 24, hidden = 2048, heads = 16, vocab = 51200, seq_len = 2048 }
+gpu = "a100-80gb"
+precision = "bf16"
+plans = [
+  { tp = 1, pp = 1, dp = 8, micro_batch = 4, global_batch = 256, measured_step_time_s = 2.0 },
+  { tp = 2, pp = 1, dp = 4, micro_batch = 4, global_batch = 256, measured_step_time_s = 2.2 },
+  { tp = 8, pp = 1, dp = 1, micro_batch = 4, global_batch = 256, measured_step_time_s = 3.0 },
+]
+''')
+    d = run_json(runner, ["validate", str(ROOT / "planner" / "data" / "published_runs.toml"),
+                          "--alternatives", str(f), "--json", "--no-ranking"])
+    (a,) = d["alternatives"]
+    assert a["id"] == "mine" and a["timed_plans"] == 3 and a["oom_plans"] == 0
+    assert [p["plan"] for p in a["plans"]] == ["TP1 PP1 DP8 mb4", "TP2 PP1 DP4 mb4",
+                                                "TP8 PP1 DP1 mb4"]
+    f.write_text(f.read_text().replace("micro_batch = 4, global_batch = 256, measured",
+                                       "micro_batch = 4, global_batch = 256, colour = 1, "
+                                       "measured", 1))
+    result = runner.invoke(app, ["validate", "--alternatives", str(f), "--no-ranking"])
+    assert result.exit_code == 2 and "plans[0].colour: unknown key" in all_text(result)
+
 def test_validate_human(runner):
     # the ranking's 30 solves are left out here (tests/test_ranking.py has them, and .ci/run
     # runs `plan validate` with them before the tests)

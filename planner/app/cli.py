@@ -387,10 +387,15 @@ def validate(
     rank: Annotated[bool, typer.Option(
         "--ranking/--no-ranking", help="solve each run's knob space and report the published "
         "plan's step time over the model's optimum (about 20 s)")] = True,
+    alternatives_file: Annotated[Path | None, typer.Option(
+        "--alternatives", metavar="SETS.toml", help="sets of plans measured on one cluster "
+        "(the format of planner/data/measured_alternatives.toml): how the model orders them "
+        "(default: the shipped sets, with the shipped runs only)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predicted vs measured step time for every published run: error in sample, error out of
-    sample (parameters fitted without the run's source) and the ranking ratio."""
+    sample (parameters fitted without the run's source) and the ranking ratio; and how the
+    model orders sets of plans measured on one cluster."""
     from planner.app import alternatives
     from planner.app import validate as v
     from planner.app.report import alternatives_summary, alternatives_table
@@ -404,8 +409,9 @@ def validate(
         oos = v.out_of_sample(data, cal, alone)
         ranks = v.ranking(data) if rank else {}
         # the shipped sets of measured alternatives go with the shipped runs
-        alts = (alternatives.evaluate_sets(alternatives.load_sets(), optimum=rank)
-                if runs is None else [])
+        alts = (alternatives.evaluate_sets(alternatives.load_sets(alternatives_file),
+                                           optimum=rank)
+                if alternatives_file is not None or runs is None else [])
     except PlanError as exc:
         _fail(exc, as_json)
     summ = v.summary(results)
