@@ -197,3 +197,31 @@ def test_a_param_gather_overlap_pin_without_grad_reduce_overlap_is_refused_under
         inst.spec.constraints.model_validate({**inst.spec.constraints.model_dump(), **update})
     both = {**update, "overlap_grad_reduce": True}
     inst.spec.constraints.model_validate({**inst.spec.constraints.model_dump(), **both})
+
+
+@pytest.mark.parametrize("precision, reduce, kept", [
+    ("bf16", "fp32", True),     # BF16_Optimizer: 16-bit gradients beside the fp32 buffer
+    ("fp8", "fp32", True),      # (bf16.enabled, the same optimizer)
+    ("bf16", "bf16", False),    # accumulated in bf16: one 16-bit copy
+    ("fp16", "fp32", False),    # fp16 runs DeepSpeed's ZeRO optimizer, not BF16_Optimizer
+])
+def test_deepspeed_bf16_optimizer_keeps_16bit_gradients(precision, reduce, kept):
+    """Under DeepSpeed at ZeRO-1 a stage holds fp32 gradients (4 bytes a parameter) and, where
+    BF16_Optimizer runs, the 16-bit ones beside them (2 more; deepspeed/runtime/
+    bf16_optimizer.py): the same plan under Megatron-LM's rules, which accumulate straight into
+    the fp32 main gradients, holds 2 bytes a parameter fewer. Hand count: the first stage's
+    gradient bytes over its fp32 gradient bytes."""
+    doc = {"model": {"preset": "gpt-1.3b"},
+           "training": {"global_batch": 64, "precision": precision,
+                        "grad_reduce_dtype": reduce},
+           "cluster": {"gpu": "h100-sxm", "gpus": 8},
+           "plan": {"tp": 1, "pp": 2, "dp": 4, "micro_batch": 1, "dp_sharding": "optim",
+                    "recompute": "full", "sequence_parallel": False}}
+    grads = {}
+    for fw in ("deepspeed", "megatron"):
+        inst = parse_instance({**doc, "constraints": {"framework": fw}})
+        rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+        grads[fw] = rep.memory_by_stage_gib["first"]["gradients"]
+    ratio = grads["deepspeed"] / grads["megatron"]
+    wire = 4 if reduce == "fp32" else 2
+    assert ratio == pytest.approx((wire + 2) / wire if kept else 1.0, rel=1e-9)

@@ -73,8 +73,9 @@ class Framework:
     #: its default reserve keeps the model's peak at or under the capacity over this ratio
     #: (schema.default_reserve_GiB)
     measured_peak_ratio: float | None = None
-    #: bf16 training that accumulates its gradients in fp32 without sharding them keeps the
-    #: 16-bit gradients beside the fp32 ones (DeepSpeed's BF16_Optimizer: see its entry)
+    #: bf16 training (FP8 and NVFP4 included: their master path is bf16) that accumulates its
+    #: gradients in fp32 without sharding them keeps the 16-bit gradients beside the fp32 ones
+    #: (DeepSpeed's BF16_Optimizer: see its entry)
     keeps_16bit_grads_beside_fp32: bool = False
     #: under pipeline parallelism a stage's FSDP2 parameters, once gathered, stay gathered over
     #: the step's micro-batches when they are not resharded after forward (torchtitan: the

@@ -845,8 +845,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     fp8_cache = hw.fp8_weight_cache_bytes if lowp else 0
     grad_bytes = GRAD_BYTES if gw == GRAD_WIRE_FP32 else WIRE_16
     # bf16 gradients accumulated in a whole fp32 buffer beside the 16-bit ones the backward
-    # writes, which stay allocated (frameworks.keeps_16bit_grads_beside_fp32: DeepSpeed)
-    beside_fp32 = (WIRE_16 if fw.keeps_16bit_grads_beside_fp32 and tr.precision == "bf16"
+    # writes, which stay allocated (frameworks.keeps_16bit_grads_beside_fp32: DeepSpeed; its
+    # FP8 and NVFP4 runs train in bf16 too, bf16.enabled, as the export writes them)
+    beside_fp32 = (WIRE_16 if fw.keeps_16bit_grads_beside_fp32 and tr.precision != "fp16"
                    and gw == GRAD_WIRE_FP32 and not mode.grads else 0.0)
     # 16-bit gradients: the optimizer steps on a main-gradient copy of its shard (fp32: Megatron-LM's
     # fp16 row, 20 bytes per parameter, 4 + 16/d distributed; with bf16 states a bf16 shard:
