@@ -8,7 +8,7 @@ import json
 import pytest
 
 from planner.app.alternatives import _instance, evaluate_sets, kendall_tau, load_sets, order_figures
-from planner.model.evaluate import DEEPSPEED_MEMORY_CAVEAT, caveats
+from planner.model.evaluate import DEEPSPEED_MEMORY_CAVEAT, DEEPSPEED_TIME_CAVEAT, caveats
 from planner.model.frameworks import FRAMEWORKS
 from planner.model.schema import default_reserve_GiB
 from planner.model.errors import InputError
@@ -223,3 +223,20 @@ def test_the_deepspeed_caveat_quotes_the_sets(sets):
     other = inst.with_spec(constraints=inst.spec.constraints.model_copy(
         update={"framework": "megatron"}))
     assert DEEPSPEED_MEMORY_CAVEAT not in caveats(other)
+
+
+def test_the_deepspeed_time_caveat_quotes_the_measured_range(sets):
+    """Every DeepSpeed plan is told how much longer DeepSpeed's measured plans ran than the
+    model predicts: the sets' timed plans and the held-out MT-NLG runs of the runs file."""
+    from planner.app.validate import load_runs, validate_runs
+
+    ratios = [r.measured_s / r.predicted_s for s in sets.values() for r in s.plans if not r.oom]
+    data = load_runs()
+    ran = [r for r in validate_runs(data) if r.id.startswith("mtnlg-")]
+    assert len(ratios) == 35 and len(ran) == 3
+    ratios += [r.measured_s / r.predicted_s for r in ran]
+    assert min(ratios) > 1.0
+    assert f"{min(ratios):.2f}x to {max(ratios):.2f}x the step time" in DEEPSPEED_TIME_CAVEAT
+    inst = _instance(load_sets()[0], dict(GOOD["plans"][0]) | {"tp": 8, "pp": 6, "dp": 8,
+                                                               "global_batch": 2048})
+    assert DEEPSPEED_TIME_CAVEAT in caveats(inst)

@@ -128,6 +128,16 @@ DEEPSPEED_MEMORY_CAVEAT = (
     "where the plan's memory is unlike those runs'")
 
 
+#: What every plan under DeepSpeed's rules is told of its time: the measured steps of its plans
+#: over the model's (BigScience's sets, planner/data/measured_alternatives.toml, and MT-NLG
+#: 530B's held-out runs in planner/data/published_runs.toml; tests/test_alternatives.py
+#: recomputes the range)
+DEEPSPEED_TIME_CAVEAT = (
+    "DeepSpeed's step time: its measured plans (BigScience's 35 on 384 A100 in 2022, MT-NLG "
+    "530B's 3 on 2,240-3,360 A100 in 2021) took 1.03x to 1.31x the step time this model "
+    "predicts, none less: read this plan's step time, days and cost as that much low")
+
+
 #: What a torchtitan plan with context parallelism is told of its time: on the same benchmark,
 #: costed on the H100 SXM (its own 96 GB / 500 W parts are not in the catalog), the model's
 #: tokens/s over the measured ones sat at 0.92x-1.06x of their median on the rows without
@@ -143,8 +153,8 @@ TORCHTITAN_CP_CAVEAT = (
 
 def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
-    confirm: the MoE terms, torchtitan's and DeepSpeed's memory (their measured peaks sit
-    above the model's)
+    confirm: the MoE terms, DeepSpeed's step time (its measured steps ran longer than the
+    model's), torchtitan's and DeepSpeed's memory (their measured peaks sit above the model's)
     and, for a ``plan`` with context parallelism, torchtitan's context-parallel time,
     a GPU type at a precision it has no measured run at (its
     figures there are assumptions, catalog ``measured_precisions``), a kernel stack the type
@@ -155,7 +165,7 @@ def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
         out.append(f"model shape: {inst.spec.model.approximates}; its time and memory are "
                    "the approximation's")
     if inst.spec.constraints.framework == "deepspeed":
-        out.append(DEEPSPEED_MEMORY_CAVEAT)
+        out += [DEEPSPEED_TIME_CAVEAT, DEEPSPEED_MEMORY_CAVEAT]
     if inst.spec.constraints.framework == "torchtitan":
         out.append(TORCHTITAN_MEMORY_CAVEAT)
         if plan is not None and plan.cp > 1:
