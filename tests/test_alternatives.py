@@ -203,6 +203,9 @@ def test_good_file_loads_and_a_broken_plan_is_named(tmp_path):
     with pytest.raises(InputError) as exc:
         evaluate_sets(load_sets(_write(tmp_path, [bad])), optimum=False)
     assert "set x, plans[0]" in str(exc.value)
+    with pytest.raises(InputError) as exc:                  # a key the run rules check
+        evaluate_sets(load_sets(_write(tmp_path, [_with(gpu="nope")])), optimum=False)
+    assert "set x, plans[0]" in str(exc.value) and 'unknown GPU "nope"' in str(exc.value)
 
 
 def test_the_deepspeed_caveat_quotes_the_sets(sets):

@@ -239,8 +239,12 @@ def evaluate_set(s: dict[str, Any], optimum: bool = True) -> SetResult:
     """How the model orders one set's plans (and, with ``optimum``, what it would pick)."""
     rows = []
     for i, pl in enumerate(s["plans"]):
-        inst = _instance(s, pl)
-        plan = plan_from_spec(inst, inst.spec.plan)
+        try:
+            inst = _instance(s, pl)
+            plan = plan_from_spec(inst, inst.spec.plan)
+        except InputError as exc:           # (in the set's words, not a run's)
+            raise InputError(f"set {s['id']}, plans[{i}]: not a plan the model can cost",
+                             exc.problems or [str(exc)]) from None
         broken = structural_violations(inst, plan, inst.spec.plan)
         if broken:
             raise InputError(f"set {s['id']}, plans[{i}]: not a plan the model can cost",
