@@ -3,14 +3,13 @@ timed on one cluster, and whether it tells the ones that ran out of memory."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from planner.app.alternatives import _instance, evaluate_sets, kendall_tau, load_sets, order_figures
 from planner.model.evaluate import DEEPSPEED_MEMORY_CAVEAT, DEEPSPEED_TIME_CAVEAT, caveats
 from planner.model.frameworks import FRAMEWORKS
 from planner.model.schema import default_reserve_GiB
+from planner.model.words import toml_value
 from planner.model.errors import InputError
 
 
@@ -138,18 +137,9 @@ GOOD = {"id": "x", "model": {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128
                    "measured_step_time_s": 1.1}]}
 
 
-def _toml(v) -> str:
-    """A value as inline TOML (strings as JSON strings, which TOML reads alike)."""
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    return json.dumps(v)
-
-
 def _write(tmp_path, sets):
     f = tmp_path / "alt.toml"
-    f.write_text(f"sets = {_toml(sets)}\n")
+    f.write_text(f"sets = {toml_value(sets)}\n")
     return f
 
 

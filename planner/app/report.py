@@ -19,7 +19,7 @@ from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.terms import MEMORY_TERMS, TIME_TERM_LABELS, TIME_TERMS
 from planner.model.instance import Instance
-from planner.model.words import count, number, plural, stage_words, toml_value
+from planner.model.words import count, number, ordinal, plural, stage_words, toml_value
 
 TERM_LABELS = {term: long for term, (long, _) in TIME_TERM_LABELS.items()}
 
@@ -509,12 +509,6 @@ def alternatives_table(res) -> Table:
                   "-" if r.measured_memory_gib is None else f"{r.measured_memory_gib:.1f}",
                   style="red" if r.oom and r.fits else ("dim" if r.oom else ""))
     return t
-
-
-def ordinal(n: int) -> str:
-    """1st, 2nd, 3rd, 4th, ..., 11th-13th, 21st."""
-    tail = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{tail}"
 
 
 def alternatives_summary(res) -> str:

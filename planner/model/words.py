@@ -59,6 +59,12 @@ def as_written(x) -> str:
     return f"{int(x)}" if x.is_integer() else f"{x:.4g}"
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th-13th, 21st."""
+    tail = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{tail}"
+
+
 def count(x: float) -> str:
     """An integer as is, with thousands separators; a fraction (a plan that breaks a
     divisibility rule) to 4 digits."""
