@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.model.errors import InfeasibleError, InputError
+from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance, read_toml
 from planner.model.plan import plan_from_spec, structural_violations
@@ -273,21 +273,17 @@ def _optimum(s: dict[str, Any], rows: list[PlanResult]) -> dict[str, Any]:
     changed shape), at the largest global batch of its timed plans, in the knob space its
     plans share (validate.run_pins): its plan, seconds per sequence, and whether that plan
     ran out of memory in the set."""
-    from formulations.solve import solve
-    from planner.app.validate import run_pins
+    from planner.app.validate import run_pins, solve_pinned
 
     timed = [pl for pl in s["plans"] if "measured_step_time_s" in pl and "model" not in pl]
     if not timed:
         return {"plan": None, "note": "no timed plan of the set's own model"}
     lead = max(timed, key=lambda pl: pl["global_batch"])
     inst = _instance(s, lead)
-    pins = run_pins(plan_from_spec(inst, inst.spec.plan))
-    free = inst.with_spec(plan=None,
-                          constraints=inst.spec.constraints.model_copy(update=pins))
-    try:
-        res = solve(free, time_limit=OPTIMUM_TIME_LIMIT_S, explain="brief")
-    except InfeasibleError as exc:
-        return {"plan": None, "note": str(exc)}
+    res, why = solve_pinned(inst.with_spec(plan=None), run_pins(plan_from_spec(inst,
+                                                                              inst.spec.plan)))
+    if res is None:
+        return {"plan": None, "note": why}
     if res.report is None:
         return {"plan": None, "note": res.note}
     label, gb = res.report.plan.label(), res.report.plan.global_batch
@@ -295,10 +291,6 @@ def _optimum(s: dict[str, Any], rows: list[PlanResult]) -> dict[str, Any]:
             "status": res.status.value,
             "ran_out_of_memory": any(r.oom and (r.label, r.global_batch) == (label, gb)
                                      for r in rows)}
-
-
-#: the optimum's solve, as the ranking's (planner/app/validate.py ranking)
-OPTIMUM_TIME_LIMIT_S = 60.0
 
 
 def evaluate_sets(sets: list[dict[str, Any]], optimum: bool = True) -> list[SetResult]:

@@ -31,7 +31,7 @@ from typing import Any, get_args
 import numpy as np
 
 from planner.model.catalog import known_gpus, load_gpu
-from planner.model.errors import InputError
+from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
 from planner.model.instance import (Instance, key_path, unknown_key_words, parse_instance,
@@ -794,8 +794,27 @@ def gap_by_term(published: dict[str, float], optimum: dict[str, float]) -> dict[
             if abs(v) >= GAP_FLOOR_S}
 
 
+#: the time limit of each solve of a ranking space
+RANKING_TIME_LIMIT_S = 60.0
+
+
+def solve_pinned(free: Instance, update: dict[str, Any], solver: str = "cpsat",
+                 time_limit: float | None = RANKING_TIME_LIMIT_S):
+    """The optimum of ``free`` (an instance without a ``[plan]``) with ``update`` pinned in its
+    ``[constraints]`` (:func:`run_pins`, :func:`ranking_spaces`), and None with the reason
+    when no plan satisfies them: the ranking's solve, and the measured sets' optimum's."""
+    from formulations.solve import solve
+
+    cons = free.spec.constraints.model_copy(update=update)
+    try:
+        return solve(free.with_spec(constraints=cons), solver=solver, time_limit=time_limit,
+                     explain="brief"), None
+    except InfeasibleError as exc:
+        return None, str(exc)
+
+
 def ranking(data: dict[str, Any], solver: str = "cpsat",
-            time_limit: float | None = 60.0) -> dict[str, dict[str, Any]]:
+            time_limit: float | None = RANKING_TIME_LIMIT_S) -> dict[str, dict[str, Any]]:
     """Per run id: the model's optimum in the run's own knob space and the published plan's
     predicted step time over it (``ratio`` >= 1; 1 = the experts' plan is the model's optimum).
 
@@ -808,18 +827,12 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
     (``code_date``: :func:`ranking_spaces`; no interleaving at pp = 2 before
     :data:`INTERLEAVE_PP2_SINCE`: a space whose optimum has it is split into vp = 1 and
     each pp >= 3)."""
-    from formulations.solve import solve
-    from planner.model.errors import InfeasibleError
-
     def best_of(free: Instance, updates: list[dict[str, Any]]):
         found, notes = [], []
         for upd in updates:
-            cons = free.spec.constraints.model_copy(update=upd)
-            try:
-                found.append(solve(free.with_spec(constraints=cons), solver=solver,
-                                   time_limit=time_limit, explain="brief"))
-            except InfeasibleError as exc:
-                notes.append(str(exc))
+            res, why = solve_pinned(free, upd, solver, time_limit)
+            found += [res] if res is not None else []
+            notes += [why] if why is not None else []
         return found, notes
 
     out: dict[str, dict[str, Any]] = {}
