@@ -1,0 +1,207 @@
+"""Read the peak memory Megatron-LM's own CI measured, as rows of planner/data/megatron_ci_memory.toml.
+
+Megatron-LM's functional tests (``tests/functional_tests/test_cases/<model>/<case>/``) each
+give a ``model_config.yaml`` (the ``pretrain_gpt.py`` arguments) and golden values per
+platform (``golden_values_<env>_<platform>.json``). With ``--log-memory-to-tensorboard``,
+``megatron/training/training.py`` (``training_log``) records ``mem-max-allocated-bytes``,
+``torch.cuda.memory_stats()["allocated_bytes.all.peak"]``: the caching allocator's peak of live
+tensors since the process started, on the rank that owns the TensorBoard writer, the last one
+(``global_vars._set_tensorboard_writer``: ``args.rank == world_size - 1``), so the last
+pipeline stage. The value at the last logged iteration includes the optimizer states (made at
+the first step). The world size of a case on a platform is its recipe's ``nodes x gpus``
+(``tests/test_utils/recipes/*/*.yaml``: one node of 8 GPUs on DGX A100 / H100; two trays of 4
+on GB200, one tray for the ``*_1node`` cases); a case no recipe runs on that platform is left
+out.
+
+This script prints one ``[[runs]]`` table per case and platform it can express in the planner's
+keys, and says on stderr why it leaves each other case out. Kept: test type ``regular`` (the
+``*resume*`` types measure a process that resumed mid-run), ``dev`` golden values on DGX A100,
+H100 and GB200, bf16 or fp16 under Transformer Engine, dense models. Left out: arguments whose
+memory the planner does not cost (a list below), and a case whose attention kernel is not
+known: ``--attention-backend auto`` (the default) picks flash / cuDNN or the unfused kernel by
+what the environment supports, so such a case is kept only where the score tensors the unfused
+kernel would hold for one micro-batch on the last stage alone exceed the measured peak (it
+cannot have run).
+
+Argument mapping (Megatron-LM d98e8a64dd): vocabulary 50,257 for the GPT-2 BPE files, else
+``--vocab-size``, padded to a multiple of ``--make-vocab-size-divisible-by`` (128) times the
+tensor-parallel size (``megatron/core/tokenizers/utils/build_tokenizer.py``
+``vocab_size_with_padding``); MLP width ``--ffn-hidden-size``, else ``4 h``, or ``int(8 h / 3 /
+64) * 64`` with ``--swiglu`` (``arguments.py``); dropout as ``--hidden-dropout`` (default 0.1,
+``transformer_config.py``); data parallelism ``world / (tp pp cp)``.
+
+Needs PyYAML and a Megatron-LM checkout (a bare mirror works)::
+
+    python tools/megatron_ci_memory.py --megatron-lm /path/to/Megatron-LM [--rev HEAD]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+
+PLATFORMS = {"dgx_a100": "a100-80gb", "dgx_h100": "h100-sxm", "dgx_gb200": "gb200"}
+GPT2_BPE_VOCAB = 50257
+#: arguments whose memory the planner does not cost the way Megatron-LM runs them
+NOT_COSTED = ("--num-experts", "--multi-latent-attention", "--mtp-num-layers", "--fp8-format",
+              "--fp4-format", "--spec", "--hybrid-override-pattern", "--encoder-num-layers",
+              "--use-torch-fsdp2", "--use-megatron-fsdp", "--num-distributed-optimizer-instances",
+              "--defer-embedding-wgrad-compute", "--microbatch-group-size-per-virtual-pipeline-stage",
+              "--cross-entropy-loss-fusion", "--tp-comm-overlap", "--cuda-graph-impl",
+              "--external-cuda-graph", "--enable-cuda-graph", "--fine-grained-activation-offloading",
+              "--cpu-offloading", "--recompute-method", "--recompute-modules",
+              "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+              "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
+              "--account-for-loss-in-pipeline-split", "--fp8-param-gather", "--finetune",
+              "--use-precision-aware-optimizer", "--optimizer-cpu-offload")
+
+
+def git(repo: str, *args: str) -> str:
+    return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def padded_vocab(a: dict, tp: int) -> int:
+    vocab = int(a["--vocab-size"]) if a.get("--vocab-size") else GPT2_BPE_VOCAB
+    multiple = int(a.get("--make-vocab-size-divisible-by", 128)) * tp
+    return math.ceil(vocab / multiple) * multiple
+
+
+def world_sizes(repo: str, rev: str, yaml) -> dict[tuple[str, str], int]:
+    """(case, platform) -> GPUs, from the recipes that run the case's dev golden values."""
+    out = {}
+    files = git(repo, "ls-tree", "-r", "--name-only", rev, "tests/test_utils/recipes").split()
+    for f in files:
+        if not f.endswith(".yaml"):
+            continue
+        recipe = yaml.safe_load(git(repo, "show", f"{rev}:{f}")) or {}
+        spec = recipe.get("spec") or {}
+        if not isinstance(spec, dict) or "nodes" not in spec or "gpus" not in spec:
+            continue
+        default = spec.get("platforms", [])
+        default = [default] if isinstance(default, str) else default
+        for group in recipe.get("products") or []:
+            for prod in group.get("products") or []:
+                if "dev" not in prod.get("environment", []):
+                    continue
+                for platform in prod.get("platforms", default):
+                    for case in group.get("test_case", []):
+                        out[(case, platform)] = int(spec["nodes"]) * int(spec["gpus"])
+    return out
+
+
+def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict | None, str]:
+    """The run table of one case, or None and why not."""
+    if a.get("--transformer-impl", "transformer_engine") != "transformer_engine":
+        return None, "not Transformer Engine"
+    if not (a.get("--bf16") or a.get("--fp16")):
+        return None, "fp32"
+    hit = [k for k in NOT_COSTED if a.get(k) not in (None, False)]
+    if hit:
+        return None, "not costed: " + ", ".join(hit)
+    if a.get("--expert-model-parallel-size", 1) not in (1, None):
+        return None, "expert parallelism"
+    tp = int(a.get("--tensor-model-parallel-size", 1))
+    pp = int(a.get("--pipeline-model-parallel-size") or 1)
+    cp = int(a.get("--context-parallel-size", 1))
+    if gpus % (tp * pp * cp):
+        return None, f"degrees do not divide {gpus} GPUs"
+    h, layers, heads = int(a["--hidden-size"]), int(a["--num-layers"]), int(a["--num-attention-heads"])
+    seq, mb = int(a["--seq-length"]), int(a["--micro-batch-size"])
+    backend = a.get("--attention-backend", "auto")
+    if backend == "auto":
+        # what the unfused kernel would hold on the last stage for one micro-batch: per layer
+        # the softmax output (2 bytes), the dropout mask (1) and output (2) of every score
+        # (Korthikanti et al. 2022, Sec. 4.1: 5 a s^2 b bytes)
+        scores = 5 * mb * heads / tp * (seq / cp) * seq * layers / pp
+        if scores < peak:
+            return None, "attention kernel not known (--attention-backend auto)"
+    model = {"layers": layers, "hidden": h, "heads": heads, "vocab": padded_vocab(a, tp),
+             "seq_len": seq, "tied_embeddings": not a.get("--untie-embeddings-and-output-weights"),
+             "position_embedding": "rope" if a.get("--position-embedding-type") == "rope"
+             else "learned",
+             "dropout": float(a.get("--hidden-dropout", 0.1)) > 0,
+             "gated_mlp": bool(a.get("--swiglu"))}
+    if a.get("--ffn-hidden-size"):
+        model["ffn_hidden"] = int(a["--ffn-hidden-size"])
+    elif a.get("--swiglu"):
+        model["ffn_hidden"] = int(4 * h * 2 / 3 / 64) * 64
+    if a.get("--group-query-attention"):
+        model["kv_heads"] = int(a["--num-query-groups"])
+    if a.get("--kv-channels"):
+        model["head_dim"] = int(a["--kv-channels"])
+    plan = {"tp": tp, "pp": pp, "dp": gpus // (tp * pp * cp), "cp": cp, "micro_batch": mb,
+            "global_batch": int(a["--global-batch-size"]),
+            "recompute": a.get("--recompute-granularity") or "none",
+            "sequence_parallel": bool(a.get("--sequence-parallel")),
+            "distributed_optimizer": bool(a.get("--use-distributed-optimizer")),
+            "overlap_grad_reduce": bool(a.get("--overlap-grad-reduce")),
+            "overlap_param_gather": bool(a.get("--overlap-param-gather"))}
+    if a.get("--num-layers-per-virtual-pipeline-stage"):
+        plan["vp"] = layers // pp // int(a["--num-layers-per-virtual-pipeline-stage"])
+    elif a.get("--num-virtual-stages-per-pipeline-rank"):
+        plan["vp"] = int(a["--num-virtual-stages-per-pipeline-rank"])
+    training = {"precision": "bf16" if a.get("--bf16") else "fp16",
+                "flash_attention": backend != "unfused"}
+    return {"id": f"{case}-{platform.removeprefix('dgx_')}", "test_case": case,
+            "gpu": PLATFORMS[platform], "gpus": gpus, "model": model, "plan": plan, "training": training,
+            "measured_GiB": round(peak / 2**30, 4)}, ""
+
+
+def toml_inline(d: dict) -> str:
+    def val(v):
+        return json.dumps(v) if isinstance(v, (bool, str)) else repr(v)
+    return "{ " + ", ".join(f"{k} = {val(v)}" for k, v in d.items()) + " }"
+
+
+def main() -> int:
+    import yaml
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--megatron-lm", required=True, help="a Megatron-LM checkout or bare mirror")
+    ap.add_argument("--rev", default="HEAD")
+    args = ap.parse_args()
+    repo, rev = args.megatron_lm, args.rev
+    base = "tests/functional_tests/test_cases/"
+    files = git(repo, "ls-tree", "-r", "--name-only", rev, base + "gpt").split()
+    print(f"# Megatron-LM {git(repo, 'rev-parse', rev).strip()}")
+    worlds = world_sizes(repo, rev, yaml)
+    for cfg in sorted(f for f in files if f.endswith("/model_config.yaml")):
+        folder = cfg.rsplit("/", 1)[0]
+        case = folder.rsplit("/", 1)[1]
+        conf = yaml.safe_load(git(repo, "show", f"{rev}:{cfg}")) or {}
+        if conf.get("TEST_TYPE") != "regular":
+            print(f"{case}: test type {conf.get('TEST_TYPE')}", file=sys.stderr)
+            continue
+        a = conf.get("MODEL_ARGS") or {}
+        for platform in PLATFORMS:
+            gold = f"{folder}/golden_values_dev_{platform}.json"
+            if gold not in files:
+                continue
+            values = json.loads(git(repo, "show", f"{rev}:{gold}")).get("mem-max-allocated-bytes")
+            if not isinstance(values, dict) or not values.get("values"):
+                continue
+            series = values["values"]
+            peak = series[max(series, key=int)]
+            if not isinstance(peak, (int, float)) or math.isnan(peak):
+                continue
+            if (case, platform) not in worlds:
+                print(f"{case} ({platform}): no recipe runs it", file=sys.stderr)
+                continue
+            r, why = row(case, platform, a, float(peak), worlds[(case, platform)])
+            if r is None:
+                print(f"{case} ({platform}): {why}", file=sys.stderr)
+                continue
+            print(f"\n[[runs]]\nid = {json.dumps(r['id'])}\ntest_case = {json.dumps(case)}")
+            print(f"gpu = {json.dumps(r['gpu'])}\ngpus = {r['gpus']}")
+            for key in ("model", "plan", "training"):
+                print(f"{key} = {toml_inline(r[key])}")
+            print(f"measured_GiB = {r['measured_GiB']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
