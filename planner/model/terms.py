@@ -907,13 +907,18 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # Transformer Engine keeps the linear layers' inputs for the backward narrow (te_narrow),
     # narrow_held bytes each (not ``held``: the stage loop below counts micro-batches in that)
     narrow_held = narrow_bytes(tr)
-    replicated_bytes = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes(narrow_held)
+    dense_replicated = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes(narrow_held)
                                                   if te_narrow else 0)
+    # an MoE layer also keeps its routing state, and under FP8 its MLP input (the router's)
+    # in 16 bits (workload.Shape.moe_routing_bytes, moe_fp8_saved_replicated_bytes)
+    moe_replicated = sh.act_replicated_bytes + sh.moe_routing_bytes - (
+        sh.moe_fp8_saved_replicated_bytes(narrow_held) if te_narrow else 0)
 
-    def stored_per_layer(parallel_bytes, mlp_kept):
+    def stored_per_layer(parallel_bytes, mlp_kept, replicated_bytes):
         """(stored bytes per layer and micro-batch, working set of one re-materialised layer).
         ``parallel_bytes``: the tensor-parallel stored bytes per token (FP8-held included);
-        ``mlp_kept``: bytes per token of the MLP's first matmul output (op-level policy)."""
+        ``mlp_kept``: bytes per token of the MLP's first matmul output (op-level policy);
+        ``replicated_bytes``: the bytes per token of the sequence shard."""
         # (mla_up_proj: Q, K and V are not kept; one layer's are re-materialised for its
         # backward)
         qkv = 2 * (sh.q + sh.k_w + sh.v_w) if up_proj else 0
@@ -980,7 +985,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                             else 0)
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
-        stored, working = stored_per_layer(act_bytes_p, mlp_kept)
+        stored, working = stored_per_layer(
+            act_bytes_p, mlp_kept, dense_replicated if kind == "dense" else moe_replicated)
         expert_opt = state_bytes / expert_shards
         for stage, n_layers in stages.items():
             # the stage's layers, and what sits beside them: the embedding (and, at p = 1, the

@@ -382,6 +382,19 @@ class Shape:
         return (self.attn_act_parallel_bytes
                 + self.top_k * (2 * self.h + mlp) + self.shared * mlp)
 
+    @property
+    def moe_routing_bytes(self) -> float:
+        """What an MoE layer's routing keeps per token of the sequence shard, under
+        Megatron-Core's defaults (Megatron-LM d98e8a64dd): the router's top-k indices (int64,
+        ``8 top_k``) and top-k softmax (fp32, ``4 top_k``; ``moe_utils.py`` ``compute_topk``,
+        ``topk_softmax_with_capacity``), the permutation's two int64 index tensors (``16
+        top_k``, ``moe_permute_fusion`` off: ``moe_utils.py`` ``permute``) and the permuted
+        routing weights the fused weighted SwiGLU saves (the router's dtype, 16-bit by default:
+        ``2 top_k``; ``fused_bias_swiglu.py`` ``WeightedSwiGLUFunction``): ``30 top_k``. Not
+        counted: the auxiliary loss's fp32 softmax (``4 E``, only with
+        ``--moe-aux-loss-coeff``), the fused permutation's larger map, the FP8 padding rows."""
+        return 30.0 * self.top_k
+
     # FP8 (and NVFP4) under Transformer Engine ----------------------------------------------
     # A linear layer casts its input to the narrow format and keeps, for the weight gradient,
     # only that copy (TE module/linear.py: ``saved_inputmat_t`` / ``saved_inputmat``): ``held``
@@ -392,6 +405,13 @@ class Shape:
         ``2 (2 - held) h`` fewer of :attr:`act_replicated_bytes`; MLA also the up-projections'
         inputs, ``(2 - held) (q_lora + kv_lora)``."""
         return (2 - held) * (2 * self.h + self.lora_w)
+
+    def moe_fp8_saved_replicated_bytes(self, held: float = 1.0) -> float:
+        """An MoE layer keeps only its QKV input (and MLA's up-projection inputs) narrow: the
+        MLP's input, the norm output, is the router's, whose gating GEMM runs in 16 bits and
+        saves it so (Megatron-LM ``moe_utils.py`` ``RouterGatingLinearFunction``); a shared
+        expert's fc1 keeps its own narrow copy beside it (``held h``)."""
+        return (2 - held) * (self.h + self.lora_w) - (held * self.h if self.shared else 0.0)
 
     def fp8_saved_projection_bytes(self, flash: bool, held: float = 1.0) -> float:
         """The projection input (``o`` wide: :attr:`o_w`) kept narrow: ``(2 - held) o`` fewer

@@ -1,0 +1,72 @@
+"""The activations one MoE layer keeps for its backward, counted tensor by tensor from
+Megatron-Core's source (Megatron-LM d98e8a64dd, Transformer Engine d0067d0da), against the
+model's stored bytes per layer and micro-batch.
+
+The layer: SwiGLU experts, ``alltoall`` dispatcher, grouped GEMM, expert tensor parallelism 1,
+sequence parallelism at TP 2, flash attention, no dropout, Megatron-Core's defaults
+(``moe_permute_fusion`` off, the router in the logits' dtype, no auxiliary loss), no recompute.
+Each GPU holds ``tok = b s / t`` tokens of the layer's input."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+from planner.model.terms import step_terms
+
+H, HEADS, FE, TOP_K, SEQ, TP = 1024, 8, 512, 2, 1024, 2
+TOK = SEQ // TP                           # micro-batch 1, the sequence-parallel shard
+
+
+def model_stored(precision: str) -> float:
+    inst = parse_instance({
+        "model": {"name": "moe", "layers": 4, "hidden": H, "heads": HEADS, "vocab": 32000,
+                  "seq_len": SEQ, "dropout": False, "gated_mlp": True, "experts": 8,
+                  "top_k": TOP_K, "moe_ffn_hidden": FE, "position_embedding": "rope"},
+        "training": {"global_batch": 8, "precision": precision},
+        "cluster": {"gpu": "h100-sxm", "gpus": 8},
+        "plan": {"tp": TP, "pp": 1, "dp": 4, "ep": 2, "micro_batch": 1, "recompute": "none",
+                 "sequence_parallel": True}}, "moe")
+    plan = plan_from_spec(inst, inst.spec.plan)
+    return float(step_terms(inst, plan.grid.degrees(), plan.knobs).layer["stored_first"])
+
+
+def hand_count(narrow: float) -> int:
+    """Bytes per GPU; ``narrow`` is what a Transformer Engine linear keeps of its input per
+    element (2 in bf16, 1 under per-tensor FP8)."""
+    q = kv = H                            # 8 heads of 128, as many key / value heads
+    attention = (
+        2 * H                             # the input norm's input
+        + narrow * H                      # the QKV linear's input (the norm's output)
+        + 2 * (q + kv + kv)               # Q, K, V for the flash kernel (heads split over TP)
+        + 2 * q                           # the kernel's output, kept by flash for its backward
+        + (narrow * q if narrow < 2 else 0)  # the projection's own narrow copy of it
+        + 4 * HEADS                       # fp32 softmax statistics per head and query
+    )
+    moe = (
+        2 * H                             # the pre-MLP norm's input
+        + 2 * H                           # its output, saved in 16 bits by the router's gating
+                                          # GEMM (moe_utils.py RouterGatingLinearFunction)
+        + 8 * TOP_K + 4 * TOP_K           # top-k indices (int64) and softmax (fp32)
+        + 16 * TOP_K                      # permute: sorted indices and the probs' gather index
+        + 2 * TOP_K                       # permuted probs, saved by the weighted SwiGLU
+        + TOP_K * (narrow * H             # per routed copy: the grouped fc1's input,
+                   + 2 * 2 * FE           # fc1's output (the SwiGLU's 16-bit input),
+                   + narrow * FE)         # the grouped fc2's input
+    )
+    return TOK * (attention + moe)
+
+
+@pytest.mark.parametrize("precision, narrow", [("bf16", 2), ("fp8", 1)])
+def test_an_moe_layer_keeps_what_megatron_core_saves(precision, narrow):
+    assert model_stored(precision) == pytest.approx(hand_count(narrow), rel=1e-12)
+
+
+def test_fp8_keeps_the_routers_input_in_16_bits():
+    """Under FP8 an MoE layer saves less than in bf16 only where Transformer Engine's linears
+    keep narrow copies (the QKV input and each routed copy's fc1 and fc2 inputs); the MLP's
+    input stays 16-bit for the router, and the flash output adds the projection's narrow copy:
+    ``tok (h - h + top_k (h + f_e))`` fewer bytes."""
+    saved = model_stored("bf16") - model_stored("fp8")
+    assert saved == TOK * TOP_K * (H + FE)
