@@ -289,6 +289,19 @@ def test_validate_json_has_the_measured_alternatives(runner):
     assert -1 <= a["kendall_tau"] <= 1
 
 
+def test_validate_json_has_megatron_cis_memory_peaks(runner):
+    """The shipped runs come with the allocator peaks of Megatron-LM's CI (the per-run ratios
+    are what the summary says); a runs file given alone comes without them."""
+    d = run_json(runner, ["validate", "--json", "--no-ranking"])["megatron_ci_memory"]
+    assert len(d["runs"]) == d["summary"]["runs"] == 43
+    ratios = [r["measured_gib"] / r["model_gib"] for r in d["runs"]]
+    assert min(ratios) == pytest.approx(d["summary"]["ratio_min"])
+    assert max(r["uncounted_gib"] for r in d["runs"]) == pytest.approx(
+        d["summary"]["max_uncounted_gib"])
+    d = run_json(runner, ["validate", str(ROOT / "planner" / "data" / "published_runs.toml"),
+                          "--json", "--no-ranking"])
+    assert d["megatron_ci_memory"] is None
+
 
 def test_validate_with_a_users_measured_sets(runner, tmp_path):
     """A user's own measured sweep (--alternatives): judged alone beside the runs file given,

@@ -396,7 +396,7 @@ def validate(
     """Predicted vs measured step time for every published run: error in sample, error out of
     sample (parameters fitted without the run's source) and the ranking ratio; and how the
     model orders sets of plans measured on one cluster."""
-    from planner.app import alternatives
+    from planner.app import alternatives, memory_peaks
     from planner.app import validate as v
     from planner.app.report import alternatives_summary, alternatives_table
 
@@ -412,6 +412,8 @@ def validate(
         alts = (alternatives.evaluate_sets(alternatives.load_sets(alternatives_file),
                                            optimum=rank)
                 if alternatives_file is not None or runs is None else [])
+        # so do the allocator peaks of Megatron-LM's CI
+        peaks = memory_peaks.compare(memory_peaks.load()) if runs is None else []
     except PlanError as exc:
         _fail(exc, as_json)
     summ = v.summary(results)
@@ -435,7 +437,10 @@ def validate(
                               "unstated": v.unstated(run)}
                              for r, run in zip(results, data["runs"])],
                     "summary": summ, "calibration": fitted,
-                    "alternatives": [a.as_json() for a in alts]})
+                    "alternatives": [a.as_json() for a in alts],
+                    "megatron_ci_memory": {"runs": [p.as_json() for p in peaks],
+                                           "summary": memory_peaks.summary(peaks)}
+                    if peaks else None})
         return
     t = Table(title="Predicted vs measured step time")
     cols = ["run", "GPUs", "GPU", "prec", "meas. s", "pred. s", "error", "out of sample",
@@ -506,6 +511,8 @@ def validate(
     for a in alts:
         out.print(alternatives_table(a))
         out.print(alternatives_summary(a))
+    if peaks:
+        out.print(memory_peaks.summary_text(memory_peaks.summary(peaks)))
     if fitted:
         out.print("calibration (minimiser of the mean |error|; see hardware_catalog/*.toml "
                   "calibration): " + ", ".join(f"{g}: " + ", ".join(f"{k}={x}" for k, x in f.items())
