@@ -5,7 +5,8 @@ planner/app/memory_peaks.py compares them).
 
 The allocator's peak is what the model's terms describe (the reserve is for what lies outside
 it), so these tests hold the terms to it: the model never counts more than the allocator held,
-and what it leaves out stays within the fixed part of the default reserve."""
+and what it leaves out stays within the default reserve (within its fixed part on the dense
+runs)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,22 @@ import pytest
 from planner.app import memory_peaks
 from planner.model.schema import RESERVE_FIXED_GiB
 
+MOE_PROXY = "gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed-h100"
+
 ROWS = memory_peaks.load()
 RESULTS = {r.id: r for r in memory_peaks.compare(ROWS)}
 
 
 def test_the_rows_are_ci_runs():
-    """43 runs of the file, each on its recipe's GPUs (the product of its degrees), the 7B
-    memory benchmark among them."""
-    assert len(ROWS) == 43
+    """44 runs of the file, each on its recipe's GPUs (the product of its degrees), the 7B
+    memory benchmark and the MoE proxy among them."""
+    assert len(ROWS) == 44
     assert len({r["id"] for r in ROWS}) == len(ROWS)
     for r in ROWS:
         p = r["plan"]
         assert p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1) == r["gpus"], r["id"]
     assert sum(r["test_case"].startswith("gpt3_7b_") for r in ROWS) == 4
+    assert [r["id"] for r in ROWS if "experts" in r["model"]] == [MOE_PROXY]
 
 
 @pytest.mark.parametrize("rid", sorted(RESULTS))
@@ -37,11 +41,26 @@ def test_the_model_never_counts_more_than_the_allocator_held(rid):
 
 
 @pytest.mark.parametrize("rid", sorted(RESULTS))
-def test_what_the_model_leaves_out_fits_in_the_reserves_fixed_part(rid):
+def test_what_the_model_leaves_out_fits_in_the_default_reserve(rid):
     """The live tensors the model does not count (workspaces, the cuBLAS and attention
-    kernels' buffers, what a small model's fixed costs add): at most 1.8 GiB here, inside the
-    2 GiB every default reserve keeps beside its share for fragmentation."""
+    kernels' buffers, what a small model's fixed costs add): at most 2.49 GiB here (the MoE
+    proxy), inside the default reserve of every run's GPU."""
+    assert RESULTS[rid].uncounted_gib <= RESULTS[rid].reserve_gib
+
+
+@pytest.mark.parametrize("rid", sorted(r for r in RESULTS if r != MOE_PROXY))
+def test_a_dense_run_leaves_out_less_than_the_reserves_fixed_part(rid):
+    """Dense runs: at most 1.77 GiB, inside the 2 GiB every default reserve keeps beside its
+    share for fragmentation."""
     assert RESULTS[rid].uncounted_gib <= RESERVE_FIXED_GiB
+
+
+def test_the_moe_proxy_is_within_five_percent():
+    """A DeepSeek-shaped MoE layer stack at 4,096 tokens (MLA, 32 experts top-4 and a shared
+    one, a prediction depth, TP2 PP2 VP4 EP4, unfused attention): measured 1.047x the model's
+    peak, the routing state of its fp32 router, auxiliary loss and fused permutation not
+    counted (docs/model.md, "Activations")."""
+    assert 1.0 <= RESULTS[MOE_PROXY].ratio <= 1.05
 
 
 @pytest.mark.parametrize("rid", sorted(r for r in RESULTS if r.startswith("gpt3_7b_")))
@@ -55,9 +74,10 @@ def test_a_7b_model_at_8k_tokens_is_within_four_percent(rid):
 def test_the_summary_is_what_the_docs_quote():
     """docs/model.md and README.md quote these figures (rounded as printed)."""
     s = memory_peaks.summary(list(RESULTS.values()))
-    assert (s["runs"], s["settings"], s["runs_model_above"]) == (43, 12, 0)
+    assert (s["runs"], s["settings"], s["runs_model_above"], s["runs_beyond_reserve"]) \
+        == (44, 13, 0, 0)
     assert (round(s["ratio_min"], 3), round(s["ratio_median"], 3), round(s["ratio_max"], 3)) \
         == (1.008, 1.088, 1.154)
-    assert round(s["max_uncounted_gib"], 2) == 1.77
+    assert round(s["max_uncounted_gib"], 2) == 2.49
     text = memory_peaks.summary_text(s)
-    assert "never below it" in text and "within the 2 GiB" in text
+    assert "never below it" in text and "within the default reserve on every run" in text

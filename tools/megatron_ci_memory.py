@@ -16,7 +16,8 @@ out.
 This script prints one ``[[runs]]`` table per case and platform it can express in the planner's
 keys, and says on stderr why it leaves each other case out. Kept: test type ``regular`` (the
 ``*resume*`` types measure a process that resumed mid-run), ``dev`` golden values on DGX A100,
-H100 and GB200, bf16 or fp16 under Transformer Engine, dense models. Left out: arguments whose
+H100 and GB200, bf16 or fp16 under Transformer Engine, dense models and MoE models on the
+``alltoall`` dispatcher with expert tensor parallelism 1 (:func:`moe_keys`). Left out: arguments whose
 memory the planner does not cost (a list below), and a case whose attention kernel is not
 known: ``--attention-backend auto`` (the default) picks flash / cuDNN or the unfused kernel by
 what the environment supports, so such a case is kept only where the score tensors the unfused
@@ -28,7 +29,10 @@ Argument mapping (Megatron-LM d98e8a64dd): vocabulary 50,257 for the GPT-2 BPE f
 tensor-parallel size (``megatron/core/tokenizers/utils/build_tokenizer.py``
 ``vocab_size_with_padding``); MLP width ``--ffn-hidden-size``, else ``4 h``, or ``int(8 h / 3 /
 64) * 64`` with ``--swiglu`` (``arguments.py``); dropout as ``--hidden-dropout`` (default 0.1,
-``transformer_config.py``); data parallelism ``world / (tp pp cp)``.
+``transformer_config.py``); data parallelism ``world / (tp pp cp)``; MLA's ranks and head
+widths, the prediction depths, the experts as given; Megatron-Core's native fused cross-entropy
+holds what the unfused one does at the peak (the 16-bit logits and their fp32 copy,
+``fused_cross_entropy.py``), so it is costed as the default.
 
 Needs PyYAML and a Megatron-LM checkout (a bare mirror works)::
 
@@ -40,23 +44,26 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 
 PLATFORMS = {"dgx_a100": "a100-80gb", "dgx_h100": "h100-sxm", "dgx_gb200": "gb200"}
 GPT2_BPE_VOCAB = 50257
 #: arguments whose memory the planner does not cost the way Megatron-LM runs them
-NOT_COSTED = ("--num-experts", "--multi-latent-attention", "--mtp-num-layers", "--fp8-format",
-              "--fp4-format", "--spec", "--hybrid-override-pattern", "--encoder-num-layers",
-              "--use-torch-fsdp2", "--use-megatron-fsdp", "--num-distributed-optimizer-instances",
-              "--defer-embedding-wgrad-compute", "--microbatch-group-size-per-virtual-pipeline-stage",
-              "--cross-entropy-loss-fusion", "--tp-comm-overlap", "--cuda-graph-impl",
-              "--external-cuda-graph", "--enable-cuda-graph", "--fine-grained-activation-offloading",
-              "--cpu-offloading", "--recompute-method", "--recompute-modules",
-              "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-              "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
-              "--account-for-loss-in-pipeline-split", "--fp8-param-gather", "--finetune",
-              "--use-precision-aware-optimizer", "--optimizer-cpu-offload")
+NOT_COSTED = ("--fp8-format", "--fp4-format", "--spec", "--hybrid-override-pattern",
+              "--encoder-num-layers", "--use-torch-fsdp2", "--use-megatron-fsdp",
+              "--num-distributed-optimizer-instances", "--defer-embedding-wgrad-compute",
+              "--microbatch-group-size-per-virtual-pipeline-stage", "--tp-comm-overlap",
+              "--cuda-graph-impl", "--external-cuda-graph", "--enable-cuda-graph",
+              "--fine-grained-activation-offloading", "--cpu-offloading", "--recompute-method",
+              "--recompute-modules", "--decoder-first-pipeline-num-layers",
+              "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
+              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+              "--fp8-param-gather", "--finetune", "--use-precision-aware-optimizer",
+              "--optimizer-cpu-offload", "--overlap-moe-expert-parallel-comm",
+              "--delay-wgrad-compute", "--moe-expert-capacity-factor", "--moe-use-legacy-grouped-gemm",
+              "--use-transformer-engine-op-fuser", "--moe-router-fusion", "--moe-paged-stash")
 
 
 def git(repo: str, *args: str) -> str:
@@ -93,6 +100,38 @@ def world_sizes(repo: str, rev: str, yaml) -> dict[tuple[str, str], int]:
     return out
 
 
+def moe_keys(a: dict, tp: int, layers: int) -> tuple[dict | None, str]:
+    """The MoE keys of a case the planner costs: the ``alltoall`` dispatcher (Megatron-Core's
+    default is ``allgather``), expert tensor parallelism 1 (its default is the tensor-parallel
+    size), grouped GEMM experts, dense layers only at the front. Left to the model's defaults
+    (uncounted, a few hundred bytes a token at most): the router's dtype, the auxiliary loss,
+    the fused permutation, the grouped top-k."""
+    if a.get("--moe-token-dispatcher-type") != "alltoall":
+        return None, "not costed: MoE dispatcher " + str(a.get("--moe-token-dispatcher-type",
+                                                              "allgather (the default)"))
+    if int(a.get("--expert-tensor-parallel-size", tp)) != 1:
+        return None, "not costed: expert tensor parallelism"
+    if not a.get("--moe-grouped-gemm"):
+        return None, "not costed: sequential experts"
+    experts, ffn = int(a["--num-experts"]), int(a.get("--moe-ffn-hidden-size")
+                                                  or a.get("--ffn-hidden-size") or 0)
+    keys = {"experts": experts, "top_k": int(a.get("--moe-router-topk", 2))}
+    if ffn:
+        keys["moe_ffn_hidden"] = ffn
+    shared = int(a.get("--moe-shared-expert-intermediate-size") or 0)
+    if shared:
+        if not ffn or shared % ffn:
+            return None, "not costed: a shared expert width that is not whole experts"
+        keys["shared_experts"] = shared // ffn
+    freq = str(a.get("--moe-layer-freq", "")).replace(" ", "")
+    if freq:
+        m = re.fullmatch(r"\(\[0\]\*(\d+)\+\[1\]\*(\d+)\)", freq)
+        if not m or int(m[1]) + int(m[2]) != layers:
+            return None, f"not costed: --moe-layer-freq {freq}"
+        keys["first_dense_layers"] = int(m[1])
+    return keys, ""
+
+
 def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict | None, str]:
     """The run table of one case, or None and why not."""
     if a.get("--transformer-impl", "transformer_engine") != "transformer_engine":
@@ -102,8 +141,8 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict
     hit = [k for k in NOT_COSTED if a.get(k) not in (None, False)]
     if hit:
         return None, "not costed: " + ", ".join(hit)
-    if a.get("--expert-model-parallel-size", 1) not in (1, None):
-        return None, "expert parallelism"
+    if a.get("--cross-entropy-loss-fusion") and a.get("--cross-entropy-fusion-impl") == "te":
+        return None, "not costed: Transformer Engine's cross-entropy"
     tp = int(a.get("--tensor-model-parallel-size", 1))
     pp = int(a.get("--pipeline-model-parallel-size") or 1)
     cp = int(a.get("--context-parallel-size", 1))
@@ -131,8 +170,22 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict
         model["ffn_hidden"] = int(4 * h * 2 / 3 / 64) * 64
     if a.get("--group-query-attention"):
         model["kv_heads"] = int(a["--num-query-groups"])
-    if a.get("--kv-channels"):
+    if a.get("--kv-channels") and not a.get("--multi-latent-attention"):
         model["head_dim"] = int(a["--kv-channels"])
+    if a.get("--multi-latent-attention"):
+        for key in ("kv_lora_rank", "q_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                    "v_head_dim"):
+            if a.get("--" + key.replace("_", "-")):
+                model[key] = int(a["--" + key.replace("_", "-")])
+    if a.get("--mtp-num-layers"):
+        model["mtp_layers"] = int(a["--mtp-num-layers"])
+    ep = 1
+    if a.get("--num-experts"):
+        moe, why = moe_keys(a, tp, layers)
+        if moe is None:
+            return None, why
+        model.update(moe)
+        ep = int(a.get("--expert-model-parallel-size", 1))
     plan = {"tp": tp, "pp": pp, "dp": gpus // (tp * pp * cp), "cp": cp, "micro_batch": mb,
             "global_batch": int(a["--global-batch-size"]),
             "recompute": a.get("--recompute-granularity") or "none",
@@ -140,6 +193,8 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict
             "distributed_optimizer": bool(a.get("--use-distributed-optimizer")),
             "overlap_grad_reduce": bool(a.get("--overlap-grad-reduce")),
             "overlap_param_gather": bool(a.get("--overlap-param-gather"))}
+    if ep > 1:
+        plan["ep"] = ep
     if a.get("--num-layers-per-virtual-pipeline-stage"):
         plan["vp"] = layers // pp // int(a["--num-layers-per-virtual-pipeline-stage"])
     elif a.get("--num-virtual-stages-per-pipeline-rank"):
@@ -166,7 +221,7 @@ def main() -> int:
     args = ap.parse_args()
     repo, rev = args.megatron_lm, args.rev
     base = "tests/functional_tests/test_cases/"
-    files = git(repo, "ls-tree", "-r", "--name-only", rev, base + "gpt").split()
+    files = git(repo, "ls-tree", "-r", "--name-only", rev, base + "gpt", base + "moe").split()
     print(f"# Megatron-LM {git(repo, 'rev-parse', rev).strip()}")
     worlds = world_sizes(repo, rev, yaml)
     for cfg in sorted(f for f in files if f.endswith("/model_config.yaml")):
