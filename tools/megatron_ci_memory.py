@@ -10,8 +10,10 @@ tensors since the process started, on the rank that owns the TensorBoard writer,
 pipeline stage. The value at the last logged iteration includes the optimizer states (made at
 the first step). The world size of a case on a platform is its recipe's ``nodes x gpus``
 (``tests/test_utils/recipes/*/*.yaml``: one node of 8 GPUs on DGX A100 / H100; two trays of 4
-on GB200, one tray for the ``*_1node`` cases); a case no recipe runs on that platform is left
-out.
+on GB200, one tray for the ``*_1node`` cases). A case no recipe runs any more on that platform
+(golden values kept from earlier runs) is taken to have run on the world size of its folder's
+main recipe (``h100/gpt.yaml`` and ``h100/moe.yaml``: 8 GPUs on DGX A100 and H100;
+``gb200/gpt.yaml``, ``gb200/moe.yaml``: 8 on GB200), an assumption the data file states.
 
 This script prints one ``[[runs]]`` table per case and platform it can express in the planner's
 keys, and says on stderr why it leaves each other case out. Kept: test type ``regular`` (the
@@ -51,7 +53,7 @@ import sys
 PLATFORMS = {"dgx_a100": "a100-80gb", "dgx_h100": "h100-sxm", "dgx_gb200": "gb200"}
 GPT2_BPE_VOCAB = 50257
 #: arguments whose memory the planner does not cost the way Megatron-LM runs them
-NOT_COSTED = ("--fp8-format", "--fp4-format", "--spec", "--hybrid-override-pattern",
+NOT_COSTED = ("--fp4-format", "--spec", "--hybrid-override-pattern",
               "--encoder-num-layers", "--use-torch-fsdp2", "--use-megatron-fsdp",
               "--num-distributed-optimizer-instances", "--defer-embedding-wgrad-compute",
               "--microbatch-group-size-per-virtual-pipeline-stage", "--tp-comm-overlap",
@@ -60,7 +62,7 @@ NOT_COSTED = ("--fp8-format", "--fp4-format", "--spec", "--hybrid-override-patte
               "--recompute-modules", "--decoder-first-pipeline-num-layers",
               "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-              "--fp8-param-gather", "--finetune", "--use-precision-aware-optimizer",
+              "--finetune", "--use-precision-aware-optimizer",
               "--optimizer-cpu-offload", "--overlap-moe-expert-parallel-comm",
               "--delay-wgrad-compute", "--moe-expert-capacity-factor", "--moe-use-legacy-grouped-gemm",
               "--use-transformer-engine-op-fuser", "--moe-router-fusion", "--moe-paged-stash")
@@ -77,9 +79,12 @@ def padded_vocab(a: dict, tp: int) -> int:
     return math.ceil(vocab / multiple) * multiple
 
 
-def world_sizes(repo: str, rev: str, yaml) -> dict[tuple[str, str], int]:
-    """(case, platform) -> GPUs, from the recipes that run the case's dev golden values."""
-    out = {}
+def world_sizes(repo: str, rev: str, yaml) -> tuple[dict[tuple[str, str], int],
+                                                    dict[tuple[str, str], set[int]]]:
+    """(case, platform) -> GPUs, from the recipes that run the case's dev golden values; and
+    (model folder, platform) -> the world size of the folder's main recipe (``<model>.yaml``)
+    on that platform, which a case no recipe runs any more takes."""
+    out, by_model = {}, {}
     files = git(repo, "ls-tree", "-r", "--name-only", rev, "tests/test_utils/recipes").split()
     for f in files:
         if not f.endswith(".yaml"):
@@ -90,14 +95,21 @@ def world_sizes(repo: str, rev: str, yaml) -> dict[tuple[str, str], int]:
             continue
         default = spec.get("platforms", [])
         default = [default] if isinstance(default, str) else default
+        world = int(spec["nodes"]) * int(spec["gpus"])
+        named = {pl for group in recipe.get("products") or []
+                 for prod in group.get("products") or []
+                 for pl in prod.get("platforms", default)}
+        if f.rsplit("/", 1)[-1] == f"{spec.get('model')}.yaml":   # the folder's main recipe
+            for platform in named:
+                by_model.setdefault((spec.get("model"), platform), set()).add(world)
         for group in recipe.get("products") or []:
             for prod in group.get("products") or []:
                 if "dev" not in prod.get("environment", []):
                     continue
                 for platform in prod.get("platforms", default):
                     for case in group.get("test_case", []):
-                        out[(case, platform)] = int(spec["nodes"]) * int(spec["gpus"])
-    return out
+                        out[(case, platform)] = world
+    return out, by_model
 
 
 def moe_keys(a: dict, tp: int, layers: int) -> tuple[dict | None, str]:
@@ -201,6 +213,13 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict
         plan["vp"] = int(a["--num-virtual-stages-per-pipeline-rank"])
     training = {"precision": "bf16" if a.get("--bf16") else "fp16",
                 "flash_attention": backend != "unfused"}
+    if a.get("--fp8-format"):
+        recipe = a.get("--fp8-recipe", "delayed")
+        if a["--fp8-format"] != "hybrid" or recipe not in ("tensorwise", "delayed", "mxfp8"):
+            return None, f"not costed: FP8 {a['--fp8-format']} {recipe}"
+        training.update(precision="fp8", fp8_recipe=recipe)
+        if a.get("--fp8-param-gather"):
+            training["fp8_param_gather"] = True
     return {"id": f"{case}-{platform.removeprefix('dgx_')}", "test_case": case,
             "gpu": PLATFORMS[platform], "gpus": gpus, "model": model, "plan": plan, "training": training,
             "measured_GiB": round(peak / 2**30, 4)}, ""
@@ -223,7 +242,7 @@ def main() -> int:
     base = "tests/functional_tests/test_cases/"
     files = git(repo, "ls-tree", "-r", "--name-only", rev, base + "gpt", base + "moe").split()
     print(f"# Megatron-LM {git(repo, 'rev-parse', rev).strip()}")
-    worlds = world_sizes(repo, rev, yaml)
+    worlds, by_model = world_sizes(repo, rev, yaml)
     for cfg in sorted(f for f in files if f.endswith("/model_config.yaml")):
         folder = cfg.rsplit("/", 1)[0]
         case = folder.rsplit("/", 1)[1]
@@ -243,10 +262,15 @@ def main() -> int:
             peak = series[max(series, key=int)]
             if not isinstance(peak, (int, float)) or math.isnan(peak):
                 continue
-            if (case, platform) not in worlds:
-                print(f"{case} ({platform}): no recipe runs it", file=sys.stderr)
+            world = worlds.get((case, platform))
+            sizes = by_model.get((folder.split("/")[-2], platform), set())
+            if world is None and len(sizes) == 1:
+                world = next(iter(sizes))       # the one world size of the folder's recipes
+            if world is None:
+                print(f"{case} ({platform}): no recipe runs it, nor does the main one name "
+                      "the platform", file=sys.stderr)
                 continue
-            r, why = row(case, platform, a, float(peak), worlds[(case, platform)])
+            r, why = row(case, platform, a, float(peak), world)
             if r is None:
                 print(f"{case} ({platform}): {why}", file=sys.stderr)
                 continue
