@@ -289,7 +289,7 @@ def test_validate_json_has_the_measured_alternatives(runner):
     assert -1 <= a["kendall_tau"] <= 1
 
 
-def test_validate_json_has_megatron_cis_memory_peaks(runner):
+def test_validate_json_has_megatron_ci_memory_peaks(runner):
     """The shipped runs come with the allocator peaks of Megatron-LM's CI (the per-run ratios
     are what the summary says); a runs file given alone comes without them."""
     d = run_json(runner, ["validate", "--json", "--no-ranking"])["megatron_ci_memory"]

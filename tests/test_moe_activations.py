@@ -19,11 +19,12 @@ H, HEADS, FE, TOP_K, SEQ, TP = 1024, 8, 512, 2, 1024, 2
 TOK = SEQ // TP                           # micro-batch 1, the sequence-parallel shard
 
 
-def model_stored(precision: str) -> float:
+def model_stored(precision: str, shared: int = 0) -> float:
     inst = parse_instance({
         "model": {"name": "moe", "layers": 4, "hidden": H, "heads": HEADS, "vocab": 32000,
                   "seq_len": SEQ, "dropout": False, "gated_mlp": True, "experts": 8,
-                  "top_k": TOP_K, "moe_ffn_hidden": FE, "position_embedding": "rope"},
+                  "top_k": TOP_K, "moe_ffn_hidden": FE, "position_embedding": "rope",
+                  "shared_experts": shared},
         "training": {"global_batch": 8, "precision": precision},
         "cluster": {"gpu": "h100-sxm", "gpus": 8},
         "plan": {"tp": TP, "pp": 1, "dp": 4, "ep": 2, "micro_batch": 1, "recompute": "none",
@@ -32,9 +33,10 @@ def model_stored(precision: str) -> float:
     return float(step_terms(inst, plan.grid.degrees(), plan.knobs).layer["stored_first"])
 
 
-def hand_count(narrow: float) -> int:
+def hand_count(narrow: float, shared: int = 0) -> int:
     """Bytes per GPU; ``narrow`` is what a Transformer Engine linear keeps of its input per
-    element (2 in bf16, 1 under per-tensor FP8)."""
+    element (2 in bf16, 1 under per-tensor FP8); ``shared``: shared experts of width f_e, one
+    MLP (Megatron-Core ``SharedExpertMLP``) on the same norm output as the router."""
     q = kv = H                            # 8 heads of 128, as many key / value heads
     attention = (
         2 * H                             # the input norm's input
@@ -55,12 +57,19 @@ def hand_count(narrow: float) -> int:
                    + 2 * 2 * FE           # fc1's output (the SwiGLU's 16-bit input),
                    + narrow * FE)         # the grouped fc2's input
     )
+    if shared:
+        moe += ((narrow * H if narrow < 2 else 0)  # its fc1's own narrow copy of the input
+                                                   # (in 16 bits it shares the router's)
+                + shared * (2 * 2 * FE             # its fc1 output (both SwiGLU halves)
+                            + narrow * FE))        # its fc2 input
     return TOK * (attention + moe)
 
 
+@pytest.mark.parametrize("shared", [0, 1])
 @pytest.mark.parametrize("precision, narrow", [("bf16", 2), ("fp8", 1)])
-def test_an_moe_layer_keeps_what_megatron_core_saves(precision, narrow):
-    assert model_stored(precision) == pytest.approx(hand_count(narrow), rel=1e-12)
+def test_an_moe_layer_keeps_what_megatron_core_saves(precision, narrow, shared):
+    assert model_stored(precision, shared) == pytest.approx(hand_count(narrow, shared),
+                                                            rel=1e-12)
 
 
 def test_fp8_keeps_the_routers_input_in_16_bits():

@@ -8,7 +8,12 @@ platform (``golden_values_<env>_<platform>.json``). With ``--log-memory-to-tenso
 tensors since the process started, on the rank that owns the TensorBoard writer, the last one
 (``global_vars._set_tensorboard_writer``: ``args.rank == world_size - 1``), so the last
 pipeline stage. The value at the last logged iteration includes the optimizer states (made at
-the first step). The world size of a case on a platform is its recipe's ``nodes x gpus``
+the first step). ``mem-allocated-bytes`` (``allocated_bytes.all.current``, logged after the
+step) is what stays allocated between steps: the weights, gradients and optimizer states
+(``measured_static_GiB``). A case whose launch sets ``PYTORCH_CUDA_ALLOC_CONF=
+expandable_segments:True`` (its ``ENV_VARS``) gets ``[training] expandable_segments``.
+
+The world size of a case on a platform is its recipe's ``nodes x gpus``
 (``tests/test_utils/recipes/*/*.yaml``: one node of 8 GPUs on DGX A100 / H100; two trays of 4
 on GB200, one tray for the ``*_1node`` cases). A case no recipe runs any more on that platform
 (golden values kept from earlier runs) is taken to have run on the world size of its folder's
@@ -18,8 +23,9 @@ main recipe (``h100/gpt.yaml`` and ``h100/moe.yaml``: 8 GPUs on DGX A100 and H10
 This script prints one ``[[runs]]`` table per case and platform it can express in the planner's
 keys, and says on stderr why it leaves each other case out. Kept: test type ``regular`` (the
 ``*resume*`` types measure a process that resumed mid-run), ``dev`` golden values on DGX A100,
-H100 and GB200, bf16 or fp16 under Transformer Engine, dense models and MoE models on the
-``alltoall`` dispatcher with expert tensor parallelism 1 (:func:`moe_keys`). Left out: arguments whose
+H100 and GB200, bf16, fp16 or FP8 (``hybrid``: tensorwise, delayed or MXFP8) under Transformer
+Engine, dense models and MoE models on the ``alltoall`` dispatcher with expert tensor
+parallelism 1 (:func:`moe_keys`). Left out: arguments whose
 memory the planner does not cost (a list below), and a case whose attention kernel is not
 known: ``--attention-backend auto`` (the default) picks flash / cuDNN or the unfused kernel by
 what the environment supports, so such a case is kept only where the score tensors the unfused
@@ -144,8 +150,9 @@ def moe_keys(a: dict, tp: int, layers: int) -> tuple[dict | None, str]:
     return keys, ""
 
 
-def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict | None, str]:
-    """The run table of one case, or None and why not."""
+def row(case: str, platform: str, a: dict, peak: float, gpus: int, env: dict | None = None
+        ) -> tuple[dict | None, str]:
+    """The run table of one case, or None and why not (``env``: the case's ENV_VARS)."""
     if a.get("--transformer-impl", "transformer_engine") != "transformer_engine":
         return None, "not Transformer Engine"
     if not (a.get("--bf16") or a.get("--fp16")):
@@ -163,17 +170,23 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict
     h, layers, heads = int(a["--hidden-size"]), int(a["--num-layers"]), int(a["--num-attention-heads"])
     seq, mb = int(a["--seq-length"]), int(a["--micro-batch-size"])
     backend = a.get("--attention-backend", "auto")
+    if backend not in ("auto", "flash", "fused", "unfused"):
+        return None, f"not costed: --attention-backend {backend}"
     if backend == "auto":
         # what the unfused kernel would hold on the last stage for one micro-batch: per layer
-        # the softmax output (2 bytes), the dropout mask (1) and output (2) of every score
-        # (Korthikanti et al. 2022, Sec. 4.1: 5 a s^2 b bytes)
-        scores = 5 * mb * heads / tp * (seq / cp) * seq * layers / pp
+        # the softmax output (2 bytes) and, with attention dropout, its mask (1) and output (2)
+        # of every score (Korthikanti et al. 2022, Sec. 4.1: 5 a s^2 b bytes)
+        per_score = 5 if float(a.get("--attention-dropout", 0.1)) > 0 else 2
+        scores = per_score * mb * heads / tp * (seq / cp) * seq * layers / pp
         if scores < peak:
             return None, "attention kernel not known (--attention-backend auto)"
+    position = a.get("--position-embedding-type",
+                     "rope" if a.get("--use-rotary-position-embeddings") else "learned_absolute")
+    if position not in ("rope", "learned_absolute"):
+        return None, f"not costed: --position-embedding-type {position}"
     model = {"layers": layers, "hidden": h, "heads": heads, "vocab": padded_vocab(a, tp),
              "seq_len": seq, "tied_embeddings": not a.get("--untie-embeddings-and-output-weights"),
-             "position_embedding": "rope" if a.get("--position-embedding-type") == "rope"
-             else "learned",
+             "position_embedding": "rope" if position == "rope" else "learned",
              "dropout": float(a.get("--hidden-dropout", 0.1)) > 0,
              "gated_mlp": bool(a.get("--swiglu"))}
     if a.get("--ffn-hidden-size"):
@@ -213,6 +226,8 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict
         plan["vp"] = int(a["--num-virtual-stages-per-pipeline-rank"])
     training = {"precision": "bf16" if a.get("--bf16") else "fp16",
                 "flash_attention": backend != "unfused"}
+    if "expandable_segments:True" in str((env or {}).get("PYTORCH_CUDA_ALLOC_CONF", "")):
+        training["expandable_segments"] = True
     if a.get("--fp8-format"):
         recipe = a.get("--fp8-recipe", "delayed")
         if a["--fp8-format"] != "hybrid" or recipe not in ("tensorwise", "delayed", "mxfp8"):
@@ -223,6 +238,16 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int) -> tuple[dict
     return {"id": f"{case}-{platform.removeprefix('dgx_')}", "test_case": case,
             "gpu": PLATFORMS[platform], "gpus": gpus, "model": model, "plan": plan, "training": training,
             "measured_GiB": round(peak / 2**30, 4)}, ""
+
+
+def last_value(golden: dict, metric: str) -> float | None:
+    """A metric's value at the last iteration that logged a finite one, or None."""
+    values = golden.get(metric)
+    if not isinstance(values, dict) or not isinstance(values.get("values"), dict):
+        return None
+    finite = [(int(k), float(v)) for k, v in values["values"].items()
+              if isinstance(v, (int, float)) and math.isfinite(v)]
+    return max(finite)[1] if finite else None
 
 
 def toml_inline(d: dict) -> str:
@@ -255,12 +280,10 @@ def main() -> int:
             gold = f"{folder}/golden_values_dev_{platform}.json"
             if gold not in files:
                 continue
-            values = json.loads(git(repo, "show", f"{rev}:{gold}")).get("mem-max-allocated-bytes")
-            if not isinstance(values, dict) or not values.get("values"):
-                continue
-            series = values["values"]
-            peak = series[max(series, key=int)]
-            if not isinstance(peak, (int, float)) or math.isnan(peak):
+            golden = json.loads(git(repo, "show", f"{rev}:{gold}"))
+            peak, static = last_value(golden, "mem-max-allocated-bytes"), \
+                last_value(golden, "mem-allocated-bytes")
+            if peak is None:
                 continue
             world = worlds.get((case, platform))
             sizes = by_model.get((folder.split("/")[-2], platform), set())
@@ -270,7 +293,7 @@ def main() -> int:
                 print(f"{case} ({platform}): no recipe runs it, nor does the main one name "
                       "the platform", file=sys.stderr)
                 continue
-            r, why = row(case, platform, a, float(peak), world)
+            r, why = row(case, platform, a, peak, world, conf.get("ENV_VARS"))
             if r is None:
                 print(f"{case} ({platform}): {why}", file=sys.stderr)
                 continue
@@ -279,6 +302,8 @@ def main() -> int:
             for key in ("model", "plan", "training"):
                 print(f"{key} = {toml_inline(r[key])}")
             print(f"measured_GiB = {r['measured_GiB']}")
+            if static is not None:
+                print(f"measured_static_GiB = {round(static / 2**30, 4)}")
     return 0
 
 

@@ -386,8 +386,8 @@ class Shape:
     def moe_routing_bytes(self) -> float:
         """What an MoE layer's routing keeps per token of the sequence shard, under
         Megatron-Core's defaults (Megatron-LM d98e8a64dd): the router's top-k indices (int64,
-        ``8 top_k``) and top-k softmax (fp32, ``4 top_k``; ``moe_utils.py`` ``compute_topk``,
-        ``topk_softmax_with_capacity``), the permutation's two int64 index tensors (``16
+        ``8 top_k``) and top-k softmax (fp32, ``4 top_k``; ``moe_utils.py``
+        ``topk_routing_with_score_function``), the permutation's two int64 index tensors (``16
         top_k``, ``moe_permute_fusion`` off: ``moe_utils.py`` ``permute``) and the permuted
         routing weights the fused weighted SwiGLU saves (the router's dtype, 16-bit by default:
         ``2 top_k``; ``fused_bias_swiglu.py`` ``WeightedSwiGLUFunction``): ``30 top_k``. Not
