@@ -56,6 +56,8 @@ import re
 import subprocess
 import sys
 
+from planner.model.words import toml_value
+
 PLATFORMS = {"dgx_a100": "a100-80gb", "dgx_h100": "h100-sxm", "dgx_gb200": "gb200"}
 GPT2_BPE_VOCAB = 50257
 #: arguments whose memory the planner does not cost the way Megatron-LM runs them
@@ -250,12 +252,6 @@ def last_value(golden: dict, metric: str) -> float | None:
     return max(finite)[1] if finite else None
 
 
-def toml_inline(d: dict) -> str:
-    def val(v):
-        return json.dumps(v) if isinstance(v, (bool, str)) else repr(v)
-    return "{ " + ", ".join(f"{k} = {val(v)}" for k, v in d.items()) + " }"
-
-
 def main() -> int:
     import yaml
 
@@ -297,10 +293,9 @@ def main() -> int:
             if r is None:
                 print(f"{case} ({platform}): {why}", file=sys.stderr)
                 continue
-            print(f"\n[[runs]]\nid = {json.dumps(r['id'])}\ntest_case = {json.dumps(case)}")
-            print(f"gpu = {json.dumps(r['gpu'])}\ngpus = {r['gpus']}")
-            for key in ("model", "plan", "training"):
-                print(f"{key} = {toml_inline(r[key])}")
+            print("\n[[runs]]")
+            for key in ("id", "test_case", "gpu", "gpus", "model", "plan", "training"):
+                print(f"{key} = {toml_value(r[key])}")
             print(f"measured_GiB = {r['measured_GiB']}")
             if static is not None:
                 print(f"measured_static_GiB = {round(static / 2**30, 4)}")
