@@ -625,9 +625,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
 
     # the prediction depths' collectives where the last stage holds more layers than the
     # fullest stage the terms above charge (not short by as many layers as there are depths;
-    # always at pp = 1), exposed: an upper bound
+    # always at pp = 1), exposed: an upper bound. Added at weight 0 where the shortfall covers
+    # the depths, so that every layout of the search has the same maxima (the collectives'
+    # overlap maxima): a layout's terms may not change the objective's shape
     over = max(0, sh.mtp - sl)
-    if over:
+    if sh.mtp:
         time["tp_comm"] = time["tp_comm"] + m * over * (tp_moe if sh.mtp_moe else tp_layer)
         if sh.mtp_moe:
             time["ep_comm"] = time["ep_comm"] + m * over * ep_layer
