@@ -130,17 +130,17 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
     return obj, np.isfinite(obj)
 
 
-def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: str,
+                   internode: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Per (combination, point): the objective (+inf where memory does not fit), the memory of
-    the most loaded stage and the bytes sent across nodes (the goals of
-    :mod:`formulations.ties`)."""
+    the most loaded stage and (``internode``; else None) the bytes sent across nodes (the goals
+    of :mod:`formulations.ties`)."""
     inst = space.inst
     deg = degrees_of(space, cols)
     n = len(next(iter(cols.values())))
     limit = memory_limit_bytes(inst)
     shape = (len(space.combos), n)
-    obj, memory, internode = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
+    obj, memory = np.full(shape, np.inf), np.zeros(shape)
     from formulations.space import layout_key
     pv = cols["P"].astype(np.int64) * (1 << 32) + cols["V"].astype(np.int64)
     for k, knobs in enumerate(space.combos):
@@ -155,10 +155,21 @@ def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: s
             mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float), (n,)))
         obj[k] = np.where((mem <= limit) & laid, step, np.inf)
         memory[k] = mem
-        if inst.segments > 1:                    # on one NVLink segment nothing crosses the NIC
-            internode[k] = np.broadcast_to(
-                np.asarray(internode_bytes(inst, deg, knobs), dtype=float), (n,))
-    return obj, memory, internode
+    rows = range(len(space.combos)) if internode else ()
+    return obj, memory, internode_goal(space, deg, rows, n) if internode else None
+
+
+def internode_goal(space: SearchSpace, deg: Degrees, rows, n: int) -> np.ndarray:
+    """Bytes sent across nodes per (combination, point), for the combinations ``rows`` (the
+    others 0). The tie-break reads them only among the plans that tie on the objective, and
+    each combination costs a second run of the evaluator: :func:`solve` asks for the
+    combinations holding a tie alone."""
+    out = np.zeros((len(space.combos), n))
+    if space.inst.segments > 1:                  # on one NVLink segment nothing crosses the NIC
+        for k in rows:
+            out[k] = np.broadcast_to(np.asarray(
+                internode_bytes(space.inst, deg, space.combos[k]), dtype=float), (n,))
+    return out
 
 
 def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | None = None,
@@ -171,7 +182,7 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
         return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, build_s, "enumerate",
                            note="no plan satisfies the structural rules",
                            extra={"points": 0})
-    obj, memory, internode = evaluate_goals(space, cols, objective)
+    obj, memory, _ = evaluate_goals(space, cols, objective, internode=False)
     if cuts.max_objective is not None:
         obj[obj > cuts.max_objective] = np.inf
     for choice_x, knobs_x in cuts.exclude:                          # top-k: leave these out
@@ -196,6 +207,9 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
         else:
             rank_of = dict(zip(values[name], ranks))
             keys.append(np.array([rank_of[v] for v in cols[name].tolist()])[None, :])
+    # the bytes across nodes of the combinations that hold a tie (the only ones ties.pick reads)
+    tied = np.nonzero(np.any(obj <= ties.objective_cap(float(np.min(obj))), axis=1))[0]
+    internode = internode_goal(space, degrees_of(space, cols), tied, n)
     k, i = ties.pick(obj, memory, internode, keys)
     solve_s = time.perf_counter() - t0 - build_s
     choice = {name: int(cols[name][i]) for name in ORDER}
