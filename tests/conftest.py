@@ -9,6 +9,18 @@ every other test is unchanged, and no test depends on the order."""
 
 from __future__ import annotations
 
+import functools
+
+import typer.testing
+
+# typer's CliRunner rebuilds the click command from the app's signatures on every invoke
+# (typer.main.get_command, about 7 ms: every parameter's type hints read again), and the suite
+# invokes the CLI about a thousand times; the command is built once per app instead. A click
+# command keeps no state between runs (each main() makes its own context), so every invoke
+# still runs the CLI from the start.
+if hasattr(typer.testing, "_get_command"):
+    typer.testing._get_command = functools.lru_cache(maxsize=None)(typer.testing._get_command)
+
 #: node-id prefixes of the longest tests, longest first
 LONGEST = (
     "tests/test_solvers.py::test_three_backends_agree",
