@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from formulations.space import SearchSpace
-from planner.model.algebra import FUNCTIONS, Fn, Mono, Sig
+from planner.model.algebra import FUNCTIONS, Fn, Mono, Sig, Unencodable
 from planner.model.plan import Degrees, Grid, Knobs
 from planner.model.terms import internode_bytes, memory_limit_bytes, step_terms
 
@@ -310,7 +310,7 @@ def _collect(space: SearchSpace, objective: str, ties: bool = True
     def add_with_maxes(slot: str, max_slot: str, k: int, sig: Sig) -> None:
         shape = [len(mx) for mx in sig.maxes]
         if arity.setdefault(max_slot, shape) != shape:
-            raise RuntimeError(f"categorical choices changed the structure of {slot}")
+            raise Unencodable(f"categorical choices changed the structure of {slot}")
         col.add(slot, k, Sig(sig.terms))
         for i, mx in enumerate(sig.maxes):
             for a, arg in enumerate(mx):

@@ -17,7 +17,8 @@ from formulations.encoding import Cuts, encode
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import (SMALL_SPACE, BaseVar, SearchSpace, build_space, candidate_batches,
                                  joint_size, space_size)
-from planner.model.errors import InfeasibleError, InputError
+from planner.model.algebra import Unencodable
+from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
 from planner.model.plan import Knobs, Plan
@@ -153,7 +154,14 @@ def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, obj
     only, :func:`formulations.cpsat.solve`)."""
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
-    enc = encode(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
+    try:
+        enc = encode(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
+    except Unencodable as exc:
+        # the model's terms take a form the MIPs cannot hold: a planner bug, said as a solver
+        # failure (exit 4) with the way around it, not a traceback
+        raise SolverError(f"the MIP encoding cannot represent this instance ({exc}); this is "
+                          "a bug of the planner, please report it with the instance file. "
+                          "--solver enumerate solves it without the encoding") from exc
     enc_s = time.perf_counter() - t0
     missing = not_installed(backend)
     if missing:     # a solver that is not installed is a bad --solver value (exit 2), not a failure

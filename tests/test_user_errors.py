@@ -79,6 +79,27 @@ def test_a_budget_without_a_price_is_an_input_error(runner, tmp_path):
         assert "cluster.price_per_gpu_hour" in r.stderr and "Traceback" not in r.output
 
 
+def test_terms_the_encoding_cannot_hold_are_a_solver_failure_not_a_traceback(runner, monkeypatch):
+    """A model term of a form the MIPs cannot represent (planner.model.algebra.Unencodable: a
+    planner bug, as prediction depths once changed the objective's shape between layouts) is
+    exit 4 naming the way around it, in text and JSON, not a traceback."""
+    from formulations import solve as solve_mod
+    from planner.model.algebra import Unencodable
+
+    def unencodable(*args, **kwargs):
+        raise Unencodable("categorical choices changed the structure of obj")
+    monkeypatch.setattr(solve_mod, "encode", unencodable)
+    for extra in ([], ["--json"]):
+        r = runner.invoke(app, ["solve", str(GPT13), "--solver", "cpsat", *extra])
+        assert r.exit_code == 4, r.output
+        assert "Traceback" not in r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+        assert "--solver enumerate solves it" in " ".join(r.stderr.split())
+    assert json.loads(r.stdout)["exit_code"] == 4
+    ok = runner.invoke(app, ["solve", str(GPT13), "--solver", "enumerate"])
+    assert ok.exit_code == 0, ok.output
+
+
 def test_a_time_limit_without_a_plan_says_to_raise_it(runner):
     r = runner.invoke(app, ["solve", str(GPT3), "--time-limit", "0.001"])
     if r.exit_code == 0:                       # (a very fast machine found a plan in 1 ms)
