@@ -144,3 +144,37 @@ def test_the_cp_sat_quantum_keeps_the_largest_entry_an_integer():
     assert q_wide == pytest.approx(10 * q)
     optimum = solve(inst, solver="enumerate").objective
     assert q_wide < 1e-6 * optimum
+
+
+@pytest.mark.parametrize("spec", RANGES[1:] + [
+    {"model": {"preset": "mixtral-8x7b", "layers": 8}, "training": {"global_batch": 64},
+     "cluster": {"gpu": "h100-sxm", "nodes": 4}, "constraints": {"max_cp": 2}}],
+    ids=["tiny-moe-range", "mixtral-cp"])
+def test_dependence_found_on_the_main_columns_is_the_whole_tables(spec, monkeypatch):
+    """A table is its main factor's columns times an outer product shared by every
+    combination, so the categorical dimensions it depends on can be read off the columns
+    (encoding.SCALED_DEPENDS): the same copies, usages and tables as reading the whole table,
+    on a range's batch models (the three largest batches) and a fixed-batch model."""
+    from formulations import encoding
+    from formulations.solve import _batch_model
+    from formulations.space import candidate_batches
+
+    space = build_space(parse_instance(spec))
+    if len(space.base["B"].values) > 1:
+        models, goal = [_batch_model(space, b) for b in candidate_batches(space)[:3]], \
+            "time_per_sample"
+    else:
+        models, goal = [space], "step_time"
+    assert len(models) >= 1
+    for model in models:
+        monkeypatch.setattr(encoding, "SCALED_DEPENDS", True)
+        fast = encoding.encode(model, goal)
+        monkeypatch.setattr(encoding, "SCALED_DEPENDS", False)
+        whole = encoding.encode(model, goal)
+        assert list(fast.copies) == list(whole.copies)
+        assert any(k.others for k in fast.copies)          # (secondary axes: the case at stake)
+        for a, b in zip([fast.objective, *fast.memory.values()],
+                        [whole.objective, *whole.memory.values()]):
+            assert [u.copy for u in a.usages] == [u.copy for u in b.usages]
+            for ua, ub in zip(a.usages, b.usages):
+                assert np.array_equal(ua.table, ub.table)
