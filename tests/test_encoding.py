@@ -150,10 +150,11 @@ def test_the_cp_sat_quantum_keeps_the_largest_entry_an_integer():
     {"model": {"preset": "mixtral-8x7b", "layers": 8}, "training": {"global_batch": 64},
      "cluster": {"gpu": "h100-sxm", "nodes": 4}, "constraints": {"max_cp": 2}}],
     ids=["tiny-moe-range", "mixtral-cp"])
-def test_dependence_found_on_the_main_columns_is_the_whole_tables(spec, monkeypatch):
+def test_combinations_compared_on_the_main_columns_as_on_the_whole_tables(spec, monkeypatch):
     """A table is its main factor's columns times an outer product shared by every
-    combination, so the categorical dimensions it depends on can be read off the columns
-    (encoding.SCALED_DEPENDS): the same copies, usages and tables as reading the whole table,
+    combination, so the combinations can be compared on the columns (encoding.SCALED_DEPENDS:
+    which dimensions a table depends on, which combinations dominate): the same combinations,
+    copies, usages and tables as comparing the whole tables,
     on a range's batch models (the three largest batches) and a fixed-batch model."""
     from formulations import encoding
     from formulations.solve import _batch_model
@@ -171,6 +172,7 @@ def test_dependence_found_on_the_main_columns_is_the_whole_tables(spec, monkeypa
         fast = encoding.encode(model, goal)
         monkeypatch.setattr(encoding, "SCALED_DEPENDS", False)
         whole = encoding.encode(model, goal)
+        assert fast.combos == whole.combos                   # (the same ones undominated)
         assert list(fast.copies) == list(whole.copies)
         assert any(k.others for k in fast.copies)          # (secondary axes: the case at stake)
         for a, b in zip([fast.objective, *fast.memory.values()],
