@@ -8,6 +8,7 @@ as an ERROR, never silently.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import replace
@@ -77,12 +78,13 @@ def run_backend(space: SearchSpace, backend: str, time_limit: float | None, obje
                                note="no plan satisfies the structural rules"), None
         if len(batches) > 1:
             return _best_of_parts(space, [_batch_model(space, b) for b in batches], backend,
-                                  time_limit, objective, cuts, "fixed-batch")
+                                  time_limit, objective, cuts, "fixed-batch", on_optimum)
         space = _batch_model(space, batches[0])
     size = joint_size(space)
     if split and size > SPLIT_ABOVE and len(part_keys(space, size > SPLIT_LAYOUTS_ABOVE)) > 1:
         return _best_of_parts(space, sharding_parts(space, size > SPLIT_LAYOUTS_ABOVE), backend,
-                              time_limit, objective, cuts, "sharding-mode and layout")
+                              time_limit, objective, cuts, "sharding-mode and layout",
+                              on_optimum)
     return _solve_model(space, backend, time_limit, objective, cuts, on_optimum)
 
 
@@ -146,6 +148,11 @@ CAPPED_JOINT = True
 #: 3 interleaved against the commit before, 13 instances (benchmarks/README.md, "Two threads
 #: on the parts"): 67.3 s -> 61.8 s in all, the same plans.
 PARTS_BESIDE_TIES = True
+#: ... and so are the capped batch models of a range, beside the leading batch model: they
+#: start once the leading batch model's first part has its objective (the optimum of that part
+#: caps them: at or above the range's optimum), while that model's other parts and tie goals
+#: go on.
+BATCHES_BESIDE_TIES = True
 
 
 def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, objective: str,
@@ -199,8 +206,8 @@ def not_installed(backend: str) -> str | None:
 
 
 def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
-                   time_limit: float | None, objective: str, cuts: Cuts, kind: str
-                   ) -> tuple[RawSolution, float | None]:
+                   time_limit: float | None, objective: str, cuts: Cuts, kind: str,
+                   on_optimum=None) -> tuple[RawSolution, float | None]:
     """The optimum of ``space`` as the best of the proven optima of ``parts``, models that
     split it: every plan is in one of them, so the best of their optima is the optimum and the
     least of their bounds is a bound. One model per part is smaller and, summed, faster than
@@ -235,7 +242,6 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
     them."""
     t_start = time.perf_counter()
     found, bounds, status, solve_s, build_s, q = [], [], Status.OPTIMAL, 0.0, 0.0, None
-    beaten = 0
 
     def optimum(raw: RawSolution) -> float:       # a model's proven optimum (its plan may be a tie)
         return raw.bound if raw.status == Status.OPTIMAL and raw.bound is not None \
@@ -296,8 +302,8 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
     # CP-SAT: once the leading part's objective is solved, the other parts (capped at it) are
     # solved in a thread while the leading part breaks its ties, and by both threads once the
     # ties are broken (PARTS_BESIDE_TIES)
-    if PARTS_BESIDE_TIES and backend == "cpsat" and kind != "fixed-batch" and len(parts) > 1 \
-            and cuts.break_ties:
+    if PARTS_BESIDE_TIES and backend == "cpsat" and len(parts) > 1 and cuts.break_ties \
+            and (kind != "fixed-batch" or BATCHES_BESIDE_TIES):
         thread, failure = None, None
 
         def rest() -> None:
@@ -312,13 +318,15 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
             known.append(z)
             thread = threading.Thread(target=rest, daemon=True)
             thread.start()
+            if on_optimum is not None:       # (a batch model of a range: its range hears it)
+                on_optimum(z)
         solve_parts(first_solved)
         if thread is not None:
             thread.join()
             if failure is not None:
                 raise failure
     else:
-        solve_parts()
+        solve_parts(on_optimum)
     for i in range(len(parts)):
         if results.get(i) is None:                  # left unsolved at the time limit
             status = Status.FEASIBLE
@@ -329,7 +337,6 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
         solve_s += raw.solve_s
         build_s += raw.build_s
         if raw.status == Status.INFEASIBLE:
-            beaten += bool(found)                      # no plan of this part beats the cap
             continue
         bounds.append(raw.bound)                    # None when that model has no bound
         if raw.status not in (Status.OPTIMAL, Status.FEASIBLE) or raw.objective is None:
@@ -339,13 +346,20 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
             status = Status.FEASIBLE
         found.append((i, raw))
     bound = None if (not bounds or None in bounds) else min(bounds)
-    note = f"{len(parts)} {kind} models, {beaten} proven not to beat the best"
     if not found:
         return RawSolution(Status.INFEASIBLE if status == Status.OPTIMAL else
                            Status.NO_SOLUTION_IN_LIMIT, None, None, None, None, solve_s,
                            build_s, backend), q
     z = min(optimum(r) for _, r in found)
     tie = ties.objective_cap(z)
+    # the parts after the first that holds a plan with no plan in the optimum's tie window:
+    # proven infeasible under their cap or proven worse, whichever cap their thread gave them
+    # (every cap is at or above that window), so the count is the same in any order
+    proven = {i: optimum(r) for i, r in found if r.status == Status.OPTIMAL}
+    beaten = sum(1 for i in range(found[0][0] + 1, len(parts)) if results.get(i) is not None
+                 and (results[i][0].status == Status.INFEASIBLE
+                      or proven.get(i, -math.inf) > tie))
+    note = f"{len(parts)} {kind} models, {beaten} proven not to beat the best"
     tied = [(i, r) for i, r in found if optimum(r) <= tie]
     i_best, best = tied[0]
     if kind == "fixed-batch":

@@ -306,6 +306,35 @@ def test_batch_range_models_prove_the_optimum_with_a_cutoff(backend):
     assert models > 1 and 1 <= beaten < models, res.note
 
 
+def test_batch_models_beside_the_leading_ones_ties_give_the_same_answer(monkeypatch):
+    """Under CP-SAT the capped batch models of a range start in a second thread once the
+    leading batch model's first part has its optimum (BATCHES_BESIDE_TIES), capped at that
+    part's optimum rather than the leading model's: the same plan, objective and note
+    (the count of batch models proven not to beat the best) as one after the other."""
+    import threading
+
+    import formulations.solve as fs
+
+    inst = parse_instance(BATCH_RANGE)
+    started = []
+    real_thread = threading.Thread
+
+    def thread(*args, **kwargs):
+        started.append(kwargs.get("target"))
+        return real_thread(*args, **kwargs)
+    monkeypatch.setattr(fs.threading, "Thread", thread)
+    beside = solve(inst, solver="cpsat")
+    assert started                                  # (the batch models' thread ran)
+    started.clear()
+    monkeypatch.setattr(fs, "BATCHES_BESIDE_TIES", False)
+    alone = solve(inst, solver="cpsat")
+    assert not started                              # (this range's batch models are not split)
+    assert beside.status == alone.status == Status.OPTIMAL
+    assert beside.report.plan == alone.report.plan
+    assert beside.objective == alone.objective and beside.note == alone.note, \
+        (beside.note, alone.note)
+
+
 def test_batch_range_time_limit_covers_all_batch_models():
     """The time limit is for the whole solve, not per batch model: with almost no time, the
     answer is not claimed optimal."""
