@@ -17,13 +17,14 @@ import json
 import statistics
 import tomllib
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from planner.model.evaluate import evaluate
 from planner.model.plan import plan_from_spec
 
-MEGATRON_CI = Path(__file__).resolve().parents[1] / "data" / "megatron_ci_memory.toml"
+MEGATRON_CI = "data/megatron_ci_memory.toml"       # (in the planner package, as its siblings)
 #: the memory terms that stay allocated between steps
 STATIC_TERMS = ("weights", "gradients", "optimizer_states")
 
@@ -63,8 +64,12 @@ class PeakResult:
                 "model_static_gib": self.model_static_gib, "static_ratio": self.static_ratio}
 
 
-def load(path: Path = MEGATRON_CI) -> list[dict[str, Any]]:
-    return tomllib.loads(path.read_text())["runs"]
+def load(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The runs of a file of such figures (default: the shipped one, read as
+    planner/app/validate.py and alternatives.py read theirs)."""
+    text = Path(path).read_text() if path else \
+        resources.files("planner").joinpath(MEGATRON_CI).read_text()
+    return tomllib.loads(text)["runs"]
 
 
 def last_rank_figures(row: dict[str, Any]) -> tuple[str, float, float]:
