@@ -20,7 +20,7 @@ is what the backends read, and a query's :class:`Cuts` travel beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -473,7 +473,7 @@ class _Table:
             out[..., ~h] = 0.0
         return out
 
-    @property
+    @cached_property
     def scaled(self) -> bool:
         """Whether the columns decide comparisons between combinations: the outer product is
         finite and not all zero, and the columns finite. Then two combinations' tables are

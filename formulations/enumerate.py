@@ -155,8 +155,8 @@ def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: s
             mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float), (n,)))
         obj[k] = np.where((mem <= limit) & laid, step, np.inf)
         memory[k] = mem
-    rows = range(len(space.combos)) if internode else ()
-    return obj, memory, internode_goal(space, deg, rows, n) if internode else None
+    return obj, memory, (internode_goal(space, deg, range(len(space.combos)), n) if internode
+                         else None)
 
 
 def internode_goal(space: SearchSpace, deg: Degrees, rows, n: int) -> np.ndarray:
