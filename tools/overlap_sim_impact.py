@@ -7,13 +7,13 @@ planner/model/terms.py with one rule replaced, loaded in a fresh process in plac
 (``--variant``); the driver (no argument) runs every variant and prints one table.
 
 Variants (the simulations' closed forms; ``--check`` compares each with its simulator on the
-tests' grids: p2p_pre4047 and tp_userbuffers exactly, p2p_head within 4.3% (its closed form is
-the limit of short transfers; exact at GPT-3 175B's optimum, transfers 6% of a chunk forward),
-dp_queue within 1.5% of the queue of the model's buckets):
-- ``p2p_pre4047``: overlap_p2p_comm leaves 2 (v p - 1) transfers exposed, not 2 (p - 1)
-  (Megatron-Core's interleaved schedule before Megatron-LM #4047).
-- ``p2p_head``: 2 (v p - 1) + max(0, (m - p) v - 1) (since #4047, deallocate_pipeline_outputs on,
-  as Megatron-LM's training sets it).
+tests' grids: tp_userbuffers exactly, p2p_head within 4.3% (its closed form is the limit of
+short transfers; exact at GPT-3 175B's optimum, transfers 6% of a chunk forward), dp_queue
+within 1.5% of the queue of the model's buckets):
+- ``p2p_head``: overlap_p2p_comm leaves 2 (v p - 1) + max(0, (m - p) v - 1) transfers exposed
+  (Megatron-Core's interleaved schedule since Megatron-LM #4047, deallocate_pipeline_outputs on,
+  as Megatron-LM's training sets it), not the model's 2 (v p - 1) (the schedule before #4047,
+  which the model follows since the simulation showed it; the former variant ``p2p_pre4047``).
 - ``tp_userbuffers``: tp_comm_overlap leaves, per pass and block, what Transformer Engine's pairing
   leaves: ring exchange max(0, C - G (t-1)/t), pipelined reduce-scatter max(C/4, C - 3G/4), bulk
   max(0, C - G), each collective with its paired GEMM (dense layers; MoE layers keep the model's
@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = sorted((ROOT / "instances").glob("*.toml"))
 
-P2P_OLD = "+ gt1(v) * 2 * steps(p) * pp_step, slow)"
+P2P_OLD = "+ gt1(v) * 2 * steps(v * p) * pp_step, slow)"
 TP_OLD = "tp_layer = hidden_cost(tp_layer, vmax(tp_layer / t, tp_layer - gemm), slow)"
 DP_OLD = "return hidden_cost(raw, vmax(raw - window, unit), slowdown) if overlapped else raw"
 
@@ -64,7 +64,6 @@ TP_NEW = """_g = [gemm_s([g], peak_gemm) for g in dense_gemms]          # qkv, p
 
 PATCHES = {
     "model": [],
-    "p2p_pre4047": [(P2P_OLD, "+ gt1(v) * 2 * (v * p - 1) * pp_step, slow)")],
     "p2p_head": [(P2P_OLD, "+ gt1(v) * (2 * (v * p - 1) + vmax(0.0, (m - p) * v - 1)) * pp_step, "
                            "slow)")],
     "tp_userbuffers": [(TP_OLD, TP_NEW)],
@@ -137,7 +136,7 @@ def call(variant: str, pins: str, baseline: Path | None = None) -> list[dict]:
     return json.loads(out.stdout)
 
 
-SCENARIOS = [("none", ["p2p_pre4047", "p2p_head", "tp_userbuffers", "dp_queue"]),
+SCENARIOS = [("none", ["p2p_head", "tp_userbuffers", "dp_queue"]),
              ("tp_userbuffers", ["tp_userbuffers"]), ("dp_queue", ["dp_queue"])]
 
 
@@ -171,7 +170,7 @@ def check(variant: str) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     import test_overlap_sim as t
 
-    if variant.startswith("p2p"):
+    if variant in ("model", "p2p_head"):      # (the model's own p2p rule: the schedule before #4047)
         cases = [t.p2p_case(*c, at_once=variant == "p2p_head") for c in t.P2P_CASES]
     elif variant == "tp_userbuffers":
         cases = [t.tp_case(tp, bw, rc) for tp in (2, 4, 8, 16) for bw in (8.0, 2.0, 0.5, 0.1)
@@ -247,7 +246,7 @@ if __name__ == "__main__":
     if "--layout" in sys.argv:
         layout()
     elif "--check" in sys.argv:
-        for name in ("p2p_pre4047", "p2p_head", "tp_userbuffers", "dp_queue"):
+        for name in ("model", "p2p_head", "tp_userbuffers", "dp_queue"):
             subprocess.run([sys.executable, __file__, "--check-one", name], cwd=ROOT,
                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True)
     elif "--check-one" in sys.argv:

@@ -99,7 +99,7 @@ MXFP8_GEMM_RATE = 0.94
 #: NVFP4 GEMMs (and their quantization, random Hadamard transforms and stochastic rounding) at
 #: this share of the FP4 peak times the GPU's FP8 efficiency (docs/model.md, "FP8", item 6:
 #: fitted once on Megatron-Bridge 26.02's same-plan NVFP4 / MXFP8 pairs; later releases held out)
-NVFP4_GEMM_RATE = 0.65
+NVFP4_GEMM_RATE = 0.64
 #: The narrow formats whose linear GEMMs run through Transformer Engine's quantized path
 LOW_PRECISIONS = ("fp8", "nvfp4")
 #: FP4 parameters (``[training] fp4_param_gather``) on the wire: the packed E2M1 values alone
@@ -258,7 +258,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     ``R (p - 1) / v`` stage times of the slowest stage (Narayanan et al. Sec. 2.2); pipeline
     transfers =
     ``2 m (v - 1/p)`` sends of ``b s h / (c t)`` per GPU (scatter-gather / sequence-parallel
-    layout), the fill and flush only with ``overlap_p2p_comm`` and interleaving; data-parallel
+    layout), with ``overlap_p2p_comm`` and interleaving only the ``2 (v p - 1)`` of the warm-up
+    and cool-down; data-parallel
     gradient reduction over ``dp * cp`` ranks of the stage's parameters, hidden behind the last
     micro-batch's backward (``overlap_grad_reduce``) and the first one's forward
     (``overlap_param_gather``) but for one bucket each; the Adam step as HBM traffic; host
@@ -641,12 +642,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                         hw.lat_inter)
     time["pp_comm"] = 2 * m * (steps(v) + ring_share(p)) * pp_step
     if k.overlap_p2p_comm:
-        # overlap_p2p_comm (Megatron's interleaved schedule; off at vp = 1): every send and
-        # receive overlaps the next chunk's compute except on the pipeline fill and flush, the
-        # p - 1 forward sends before the last stage starts and the p - 1 backward sends after
-        # the first stage's last chunk waits (<= the raw transfers: interleaving needs m >= p)
+        # overlap_p2p_comm (Megatron-Core's interleaved schedule; off at vp = 1): the steady
+        # 1F1B phase's sends and receives run under the next chunk's compute; the warm-up's and
+        # cool-down's are blocking, and the first micro-batch crosses all v p virtual stages
+        # with no slack, so v p - 1 forward and v p - 1 backward transfers stay exposed
+        # (tests/test_overlap_sim.py simulates the schedule from its source; <= the raw
+        # 2 m (v - 1/p) transfers, as interleaving needs m >= p). The schedule as the measured
+        # runs ran it: since Megatron-LM #4047 (April 2026) more shows (docs/model.md, "Overlap")
         time["pp_comm"] = hidden_cost(time["pp_comm"], eq1(v) * 2 * m * ring_share(p) * pp_step
-                                      + gt1(v) * 2 * steps(p) * pp_step, slow)
+                                      + gt1(v) * 2 * steps(v * p) * pp_step, slow)
 
     # ---- parameters of the most loaded stage ------------------------------------------------
     # dense parameters (everything but routed experts) are split over tp and reduced over
