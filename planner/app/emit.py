@@ -1070,7 +1070,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         + " off, so the run may be faster than planned (cannot express off)")
     if ov["overlap_p2p_comm"]:
         comments.append("overlap_p2p_comm: cannot express (torchtitan's pipeline schedules have "
-                        "no p2p-overlap switch); the plan costs only the fill and flush transfers")
+                        "no p2p-overlap switch); the plan costs only the warm-up's and cool-down's "
+                        "transfers")
     if ov["overlap_moe_expert_parallel_comm"]:
         comments.append("overlap_moe_expert_parallel_comm: cannot express (torchtitan has no "
                         "batch-level overlap of the expert all-to-alls); the plan costs them "

@@ -95,7 +95,7 @@ OVERLAP_DESCRIPTIONS = {
                        "(Transformer Engine userbuffers; needs sequence parallelism; exposed: "
                        "one chunk, or what the GEMMs cannot hide)",
     "overlap_p2p_comm": "interleaved pipeline (vp > 1): sends and receives overlap the next "
-                        "chunk's compute (exposed: the transfers of the pipeline fill and flush)",
+                        "chunk's compute (exposed: the warm-up's and cool-down's, 2 (vp pp - 1))",
     "overlap_moe_expert_parallel_comm": "MoE with ep > 1, at pp = 1 or interleaved (vp > 1), "
                                         "no full recompute: each micro-batch's expert "
                                         "all-to-alls overlap another micro-batch's layer "
