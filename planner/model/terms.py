@@ -647,7 +647,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # cool-down's are blocking, and the first micro-batch crosses all v p virtual stages
         # with no slack, so v p - 1 forward and v p - 1 backward transfers stay exposed
         # (tests/test_overlap_sim.py simulates the schedule from its source; <= the raw
-        # 2 m (v - 1/p) transfers, as interleaving needs m >= p). The schedule as the measured
+        # 2 m (v - 1/p) transfers, as interleaving needs m >= p). The schedule as the fitted
         # runs ran it: since Megatron-LM #4047 (April 2026) more shows (docs/model.md, "Overlap")
         time["pp_comm"] = hidden_cost(time["pp_comm"], eq1(v) * 2 * m * ring_share(p) * pp_step
                                       + gt1(v) * 2 * steps(v * p) * pp_step, slow)
