@@ -733,3 +733,53 @@ def test_p2p_overlap_against_the_interleaved_schedule(p, v, m, at_once):
     the schedule since #4047 (``at_once``) exposes more."""
     model, sim, _, _ = p2p_case(p, v, m, at_once=at_once)
     assert model == pytest.approx(sim, rel=1e-6)
+
+
+@pytest.mark.parametrize("p, v, m", P2P_CASES)
+def test_the_newer_schedule_caveat_states_what_the_simulation_adds(p, v, m):
+    """What an interleaved plan's caveat says Megatron-LM since #4047 adds
+    (``evaluate.p2p_since_4047_s``) against the simulations of both schedules: the count of
+    extra transfers is the simulation's for short transfers (0.1% of a chunk forward), and at
+    the plan's own transfer time (16-48% of a chunk forward here) the simulation exposes at
+    least that and at most 15% more (waits that start to stack)."""
+    from planner.model.evaluate import p2p_since_4047_s
+
+    inst = no_latency(make_inst(p, model=P2P_MODEL, cluster={"gpus_per_node": 1},
+                                global_batch=m))
+    plan = make_plan(inst, pp=p, vp=v, b=1, pp_intra=1, overlap_p2p_comm=True)
+    step = float(terms_of(inst, plan).layer["pp_step"])
+    said = p2p_since_4047_s(plan, step, inst.hw.overlap_slowdown)
+    _, before, tau, f = p2p_case(p, v, m, at_once=False)
+    _, since, _, _ = p2p_case(p, v, m, at_once=True)
+    assert step == pytest.approx(tau, rel=1e-9)
+    assert said * (1 - 1e-9) <= since - before <= 1.15 * said
+    b = 2 * f                                   # (p2p_case: a backward twice the forward)
+    short = 1e-3 * f
+    added = (interleaved_step(p, v, m, f, b, short, True)
+             - interleaved_step(p, v, m, f, b, short, False))
+    assert said / step == pytest.approx(added / short, rel=1e-6)
+
+
+def test_only_megatron_core_plans_that_interleave_with_p2p_overlap_carry_the_caveat():
+    """The caveat goes to a plan that runs Megatron-Core's interleaved schedule with
+    overlap_p2p_comm and has a steady phase (m > p); not to one micro-batch group (m = p),
+    nor to a plan without interleaving, nor under a framework without that schedule."""
+    from planner.model.evaluate import evaluate
+
+    def said(m, vp=2, framework=None, **overlaps):
+        inst = no_latency(make_inst(4, model=P2P_MODEL, cluster={"gpus_per_node": 1},
+                                    global_batch=m))
+        if framework:
+            inst = inst.with_spec(constraints=inst.spec.constraints.model_copy(
+                update={"framework": framework}))
+        # (torchtitan refuses this plan's plain DDP; its caveats are what is asked here)
+        plan = make_plan(inst, pp=4, vp=vp, b=1, pp_intra=1, check=framework is None,
+                         **overlaps)
+        return [c for c in evaluate(inst, plan).caveats if "#4047" in c]
+
+    assert len(said(8, overlap_p2p_comm=True)) == 1
+    assert len(said(8, framework="nemo", overlap_p2p_comm=True)) == 1
+    assert not said(4, overlap_p2p_comm=True)                  # m = p: no steady phase
+    assert not said(8, overlap_p2p_comm=False)
+    assert not said(8, vp=1, overlap_p2p_comm=True)
+    assert not said(8, framework="torchtitan", overlap_p2p_comm=True)

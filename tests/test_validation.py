@@ -242,7 +242,10 @@ def test_an_moe_plan_carries_the_caveat_its_validation_earns(data, results):
     for name, expect in (("mixtral-8x7b-h100", [MOE_CAVEAT]), ("gpt3-175b-a100", [])):
         inst = load_instance(ROOT / "instances" / f"{name}.toml")
         rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
-        assert rep.caveats == expect and rep.to_dict()["caveats"] == expect
+        # (besides the newer p2p schedule's, which an interleaved plan carries whatever its
+        # model: tests/test_overlap_sim.py)
+        said = [c for c in rep.caveats if "#4047" not in c]
+        assert said == expect and [c for c in rep.to_dict()["caveats"] if c in said] == expect
 
 
 def test_the_catalog_lists_the_precisions_its_runs_were_measured_at(data):

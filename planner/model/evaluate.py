@@ -16,7 +16,7 @@ from planner.model.frameworks import DEFAULT_FRAMEWORK
 from planner.model.instance import Instance
 from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
-from planner.model.terms import (LOW_PRECISIONS, MEMORY_TERMS, TIME_TERMS,
+from planner.model.terms import (LOW_PRECISIONS, MEMORY_TERMS, TIME_TERMS, hidden_cost,
                                  host_memory_limit_bytes, memory_limit_bytes, memory_reserve_GiB,
                                  step_terms)
 from planner.model.words import stage_words
@@ -154,7 +154,36 @@ TORCHTITAN_CP_CAVEAT = (
     "5% on the long-context runs); this plan may run up to that much slower than planned")
 
 
-def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
+def p2p_since_4047_s(plan: Plan, pp_step: float, slowdown: float) -> float:
+    """Seconds more per step that Megatron-LM's interleaved schedule since #4047 (2026-04-16:
+    with ``deallocate_pipeline_outputs``, as its training sets it, each steady forward's send is
+    waited for at once) exposes beyond the model's rule, the schedule before it (docs/model.md,
+    "Overlap"): ``(m - p) v - 1`` more transfers of ``pp_step`` seconds, the short-transfer
+    limit of the simulation in tests/test_overlap_sim.py, each costing what it costs shown less
+    the price of overlap it paid hidden (``hidden_cost`` of a transfer with nothing hidden);
+    0 without interleaving or p2p overlap."""
+    if plan.vp <= 1 or not plan.overlap_p2p_comm:
+        return 0.0
+    more = max(0, (plan.micro_batches - plan.pp) * plan.vp - 1) * pp_step
+    return float(hidden_cost(0.0, more, slowdown))
+
+
+def p2p_since_4047_caveat(plan: Plan, pp_step: float, slowdown: float,
+                          step_s: float) -> str | None:
+    """What a Megatron-Core plan that interleaves with ``overlap_p2p_comm`` is told of the
+    newer schedule (:func:`p2p_since_4047_s`), or None when it exposes nothing more."""
+    extra = p2p_since_4047_s(plan, pp_step, slowdown)
+    if extra <= 0:
+        return None
+    return (f"pipeline p2p: costed as Megatron-Core's interleaved schedule before Megatron-LM "
+            f"#4047 (April 2026), which the fitted runs ran; since #4047 each steady "
+            f"forward's send is waited for at once (deallocate_pipeline_outputs), exposing "
+            f"about {extra * 1e3:.3g} ms more per step on this plan ({100 * extra / step_s:.2g}% "
+            f"of the step) on that code")
+
+
+def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = None,
+            step_s: float | None = None) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
     confirm: the MoE terms, DeepSpeed's step time (its measured steps ran longer than the
     model's), torchtitan's and DeepSpeed's memory (their measured peaks sit above the model's)
@@ -162,7 +191,9 @@ def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
     a GPU type at a precision it has no measured run at (its
     figures there are assumptions, catalog ``measured_precisions``), a kernel stack the type
     has no figures for (the fused ones stand in), and the type's own
-    measured caveat (catalog ``caveat``: how far newer software ran from the figures)."""
+    measured caveat (catalog ``caveat``: how far newer software ran from the figures); with
+    the ``plan``'s one-transfer time ``pp_step`` and its ``step_s``, what Megatron-LM's newer
+    interleaved schedule would add (:func:`p2p_since_4047_caveat`)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     if inst.spec.model.approximates:
         out.append(f"model shape: {inst.spec.model.approximates}; its time and memory are "
@@ -187,6 +218,11 @@ def caveats(inst: Instance, plan: Plan | None = None) -> list[str]:
                    "eager modules may run slower than planned")
     if gpu.caveat:
         out.append(f"{gpu.key}: {gpu.caveat}")
+    if plan is not None and pp_step is not None and step_s and \
+            (inst.spec.constraints.framework or DEFAULT_FRAMEWORK) in ("megatron", "nemo"):
+        newer = p2p_since_4047_caveat(plan, pp_step, inst.hw.overlap_slowdown, step_s)
+        if newer:
+            out.append(newer)
     return out
 
 
@@ -256,6 +292,6 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
                       memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
                       model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
                       tokens_per_step=tokens_step, steps=n_steps, violations=violations,
-                      caveats=caveats(inst, plan),
+                      caveats=caveats(inst, plan, float(terms.layer["pp_step"]), step),
                       framework=inst.spec.constraints.framework or DEFAULT_FRAMEWORK,
                       kernel_stack=inst.kernel_stack)

@@ -1134,7 +1134,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                         "moe_compute": moe_compute, "stage_moe_layers": stage_moe,
                         "tp_comm_moe": tp_moe, "cp_comm": cp_layer,
                         "gemm": gemm, "attention": attn,
-                        "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer})
+                        "eltwise": eltwise, "tp_comm": tp_layer, "ep_comm": ep_layer,
+                        "pp_step": pp_step})
 
 
 def host_optimizer_bytes(optimizer_dtype: str) -> int:
