@@ -7,9 +7,9 @@ planner/model/terms.py with one rule replaced, loaded in a fresh process in plac
 (``--variant``); the driver (no argument) runs every variant and prints one table.
 
 Variants (the simulations' closed forms; ``--check`` compares each with its simulator on the
-tests' grids: tp_userbuffers exactly, p2p_head within 4.3% (its closed form is the limit of
-short transfers; exact at GPT-3 175B's optimum, transfers 6% of a chunk forward), dp_queue
-within 1.5% of the queue of the model's buckets):
+tests' grids: the model's own p2p rule (``model``) and tp_userbuffers exactly, p2p_head within
+4.3% (its closed form is the limit of short transfers; exact at GPT-3 175B's optimum, transfers
+6% of a chunk forward), dp_queue within 1.5% of the queue of the model's buckets):
 - ``p2p_head``: overlap_p2p_comm leaves 2 (v p - 1) + max(0, (m - p) v - 1) transfers exposed
   (Megatron-Core's interleaved schedule since Megatron-LM #4047, deallocate_pipeline_outputs on,
   as Megatron-LM's training sets it), not the model's 2 (v p - 1) (the schedule before #4047,
