@@ -783,3 +783,24 @@ def test_only_megatron_core_plans_that_interleave_with_p2p_overlap_carry_the_cav
     assert not said(8, overlap_p2p_comm=False)
     assert not said(8, vp=1, overlap_p2p_comm=True)
     assert not said(8, framework="torchtitan", overlap_p2p_comm=True)
+
+
+def test_a_table_of_plans_states_the_newer_schedule_once_with_the_range_of_its_plans():
+    """Under a pareto table the caveat is one line, with the smallest and largest share of the
+    step over the plans that carry it and the sizes that do, not one line per size; the other
+    caveats pass through whole."""
+    from types import SimpleNamespace as NS
+
+    from planner.app.report import caveat_lines
+    from planner.model.evaluate import P2P_4047_CAVEAT, P2P_4047_PLAN, plan_figure
+
+    def point(nodes, *caveats):
+        return NS(nodes=nodes, result=NS(report=NS(caveats=list(caveats))))
+
+    a = P2P_4047_CAVEAT + P2P_4047_PLAN.format(time="229 ms", share=1.28)
+    b = P2P_4047_CAVEAT + P2P_4047_PLAN.format(time="3.2 s", share=0.56)
+    assert plan_figure(a) == (P2P_4047_CAVEAT, 1.3) and plan_figure("other") == ("other", None)
+    lines = caveat_lines([point(2, "other", b), point(4, "other", a), point(8, "other")])
+    assert lines == ["not validated: other",
+                     f"not validated: {P2P_4047_CAVEAT}; on these plans 0.56-1.3% of the step "
+                     "(at 2 sizes (2, 4 nodes))"]

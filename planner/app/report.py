@@ -352,14 +352,27 @@ def caveat_lines(points) -> list[str]:
     not confirm: the MoE terms, a precision the GPU type has no measured run at, ...), once
     each, as ``plan solve`` prints them under a plan; one that holds for some sizes only names
     them."""
+    from planner.model.evaluate import plan_figure
+
     planned = [p for p in points if p.result is not None and p.result.report is not None]
     held: dict[str, list[int]] = {}
+    shares: dict[str, list[float]] = {}
     for p in planned:
         for c in p.result.report.caveats:
-            held.setdefault(c, []).append(p.nodes)
-    return [f"not validated: {c}" + ("" if len(sizes) == len(planned)
-                                     else f" (at {sizes_text(sizes)})")
-            for c, sizes in held.items()]
+            # (one line per caveat, a plan's own figure as the range over the plans)
+            stem, share = plan_figure(c)
+            held.setdefault(stem, []).append(p.nodes)
+            if share is not None:
+                shares.setdefault(stem, []).append(share)
+    lines = []
+    for c, sizes in held.items():
+        if c in shares:
+            lo, hi = min(shares[c]), max(shares[c])
+            c += (f"; on these plans {lo:.2g}% of the step" if lo == hi else
+                  f"; on these plans {lo:.2g}-{hi:.2g}% of the step")
+        lines.append(f"not validated: {c}" + ("" if len(sizes) == len(planned)
+                                              else f" (at {sizes_text(sizes)})"))
+    return lines
 
 
 def _planless_runs(points) -> list[list]:

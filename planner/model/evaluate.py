@@ -168,6 +168,15 @@ def p2p_since_4047_s(plan: Plan, pp_step: float, slowdown: float) -> float:
     return float(hidden_cost(0.0, more, slowdown))
 
 
+#: The part of the newer-schedule caveat every plan shares; :data:`P2P_4047_PLAN` adds the plan's
+#: own figure (a table of plans states the range of those: :func:`plan_figure`)
+P2P_4047_CAVEAT = ("pipeline p2p: costed as Megatron-Core's interleaved schedule before "
+                   "Megatron-LM #4047 (April 2026), which the fitted runs ran; since #4047 each "
+                   "steady forward's send is waited for at once (deallocate_pipeline_outputs), "
+                   "which exposes more transfers")
+P2P_4047_PLAN = "; on this plan about {time} more per step, {share:.2g}% of the step"
+
+
 def p2p_since_4047_caveat(plan: Plan, pp_step: float, slowdown: float,
                           step_s: float) -> str | None:
     """What a Megatron-Core plan that interleaves with ``overlap_p2p_comm`` is told of the
@@ -175,11 +184,18 @@ def p2p_since_4047_caveat(plan: Plan, pp_step: float, slowdown: float,
     extra = p2p_since_4047_s(plan, pp_step, slowdown)
     if extra <= 0:
         return None
-    return (f"pipeline p2p: costed as Megatron-Core's interleaved schedule before Megatron-LM "
-            f"#4047 (April 2026), which the fitted runs ran; since #4047 each steady "
-            f"forward's send is waited for at once (deallocate_pipeline_outputs), exposing "
-            f"about {extra * 1e3:.3g} ms more per step on this plan ({100 * extra / step_s:.2g}% "
-            f"of the step) on that code")
+    time = f"{extra:.3g} s" if extra >= 1 else f"{extra * 1e3:.3g} ms"
+    return P2P_4047_CAVEAT + P2P_4047_PLAN.format(time=time, share=100 * extra / step_s)
+
+
+def plan_figure(caveat: str) -> tuple[str, float | None]:
+    """A caveat split into the text every plan shares and the plan's own share of the step (a
+    percentage), for the caveats that carry one (:data:`P2P_4047_CAVEAT`); ``(caveat, None)``
+    otherwise."""
+    if not caveat.startswith(P2P_4047_CAVEAT):
+        return caveat, None
+    share = caveat.rsplit(", ", 1)[-1].removesuffix("% of the step")
+    return P2P_4047_CAVEAT, float(share)
 
 
 def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = None,
