@@ -126,7 +126,7 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Objective per (combination, point), +inf where memory does not fit; and the fit mask.
     (No solver calls it: a library entry point, used by tests/test_dominance.py.)"""
-    obj = evaluate_goals(space, cols, objective)[0]
+    obj = evaluate_goals(space, cols, objective, internode=False)[0]
     return obj, np.isfinite(obj)
 
 
