@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -804,3 +805,26 @@ def test_a_table_of_plans_states_the_newer_schedule_once_with_the_range_of_its_p
     assert lines == ["not validated: other",
                      f"not validated: {P2P_4047_CAVEAT}; on these plans 0.56-1.3% of the step "
                      "(at 2 sizes (2, 4 nodes))"]
+
+
+def test_the_megatron_and_nemo_exports_say_which_schedule_the_plan_is_costed_on():
+    """A Megatron-LM or NeMo launch of an interleaved plan with p2p overlap and a steady phase
+    (GPT-3 175B's TP4 PP8 VP12 at 48 micro-batches) says its p2p transfers are costed as the
+    schedule before Megatron-LM #4047, which no flag selects; at 8 micro-batches (m = p) the
+    schedules expose the same and the launch says nothing of it."""
+    from planner.app.emit import emit
+    from planner.model.evaluate import P2P_4047_CAVEAT
+    from planner.model.instance import load_instance
+    from planner.model.plan import plan_from_spec
+    from planner.model.schema import PlanSpec
+
+    root = Path(__file__).resolve().parents[1]
+    inst = load_instance(root / "instances" / "gpt3-175b-a100.toml")
+    head = P2P_4047_CAVEAT.split(" (April")[0]          # (the comment is wrapped after it)
+    for batch, said in ((1536, True), (256, False)):
+        plan = plan_from_spec(inst, PlanSpec(tp=4, pp=8, dp=32, vp=12, micro_batch=1,
+                                             global_batch=batch, sequence_parallel=True,
+                                             overlap_p2p_comm=True))
+        assert plan.micro_batches == batch // 32
+        for fmt in ("megatron", "nemo"):
+            assert (head in emit(inst, plan, fmt)) == said, (batch, fmt)

@@ -332,6 +332,18 @@ def _mxfp8_params(inst: Instance) -> bool:
     return tr.precision == "fp8" and tr.fp8_recipe == "mxfp8" and bool(tr.fp8_param_gather)
 
 
+def _newer_schedule_note(plan: Plan) -> list[str]:
+    """Megatron-LM and NeMo exports of a plan that interleaves with p2p overlap and has a
+    steady phase: the schedule the model costs is the one before Megatron-LM #4047, which the
+    flags cannot choose (its send wait comes with deallocate_pipeline_outputs, which
+    Megatron-LM's training sets); the plan's caveats give the time the newer one adds."""
+    from planner.model.evaluate import P2P_4047_CAVEAT, p2p_since_4047_s
+
+    if p2p_since_4047_s(plan, 1.0, 0.0) <= 0:        # (per unit transfer: any more exposed?)
+        return []
+    return [P2P_4047_CAVEAT + "; the plan's caveats give how much longer its step then runs"]
+
+
 def _overlaps(plan: Plan) -> dict[str, bool]:
     """The plan's overlap switches by name. The plan holds them as they run and as the model
     costs them (``Plan.__post_init__``: parameter-gather overlap only with a sharded mode,
@@ -520,6 +532,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
                         "--tp-comm-overlap-cfg may name a tuned split configuration")
     if plan.vp > 1 and not ov["overlap_p2p_comm"]:
         args.append("--no-overlap-p2p-communication")
+    comments += _newer_schedule_note(plan)
     if ov["overlap_moe_expert_parallel_comm"]:
         # Megatron-Core's MoE README: "Batch-level overlapping to hide EP-A2A communication
         # (--overlap-moe-expert-parallel-comm --delay-wgrad-compute)"
@@ -757,6 +770,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
     comments.append("overlaps as the plan costs them: a recipe's MegatronCommOverlapCallback "
                     "overrides these keys, so give it the same values (its tp_comm_overlap, "
                     "overlap_p2p_comm, overlap_grad_reduce, overlap_param_gather arguments)")
+    comments += _newer_schedule_note(plan)
     ov = _overlaps(plan)
     if ov["tp_comm_overlap"]:
         comments.append("tp_comm_overlap: model.config.tp_comm_overlap alone does not overlap; "
