@@ -173,6 +173,10 @@ def test_megatron(case):
     assert a.get("--swiglu", False) is m.gated_mlp
     assert a.get("--untie-embeddings-and-output-weights", False) is (not m.tied_embeddings)
     assert a.get("--position-embedding-type") == ("rope" if m.position_embedding == "rope" else None)
+    # (Megatron-LM's defaults, LayerNorm and biases on every linear layer, are the model's)
+    assert a.get("--normalization") == ("RMSNorm" if m.normalization == "rmsnorm" else None)
+    assert a.get("--disable-bias-linear", False) is (not m.linear_bias)
+    assert "--add-qkv-bias" not in a          # (no case has a QKV bias alone)
 
 
 def test_megatron_comments_size_and_rank_order(case):
@@ -215,6 +219,8 @@ def test_nemo(case):
     assert (y[c + "num_layers"], y[c + "hidden_size"], y[c + "ffn_hidden_size"],
             y[c + "num_attention_heads"], y[c + "num_query_groups"]) == (
         m.layers, m.hidden, m.ffn, m.heads, m.kv)
+    assert (y[c + "normalization"], y[c + "add_bias_linear"]) == (
+        {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[m.normalization], m.linear_bias)
     assert y["optim.config.use_distributed_optimizer"] is plan.distributed_optimizer
     assert y["trainer.plugins.precision"] == ("16-mixed" if prec == "fp16" else "bf16-mixed")
     assert y["trainer.plugins.fp8"] == ("hybrid" if prec == "fp8" else None)

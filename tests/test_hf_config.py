@@ -25,6 +25,8 @@ MIXTRAL_8X7B = DATA / "mixtral-8x7b.config.json"
 DEEPSEEK_V3 = DATA / "deepseek-v3.config.json"
 
 MOE_DEFAULTS = {"shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
+#: every supported family: RMSNorm and bias-free MLPs (biases of the attention per family)
+NORMS = {"normalization": "rmsnorm", "linear_bias": False}
 
 
 def spec(d: dict, seq_len: int = 4096) -> ModelSpec:
@@ -57,7 +59,7 @@ def test_llama3_8b():
     assert d == {
         "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
         "gated_mlp": True, "vocab": 128256, "tied_embeddings": False,
-        "position_embedding": "rope", "dropout": False,
+        "position_embedding": "rope", "dropout": False, **NORMS,
     }
     m = spec(d)
     assert (m.kv, m.ffn, m.moe, m.seq_len) == (8, 14336, False, 4096)
@@ -68,7 +70,7 @@ def test_mixtral_8x7b():
     assert d == {
         "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
         "gated_mlp": True, "vocab": 32000, "tied_embeddings": False,
-        "position_embedding": "rope", "dropout": False,
+        "position_embedding": "rope", "dropout": False, **NORMS,
         "experts": 8, "top_k": 2, "moe_ffn_hidden": 14336, **MOE_DEFAULTS,
     }
     m = spec(d)
@@ -80,7 +82,7 @@ def test_deepseek_v3():
     assert d == {
         "layers": 61, "hidden": 7168, "heads": 128, "ffn_hidden": 18432,
         "gated_mlp": True, "vocab": 129280, "tied_embeddings": False,
-        "position_embedding": "rope", "dropout": False,
+        "position_embedding": "rope", "dropout": False, **NORMS,
         "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_head_dim": 128,
         "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "mtp_layers": 1,
         "experts": 256, "top_k": 8, "moe_ffn_hidden": 2048, "shared_experts": 1,
@@ -122,8 +124,9 @@ GPT_OSS_120B = {
 def test_gpt_oss_120b(tmp_path):
     """Every layer MoE (128 experts of 2880, top 4), 64 heads of 64 on a hidden of 2880, and
     the sliding half of its layers said to be costed as full attention. The shape's parameters
-    are OpenAI's: 116.8B in all (the model card; biases, attention sinks and norms, which the
-    shape leaves out, are the rest), 5.1B active per token without the input embedding."""
+    are OpenAI's: 116.8B in all (the model card; the attention sinks and the router's bias,
+    which the shape leaves out, are the rest), 5.1B active per token without the input
+    embedding."""
     with pytest.warns(UserWarning, match="18 of 36 layers attend within a window of 128"):
         d = read_hf_config(write(tmp_path, GPT_OSS_120B))
     # (said in the plan's caveats too, with its size)
@@ -132,6 +135,7 @@ def test_gpt_oss_120b(tmp_path):
         "layers": 36, "hidden": 2880, "heads": 64, "kv_heads": 8, "ffn_hidden": 2880,
         "gated_mlp": True, "vocab": 201088, "tied_embeddings": False,
         "position_embedding": "rope", "dropout": False, "head_dim": 64,
+        "normalization": "rmsnorm", "linear_bias": True,
         "experts": 128, "top_k": 4, "moe_ffn_hidden": 2880, **MOE_DEFAULTS,
     }
     sh = Shape.of(spec(d))
@@ -158,7 +162,7 @@ def test_mistral_and_qwen2_dense(tmp_path):
                                                       "nowindow.json"))
     assert d == {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
                  "gated_mlp": True, "vocab": 32000, "tied_embeddings": False,
-                 "position_embedding": "rope", "dropout": False}
+                 "position_embedding": "rope", "dropout": False, **NORMS}
     spec(d)
     qwen2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
              "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 24,
@@ -168,7 +172,11 @@ def test_mistral_and_qwen2_dense(tmp_path):
     assert (d["layers"], d["hidden"], d["heads"], d["kv_heads"], d["ffn_hidden"], d["vocab"],
             d["tied_embeddings"]) == (24, 896, 14, 2, 4864, 151936, True)
     assert "experts" not in d
-    spec(d)
+    # Qwen2's q, k and v projections carry a bias: with it the shape holds the checkpoint's
+    # 494,032,768 parameters (Hugging Face Qwen/Qwen2-0.5B, safetensors), without it fewer
+    assert (d["normalization"], d["linear_bias"], d["qkv_bias"]) == ("rmsnorm", False, True)
+    assert Shape.of(spec(d)).total_params == 494_032_768
+    assert Shape.of(spec({**d, "qkv_bias": False})).total_params == 494_032_768 - 24 * (896 + 2 * 128)
 
 
 def qwen15_moe() -> dict:   # Qwen1.5-MoE-A2.7B
@@ -185,10 +193,13 @@ def test_qwen2_moe(tmp_path):
     d = read_hf_config(write(tmp_path, qwen15_moe()))
     assert d == {"layers": 24, "hidden": 2048, "heads": 16, "kv_heads": 16, "ffn_hidden": 5632,
                  "gated_mlp": True, "vocab": 151936, "tied_embeddings": False,
-                 "position_embedding": "rope", "dropout": False,
+                 "position_embedding": "rope", "dropout": False, **NORMS, "qkv_bias": True,
                  "experts": 60, "top_k": 4, "moe_ffn_hidden": 1408, "shared_experts": 4,
                  "first_dense_layers": 0, "moe_layer_interval": 1}
     assert spec(d).moe_layers == 24
+    # the checkpoint's 14,315,784,192 parameters (Hugging Face Qwen/Qwen1.5-MoE-A2.7B,
+    # safetensors) less the shared experts' sigmoid gates the shape leaves out (h per layer)
+    assert Shape.of(spec(d)).total_params == 14_315_784_192 - 24 * 2048
 
 
 @pytest.mark.parametrize("layers, step", [(24, 2), (25, 2), (28, 3), (24, 1)])
@@ -270,7 +281,7 @@ def test_deepseek_v2_mla_widths_default_and_kv_heads_unread(tmp_path):
     # the widths the file leaves out are transformers' DeepseekV2Config defaults
     assert d == {"layers": 60, "hidden": 5120, "heads": 128, "ffn_hidden": 12288,
                  "gated_mlp": True, "vocab": 102400, "tied_embeddings": False,
-                 "position_embedding": "rope", "dropout": False,
+                 "position_embedding": "rope", "dropout": False, **NORMS,
                  "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_head_dim": 128,
                  "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                  "experts": 160, "top_k": 6, "moe_ffn_hidden": 1536, "shared_experts": 2,

@@ -241,16 +241,19 @@ def gpt_tensors(sh: Shape, t: int) -> tuple[list[str], list[float], list[float]]
     names, numel, weight = ["word_embeddings"], [sh.V * h / t], [0.0]
     if sh.learned_pos:
         names, numel, weight = names + ["position_embeddings"], numel + [sh.s * h], weight + [0]
-    layer = [("qkv.layer_norm", 2 * h, 0), ("qkv.weight", h * (q + 2 * kv) / t, h * (q + 2 * kv)),
-             ("qkv.bias", (q + 2 * kv) / t, 0), ("proj.weight", q * h / t, q * h),
-             ("proj.bias", h, 0), ("fc1.layer_norm", 2 * h, 0),
-             ("fc1.weight", fc1 * h / t, fc1 * h), ("fc1.bias", f / t, 0),
-             ("fc2.weight", f * h / t, f * h), ("fc2.bias", h, 0)]
+    norm = (2 if sh.norm_w == 2 else 1) * h         # LayerNorm: weight and bias; RMSNorm: weight
+    layer = [("qkv.layer_norm", norm, 0), ("qkv.weight", h * (q + 2 * kv) / t, h * (q + 2 * kv)),
+             ("qkv.bias", (q + 2 * kv) / t if sh.qkv_bias else 0, 0),
+             ("proj.weight", q * h / t, q * h),
+             ("proj.bias", h if sh.bias else 0, 0), ("fc1.layer_norm", norm, 0),
+             ("fc1.weight", fc1 * h / t, fc1 * h), ("fc1.bias", fc1 / t if sh.bias else 0, 0),
+             ("fc2.weight", f * h / t, f * h), ("fc2.bias", h if sh.bias else 0, 0)]
+    layer = [x for x in layer if x[1]]                  # (a tensor the model does not build)
     for i in range(sh.L):
         names += [f"{i}.{n}" for n, _, _ in layer]
         numel += [x for _, x, _ in layer]
         weight += [w for _, _, w in layer]
-    names, numel, weight = names + ["final_layernorm"], numel + [2 * h], weight + [0]
+    names, numel, weight = names + ["final_layernorm"], numel + [norm], weight + [0]
     # the logits' backward comes first; tied, it accumulates into word_embeddings, whose
     # gradient is complete only after the embedding's backward: a tensor of no elements
     # carries its time
@@ -262,7 +265,8 @@ BIG = {
     "gpt3-175b": {"layers": 96, "hidden": 12288, "heads": 96, "vocab": 51200, "seq_len": 2048},
     "llama3-70b": {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8,
                    "ffn_hidden": 28672, "gated_mlp": True, "vocab": 128256, "seq_len": 8192,
-                   "tied_embeddings": False, "position_embedding": "rope", "dropout": False},
+                   "tied_embeddings": False, "position_embedding": "rope", "dropout": False,
+                   "normalization": "rmsnorm", "linear_bias": False},
 }
 
 

@@ -494,5 +494,6 @@ def test_gated_mlp_of_two_thirds_width_costs_the_plain_mlp():
     plain = Shape.of(instance({**base, "ffn_hidden": 3072}, gpus=1).model)
     glu = Shape.of(instance({**base, "ffn_hidden": 2048, "gated_mlp": True}, gpus=1).model)
     assert glu.model_flops(8) == plain.model_flops(8)
-    # matrices equal; only the MLP bias (f wide) differs
-    assert plain.layer_params - glu.layer_params == 3072 - 2048
+    # matrices equal; only fc1's bias differs: f wide plain, 2f gated (Megatron-Core's gated
+    # fc1 is one h x 2f layer with one bias)
+    assert plain.layer_params - glu.layer_params == 3072 - 2 * 2048

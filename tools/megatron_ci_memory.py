@@ -191,6 +191,14 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int, env: dict | N
              "position_embedding": "rope" if position == "rope" else "learned",
              "dropout": float(a.get("--hidden-dropout", 0.1)) > 0,
              "gated_mlp": bool(a.get("--swiglu"))}
+    # the norms and biases (TransformerConfig normalization, add_bias_linear, add_qkv_bias;
+    # validate_args sets add_qkv_bias with add_bias_linear)
+    if a.get("--normalization", "LayerNorm") == "RMSNorm":
+        model["normalization"] = "rmsnorm"
+    if a.get("--disable-bias-linear"):
+        model["linear_bias"] = False
+        if a.get("--add-qkv-bias") and not a.get("--multi-latent-attention"):
+            model["qkv_bias"] = True
     if a.get("--ffn-hidden-size"):
         model["ffn_hidden"] = int(a["--ffn-hidden-size"])
     elif a.get("--swiglu"):

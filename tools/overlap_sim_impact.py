@@ -229,7 +229,7 @@ def layout() -> None:
                for n, w in zip(names, weight)]
         bwd = [2 * x for x in fwd]
         buckets = t.megatron_buckets(numel, max(40e6, 1e6 * plan.dp))
-        params = (sh.L * sh.layer_params + sh.embedding_params + 2 * sh.h
+        params = (sh.L * sh.layer_params + sh.embedding_params + sh.norm
                   + (0 if sh.tied else sh.V * sh.h)) / plan.tp
         sizes = [sum(numel[i] for i in b) for b in buckets]
         sim = t.grad_reduce_exposed(bwd, buckets, [halves[0] / params * x for x in sizes])

@@ -424,6 +424,25 @@ def _stages_text(plan: Plan) -> str:
 
 # --------------------------------------------------------------------------------------- Megatron
 
+def _megatron_norm_bias(m) -> list[str]:
+    """The norms' kind and the linear layers' biases as Megatron-LM arguments
+    (TransformerConfig normalization, add_bias_linear, add_qkv_bias: its defaults are LayerNorm
+    and a bias on every linear layer, which the model's defaults are too)."""
+    args = ["--normalization RMSNorm"] if m.normalization == "rmsnorm" else []
+    if not m.linear_bias:
+        args.append("--disable-bias-linear")
+        if m.has_qkv_bias and not m.mla:
+            args.append("--add-qkv-bias")
+    return args
+
+
+def _norm_bias_words(m) -> str:
+    """The norms and biases in words, for the exports that take the model from elsewhere."""
+    biases = ("a bias on every linear layer" if m.linear_bias
+              else "a QKV bias only" if m.has_qkv_bias and not m.mla else "no linear biases")
+    return f"{'RMSNorm' if m.normalization == 'rmsnorm' else 'LayerNorm'}, {biases}"
+
+
 def _megatron(inst: Instance, plan: Plan) -> str:
     m = inst.model
     precision = inst.spec.training.precision
@@ -566,6 +585,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append("--untie-embeddings-and-output-weights")
     if m.position_embedding == "rope":
         args.append("--position-embedding-type rope")
+    args += _megatron_norm_bias(m)
     if not m.dropout:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     moe = _moe(inst)
@@ -761,12 +781,11 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                         "recipe.optim.config.exp_avg_dtype = torch.bfloat16 (and exp_avg_sq_dtype)")
     if _uneven(plan):
         comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
-    if m.gated_mlp or m.position_embedding == "rope" or not m.tied_embeddings:
-        comments.append("pick a recipe whose model config matches: "
-                        + ", ".join(s for s, on in (("gated (SwiGLU) MLP", m.gated_mlp),
-                                                     ("rope", m.position_embedding == "rope"),
-                                                     ("untied embeddings", not m.tied_embeddings))
-                                    if on))
+    comments.append("pick a recipe whose model config matches: "
+                    + ", ".join([s for s, on in (("gated (SwiGLU) MLP", m.gated_mlp),
+                                                 ("rope", m.position_embedding == "rope"),
+                                                 ("untied embeddings", not m.tied_embeddings))
+                                 if on] + [_norm_bias_words(m)]))
     comments.append("overlaps as the plan costs them: a recipe's MegatronCommOverlapCallback "
                     "overrides these keys, so give it the same values (its tp_comm_overlap, "
                     "overlap_p2p_comm, overlap_grad_reduce, overlap_param_gather arguments)")
@@ -873,6 +892,11 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                    if m.mla else {"num_query_groups": m.kv}),
                 **({"kv_channels": m.head_dim} if m.head_dim is not None else {}),
                 **({"mtp_num_layers": m.mtp_layers} if m.mtp_layers else {}),
+                # TransformerConfig's norm and bias fields (Megatron-Core names)
+                "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
+                "add_bias_linear": m.linear_bias,
+                **({"add_qkv_bias": True} if m.has_qkv_bias and not m.linear_bias
+                   and not m.mla else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
                 **({"recompute_modules": ["mla_up_proj"]}
@@ -1045,7 +1069,21 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         + (f"head dim {m.head_dim}, " if m.head_dim is not None else "")
         + f"ffn {m.ffn}, vocab {m.vocab}"
         + (", {experts} experts, top-{top_k}, expert ffn {ffn}".format(**_moe(inst)) if _moe(inst) else "")
+        + f", {_norm_bias_words(m)}"
         + ") comes from [model] name/flavor: register a matching flavor")
+    # torchtitan 0.2's llama3, llama4, deepseek_v3 and qwen3 models build RMSNorm,
+    # nn.Linear(..., bias=False) layers, a SwiGLU MLP and rotary positions
+    differs = [w for w, on in (
+        ("LayerNorm", m.normalization != "rmsnorm"),
+        ("a bias on every linear layer" if m.linear_bias else "a QKV bias",
+         m.linear_bias or (m.has_qkv_bias and not m.mla)),
+        ("learned positions", m.position_embedding == "learned"),
+        ("a plain (not gated) MLP", not m.gated_mlp)) if on]
+    if differs:
+        comments.append(", ".join(differs) + ": cannot express with torchtitan 0.2's llama3, "
+                        "llama4, deepseek_v3 or qwen3 models (RMSNorm, bias-free linear layers, "
+                        "SwiGLU, rotary positions); a flavor of them is not the model the plan "
+                        "costs")
     if m.mtp_layers:
         comments.append(f"mtp_layers {m.mtp_layers}: cannot express in torchtitan 0.2's job "
                         "config (no multi-token prediction there); the plan costs that many "

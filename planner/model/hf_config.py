@@ -24,7 +24,17 @@ Key mapping, all families (required unless a default is given)::
     max_position_embeddings            -> (not seq_len: checked against it, see below)
     tie_word_embeddings                -> tied_embeddings     (default false)
     attention_dropout, hidden_dropout  -> dropout = either > 0 (default false)
-    (constant)                         -> position_embedding = "rope", gated_mlp = true (SwiGLU)
+    (constant)                         -> position_embedding = "rope", gated_mlp = true (SwiGLU),
+                                          normalization = "rmsnorm", linear_bias = false
+
+Biases (Megatron-Core's add_bias_linear / add_qkv_bias, what the exports build)::
+
+    qwen2, qwen2_moe     qkv_bias = true (transformers' Qwen2Attention: q, k, v with a bias)
+    llama, qwen3,        attention_bias (default false) -> qkv_bias; llama with mlp_bias too
+    qwen3_moe            -> linear_bias = true (every linear layer)
+    gpt_oss              attention_bias (default true) -> linear_bias (attention and experts)
+    mistral, mixtral,    none
+    deepseek_v2 / v3
 
 ``max_position_embeddings`` is the model's *maximum* context, usually far longer than the
 training sequence (131072 for Qwen2-7B, 163840 for DeepSeek-V3), so it never becomes
@@ -90,8 +100,10 @@ Approximations (what the returned shape does not capture):
   (gpt-oss-120b's model FLOPs by 10% at 4,096 tokens, 19% at 8,192, 48% at 32,768: the core,
   ``4 s q`` per token and layer, is a fifth of the model's FLOPs at 4,096), with a
   :class:`UserWarning` and in the shape's ``approximates`` (the plan's caveats). Its attention
-  sinks (one logit per head), projection and router biases and the SwiGLU clamp are not
-  counted.
+  sinks (one logit per head), router bias and the SwiGLU clamp are not counted.
+* ``attention_bias`` of Llama and Qwen3 also puts a bias on the output projection (``h`` per
+  layer), which Megatron-Core's ``add_qkv_bias`` leaves out: not counted. Llama's ``mlp_bias``
+  alone (without ``attention_bias``) is not counted either.
 """
 
 from __future__ import annotations
@@ -221,7 +233,22 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
         "position_embedding": "rope",
         "dropout": bool((r.number("attention_dropout") or 0) > 0
                         or (r.number("hidden_dropout") or 0) > 0),
+        # every supported family normalises with RMSNorm and has bias-free MLPs; the
+        # attention's biases by family below
+        "normalization": "rmsnorm",
+        "linear_bias": False,
     }
+    if family in ("qwen2", "qwen2_moe"):
+        out["qkv_bias"] = True     # (transformers Qwen2Attention: q / k / v with a bias, o without)
+    elif family in ("llama", "qwen3", "qwen3_moe"):
+        if r.flag("attention_bias", False):
+            out["qkv_bias"] = True
+        if family == "llama" and r.flag("mlp_bias", False) and out.get("qkv_bias"):
+            out["linear_bias"] = True
+            del out["qkv_bias"]
+    elif family == "gpt_oss":
+        # attention biases (q, k, v, o) and the experts' (gate_up, down): every linear layer
+        out["linear_bias"] = bool(r.flag("attention_bias", True))
     max_context = r.count("max_position_embeddings", None)
     moe: dict[str, Any] | None = None
     notes: list[str] = []

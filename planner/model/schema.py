@@ -165,6 +165,17 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = Field(default=True, description="output layer shares the input embedding")
     position_embedding: Literal["learned", "rope"] = "learned"
     dropout: bool = Field(default=True, description="trained with dropout (stores 1-byte masks)")
+    # the layers' norms and biases (Megatron-Core TransformerConfig normalization,
+    # add_bias_linear, add_qkv_bias): parameters of their own, and what the exports build
+    normalization: Literal["layernorm", "rmsnorm"] = Field(
+        default="layernorm", description="the norms' kind: LayerNorm (a weight and a bias, 2h "
+        "each) or RMSNorm (a weight, h; Megatron-LM --normalization RMSNorm)")
+    linear_bias: bool = Field(
+        default=True, description="a bias on every linear layer of the attention and the MLP "
+        "(Megatron-LM's default; false: --disable-bias-linear, as Llama, Mixtral, DeepSeek)")
+    qkv_bias: bool | None = Field(
+        default=None, description="a bias on the QKV projection; default linear_bias (true "
+        "without linear_bias: Qwen2's, Megatron-LM --add-qkv-bias)")
     approximates: str | None = Field(
         default=None, description="what this shape stands in for where the model has no "
         "term of its own (a Hugging Face config's: sliding-window attention costed as "
@@ -214,6 +225,14 @@ class ModelSpec(_Strict):
                              "or give head_dim")
         if self.heads % self.kv:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv})")
+        if self.linear_bias and self.qkv_bias is False:
+            raise ValueError("qkv_bias = false needs linear_bias = false: linear_bias puts a "
+                             "bias on the QKV projection too (Megatron-LM validate_args sets "
+                             "add_qkv_bias with add_bias_linear)")
+        if self.mla and self.qkv_bias:
+            raise ValueError("qkv_bias does not apply to multi-head latent attention "
+                             "(Megatron-Core builds its projections without a QKV bias): "
+                             "remove it")
         if self.experts == 1:
             raise ValueError("experts = 1 is a dense model: use experts = 0")
         moe_given = [k for k in MOE_KEYS if k in self.model_fields_set]
@@ -253,6 +272,11 @@ class ModelSpec(_Strict):
     def mla(self) -> bool:
         """Multi-head latent attention (``kv_lora_rank`` given)."""
         return self.kv_lora_rank is not None
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """The QKV projection carries a bias: ``qkv_bias``, by default ``linear_bias``."""
+        return self.linear_bias if self.qkv_bias is None else self.qkv_bias
 
     @property
     def ffn(self) -> int:

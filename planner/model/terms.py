@@ -657,7 +657,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # dp x cp; routed experts are split over ep and reduced over the expert data-parallel group
     untied_extra = 0 if sh.tied else sh.V * h
     dense_layer_avg = dense_share * sh.layer_params + moe_share * sh.moe_dense_params
-    stage_params = stage_layers * dense_layer_avg + sh.embedding_params + 2 * h \
+    stage_params = stage_layers * dense_layer_avg + sh.embedding_params + sh.norm \
         + eq1(p) * untied_extra                      # upper bound over first and last stage
     # (the multi-token prediction depths, on the last stage: their layers' non-expert weights
     # and projection, and their experts)
@@ -708,7 +708,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         return out
 
     # the embedding, output layer and final norm on the GPU (FSDP2's root unit)
-    head_p = (sh.embedding_params + 2 * h + eq1(p) * untied_extra) / t
+    head_p = (sh.embedding_params + sh.norm + eq1(p) * untied_extra) / t
     # once per step: a plain all-reduce (none); else the gradient reduce-scatter (unless it
     # runs every micro-batch), the replicas' all-reduce of the shard (HSDP) and the parameter
     # all-gather after the optimizer step (unless the parameters stay sharded)
@@ -1012,9 +1012,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                     stage_experts = experts_p + on_stage * sh.mtp * sh.experts \
                         * sh.expert_params / x.e
             stage_head = 0.0 if stage == "middle" else (
-                (sh.embedding_params + eq1(p) * (untied_extra + 2 * h)) / t
+                (sh.embedding_params + eq1(p) * (untied_extra + sh.norm)) / t
                 if stage == "first" else
-                (sh.V * h + 2 * h + (gt1(p) * sh.V * h if sh.mtp else 0.0)) / t)
+                (sh.V * h + sh.norm + (gt1(p) * sh.V * h if sh.mtp else 0.0)) / t)
             dense_p = layers_p + stage_head
             if stage == "first":
                 acts = p * n_layers * stored * first_flight + working + embed_mask
@@ -1033,7 +1033,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             one_layer = (sh.per_rank(layer_p, 1, t)
                          + (experts_p / stage_layers if kind == "moe" else 0.0))
             # (the root unit: the embedding on the first stage, the output layer on the last)
-            head = 0.0 if stage == "middle" else (sh.V * h + 2 * h) / t
+            head = 0.0 if stage == "middle" else (sh.V * h + sh.norm) / t
             # (Megatron-FSDP with FP8 parameters gathers the layers in FP8, their transpose
             # made per use on Hopper: the cache's bytes; the root unit stays 16-bit)
             gathered = fp8_cache if fp8_params else WIRE_16

@@ -48,6 +48,9 @@ class Shape:
     d_v: int = 0              # MLA: width of a value head
     mtp: int = 0              # multi-token prediction depths (on the last pipeline stage)
     mtp_moe: bool = False     # ... each a layer of the last decoder layer's kind
+    norm_w: int = 2           # parameters per element of a norm: 2 LayerNorm, 1 RMSNorm
+    bias: bool = True         # biases on the linear layers (attention, MLP, experts)
+    qkv_bias: bool = True     # ... on the QKV projection (alone when bias is False)
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
@@ -62,7 +65,9 @@ class Shape:
                 experts=m.experts if m.moe else 0, top_k=m.top_k if m.moe else 0,
                 f_e=m.moe_ffn if m.moe else 0,
                 shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
-                mtp=m.mtp_layers, mtp_moe=m.last_layer_moe, **mla)
+                mtp=m.mtp_layers, mtp_moe=m.last_layer_moe,
+                norm_w=2 if m.normalization == "layernorm" else 1, bias=m.linear_bias,
+                qkv_bias=m.has_qkv_bias and not m.mla, **mla)
 
     # attention widths ----------------------------------------------------------------------
     @property
@@ -199,23 +204,36 @@ class Shape:
         return sum(n * k * c for _, n, k, c in self.attn_gemms(1, 1, 1))
 
     @property
+    def norm(self) -> float:
+        """Weights of one norm of the hidden state: ``2h`` LayerNorm (weight and bias), ``h``
+        RMSNorm (weight)."""
+        return self.norm_w * self.h
+
+    @property
     def attention_params(self) -> float:
         """The attention's weights, its norm(s) and biases in one layer: the linear layers
-        (:attr:`attn_matrix_params`), two layer norms ``4h`` and the biases ``q + 2 kv + h``
-        (as Narayanan et al. count GPT-3's ``13h``); MLA the norms of the compressed query and
-        key / value too, ``2 (q_lora + kv_lora)``, and no QKV bias (Megatron-Core builds its
-        projections without one)."""
+        (:attr:`attn_matrix_params`), the layer's two norms (:attr:`norm` each: ``4h`` for
+        LayerNorm), the QKV bias ``q + 2 kv`` and the projection's ``h`` (with biases and
+        LayerNorm, Narayanan et al.'s ``13h`` of GPT-3); MLA the norms of the compressed query
+        and key / value too (``2 (q_lora + kv_lora)`` for LayerNorm), and no QKV bias
+        (Megatron-Core builds its projections without one)."""
         h = self.h
+        own = 2 * self.norm + (h if self.bias else 0)
         if self.mla:
-            return self.attn_matrix_params + 4 * h + 2 * self.lora_w + h
-        return self.attn_matrix_params + 4 * h + (self.q + 2 * self.kv_w) + h
+            return self.attn_matrix_params + own + self.norm_w * self.lora_w
+        return self.attn_matrix_params + own + (self.q + 2 * self.kv_w if self.qkv_bias else 0)
+
+    def mlp_bias(self, f) -> float:
+        """Biases of an MLP of width ``f``: fc1's ``f`` (``2f`` gated: Megatron-Core's fc1
+        is one ``h x 2f`` layer) and fc2's ``h``; none without :attr:`bias`."""
+        return (self.mlp_matrices - 1) * f + self.h if self.bias else 0
 
     @property
     def layer_params(self) -> float:
         """Weights of one layer: the attention (:attr:`attention_params`), MLP ``(2 or 3) h
-        f`` and its biases ``f + h``."""
+        f`` and its biases (:meth:`mlp_bias`)."""
         h, f = self.h, self.f
-        return self.attention_params + self.mlp_matrices * h * f + f + h
+        return self.attention_params + self.mlp_matrices * h * f + self.mlp_bias(f)
 
     @property
     def n_dense(self) -> int:
@@ -223,8 +241,9 @@ class Shape:
 
     @property
     def expert_params(self) -> float:
-        """One expert's MLP (``(2|3) h f_e``)."""
-        return self.mlp_matrices * self.h * self.f_e
+        """One expert's MLP: ``(2|3) h f_e`` and its biases (:meth:`mlp_bias`; Megatron-Core's
+        experts take ``add_bias_linear`` as its dense MLP does)."""
+        return self.mlp_matrices * self.h * self.f_e + self.mlp_bias(self.f_e)
 
     @property
     def moe_dense_params(self) -> float:
@@ -239,10 +258,10 @@ class Shape:
     @property
     def mtp_extra_params(self) -> float:
         """What a multi-token prediction depth adds beside its transformer layer: the
-        ``2h -> h`` projection of the normed embedding and hidden state (``eh_proj``) and
-        three norms (the two inputs' and its final one, ``2h`` each as every norm here); it
+        ``2h -> h`` projection of the normed embedding and hidden state (``eh_proj``, no
+        bias) and three norms (the two inputs' and its final one, :attr:`norm` each); it
         shares the embedding and the output layer (Megatron-Core MultiTokenPredictionLayer)."""
-        return 2 * self.h * self.h + 6 * self.h
+        return 2 * self.h * self.h + 3 * self.norm
 
     @property
     def mtp_dense_params(self) -> float:
@@ -267,7 +286,7 @@ class Shape:
         multi-token prediction depths included."""
         out = 0 if self.tied else self.V * self.h
         moe = self.n_moe * (self.moe_dense_params + self.experts * self.expert_params)
-        return (self.n_dense * self.layer_params + moe + self.embedding_params + out + 2 * self.h
+        return (self.n_dense * self.layer_params + moe + self.embedding_params + out + self.norm
                 + self.mtp * self.mtp_layer_params)
 
     # FLOPs, forward, per micro-batch of b sequences, whole layer (divide by t*c per GPU) -------

@@ -1,0 +1,119 @@
+"""The norms' kind and the linear layers' biases (``[model] normalization``, ``linear_bias``,
+``qkv_bias``): the parameters they add, checked against released checkpoints, what the
+exports build, and the input rules.
+
+The checkpoints' counts are figures this project does not compute: each Hugging Face model's
+``model.safetensors.index.json`` ``metadata.total_size`` (bytes, all tensors bf16) over 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.app.emit import emit
+from planner.model.errors import InputError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance, presets
+from planner.model.plan import plan_from_spec
+from planner.model.schema import ModelSpec
+from planner.model.workload import Shape
+from tests.test_emit import parse_megatron, parse_yaml
+
+#: total_size / 2 of the released checkpoints (meta-llama/Meta-Llama-3-8B, Meta-Llama-3-70B,
+#: Llama-3.1-405B, mistralai/Mixtral-8x7B-v0.1)
+CHECKPOINT_PARAMS = {
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3-405b": 405_853_388_800,
+    "mixtral-8x7b": 46_702_792_704,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINT_PARAMS))
+def test_presets_hold_their_checkpoints_parameters(name):
+    """RMSNorm (one weight of h per norm) and no linear biases: the shape's count is the
+    checkpoint's to the parameter. GPT-3's norms and biases on the same shape (the defaults)
+    count more, which is what every Llama-shaped model carried before these keys."""
+    spec = ModelSpec(**presets()[name])
+    assert Shape.of(spec).total_params == CHECKPOINT_PARAMS[name]
+    gpt_style = ModelSpec(**{**presets()[name], "normalization": "layernorm",
+                             "linear_bias": True})
+    assert Shape.of(gpt_style).total_params > CHECKPOINT_PARAMS[name]
+
+
+def _qwen2_like(plan: dict | None = None) -> dict:
+    """A Qwen2-shaped instance: RMSNorm, no linear biases but the QKV projection's."""
+    doc = {"model": {"layers": 24, "hidden": 896, "heads": 14, "kv_heads": 2,
+                     "ffn_hidden": 4864, "gated_mlp": True, "vocab": 151936, "seq_len": 4096,
+                     "position_embedding": "rope", "dropout": False,
+                     "normalization": "rmsnorm", "linear_bias": False, "qkv_bias": True},
+           "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "gpus": 8}}
+    if plan:
+        doc["plan"] = plan
+    return doc
+
+
+def _export(doc: dict, fmt: str) -> str:
+    inst = parse_instance(doc)
+    return emit(inst, plan_from_spec(inst, inst.spec.plan), fmt)
+
+
+def test_a_qkv_bias_alone_is_exported_as_megatrons_and_nemos_qkv_bias():
+    """Megatron-LM sets ``add_qkv_bias`` whenever ``add_bias_linear`` holds (validate_args),
+    so a QKV bias alone is ``--disable-bias-linear --add-qkv-bias``; NeMo takes the
+    TransformerConfig fields of the same names."""
+    doc = _qwen2_like({"tp": 2, "pp": 1, "dp": 4, "micro_batch": 2})
+    a = parse_megatron(_export(doc, "megatron"))
+    assert a["--normalization"] == "RMSNorm"
+    assert a["--disable-bias-linear"] is True and a["--add-qkv-bias"] is True
+    y = parse_yaml(_export(doc, "nemo"))
+    assert (y["model.config.normalization"], y["model.config.add_bias_linear"],
+            y["model.config.add_qkv_bias"]) == ("RMSNorm", False, True)
+    # without the QKV bias neither says it
+    doc["model"]["qkv_bias"] = False
+    assert "--add-qkv-bias" not in parse_megatron(_export(doc, "megatron"))
+    assert "model.config.add_qkv_bias" not in parse_yaml(_export(doc, "nemo"))
+
+
+def test_torchtitan_says_which_parts_of_the_model_its_models_cannot_build():
+    """torchtitan's job config takes the model from a registered flavor of its own models
+    (RMSNorm, bias-free layers, SwiGLU, rotary positions): the export says what of the costed
+    model those cannot be, and says nothing for a Llama-shaped model."""
+    plan = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 2, "dp_sharding": "optim_grads_params"}
+    text = _export(_qwen2_like(plan), "torchtitan")
+    assert "a QKV bias: cannot express with torchtitan" in text
+    llama = _qwen2_like(plan)
+    del llama["model"]["qkv_bias"]
+    assert "cannot express with torchtitan" not in _export(llama, "torchtitan")
+    gpt = _qwen2_like(plan)
+    gpt["model"].update(normalization="layernorm", linear_bias=True, qkv_bias=True,
+                        position_embedding="learned", gated_mlp=False)
+    said = _export(gpt, "torchtitan").replace("\n#   ", " ")
+    assert ("LayerNorm, a bias on every linear layer, learned positions, a plain (not gated) "
+            "MLP: cannot express with torchtitan") in said
+
+
+def test_a_qkv_bias_switched_off_under_linear_biases_is_an_input_error():
+    doc = _qwen2_like()
+    doc["model"].update(linear_bias=True, qkv_bias=False)
+    with pytest.raises(InputError, match="qkv_bias = false needs linear_bias = false"):
+        parse_instance(doc)
+    mla = {"preset": "deepseek-v3", "qkv_bias": True}
+    with pytest.raises(InputError, match="qkv_bias does not apply to multi-head latent"):
+        parse_instance({**_qwen2_like(), "model": mla})
+
+
+def test_biases_and_norms_move_the_weights_the_plan_holds():
+    """Without tensor or pipeline parallelism a GPU holds every weight, so its weights' bytes
+    scale with the parameter count: the keys reach the memory the plan is checked against."""
+    def weights(**keys):
+        doc = _qwen2_like({"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1})
+        doc["model"].update(keys)
+        inst = parse_instance(doc)
+        rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+        return rep.memory_gib["weights"], Shape.of(inst.model).total_params
+    lean, lean_p = weights(qkv_bias=False)
+    full, full_p = weights(normalization="layernorm", linear_bias=True, qkv_bias=True)
+    assert full_p > lean_p
+    assert full / lean == pytest.approx(full_p / lean_p, rel=1e-9)
