@@ -252,6 +252,10 @@ def test_qwen3_moe_head_dim_is_read(tmp_path):
 
     sh = Shape.of(spec(d))
     assert sh.total_params == pytest.approx(30.5e9, rel=0.01)
+    # to the parameter: the checkpoint's 30,532,122,624 (Hugging Face Qwen/Qwen3-30B-A3B,
+    # safetensors), its QK norms (2 x 128 per layer) included
+    assert d["qk_norm"] is True and sh.total_params == 30_532_122_624
+    assert Shape.of(spec({**d, "qk_norm": False})).total_params == 30_532_122_624 - 48 * 256
     assert active(sh) == pytest.approx(3.3e9, rel=0.02)
     narrow = Shape.of(spec({k: v for k, v in d.items() if k != "head_dim"}))
     assert active(narrow) < 0.9 * 3.3e9
@@ -267,6 +271,9 @@ def test_qwen3_dense_consistent_head_dim_is_silent(tmp_path):
         d = read_hf_config(write(tmp_path, cfg))
     assert (d["layers"], d["ffn_hidden"], d["kv_heads"]) == (36, 12288, 8)
     assert "experts" not in d
+    # RMSNorm, QK norms, no biases: the checkpoint's 8,190,735,360 parameters (Hugging Face
+    # Qwen/Qwen3-8B, safetensors)
+    assert Shape.of(spec(d)).total_params == 8_190_735_360
 
 
 def test_deepseek_v2_mla_widths_default_and_kv_heads_unread(tmp_path):

@@ -117,3 +117,28 @@ def test_biases_and_norms_move_the_weights_the_plan_holds():
     full, full_p = weights(normalization="layernorm", linear_bias=True, qkv_bias=True)
     assert full_p > lean_p
     assert full / lean == pytest.approx(full_p / lean_p, rel=1e-9)
+
+
+def test_a_qk_norm_is_exported_and_costs_memory_and_time():
+    """Qwen3's QK norm: Megatron-LM ``--qk-layernorm``, NeMo ``qk_layernorm``; it keeps the
+    queries and keys before it for its backward and reads and writes them, so a plan holds
+    more activations and takes longer with it, and Megatron-LM's CI case with the flag
+    (gpt3_mcore_te_tp4_pp1_qk_layernorm_test_mode) still measured at least the model's peak
+    (tests/test_megatron_ci_memory.py bounds every row)."""
+    plan = {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 2}
+    doc = _qwen2_like(plan)
+    doc["model"].update(qkv_bias=False, qk_norm=True, head_dim=128)
+    a = parse_megatron(_export(doc, "megatron"))
+    assert a["--qk-layernorm"] is True and "--add-qkv-bias" not in a
+    assert parse_yaml(_export(doc, "nemo"))["model.config.qk_layernorm"] is True
+
+    def report(qk: bool):
+        d = _qwen2_like(plan)
+        d["model"].update(qkv_bias=False, qk_norm=qk, head_dim=128)
+        inst = parse_instance(d)
+        return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+    with_norm, without = report(True), report(False)
+    assert with_norm.memory_gib["activations"] > without.memory_gib["activations"]
+    assert with_norm.breakdown_s["compute"] > without.breakdown_s["compute"]
+    with pytest.raises(InputError, match="qk_norm does not apply to multi-head latent"):
+        parse_instance({**_qwen2_like(), "model": {"preset": "deepseek-v3", "qk_norm": True}})

@@ -199,6 +199,8 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int, env: dict | N
         model["linear_bias"] = False
         if a.get("--add-qkv-bias") and not a.get("--multi-latent-attention"):
             model["qkv_bias"] = True
+    if a.get("--qk-layernorm") and not a.get("--multi-latent-attention"):
+        model["qk_norm"] = True
     if a.get("--ffn-hidden-size"):
         model["ffn_hidden"] = int(a["--ffn-hidden-size"])
     elif a.get("--swiglu"):

@@ -425,14 +425,16 @@ def _stages_text(plan: Plan) -> str:
 # --------------------------------------------------------------------------------------- Megatron
 
 def _megatron_norm_bias(m) -> list[str]:
-    """The norms' kind and the linear layers' biases as Megatron-LM arguments
-    (TransformerConfig normalization, add_bias_linear, add_qkv_bias: its defaults are LayerNorm
-    and a bias on every linear layer, which the model's defaults are too)."""
+    """The norms' kind, the linear layers' biases and the QK norm as Megatron-LM arguments
+    (TransformerConfig normalization, add_bias_linear, add_qkv_bias, qk_layernorm: its
+    defaults are LayerNorm, a bias on every linear layer and no QK norm, as the model's are)."""
     args = ["--normalization RMSNorm"] if m.normalization == "rmsnorm" else []
     if not m.linear_bias:
         args.append("--disable-bias-linear")
         if m.has_qkv_bias and not m.mla:
             args.append("--add-qkv-bias")
+    if m.qk_norm:
+        args.append("--qk-layernorm")
     return args
 
 
@@ -440,7 +442,8 @@ def _norm_bias_words(m) -> str:
     """The norms and biases in words, for the exports that take the model from elsewhere."""
     biases = ("a bias on every linear layer" if m.linear_bias
               else "a QKV bias only" if m.has_qkv_bias and not m.mla else "no linear biases")
-    return f"{'RMSNorm' if m.normalization == 'rmsnorm' else 'LayerNorm'}, {biases}"
+    return (f"{'RMSNorm' if m.normalization == 'rmsnorm' else 'LayerNorm'}"
+            + (" (QK norm too)" if m.qk_norm else "") + f", {biases}")
 
 
 def _megatron(inst: Instance, plan: Plan) -> str:
@@ -897,6 +900,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "add_bias_linear": m.linear_bias,
                 **({"add_qkv_bias": True} if m.has_qkv_bias and not m.linear_bias
                    and not m.mla else {}),
+                **({"qk_layernorm": True} if m.qk_norm else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
                 **({"recompute_modules": ["mla_up_proj"]}

@@ -93,7 +93,7 @@ MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit pe
 MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token permutation, "
               "all-to-all) are not validated: the 6 measured MoE runs in the shipped set "
               "(DeepSeek-V3, Qwen3-235B-A22B and Qwen3-30B-A3B on H100, Qwen3-235B-A22B on "
-              "GB200) took 0.9x to 3.0x the step time this model predicts, 5 of them longer, "
+              "GB200) took 0.9x to 2.9x the step time this model predicts, 5 of them longer, "
               "so read the step time, days and cost as uncertain by that much either way; and "
               "the model ranks plans that keep expert parallelism inside a node up to 1.7x "
               "faster than NVIDIA's tuned plans of those runs, which spread it over nodes "

@@ -30,6 +30,7 @@ Key mapping, all families (required unless a default is given)::
 Biases (Megatron-Core's add_bias_linear / add_qkv_bias, what the exports build)::
 
     qwen2, qwen2_moe     qkv_bias = true (transformers' Qwen2Attention: q, k, v with a bias)
+    qwen3, qwen3_moe     qk_norm = true (Qwen3Attention's q_norm / k_norm over a head)
     llama, qwen3,        attention_bias (default false) -> qkv_bias; llama with mlp_bias too
     qwen3_moe            -> linear_bias = true (every linear layer)
     gpt_oss              attention_bias (default true) -> linear_bias (attention and experts)
@@ -240,7 +241,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
     }
     if family in ("qwen2", "qwen2_moe"):
         out["qkv_bias"] = True     # (transformers Qwen2Attention: q / k / v with a bias, o without)
-    elif family in ("llama", "qwen3", "qwen3_moe"):
+    if family in ("qwen3", "qwen3_moe"):
+        out["qk_norm"] = True      # (transformers Qwen3Attention: q_norm, k_norm over head_dim)
+    if family in ("llama", "qwen3", "qwen3_moe"):
         if r.flag("attention_bias", False):
             out["qkv_bias"] = True
         if family == "llama" and r.flag("mlp_bias", False) and out.get("qkv_bias"):

@@ -176,6 +176,9 @@ class ModelSpec(_Strict):
     qkv_bias: bool | None = Field(
         default=None, description="a bias on the QKV projection; default linear_bias (true "
         "without linear_bias: Qwen2's, Megatron-LM --add-qkv-bias)")
+    qk_norm: bool = Field(
+        default=False, description="a norm (of the normalization's kind) on each query and "
+        "key head before the attention (Qwen3; Megatron-LM --qk-layernorm)")
     approximates: str | None = Field(
         default=None, description="what this shape stands in for where the model has no "
         "term of its own (a Hugging Face config's: sliding-window attention costed as "
@@ -229,6 +232,9 @@ class ModelSpec(_Strict):
             raise ValueError("qkv_bias = false needs linear_bias = false: linear_bias puts a "
                              "bias on the QKV projection too (Megatron-LM validate_args sets "
                              "add_qkv_bias with add_bias_linear)")
+        if self.mla and self.qk_norm:
+            raise ValueError("qk_norm does not apply to multi-head latent attention (its "
+                             "norms are on the compressed query and key / value): remove it")
         if self.mla and self.qkv_bias:
             raise ValueError("qkv_bias does not apply to multi-head latent attention "
                              "(Megatron-Core builds its projections without a QKV bias): "

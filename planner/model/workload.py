@@ -51,6 +51,7 @@ class Shape:
     norm_w: int = 2           # parameters per element of a norm: 2 LayerNorm, 1 RMSNorm
     bias: bool = True         # biases on the linear layers (attention, MLP, experts)
     qkv_bias: bool = True     # ... on the QKV projection (alone when bias is False)
+    qk_norm: bool = False     # a norm on each query and key head (Qwen3)
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
@@ -67,7 +68,7 @@ class Shape:
                 shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
                 mtp=m.mtp_layers, mtp_moe=m.last_layer_moe,
                 norm_w=2 if m.normalization == "layernorm" else 1, bias=m.linear_bias,
-                qkv_bias=m.has_qkv_bias and not m.mla, **mla)
+                qkv_bias=m.has_qkv_bias and not m.mla, qk_norm=m.qk_norm, **mla)
 
     # attention widths ----------------------------------------------------------------------
     @property
@@ -218,10 +219,23 @@ class Shape:
         and key / value too (``2 (q_lora + kv_lora)`` for LayerNorm), and no QKV bias
         (Megatron-Core builds its projections without one)."""
         h = self.h
-        own = 2 * self.norm + (h if self.bias else 0)
+        own = 2 * self.norm + (h if self.bias else 0) + self.qk_norm_params
         if self.mla:
             return self.attn_matrix_params + own + self.norm_w * self.lora_w
         return self.attn_matrix_params + own + (self.q + 2 * self.kv_w if self.qkv_bias else 0)
+
+    @property
+    def qk_norm_params(self) -> float:
+        """QK norm (Megatron-Core ``qk_layernorm``): one norm over a head's width for the
+        queries and one for the keys, shared by the heads: ``2 d`` weights (RMSNorm; ``4 d``
+        LayerNorm); 0 without."""
+        return 2 * self.norm_w * (self.d or self.h / self.a) if self.qk_norm else 0
+
+    @property
+    def qk_norm_bytes(self) -> float:
+        """What a QK norm reads and writes per token: the queries and keys, ``2 (q + kv)``
+        bytes read and as many written (``4 (q + kv)``), split over tensor ranks; 0 without."""
+        return 4 * (self.q + self.kv_w) if self.qk_norm else 0
 
     def mlp_bias(self, f) -> float:
         """Biases of an MLP of width ``f``: fc1's ``f`` (``2f`` gated: Megatron-Core's fc1
@@ -351,8 +365,9 @@ class Shape:
     @property
     def eltwise_parallel_bytes(self) -> float:
         """The MLP activation: read + write ``f`` (GeLU: ``4f`` bytes), or for a gated MLP read
-        the two ``f``-wide halves and write one (``6f``); split over tensor ranks."""
-        return (6 if self.gated else 4) * self.f
+        the two ``f``-wide halves and write one (``6f``), and a QK norm's traffic
+        (:attr:`qk_norm_bytes`); split over tensor ranks."""
+        return (6 if self.gated else 4) * self.f + self.qk_norm_bytes
 
     @property
     def moe_eltwise_parallel_bytes(self) -> float:
@@ -360,7 +375,7 @@ class Shape:
         experts it meets, plus permuting its hidden state to and from ``top_k`` experts
         (read + write, dispatch and combine: ``8 h`` per routed copy)."""
         return ((6 if self.gated else 4) * self.f_e * (self.top_k + self.shared)
-                + 8 * self.h * self.top_k)
+                + 8 * self.h * self.top_k + self.qk_norm_bytes)
 
     @property
     def score_eltwise_bytes_per_element(self) -> float:
@@ -382,8 +397,9 @@ class Shape:
     def attn_act_parallel_bytes(self) -> float:
         """The attention's tensors split over tensor ranks: Q, K, V and the projection input
         (the attention output), 2 bytes each: ``4 q + 4 kv`` (``4 h k / a`` for K and V at the
-        default head width); MLA ``2 (2 a (d + d_rope) + 2 a d_v)``."""
-        return 2 * (self.q + self.k_w + self.v_w + self.o_w)
+        default head width); MLA ``2 (2 a (d + d_rope) + 2 a d_v)``. A QK norm keeps its
+        inputs, the queries and keys before it, ``2 (q + kv)`` more."""
+        return 2 * (self.q + self.k_w + self.v_w + self.o_w) + self.qk_norm_bytes / 2
 
     @property
     def act_parallel_bytes(self) -> float:
