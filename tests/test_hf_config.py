@@ -478,3 +478,23 @@ def test_deepseek_mla_saved_activations_counted_by_tensor():
     assert sh.act_replicated_bytes - 8 * sh.h == 2 * sum(sharded.values())
     assert sh.attn_act_parallel_bytes == 2 * sum(split.values())
     assert 2 * (sum(split.values()) + sum(sharded.values())) == 172_032
+
+
+def test_the_model_is_named_by_its_file_or_else_by_the_config(tmp_path):
+    """A named file gives its name (``llama3-8b.config.json``: llama3-8b); a bare
+    ``config.json`` says nothing, so the config's ``_name_or_path`` (the model id transformers
+    saved it from) names the model, else its ``model_type``; a [model] name wins."""
+    from planner.model.instance import parse_instance
+
+    def name(path, **model):
+        return parse_instance({"model": {"hf_config": str(path), "seq_len": 4096, **model},
+                               "training": {"global_batch": 8},
+                               "cluster": {"gpu": "h100-sxm", "gpus": 8}}).model.name
+    assert name(LLAMA3_8B) == "llama3-8b"
+    cfg = shipped(LLAMA3_8B)
+    bare = tmp_path / "a"
+    bare.mkdir()
+    assert name(write(bare, cfg)) == "llama"
+    assert name(write(bare, {**cfg, "_name_or_path": "meta-llama/Meta-Llama-3-8B"})) \
+        == "Meta-Llama-3-8B"
+    assert name(write(bare, cfg), name="mine") == "mine"

@@ -480,6 +480,11 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if inst.kernel_stack == "pytorch":
         comments.append(_EAGER_ON_TE)
     comments.append(f"vocabulary {m.vocab} comes from the tokenizer arguments (not emitted)")
+    comments.append("not emitted, as they do not change the cost: "
+                    + ("--rotary-base (Megatron-LM's default 10000; Llama 3 trains with "
+                       "500000), " if m.position_embedding == "rope" else "")
+                    + "--norm-epsilon, the initialisation and the optimizer's hyper-parameters: "
+                    "take them from the model's own recipe")
     if _op_selective(inst, plan):
         comments.append(_OP_SELECTIVE)
     env: list[str] = []

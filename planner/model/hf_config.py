@@ -208,9 +208,12 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     return read_hf_config_with_context(path)[0]
 
 
-def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]:
-    """:func:`read_hf_config` and the config's ``max_position_embeddings`` (None when absent),
-    the longest sequence the model supports, for the loader's messages."""
+def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None, str]:
+    """:func:`read_hf_config`, the config's ``max_position_embeddings`` (None when absent), the
+    longest sequence the model supports, for the loader's messages, and a label for the model:
+    the last part of ``_name_or_path`` (the model id or directory transformers saved it
+    from, e.g. ``Qwen/Qwen2-72B``), else its ``model_type``, for a file whose name says
+    nothing (``config.json``)."""
     p = Path(path)
     cfg = _load(p)
     family = _family(cfg, p)
@@ -346,4 +349,7 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None]
         out["head_dim"] = head_dim     # the attention is a d wide, not hidden (Qwen3)
     for note in notes:
         warnings.warn(f"{p}: {note}", UserWarning, stacklevel=2)
-    return out, max_context
+    named = cfg.get("_name_or_path")
+    label = (named.rstrip("/").rsplit("/", 1)[-1] if isinstance(named, str) and named.strip("/ ")
+             else family)
+    return out, max_context, label

@@ -359,7 +359,7 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
         if not ref.is_absolute() and base_dir is not None:
             ref = base_dir / ref
         try:
-            keys, max_context = read_hf_config_with_context(ref)
+            keys, max_context, label = read_hf_config_with_context(ref)
         except InputError as exc:   # name the key that pointed there, and where it was looked for
             raise InputError(f"{source}: invalid instance",
                              [f"model.hf_config = {toml_value(model['hf_config'])}: {exc.args[0]}"]
@@ -381,7 +381,8 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
         from_config = set(keys) - set(model)
         keys = {k: v for k, v in keys.items() if k not in replaced_attention_keys(model)}
         data["model"] = model = {**keys, **model}
-        model.setdefault("name", ref.stem.replace(".config", ""))
+        stem = ref.stem.replace(".config", "")
+        model.setdefault("name", label if stem == "config" else stem)
     else:
         from_config = set()
     if isinstance(model, dict) and "preset" in model:
