@@ -241,7 +241,7 @@ def gpt_tensors(sh: Shape, t: int) -> tuple[list[str], list[float], list[float]]
     names, numel, weight = ["word_embeddings"], [sh.V * h / t], [0.0]
     if sh.learned_pos:
         names, numel, weight = names + ["position_embeddings"], numel + [sh.s * h], weight + [0]
-    norm = (2 if sh.norm_w == 2 else 1) * h         # LayerNorm: weight and bias; RMSNorm: weight
+    norm = sh.norm_w * h                # a norm's weights: LayerNorm weight and bias, RMSNorm weight
     layer = [("qkv.layer_norm", norm, 0), ("qkv.weight", h * (q + 2 * kv) / t, h * (q + 2 * kv)),
              ("qkv.bias", (q + 2 * kv) / t if sh.qkv_bias else 0, 0),
              ("proj.weight", q * h / t, q * h),
