@@ -1,6 +1,7 @@
-"""The norms' kind and the linear layers' biases (``[model] normalization``, ``linear_bias``,
-``qkv_bias``): the parameters they add, checked against released checkpoints, what the
-exports build, and the input rules.
+"""The norms' kind, the linear layers' biases, the QK norm and a plain MLP's activation
+(``[model] normalization``, ``linear_bias``, ``qkv_bias``, ``qk_norm``, ``activation``): the
+parameters they add, checked against released checkpoints, what the exports build, and the
+input rules.
 
 The checkpoints' counts are figures this project does not compute: each Hugging Face model's
 ``model.safetensors.index.json`` ``metadata.total_size`` (bytes, all tensors bf16) over 2.
@@ -142,3 +143,23 @@ def test_a_qk_norm_is_exported_and_costs_memory_and_time():
     assert with_norm.breakdown_s["compute"] > without.breakdown_s["compute"]
     with pytest.raises(InputError, match="qk_norm does not apply to multi-head latent"):
         parse_instance({**_qwen2_like(), "model": {"preset": "deepseek-v3", "qk_norm": True}})
+
+
+def test_a_squared_relu_mlp_is_exported_as_one():
+    """Nemotron's plain MLP runs squared ReLU (Megatron-LM ``--squared-relu``; NeMo's
+    NemotronConfig sets ``activation_func = squared_relu``, a callable the YAML cannot hold, so a
+    comment says it); GeLU's default builds none of it, and a gated MLP (SwiGLU) refuses it."""
+    doc = {"model": {"preset": "nemotron4-15b"}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "gpus": 16},
+           "plan": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1}}
+    a = parse_megatron(_export(doc, "megatron"))
+    assert a["--squared-relu"] is True and "--swiglu" not in a
+    assert a["--disable-bias-linear"] is True and "--normalization" not in a    # LayerNorm
+    assert "activation_func = nemo.collections.llm.fn.activation.squared_relu" in \
+        _export(doc, "nemo").replace("\n#   ", " ")
+    gelu = {**doc, "model": {"preset": "gpt3-175b"}, "cluster": {"gpu": "a100-80gb", "gpus": 16}}
+    assert "--squared-relu" not in parse_megatron(_export(gelu, "megatron"))
+    bad = _qwen2_like()
+    bad["model"]["activation"] = "squared_relu"
+    with pytest.raises(InputError, match="applies to a plain MLP: a gated_mlp is SwiGLU"):
+        parse_instance(bad)

@@ -191,6 +191,8 @@ def row(case: str, platform: str, a: dict, peak: float, gpus: int, env: dict | N
              "position_embedding": "rope" if position == "rope" else "learned",
              "dropout": float(a.get("--hidden-dropout", 0.1)) > 0,
              "gated_mlp": bool(a.get("--swiglu"))}
+    if a.get("--squared-relu") and not a.get("--swiglu"):
+        model["activation"] = "squared_relu"
     # the norms and biases (TransformerConfig normalization, add_bias_linear, add_qkv_bias;
     # validate_args sets add_qkv_bias with add_bias_linear)
     if a.get("--normalization", "LayerNorm") == "RMSNorm":

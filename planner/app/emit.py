@@ -589,6 +589,8 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append(f"--mtp-num-layers {m.mtp_layers}")   # (arguments.py, the mtp group)
     if m.gated_mlp:
         args.append("--swiglu")
+    elif m.activation == "squared_relu":
+        args.append("--squared-relu")
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if m.position_embedding == "rope":
@@ -789,8 +791,14 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                         "recipe.optim.config.exp_avg_dtype = torch.bfloat16 (and exp_avg_sq_dtype)")
     if _uneven(plan):
         comments.append("pipeline layout: decoder layers per rank " + _stages_text(plan))
+    if m.activation == "squared_relu":
+        comments.append("squared ReLU: model.config.activation_func is a callable; in a Python "
+                        "recipe write recipe.model.config.activation_func = nemo.collections."
+                        "llm.fn.activation.squared_relu (NeMo's Nemotron configs set it)")
     comments.append("pick a recipe whose model config matches: "
                     + ", ".join([s for s, on in (("gated (SwiGLU) MLP", m.gated_mlp),
+                                                 ("squared-ReLU MLP",
+                                                  m.activation == "squared_relu"),
                                                  ("rope", m.position_embedding == "rope"),
                                                  ("untied embeddings", not m.tied_embeddings))
                                  if on] + [_norm_bias_words(m)]))
@@ -1087,7 +1095,8 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
         ("a bias on every linear layer" if m.linear_bias else "a QKV bias",
          m.linear_bias or (m.has_qkv_bias and not m.mla)),
         ("learned positions", m.position_embedding == "learned"),
-        ("a plain (not gated) MLP", not m.gated_mlp)) if on]
+        ("a plain (not gated) " + ("squared-ReLU " if m.activation == "squared_relu" else "")
+         + "MLP", not m.gated_mlp)) if on]
     if differs:
         comments.append(", ".join(differs) + ": cannot express with torchtitan 0.2's llama3, "
                         "llama4, deepseek_v3 or qwen3 models (RMSNorm, bias-free linear layers, "

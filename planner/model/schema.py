@@ -160,6 +160,10 @@ class ModelSpec(_Strict):
         default=None, description="MLA: width of a value head (--v-head-dim)")
     ffn_hidden: upto(MAX_WIDTH) | None = Field(default=None, description="MLP width; default 4 * hidden")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style three-matrix MLP")
+    activation: Literal["gelu", "squared_relu"] = Field(
+        default="gelu", description="a plain MLP's activation: GeLU, or squared ReLU "
+        "(Nemotron; Megatron-LM --squared-relu); the same bytes and stored tensors, so the "
+        "same cost: what the exports build (a gated MLP is SwiGLU)")
     vocab: upto(MAX_VOCAB)
     seq_len: upto(MAX_SEQ)
     tied_embeddings: bool = Field(default=True, description="output layer shares the input embedding")
@@ -232,6 +236,9 @@ class ModelSpec(_Strict):
             raise ValueError("qkv_bias = false needs linear_bias = false: linear_bias puts a "
                              "bias on the QKV projection too (Megatron-LM validate_args sets "
                              "add_qkv_bias with add_bias_linear)")
+        if self.gated_mlp and self.activation != "gelu":
+            raise ValueError(f"activation = \"{self.activation}\" applies to a plain MLP: a "
+                             "gated_mlp is SwiGLU; remove one of them")
         if self.mla and self.qk_norm:
             raise ValueError("qk_norm does not apply to multi-head latent attention (its "
                              "norms are on the compressed query and key / value): remove it")
