@@ -71,10 +71,12 @@ def test_a_qkv_bias_alone_is_exported_as_megatrons_and_nemos_qkv_bias():
     y = parse_yaml(_export(doc, "nemo"))
     assert (y["model.config.normalization"], y["model.config.add_bias_linear"],
             y["model.config.add_qkv_bias"]) == ("RMSNorm", False, True)
-    # without the QKV bias neither says it
+    # without the QKV bias Megatron-LM is not told, and NeMo is told false, so that a Qwen2
+    # recipe's own add_qkv_bias = True does not survive the overrides
     doc["model"]["qkv_bias"] = False
     assert "--add-qkv-bias" not in parse_megatron(_export(doc, "megatron"))
-    assert "model.config.add_qkv_bias" not in parse_yaml(_export(doc, "nemo"))
+    y = parse_yaml(_export(doc, "nemo"))
+    assert y["model.config.add_qkv_bias"] is False and y["model.config.qk_layernorm"] is False
 
 
 def test_torchtitan_says_which_parts_of_the_model_its_models_cannot_build():
@@ -163,3 +165,37 @@ def test_a_squared_relu_mlp_is_exported_as_one():
     bad["model"]["activation"] = "squared_relu"
     with pytest.raises(InputError, match="applies to a plain MLP: a gated_mlp is SwiGLU"):
         parse_instance(bad)
+
+
+def test_exports_that_megatron_lm_would_refuse_or_build_differently():
+    """Three rules of Megatron-LM read from its source (the mirror at d98e8a64dd):
+
+    - multi-head latent attention builds the norms of its compressed query and key / value
+      only with ``qk_layernorm`` (gpt_layer_specs.py; its DeepSeek-shaped CI case passes both),
+      and the model counts them, so an MLA export sets it (NeMo's DeepSeekV3Config too);
+    - squared ReLU with biases needs ``--no-bias-gelu-fusion`` (TransformerConfig raises for a
+      fused bias-activation that is not GeLU or SiLU; only --disable-bias-linear clears it);
+    - an MoE model with biases needs ``--no-bias-dropout-fusion`` (TEGroupedMLP asserts
+      against biases with the fused bias-dropout-add, which is on by default)."""
+    mla = {"model": {"preset": "deepseek-v3", "mtp_layers": 0}, "training": {"global_batch": 64},
+           "cluster": {"gpu": "h100-sxm", "gpus": 64},
+           "plan": {"tp": 1, "pp": 8, "dp": 8, "ep": 8, "micro_batch": 1,
+                    "first_stage_layers": 5, "last_stage_layers": 8}}
+    a = parse_megatron(_export(mla, "megatron"))
+    assert a["--multi-latent-attention"] is True and a["--qk-layernorm"] is True
+    assert parse_yaml(_export(mla, "nemo"))["model.config.qk_layernorm"] is True
+    assert "--no-bias-dropout-fusion" not in a               # (no biases)
+
+    relu = {"model": {"preset": "nemotron4-15b", "linear_bias": True},
+            "training": {"global_batch": 64}, "cluster": {"gpu": "h100-sxm", "gpus": 16},
+            "plan": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1}}
+    assert parse_megatron(_export(relu, "megatron"))["--no-bias-gelu-fusion"] is True
+    relu["model"]["linear_bias"] = False
+    assert "--no-bias-gelu-fusion" not in parse_megatron(_export(relu, "megatron"))
+
+    moe = {"model": {"preset": "mixtral-8x7b", "linear_bias": True},
+           "training": {"global_batch": 64}, "cluster": {"gpu": "h100-sxm", "gpus": 64},
+           "plan": {"tp": 1, "pp": 4, "dp": 16, "ep": 8, "micro_batch": 1}}
+    assert parse_megatron(_export(moe, "megatron"))["--no-bias-dropout-fusion"] is True
+    moe["model"]["linear_bias"] = False
+    assert "--no-bias-dropout-fusion" not in parse_megatron(_export(moe, "megatron"))

@@ -427,13 +427,16 @@ def _stages_text(plan: Plan) -> str:
 def _megatron_norm_bias(m) -> list[str]:
     """The norms' kind, the linear layers' biases and the QK norm as Megatron-LM arguments
     (TransformerConfig normalization, add_bias_linear, add_qkv_bias, qk_layernorm: its
-    defaults are LayerNorm, a bias on every linear layer and no QK norm, as the model's are)."""
+    defaults are LayerNorm, a bias on every linear layer and no QK norm, as the model's are).
+    Multi-head latent attention takes ``qk_layernorm`` as the switch of its norms of the
+    compressed query and key / value (gpt_layer_specs.py: without it the up-projections are
+    plain linear layers), which the model always counts, so an MLA model sets it."""
     args = ["--normalization RMSNorm"] if m.normalization == "rmsnorm" else []
     if not m.linear_bias:
         args.append("--disable-bias-linear")
         if m.has_qkv_bias and not m.mla:
             args.append("--add-qkv-bias")
-    if m.qk_norm:
+    if m.qk_norm or m.mla:
         args.append("--qk-layernorm")
     return args
 
@@ -591,6 +594,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append("--swiglu")
     elif m.activation == "squared_relu":
         args.append("--squared-relu")
+        if m.linear_bias:
+            # the fused bias-activation kernel is GeLU's: TransformerConfig raises for squared
+            # ReLU with it, and only --disable-bias-linear clears it (arguments.py)
+            args.append("--no-bias-gelu-fusion")
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if m.position_embedding == "rope":
@@ -602,6 +609,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if moe:
         args += [f"--num-experts {moe['experts']}", f"--moe-router-topk {moe['top_k']}",
                  f"--moe-ffn-hidden-size {moe['ffn']}"]
+        if m.linear_bias:
+            # TEGroupedMLP asserts not (add_bias_linear and bias_dropout_fusion), and the
+            # fusion is on by default (moe/experts.py)
+            args.append("--no-bias-dropout-fusion")
         if moe["shared_ffn"]:
             args.append(f"--moe-shared-expert-intermediate-size {moe['shared_ffn']}")
         if moe["freq"] != 1:
@@ -911,9 +922,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # TransformerConfig's norm and bias fields (Megatron-Core names)
                 "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
                 "add_bias_linear": m.linear_bias,
-                **({"add_qkv_bias": True} if m.has_qkv_bias and not m.linear_bias
-                   and not m.mla else {}),
-                **({"qk_layernorm": True} if m.qk_norm else {}),
+                # (written false too, so that a recipe's own value does not survive; MLA's
+                # compressed norms are its qk_layernorm, see _megatron_norm_bias)
+                "add_qkv_bias": m.has_qkv_bias and not m.linear_bias and not m.mla,
+                "qk_layernorm": m.qk_norm or m.mla,
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
                 **({"recompute_modules": ["mla_up_proj"]}

@@ -240,8 +240,9 @@ class ModelSpec(_Strict):
             raise ValueError(f"activation = \"{self.activation}\" applies to a plain MLP: a "
                              "gated_mlp is SwiGLU; remove one of them")
         if self.mla and self.qk_norm:
-            raise ValueError("qk_norm does not apply to multi-head latent attention (its "
-                             "norms are on the compressed query and key / value): remove it")
+            raise ValueError("qk_norm does not apply to multi-head latent attention: its norms "
+                             "are on the compressed query and key / value, always counted and "
+                             "exported as Megatron-LM's --qk-layernorm; remove it")
         if self.mla and self.qkv_bias:
             raise ValueError("qkv_bias does not apply to multi-head latent attention "
                              "(Megatron-Core builds its projections without a QKV bias): "
