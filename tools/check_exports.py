@@ -12,12 +12,16 @@ export                      checked by
 ==========================  =====================================================================
 megatron                    Megatron-LM ``megatron/training/arguments.py``: ``parse_args`` then
                             ``validate_args`` (a Megatron-LM checkout: ``--megatron-lm PATH``;
-                            Megatron-LM is not on PyPI). The environment comes only from the
-                            export's ``export`` lines, so a missing ``CUDA_DEVICE_MAX_CONNECTIONS
-                            =1`` fails as it would on the cluster.
+                            Megatron-LM is not on PyPI), then the model config ``pretrain_gpt``
+                            builds from them (``core_transformer_config_from_args``, whose
+                            ``__post_init__`` refuses more: :func:`core_config`). The
+                            environment comes only from the export's ``export`` lines, so a
+                            missing ``CUDA_DEVICE_MAX_CONNECTIONS=1`` fails as it would on the
+                            cluster.
 nemo                        NeMo 2 ``nemo.lightning.MegatronStrategy(**trainer.strategy)`` and
                             Megatron-Core ``TransformerConfig(**model.config, **strategy)`` (the
-                            strategy copies its parallel sizes into the model config)
+                            strategy copies its parallel sizes into the model config;
+                            ``MLATransformerConfig`` for multi-head latent attention)
 torchtitan                  torchtitan 0.2 ``ConfigManager().parse_args(["--job.config_file",
                             FILE])`` (rejects unknown sections and keys), then
                             ``ParallelDims`` of the parsed degrees: its own validation, the DDP
@@ -161,6 +165,7 @@ def check_megatron(text: str, inst: Instance, plan: Plan, mlm: Path | None) -> s
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    built = core_config(args)
     got = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
            args.context_parallel_size, args.data_parallel_size)
     want = (plan.tp, plan.pp, plan.cp, plan.dp)
@@ -170,8 +175,32 @@ def check_megatron(text: str, inst: Instance, plan: Plan, mlm: Path | None) -> s
             plan.vp > 1 and args.virtual_pipeline_model_parallel_size != plan.vp):
         raise AssertionError(f"virtual pipeline {args.virtual_pipeline_model_parallel_size}, "
                              f"the plan has {plan.vp}")
-    return f"parse_args + validate_args (dp {args.data_parallel_size}, vp " \
+    return f"parse_args + validate_args + {built} (dp {args.data_parallel_size}, vp " \
            f"{args.virtual_pipeline_model_parallel_size})"
+
+
+def core_config(args) -> str:
+    """Megatron-Core's model config built from the validated arguments as ``pretrain_gpt``
+    builds it (``core_transformer_config_from_args``): its ``__post_init__`` refuses what
+    ``validate_args`` lets through (a fused bias-activation with squared ReLU, say). Without
+    Transformer Engine two switches that test the environment, not the export, are set aside
+    and named: the fused RoPE (``apply_rope_fusion``) and FP8 of an MoE model (which asks for
+    Transformer Engine >= 1.7)."""
+    from megatron.training.argument_utils import core_transformer_config_from_args
+
+    aside = []
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        if getattr(args, "apply_rope_fusion", False):
+            args.apply_rope_fusion = False
+            aside.append("rope fusion")
+        if getattr(args, "fp8", None) and getattr(args, "num_experts", None):
+            args.fp8 = None
+            aside.append("MoE FP8")
+    cfg = core_transformer_config_from_args(args)
+    return type(cfg).__name__ + (f" (without Transformer Engine: {', '.join(aside)} set "
+                                 "aside)" if aside else "")
 
 
 def check_nemo_strategy(text: str, inst: Instance, plan: Plan) -> str:
@@ -193,11 +222,15 @@ def check_nemo_strategy(text: str, inst: Instance, plan: Plan) -> str:
 
 def check_mcore_config(text: str, inst: Instance, plan: Plan) -> str:
     try:
-        from megatron.core.transformer.transformer_config import TransformerConfig
+        from megatron.core.transformer.transformer_config import (MLATransformerConfig,
+                                                                  TransformerConfig)
     except Exception as exc:        # noqa: BLE001
         raise Skip(f"megatron.core does not import: {exc}") from None
     tree = nemo_tree(text)
     cfg = dict(tree["model"]["config"])
+    # (multi-head latent attention's fields are MLATransformerConfig's, the class Megatron's
+    # core_transformer_config_from_args and NeMo's DeepSeek configs use)
+    config_class = MLATransformerConfig if cfg.get("multi_latent_attention") else TransformerConfig
     cfg.pop("seq_length")        # a NeMo GPTConfig field, not one of TransformerConfig
     strat = dict(tree["trainer"]["strategy"])
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -210,8 +243,8 @@ def check_mcore_config(text: str, inst: Instance, plan: Plan) -> str:
         cfg["pipeline_dtype"] = _dtype(cfg["pipeline_dtype"])
     fp16 = tree["optim"]["config"]["fp16"]
     cfg.update(bf16=not fp16, fp16=fp16)
-    TransformerConfig(**cfg)
-    return "TransformerConfig(**model.config + strategy sizes)"
+    config_class(**cfg)
+    return f"{config_class.__name__}(**model.config + strategy sizes)"
 
 
 def check_torchtitan(text: str, inst: Instance, plan: Plan) -> str:
