@@ -498,3 +498,24 @@ def test_the_model_is_named_by_its_file_or_else_by_the_config(tmp_path):
     assert name(write(bare, {**cfg, "_name_or_path": "meta-llama/Meta-Llama-3-8B"})) \
         == "Meta-Llama-3-8B"
     assert name(write(bare, cfg), name="mine") == "mine"
+
+
+def test_phi3_family_reads_as_llama_and_holds_its_checkpoints_parameters(tmp_path):
+    """Phi-3 / Phi-4 (model_type phi3): Llama's keys and layers, with q / k / v and gate / up
+    fused into single matrices (the same shapes). The counts are the checkpoints' (Hugging Face
+    microsoft/phi-4: 14,659,507,200; microsoft/Phi-3-mini-4k-instruct: 3,821,079,552,
+    safetensors), and Phi-3-mini's window of 2,047 tokens is said to be costed as full
+    attention."""
+    phi4 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 5120,
+            "intermediate_size": 17920, "num_attention_heads": 40, "num_key_value_heads": 10,
+            "num_hidden_layers": 40, "vocab_size": 100352, "max_position_embeddings": 16384,
+            "sliding_window": None, "tie_word_embeddings": False, "attention_dropout": 0.0}
+    d = read_hf_config(write(tmp_path, phi4))
+    assert {k: d[k] for k in NORMS} == NORMS and "approximates" not in d
+    assert Shape.of(spec(d)).total_params == 14_659_507_200
+    mini = {**phi4, "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 32064,
+            "max_position_embeddings": 4096, "sliding_window": 2047}
+    d = read_hf_config(write(tmp_path, mini, "mini.json"))
+    assert d.pop("approximates").startswith("sliding-window attention (a window of 2047 tokens)")
+    assert Shape.of(spec(d)).total_params == 3_821_079_552

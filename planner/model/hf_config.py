@@ -8,7 +8,8 @@ Supported ``model_type`` values (``architectures``, e.g. ``LlamaForCausalLM``, i
 when ``model_type`` is absent or not one of these):
 
     llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3,
-    gpt_oss
+    gpt_oss, phi3 (Phi-3 / Phi-3.5 / Phi-4: Llama's keys and layers, q / k / v and gate / up
+    each fused into one matrix, which changes neither the shapes nor the counts)
 
 Key mapping, all families (required unless a default is given)::
 
@@ -92,7 +93,7 @@ Approximations (what the returned shape does not capture):
 * Qwen-MoE ``mlp_only_layers``: the leading layers ``[0, 1, ..., k-1]`` (at
   ``decoder_sparse_step = 1``) are ``first_dense_layers = k``; dense layers elsewhere are
   ignored, with a :class:`UserWarning` (the list is empty in the published configs).
-* Sliding-window attention (``sliding_window``: Mistral / Mixtral, and Qwen with
+* Sliding-window attention (``sliding_window``: Mistral / Mixtral / Phi-3, and Qwen with
   ``use_sliding_window``) is modelled as full causal attention, the same up to the window and
   an over-count of the attention core beyond, said in the shape's ``approximates``. The
   Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
@@ -118,13 +119,14 @@ from typing import Any
 from planner.model.errors import InputError
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-             "deepseek_v2", "deepseek_v3", "gpt_oss")
+             "deepseek_v2", "deepseek_v3", "gpt_oss", "phi3")
 
 # ``architectures`` entries are ``<Prefix>For<Task>``; the prefix names the family
 _ARCH_PREFIX = {
     "Llama": "llama", "Mistral": "mistral", "Mixtral": "mixtral",
     "Qwen2": "qwen2", "Qwen2Moe": "qwen2_moe", "Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe",
     "DeepseekV2": "deepseek_v2", "DeepseekV3": "deepseek_v3", "GptOss": "gpt_oss",
+    "Phi3": "phi3",
 }
 
 _REQUIRED = object()
@@ -324,7 +326,7 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
 
     window = cfg.get("sliding_window")
     windowed = isinstance(window, int) and not isinstance(window, bool) and window > 0 and (
-        family in ("mistral", "mixtral")
+        family in ("mistral", "mixtral", "phi3")
         or (family.startswith("qwen") and cfg.get("use_sliding_window") is True))
     if windowed:
         # (Mistral 7B v0.1 attends within 4,096 tokens; Qwen's use_sliding_window switches it
