@@ -163,7 +163,9 @@ def test_mistral_and_qwen2_dense(tmp_path):
     assert d == {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
                  "gated_mlp": True, "vocab": 32000, "tied_embeddings": False,
                  "position_embedding": "rope", "dropout": False, **NORMS}
-    spec(d)
+    # the checkpoint's 7,241,732,096 parameters (Hugging Face mistralai/Mistral-7B-v0.1,
+    # safetensors)
+    assert Shape.of(spec(d)).total_params == 7_241_732_096
     qwen2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
              "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 24,
              "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
