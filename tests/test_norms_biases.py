@@ -192,6 +192,13 @@ def test_exports_that_megatron_lm_would_refuse_or_build_differently():
     assert parse_megatron(_export(relu, "megatron"))["--no-bias-gelu-fusion"] is True
     relu["model"]["linear_bias"] = False
     assert "--no-bias-gelu-fusion" not in parse_megatron(_export(relu, "megatron"))
+    # NeMo's GPT and Llama configs switch the fusion on; the export switches it off where
+    # TransformerConfig would refuse it (squared ReLU; a plain GeLU MLP without biases)
+    assert parse_yaml(_export(relu, "nemo"))["model.config.bias_activation_fusion"] is False
+    gelu = {**relu, "model": {"preset": "gpt-1.3b"}}
+    assert "model.config.bias_activation_fusion" not in parse_yaml(_export(gelu, "nemo"))
+    gelu["model"]["linear_bias"] = False
+    assert parse_yaml(_export(gelu, "nemo"))["model.config.bias_activation_fusion"] is False
 
     moe = {"model": {"preset": "mixtral-8x7b", "linear_bias": True},
            "training": {"global_batch": 64}, "cluster": {"gpu": "h100-sxm", "gpus": 64},

@@ -926,6 +926,11 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # compressed norms are its qk_layernorm, see _megatron_norm_bias)
                 "add_qkv_bias": m.has_qkv_bias and not m.linear_bias and not m.mla,
                 "qk_layernorm": m.qk_norm or m.mla,
+                # the fused bias-activation is GeLU's with a bias or SwiGLU's: TransformerConfig
+                # raises for squared ReLU, or a plain GeLU MLP without biases, with it on, as
+                # NeMo's GPT and Llama configs set it
+                **({"bias_activation_fusion": False} if not m.gated_mlp and (
+                    m.activation != "gelu" or not m.linear_bias) else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
                 **({"recompute_modules": ["mla_up_proj"]}
