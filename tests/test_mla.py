@@ -18,10 +18,12 @@ from planner.model.workload import Shape
 
 #: DeepSeek-V2 (arXiv 2405.04434, Sec. 3.1.1 and its released config.json): 60 layers, the
 #: first dense, 160 routed experts of 1536 (top-6) and 2 shared; MLA with queries compressed to
-#: 1536 and keys / values to 512, 128 heads of 128 + 64 (RoPE) and values of 128
+#: 1536 and keys / values to 512, 128 heads of 128 + 64 (RoPE) and values of 128; RMSNorm and no
+#: linear biases
 DEEPSEEK_V2 = {"layers": 60, "hidden": 5120, "heads": 128, "ffn_hidden": 12288, "gated_mlp": True,
                "vocab": 102400, "seq_len": 4096, "tied_embeddings": False,
                "position_embedding": "rope", "dropout": False,
+               "normalization": "rmsnorm", "linear_bias": False,
                "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128,
                "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                "experts": 160, "top_k": 6, "moe_ffn_hidden": 1536, "shared_experts": 2,

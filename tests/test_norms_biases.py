@@ -9,6 +9,9 @@ The checkpoints' counts are figures this project does not compute: each Hugging 
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
 
 from planner.app.emit import emit
@@ -206,3 +209,29 @@ def test_exports_that_megatron_lm_would_refuse_or_build_differently():
     assert parse_megatron(_export(moe, "megatron"))["--no-bias-dropout-fusion"] is True
     moe["model"]["linear_bias"] = False
     assert "--no-bias-dropout-fusion" not in parse_megatron(_export(moe, "megatron"))
+
+
+_MEGATRON = tomllib.loads((Path(__file__).resolve().parent / "data"
+                           / "megatron_param_counts.toml").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", _MEGATRON, ids=[c["name"] for c in _MEGATRON])
+def test_parameter_counts_are_megatron_cores(case):
+    """Megatron-Core, building the model itself (GPTModel on CPU at Megatron-LM d98e8a64dd:
+    tools/megatron_params.py), counts what the planner counts, to the parameter: norms and
+    biases (the router's bias of one per expert included), the QK norm, squared ReLU, GQA,
+    MoE with dense layers, MLA (with the norm the Transformer Engine spec puts before an
+    uncompressed query projection) and multi-token prediction. Of the models it refuses, the
+    one with biased shared experts is refused by the Megatron-LM and NeMo exports too."""
+    m = ModelSpec(**case["model"])
+    if "refused" in case:
+        if m.moe and m.shared_experts and m.linear_bias:
+            doc = {"model": case["model"], "training": {"global_batch": 8},
+                   "cluster": {"gpu": "h100-sxm", "gpus": 8},
+                   "plan": {"tp": 1, "pp": 1, "dp": 8, "ep": 4, "micro_batch": 1}}
+            for fmt in ("megatron", "nemo"):
+                with pytest.raises(InputError, match="Megatron-Core builds shared experts "
+                                                     "without biases"):
+                    _export(doc, fmt)
+        return
+    assert Shape.of(m).total_params == case["megatron_params"]

@@ -129,9 +129,10 @@ def test_moe_that_routes_every_token_to_every_expert_is_the_dense_mlp(gated):
     router = 3 * B * L * 2 * S * H * 4                      # fwd + bwd, every layer
     assert moe.model_flops(B) == pytest.approx(dense.model_flops(B) + router, rel=REL)
     # biases (Megatron-Core's default add_bias_linear, experts included): the experts' fc1
-    # biases add up to the dense fc1's; each of the 4 experts has its own fc2 bias, h wide
+    # biases add up to the dense fc1's; each of the 4 experts has its own fc2 bias, h wide,
+    # and the router one per expert (TopKRouter's bias)
     assert moe.total_params == pytest.approx(
-        dense.total_params + L * (H * 4 + 3 * H), rel=REL)
+        dense.total_params + L * (H * 4 + 3 * H + 4), rel=REL)
     # without biases, exactly the router's weights more
     free = {"linear_bias": False}
     dense = Shape.of(make_inst(1, model={**base, **free}).model)

@@ -223,6 +223,11 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     refused = sharding_refusal(inst.spec.training, fmt, plan.dp_sharding)
     if refused:
         problems.append(refused)
+    m = inst.model
+    if fmt in ("megatron", "nemo") and m.moe and m.shared_experts and m.linear_bias:
+        problems.append("shared_experts with linear_bias = true: Megatron-Core builds shared "
+                        "experts without biases (SharedExpertMLP asserts add_bias_linear is "
+                        "false, moe/shared_experts.py); set [model] linear_bias = false")
     if problems:
         raise InputError(f"plan {plan.label()} cannot be written as a {fmt} launch", problems)
     return writer(inst, plan)

@@ -221,7 +221,11 @@ class Shape:
         h = self.h
         own = 2 * self.norm + (h if self.bias else 0) + self.qk_norm_params
         if self.mla:
-            return self.attn_matrix_params + own + self.norm_w * self.lora_w
+            # (without q_lora, Megatron-Core's Transformer Engine spec still puts a norm over h
+            # before the query projection under qk_layernorm, which MLA exports set:
+            # mla_qk_norm_config.py swaps in TELayerNormColumnParallelLinear)
+            return (self.attn_matrix_params + own
+                    + self.norm_w * ((self.q_lora or self.h) + self.kv_lora))
         return self.attn_matrix_params + own + (self.q + 2 * self.kv_w if self.qkv_bias else 0)
 
     @property
@@ -261,9 +265,10 @@ class Shape:
 
     @property
     def moe_dense_params(self) -> float:
-        """The parts of an MoE layer that are not routed experts: attention, router (h x E) and
-        the shared experts."""
-        return self.attention_params + self.h * self.experts + self.shared * self.expert_params
+        """The parts of an MoE layer that are not routed experts: attention, router (h x E, and
+        a bias of E under :attr:`bias`: Megatron-Core's TopKRouter) and the shared experts."""
+        router = self.h * self.experts + (self.experts if self.bias else 0)
+        return self.attention_params + router + self.shared * self.expert_params
 
     @property
     def embedding_params(self) -> float:
