@@ -56,6 +56,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear  # noqa: E
 from megatron.core.transformer.identity_op import IdentityOp  # noqa: E402
 from megatron.core.transformer.torch_norm import WrappedTorchNorm  # noqa: E402
 
+from planner.app.emit import norm_bias_config  # noqa: E402
 from planner.model.schema import ModelSpec  # noqa: E402
 
 
@@ -127,18 +128,14 @@ VERBOSE = "-v" in sys.argv
 
 
 def megatron_config(m: ModelSpec):
-    """TransformerConfig / MLATransformerConfig with the fields the planner's keys mean (what
-    planner/app/emit.py _megatron and _megatron_norm_bias pass as Megatron-LM flags)."""
+    """TransformerConfig / MLATransformerConfig with the fields the planner's keys mean (the
+    norm and bias fields are the exports' own, planner.app.emit.norm_bias_config)."""
     kw = dict(
         num_layers=m.layers,
         hidden_size=m.hidden,
         num_attention_heads=m.heads,
         ffn_hidden_size=m.ffn,
-        normalization="RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
-        add_bias_linear=m.linear_bias,
-        # validate_args: add_qkv_bias follows add_bias_linear; --add-qkv-bias without it
-        add_qkv_bias=(m.linear_bias or (m.has_qkv_bias and not m.mla)),
-        qk_layernorm=bool(m.qk_norm or m.mla),
+        **norm_bias_config(m),
         gated_linear_unit=m.gated_mlp,
         activation_func=(F.silu if m.gated_mlp
                          else squared_relu if m.activation == "squared_relu" else F.gelu),
@@ -150,6 +147,8 @@ def megatron_config(m: ModelSpec):
         transformer_impl="local",          # (Megatron-LM --transformer-impl local)
         params_dtype=torch.float32,
     )
+    # (Megatron-LM's validate_args sets add_qkv_bias whenever add_bias_linear is set)
+    kw["add_qkv_bias"] = kw["add_qkv_bias"] or kw["add_bias_linear"]
     if not m.mla:
         kw["num_query_groups"] = m.kv
         if m.head_dim is not None:

@@ -429,19 +429,29 @@ def _stages_text(plan: Plan) -> str:
 
 # --------------------------------------------------------------------------------------- Megatron
 
-def _megatron_norm_bias(m) -> list[str]:
-    """The norms' kind, the linear layers' biases and the QK norm as Megatron-LM arguments
-    (TransformerConfig normalization, add_bias_linear, add_qkv_bias, qk_layernorm: its
-    defaults are LayerNorm, a bias on every linear layer and no QK norm, as the model's are).
+def norm_bias_config(m) -> dict[str, str | bool]:
+    """The model's norms, biases and QK norm as Megatron-Core TransformerConfig fields, which
+    the NeMo export writes and the Megatron-LM export turns into flags. ``add_qkv_bias`` is
+    the QKV bias alone (Megatron-LM's validate_args sets it whenever ``add_bias_linear``).
     Multi-head latent attention takes ``qk_layernorm`` as the switch of its norms of the
     compressed query and key / value (gpt_layer_specs.py: without it the up-projections are
     plain linear layers), which the model always counts, so an MLA model sets it."""
-    args = ["--normalization RMSNorm"] if m.normalization == "rmsnorm" else []
-    if not m.linear_bias:
+    return {"normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
+            "add_bias_linear": m.linear_bias,
+            "add_qkv_bias": m.has_qkv_bias and not m.linear_bias,
+            "qk_layernorm": m.qk_norm or m.mla}
+
+
+def _megatron_norm_bias(m) -> list[str]:
+    """:func:`norm_bias_config` as Megatron-LM arguments (its defaults are LayerNorm, a bias on
+    every linear layer and no QK norm, as the model's are)."""
+    c = norm_bias_config(m)
+    args = [f"--normalization {c['normalization']}"] if c["normalization"] != "LayerNorm" else []
+    if not c["add_bias_linear"]:
         args.append("--disable-bias-linear")
-        if m.has_qkv_bias and not m.mla:
-            args.append("--add-qkv-bias")
-    if m.qk_norm or m.mla:
+    if c["add_qkv_bias"]:
+        args.append("--add-qkv-bias")
+    if c["qk_layernorm"]:
         args.append("--qk-layernorm")
     return args
 
@@ -449,7 +459,7 @@ def _megatron_norm_bias(m) -> list[str]:
 def _norm_bias_words(m) -> str:
     """The norms and biases in words, for the exports that take the model from elsewhere."""
     biases = ("a bias on every linear layer" if m.linear_bias
-              else "a QKV bias only" if m.has_qkv_bias and not m.mla else "no linear biases")
+              else "a QKV bias only" if m.has_qkv_bias else "no linear biases")
     return (f"{'RMSNorm' if m.normalization == 'rmsnorm' else 'LayerNorm'}"
             + (" (QK norm too)" if m.qk_norm else "") + f", {biases}")
 
@@ -924,13 +934,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                    if m.mla else {"num_query_groups": m.kv}),
                 **({"kv_channels": m.head_dim} if m.head_dim is not None else {}),
                 **({"mtp_num_layers": m.mtp_layers} if m.mtp_layers else {}),
-                # TransformerConfig's norm and bias fields (Megatron-Core names)
-                "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
-                "add_bias_linear": m.linear_bias,
-                # (written false too, so that a recipe's own value does not survive; MLA's
-                # compressed norms are its qk_layernorm, see _megatron_norm_bias)
-                "add_qkv_bias": m.has_qkv_bias and not m.linear_bias and not m.mla,
-                "qk_layernorm": m.qk_norm or m.mla,
+                # TransformerConfig's norm and bias fields, each written (false too, so that a
+                # recipe's own value does not survive the overrides)
+                **norm_bias_config(m),
                 # the fused bias-activation is GeLU's with a bias or SwiGLU's: TransformerConfig
                 # raises for squared ReLU, or a plain GeLU MLP without biases, with it on, as
                 # NeMo's GPT and Llama configs set it
@@ -1115,7 +1121,7 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     differs = [w for w, on in (
         ("LayerNorm", m.normalization != "rmsnorm"),
         ("a bias on every linear layer" if m.linear_bias else "a QKV bias",
-         m.linear_bias or (m.has_qkv_bias and not m.mla)),
+         m.linear_bias or m.has_qkv_bias),
         ("learned positions", m.position_embedding == "learned"),
         ("a plain (not gated) " + ("squared-ReLU " if m.activation == "squared_relu" else "")
          + "MLP", not m.gated_mlp)) if on]

@@ -289,8 +289,9 @@ class ModelSpec(_Strict):
 
     @property
     def has_qkv_bias(self) -> bool:
-        """The QKV projection carries a bias: ``qkv_bias``, by default ``linear_bias``."""
-        return self.linear_bias if self.qkv_bias is None else self.qkv_bias
+        """The QKV projection carries a bias: ``qkv_bias``, by default ``linear_bias``; never
+        under multi-head latent attention (Megatron-Core builds its projections without one)."""
+        return not self.mla and (self.linear_bias if self.qkv_bias is None else self.qkv_bias)
 
     @property
     def ffn(self) -> int:

@@ -68,7 +68,7 @@ class Shape:
                 shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
                 mtp=m.mtp_layers, mtp_moe=m.last_layer_moe,
                 norm_w=2 if m.normalization == "layernorm" else 1, bias=m.linear_bias,
-                qkv_bias=m.has_qkv_bias and not m.mla, qk_norm=m.qk_norm, **mla)
+                qkv_bias=m.has_qkv_bias, qk_norm=m.qk_norm, **mla)
 
     # attention widths ----------------------------------------------------------------------
     @property
