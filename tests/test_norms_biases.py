@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from planner.app.emit import emit
 from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance, presets
 from planner.model.plan import plan_from_spec
 from planner.model.schema import ModelSpec
 from planner.model.workload import Shape
-from tests.test_emit import parse_megatron, parse_yaml
+from tests.test_emit import emitted, parse_megatron, parse_yaml
 
 #: total_size / 2 of the released checkpoints (meta-llama/Meta-Llama-3-8B, Meta-Llama-3-70B,
 #: Llama-3.1-405B, mistralai/Mixtral-8x7B-v0.1)
@@ -58,27 +57,22 @@ def _qwen2_like(plan: dict | None = None) -> dict:
     return doc
 
 
-def _export(doc: dict, fmt: str) -> str:
-    inst = parse_instance(doc)
-    return emit(inst, plan_from_spec(inst, inst.spec.plan), fmt)
-
-
 def test_a_qkv_bias_alone_is_exported_as_megatrons_and_nemos_qkv_bias():
     """Megatron-LM sets ``add_qkv_bias`` whenever ``add_bias_linear`` holds (validate_args),
     so a QKV bias alone is ``--disable-bias-linear --add-qkv-bias``; NeMo takes the
     TransformerConfig fields of the same names."""
     doc = _qwen2_like({"tp": 2, "pp": 1, "dp": 4, "micro_batch": 2})
-    a = parse_megatron(_export(doc, "megatron"))
+    a = parse_megatron(emitted(doc, doc["plan"], "megatron"))
     assert a["--normalization"] == "RMSNorm"
     assert a["--disable-bias-linear"] is True and a["--add-qkv-bias"] is True
-    y = parse_yaml(_export(doc, "nemo"))
+    y = parse_yaml(emitted(doc, doc["plan"], "nemo"))
     assert (y["model.config.normalization"], y["model.config.add_bias_linear"],
             y["model.config.add_qkv_bias"]) == ("RMSNorm", False, True)
     # without the QKV bias Megatron-LM is not told, and NeMo is told false, so that a Qwen2
     # recipe's own add_qkv_bias = True does not survive the overrides
     doc["model"]["qkv_bias"] = False
-    assert "--add-qkv-bias" not in parse_megatron(_export(doc, "megatron"))
-    y = parse_yaml(_export(doc, "nemo"))
+    assert "--add-qkv-bias" not in parse_megatron(emitted(doc, doc["plan"], "megatron"))
+    y = parse_yaml(emitted(doc, doc["plan"], "nemo"))
     assert y["model.config.add_qkv_bias"] is False and y["model.config.qk_layernorm"] is False
 
 
@@ -87,15 +81,15 @@ def test_torchtitan_says_which_parts_of_the_model_its_models_cannot_build():
     (RMSNorm, bias-free layers, SwiGLU, rotary positions): the export says what of the costed
     model those cannot be, and says nothing for a Llama-shaped model."""
     plan = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 2, "dp_sharding": "optim_grads_params"}
-    text = _export(_qwen2_like(plan), "torchtitan")
+    text = emitted(_qwen2_like(), plan, "torchtitan")
     assert "a QKV bias: cannot express with torchtitan" in text
     llama = _qwen2_like(plan)
     del llama["model"]["qkv_bias"]
-    assert "cannot express with torchtitan" not in _export(llama, "torchtitan")
+    assert "cannot express with torchtitan" not in emitted(llama, llama["plan"], "torchtitan")
     gpt = _qwen2_like(plan)
     gpt["model"].update(normalization="layernorm", linear_bias=True, qkv_bias=True,
                         position_embedding="learned", gated_mlp=False)
-    said = _export(gpt, "torchtitan").replace("\n#   ", " ")
+    said = emitted(gpt, gpt["plan"], "torchtitan").replace("\n#   ", " ")
     assert ("LayerNorm, a bias on every linear layer, learned positions, a plain (not gated) "
             "MLP: cannot express with torchtitan") in said
 
@@ -134,9 +128,9 @@ def test_a_qk_norm_is_exported_and_costs_memory_and_time():
     plan = {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 2}
     doc = _qwen2_like(plan)
     doc["model"].update(qkv_bias=False, qk_norm=True, head_dim=128)
-    a = parse_megatron(_export(doc, "megatron"))
+    a = parse_megatron(emitted(doc, doc["plan"], "megatron"))
     assert a["--qk-layernorm"] is True and "--add-qkv-bias" not in a
-    assert parse_yaml(_export(doc, "nemo"))["model.config.qk_layernorm"] is True
+    assert parse_yaml(emitted(doc, doc["plan"], "nemo"))["model.config.qk_layernorm"] is True
 
     def report(qk: bool):
         d = _qwen2_like(plan)
@@ -157,13 +151,13 @@ def test_a_squared_relu_mlp_is_exported_as_one():
     doc = {"model": {"preset": "nemotron4-15b"}, "training": {"global_batch": 64},
            "cluster": {"gpu": "h100-sxm", "gpus": 16},
            "plan": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1}}
-    a = parse_megatron(_export(doc, "megatron"))
+    a = parse_megatron(emitted(doc, doc["plan"], "megatron"))
     assert a["--squared-relu"] is True and "--swiglu" not in a
     assert a["--disable-bias-linear"] is True and "--normalization" not in a    # LayerNorm
     assert "activation_func = nemo.collections.llm.fn.activation.squared_relu" in \
-        _export(doc, "nemo").replace("\n#   ", " ")
+        emitted(doc, doc["plan"], "nemo").replace("\n#   ", " ")
     gelu = {**doc, "model": {"preset": "gpt3-175b"}, "cluster": {"gpu": "a100-80gb", "gpus": 16}}
-    assert "--squared-relu" not in parse_megatron(_export(gelu, "megatron"))
+    assert "--squared-relu" not in parse_megatron(emitted(gelu, gelu["plan"], "megatron"))
     bad = _qwen2_like()
     bad["model"]["activation"] = "squared_relu"
     with pytest.raises(InputError, match="applies to a plain MLP: a gated_mlp is SwiGLU"):
@@ -184,31 +178,31 @@ def test_exports_that_megatron_lm_would_refuse_or_build_differently():
            "cluster": {"gpu": "h100-sxm", "gpus": 64},
            "plan": {"tp": 1, "pp": 8, "dp": 8, "ep": 8, "micro_batch": 1,
                     "first_stage_layers": 5, "last_stage_layers": 8}}
-    a = parse_megatron(_export(mla, "megatron"))
+    a = parse_megatron(emitted(mla, mla["plan"], "megatron"))
     assert a["--multi-latent-attention"] is True and a["--qk-layernorm"] is True
-    assert parse_yaml(_export(mla, "nemo"))["model.config.qk_layernorm"] is True
+    assert parse_yaml(emitted(mla, mla["plan"], "nemo"))["model.config.qk_layernorm"] is True
     assert "--no-bias-dropout-fusion" not in a               # (no biases)
 
     relu = {"model": {"preset": "nemotron4-15b", "linear_bias": True},
             "training": {"global_batch": 64}, "cluster": {"gpu": "h100-sxm", "gpus": 16},
             "plan": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 1}}
-    assert parse_megatron(_export(relu, "megatron"))["--no-bias-gelu-fusion"] is True
+    assert parse_megatron(emitted(relu, relu["plan"], "megatron"))["--no-bias-gelu-fusion"] is True
     relu["model"]["linear_bias"] = False
-    assert "--no-bias-gelu-fusion" not in parse_megatron(_export(relu, "megatron"))
+    assert "--no-bias-gelu-fusion" not in parse_megatron(emitted(relu, relu["plan"], "megatron"))
     # NeMo's GPT and Llama configs switch the fusion on; the export switches it off where
     # TransformerConfig would refuse it (squared ReLU; a plain GeLU MLP without biases)
-    assert parse_yaml(_export(relu, "nemo"))["model.config.bias_activation_fusion"] is False
+    assert parse_yaml(emitted(relu, relu["plan"], "nemo"))["model.config.bias_activation_fusion"] is False
     gelu = {**relu, "model": {"preset": "gpt-1.3b"}}
-    assert "model.config.bias_activation_fusion" not in parse_yaml(_export(gelu, "nemo"))
+    assert "model.config.bias_activation_fusion" not in parse_yaml(emitted(gelu, gelu["plan"], "nemo"))
     gelu["model"]["linear_bias"] = False
-    assert parse_yaml(_export(gelu, "nemo"))["model.config.bias_activation_fusion"] is False
+    assert parse_yaml(emitted(gelu, gelu["plan"], "nemo"))["model.config.bias_activation_fusion"] is False
 
     moe = {"model": {"preset": "mixtral-8x7b", "linear_bias": True},
            "training": {"global_batch": 64}, "cluster": {"gpu": "h100-sxm", "gpus": 64},
            "plan": {"tp": 1, "pp": 4, "dp": 16, "ep": 8, "micro_batch": 1}}
-    assert parse_megatron(_export(moe, "megatron"))["--no-bias-dropout-fusion"] is True
+    assert parse_megatron(emitted(moe, moe["plan"], "megatron"))["--no-bias-dropout-fusion"] is True
     moe["model"]["linear_bias"] = False
-    assert "--no-bias-dropout-fusion" not in parse_megatron(_export(moe, "megatron"))
+    assert "--no-bias-dropout-fusion" not in parse_megatron(emitted(moe, moe["plan"], "megatron"))
 
 
 _MEGATRON = tomllib.loads((Path(__file__).resolve().parent / "data"
@@ -232,6 +226,6 @@ def test_parameter_counts_are_megatron_cores(case):
             for fmt in ("megatron", "nemo"):
                 with pytest.raises(InputError, match="Megatron-Core builds shared experts "
                                                      "without biases"):
-                    _export(doc, fmt)
+                    emitted(doc, doc["plan"], fmt)
         return
     assert Shape.of(m).total_params == case["megatron_params"]
