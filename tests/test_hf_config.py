@@ -123,14 +123,13 @@ GPT_OSS_120B = {
 
 def test_gpt_oss_120b(tmp_path):
     """Every layer MoE (128 experts of 2880, top 4), 64 heads of 64 on a hidden of 2880, and
-    the sliding half of its layers said to be costed as full attention. The shape's parameters
-    are OpenAI's: 116.8B in all (the model card; the attention sinks and the router's bias,
-    which the shape leaves out, are the rest), 5.1B active per token without the input
-    embedding."""
-    with pytest.warns(UserWarning, match="18 of 36 layers attend within a window of 128"):
-        d = read_hf_config(write(tmp_path, GPT_OSS_120B))
-    # (said in the plan's caveats too, with its size)
-    assert "18 of 36 layers attend within a window of 128" in d.pop("approximates")
+    every other layer from the first attending within 128 tokens (the query and the 127
+    before it: Megatron-Core's window_size 127, every second layer full attention). The
+    shape's parameters are OpenAI's: 116.8B in all (the model card; the attention sinks and
+    the router's bias, which the shape leaves out, are the rest), 5.1B active per token
+    without the input embedding."""
+    d = read_hf_config(write(tmp_path, GPT_OSS_120B))
+    assert (d.pop("window_size"), d.pop("window_attn_skip_freq")) == (127, 2)
     assert d == {
         "layers": 36, "hidden": 2880, "heads": 64, "kv_heads": 8, "ffn_hidden": 2880,
         "gated_mlp": True, "vocab": 201088, "tied_embeddings": False,
@@ -145,8 +144,18 @@ def test_gpt_oss_120b(tmp_path):
     assert active == pytest.approx(5.13e9, rel=5e-3)
     # OpenAI's own key for the routed count, when the Hugging Face one is absent
     own = {k: v for k, v in GPT_OSS_120B.items() if k != "num_experts_per_tok"}
-    with pytest.warns(UserWarning):
-        assert read_hf_config(write(tmp_path, own, "own.json"))["top_k"] == 4
+    assert read_hf_config(write(tmp_path, own, "own.json"))["top_k"] == 4
+    # without layer_types, transformers' GptOssConfig default: the same alternation
+    bare = {k: v for k, v in GPT_OSS_120B.items() if k != "layer_types"}
+    assert read_hf_config(write(tmp_path, bare, "bare.json"))["window_attn_skip_freq"] == 2
+    # windowed layers Megatron's integer cannot say are its list, 1 where windowed
+    odd = {**GPT_OSS_120B, "layer_types": ["full_attention"] * 4
+           + ["sliding_attention", "full_attention"] * 16}
+    assert read_hf_config(write(tmp_path, odd, "odd.json"))["window_attn_skip_freq"] == \
+        [0] * 4 + [1, 0] * 16
+    with pytest.raises(InputError, match="layer_types: expected 36 entries"):
+        read_hf_config(write(tmp_path, {**GPT_OSS_120B, "layer_types": ["full_attention"]},
+                             "short.json"))
 
 
 def test_mistral_and_qwen2_dense(tmp_path):
@@ -156,10 +165,10 @@ def test_mistral_and_qwen2_dense(tmp_path):
                "max_position_embeddings": 32768, "sliding_window": 4096,
                "tie_word_embeddings": False, "attention_dropout": 0.0}
     d = read_hf_config(write(tmp_path, mistral))
-    # (Mistral 7B v0.1 attends within 4,096 tokens: costed as full attention, said so)
-    assert d.pop("approximates").startswith("sliding-window attention (a window of 4096 tokens)")
-    assert "approximates" not in read_hf_config(write(tmp_path, {**mistral, "sliding_window": None},
-                                                      "nowindow.json"))
+    # (Mistral 7B v0.1 attends within 4,096 tokens, the query's own included, in every layer)
+    assert d.pop("window_size") == 4095 and "window_attn_skip_freq" not in d
+    assert "window_size" not in read_hf_config(write(tmp_path, {**mistral, "sliding_window": None},
+                                                     "nowindow.json"))
     assert d == {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
                  "gated_mlp": True, "vocab": 32000, "tied_embeddings": False,
                  "position_embedding": "rope", "dropout": False, **NORMS}
@@ -179,6 +188,13 @@ def test_mistral_and_qwen2_dense(tmp_path):
     assert (d["normalization"], d["linear_bias"], d["qkv_bias"]) == ("rmsnorm", False, True)
     assert Shape.of(spec(d)).total_params == 494_032_768
     assert Shape.of(spec({**d, "qkv_bias": False})).total_params == 494_032_768 - 24 * (896 + 2 * 128)
+    # Qwen2's window (Qwen2-0.5B writes sliding_window 32768, max_window_layers 24) holds only
+    # with use_sliding_window, and from layer max_window_layers (counted from 0) up
+    qwen2.update(sliding_window=32768, max_window_layers=24, use_sliding_window=False)
+    assert "window_size" not in read_hf_config(write(tmp_path, qwen2, "qwen2-off.json"))
+    qwen2.update(sliding_window=4096, max_window_layers=21, use_sliding_window=True)
+    d = read_hf_config(write(tmp_path, qwen2, "qwen2-on.json"))
+    assert (d["window_size"], d["window_attn_skip_freq"]) == (4095, [0] * 21 + [1] * 3)
 
 
 def qwen15_moe() -> dict:   # Qwen1.5-MoE-A2.7B
@@ -506,18 +522,17 @@ def test_phi3_family_reads_as_llama_and_holds_its_checkpoints_parameters(tmp_pat
     """Phi-3 / Phi-4 (model_type phi3): Llama's keys and layers, with q / k / v and gate / up
     fused into single matrices (the same shapes). The counts are the checkpoints' (Hugging Face
     microsoft/phi-4: 14,659,507,200; microsoft/Phi-3-mini-4k-instruct: 3,821,079,552,
-    safetensors), and Phi-3-mini's window of 2,047 tokens is said to be costed as full
-    attention."""
+    safetensors), and Phi-3-mini attends within 2,047 tokens (window_size 2046)."""
     phi4 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 5120,
             "intermediate_size": 17920, "num_attention_heads": 40, "num_key_value_heads": 10,
             "num_hidden_layers": 40, "vocab_size": 100352, "max_position_embeddings": 16384,
             "sliding_window": None, "tie_word_embeddings": False, "attention_dropout": 0.0}
     d = read_hf_config(write(tmp_path, phi4))
-    assert {k: d[k] for k in NORMS} == NORMS and "approximates" not in d
+    assert {k: d[k] for k in NORMS} == NORMS and "window_size" not in d
     assert Shape.of(spec(d)).total_params == 14_659_507_200
     mini = {**phi4, "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
             "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 32064,
             "max_position_embeddings": 4096, "sliding_window": 2047}
     d = read_hf_config(write(tmp_path, mini, "mini.json"))
-    assert d.pop("approximates").startswith("sliding-window attention (a window of 2047 tokens)")
+    assert d.pop("window_size") == 2046
     assert Shape.of(spec(d)).total_params == 3_821_079_552

@@ -14,14 +14,16 @@ megatron                    Megatron-LM ``megatron/training/arguments.py``: ``pa
                             ``validate_args`` (a Megatron-LM checkout: ``--megatron-lm PATH``;
                             Megatron-LM is not on PyPI), then the model config ``pretrain_gpt``
                             builds from them (``core_transformer_config_from_args``, whose
-                            ``__post_init__`` refuses more: :func:`core_config`). The
+                            ``__post_init__`` refuses more: :func:`core_config`), and the
+                            layers it windows (:func:`check_window`). The
                             environment comes only from the export's ``export`` lines, so a
                             missing ``CUDA_DEVICE_MAX_CONNECTIONS=1`` fails as it would on the
                             cluster.
 nemo                        NeMo 2 ``nemo.lightning.MegatronStrategy(**trainer.strategy)`` and
                             Megatron-Core ``TransformerConfig(**model.config, **strategy)`` (the
                             strategy copies its parallel sizes into the model config;
-                            ``MLATransformerConfig`` for multi-head latent attention)
+                            ``MLATransformerConfig`` for multi-head latent attention), and
+                            the layers it windows (:func:`check_window`)
 torchtitan                  torchtitan 0.2 ``ConfigManager().parse_args(["--job.config_file",
                             FILE])`` (rejects unknown sections and keys), then
                             ``ParallelDims`` of the parsed degrees: its own validation, the DDP
@@ -165,7 +167,8 @@ def check_megatron(text: str, inst: Instance, plan: Plan, mlm: Path | None) -> s
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    built = core_config(args)
+    built, cfg = core_config(args)
+    built += check_window(cfg, inst)
     got = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
            args.context_parallel_size, args.data_parallel_size)
     want = (plan.tp, plan.pp, plan.cp, plan.dp)
@@ -179,13 +182,13 @@ def check_megatron(text: str, inst: Instance, plan: Plan, mlm: Path | None) -> s
            f"{args.virtual_pipeline_model_parallel_size})"
 
 
-def core_config(args) -> str:
+def core_config(args) -> tuple[str, object]:
     """Megatron-Core's model config built from the validated arguments as ``pretrain_gpt``
     builds it (``core_transformer_config_from_args``): its ``__post_init__`` refuses what
     ``validate_args`` lets through (a fused bias-activation with squared ReLU, say). Without
     Transformer Engine two switches that test the environment, not the export, are set aside
     and named: the fused RoPE (``apply_rope_fusion``) and FP8 of an MoE model (which asks for
-    Transformer Engine >= 1.7)."""
+    Transformer Engine >= 1.7). Returns its description and the config."""
     from megatron.training.argument_utils import core_transformer_config_from_args
 
     aside = []
@@ -200,7 +203,23 @@ def core_config(args) -> str:
             aside.append("MoE FP8")
     cfg = core_transformer_config_from_args(args)
     return type(cfg).__name__ + (f" (without Transformer Engine: {', '.join(aside)} set "
-                                 "aside)" if aside else "")
+                                 "aside)" if aside else ""), cfg
+
+
+def check_window(cfg, inst: Instance) -> str:
+    """The layers Megatron-Core's own rule (``is_layer_window_attention``) windows under the
+    built config, and their window, against the model's ``windowed_layers`` and window."""
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    m = inst.model
+    got = tuple(is_layer_window_attention(cfg.window_size, cfg.window_attn_skip_freq, n)
+                for n in range(1, m.layers + 1))
+    if got != m.windowed_layers:
+        raise AssertionError(f"Megatron-Core windows layers {got}, the model "
+                             f"{m.windowed_layers}")
+    if m.windowed and tuple(cfg.window_size) != (m.window_left, 0):
+        raise AssertionError(f"window_size {cfg.window_size}, the model ({m.window_left}, 0)")
+    return f", {sum(got)} windowed layers" if m.windowed else ""
 
 
 def check_nemo_strategy(text: str, inst: Instance, plan: Plan) -> str:
@@ -243,8 +262,8 @@ def check_mcore_config(text: str, inst: Instance, plan: Plan) -> str:
         cfg["pipeline_dtype"] = _dtype(cfg["pipeline_dtype"])
     fp16 = tree["optim"]["config"]["fp16"]
     cfg.update(bf16=not fp16, fp16=fp16)
-    config_class(**cfg)
-    return f"{config_class.__name__}(**model.config + strategy sizes)"
+    built = config_class(**cfg)
+    return f"{config_class.__name__}(**model.config + strategy sizes)" + check_window(built, inst)
 
 
 def check_torchtitan(text: str, inst: Instance, plan: Plan) -> str:

@@ -442,6 +442,57 @@ def norm_bias_config(m) -> dict[str, str | bool]:
             "qk_layernorm": m.qk_norm or m.mla}
 
 
+def window_config(m) -> dict[str, object]:
+    """The model's sliding window as Megatron-Core TransformerConfig fields (``window_size``
+    ``(left, 0)``, ``window_attn_skip_freq`` where not every layer is windowed), which the
+    NeMo export writes and the Megatron-LM export turns into flags; none without a window."""
+    if not m.windowed:
+        return {}
+    out: dict[str, object] = {"window_size": [m.window_left, 0]}
+    if m.window_attn_skip_freq is not None:
+        out["window_attn_skip_freq"] = m.window_attn_skip_freq
+    return out
+
+
+def _runs_expr(pattern: list[int]) -> str:
+    """A per-layer 0 / 1 list as the Python list expression Megatron-LM's list-valued flags
+    evaluate (arguments.py _eval_pattern), in runs: ``([0]*21+[1]*3)``."""
+    runs: list[list[int]] = []
+    for x in pattern:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    return "(" + "+".join(f"[{x}]*{n}" if n > 1 else f"[{x}]" for x, n in runs) + ")"
+
+
+def _megatron_window(m) -> list[str]:
+    """:func:`window_config` as Megatron-LM arguments (``--window-size`` takes ``left,right``,
+    ``--window-attn-skip-freq`` an integer or a quoted list expression)."""
+    c = window_config(m)
+    if not c:
+        return []
+    left, right = c["window_size"]
+    args = [f"--window-size {left},{right}"]
+    skip = c.get("window_attn_skip_freq")
+    if isinstance(skip, int):
+        args.append(f"--window-attn-skip-freq {skip}")
+    elif skip is not None:
+        args.append(f"--window-attn-skip-freq '{_runs_expr(skip)}'")     # quoted for the shell
+    return args
+
+
+def _window_words(m) -> str:
+    """The sliding window in words, for the exports that take the model from elsewhere."""
+    n = sum(m.windowed_layers)
+    return (f"sliding-window attention (each query attends to itself and the {m.window_left} "
+            "tokens before it, "
+            + ("in every layer" if n == m.layers else f"in {n} of the {m.layers} layers")
+            + f"; Megatron-Core window_size ({m.window_left}, 0)"
+            + (f", window_attn_skip_freq {m.window_attn_skip_freq}"
+               if isinstance(m.window_attn_skip_freq, int) else "") + ")")
+
+
 def _megatron_norm_bias(m) -> list[str]:
     """:func:`norm_bias_config` as Megatron-LM arguments (its defaults are LayerNorm, a bias on
     every linear layer and no QK norm, as the model's are)."""
@@ -618,6 +669,7 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if m.position_embedding == "rope":
         args.append("--position-embedding-type rope")
     args += _megatron_norm_bias(m)
+    args += _megatron_window(m)
     if not m.dropout:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     moe = _moe(inst)
@@ -937,6 +989,7 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # TransformerConfig's norm and bias fields, each written (false too, so that a
                 # recipe's own value does not survive the overrides)
                 **norm_bias_config(m),
+                **window_config(m),
                 # the fused bias-activation is GeLU's with a bias or SwiGLU's: TransformerConfig
                 # raises for squared ReLU, or a plain GeLU MLP without biases, with it on, as
                 # NeMo's GPT and Llama configs set it
@@ -1130,6 +1183,16 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "llama4, deepseek_v3 or qwen3 models (RMSNorm, bias-free linear layers, "
                         "SwiGLU, rotary positions); a flavor of them is not the model the plan "
                         "costs")
+    if m.windowed:
+        # torchtitan 0.2's gpt_oss model windows its even layers (layer_id % 2 == 0) with
+        # sliding_window_size keys, the query's own included (models/attention.py
+        # get_sliding_window_mask_mod); its other models attend causally in full
+        comments.append(_window_words(m) + (
+            f": torchtitan 0.2's gpt_oss model builds it (sliding_window_size "
+            f"{m.window_left + 1}); its llama3, llama4, deepseek_v3 and qwen3 models cannot"
+            if m.window_attn_skip_freq == 2 else
+            ": cannot express with torchtitan 0.2's models (its gpt_oss model windows every "
+            "other layer from the first, its others none)"))
     if m.mtp_layers:
         comments.append(f"mtp_layers {m.mtp_layers}: cannot express in torchtitan 0.2's job "
                         "config (no multi-token prediction there); the plan costs that many "
@@ -1404,6 +1467,10 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                 "'uniform', 'parameters' and 'type:<regex>', not decoder layers per stage; the "
                 "model code must build the stages of stage_layers (e.g. Megatron-DeepSpeed "
                 "with the megatron export's layout flags)")} if _uneven(plan) else {}),
+            # (the model code builds the attention: the window the plan costs)
+            **({"window_how": _window_words(inst.model) + ": DeepSpeed's JSON has no model "
+                "keys; the model code must build it"}
+               if inst.model.windowed else {}),
             "sequence_parallel": plan.sequence_parallel,
             "recompute": plan.recompute,
             **({"recompute_layers": plan.recompute_layers} if plan.recompute_layers else {}),

@@ -168,6 +168,13 @@ def p2p_since_4047_s(plan: Plan, pp_step: float, slowdown: float) -> float:
     return float(hidden_cost(0.0, more, slowdown))
 
 
+#: What a model with sliding-window attention is told (docs/model.md, "Sliding-window
+#: attention"): the window's cost is an exact count of keys, which no measured run confirms
+WINDOW_CAVEAT = ("sliding-window attention: its attention core is costed as the keys each "
+                 "query attends to, at the full attention's rate; the fused kernels work on "
+                 "whole tiles of 64-128 keys, so a window of a few hundred tokens costs up to "
+                 "about twice its count there; no measured run in the shipped set has a window")
+
 #: The part of the newer-schedule caveat every plan shares; :data:`P2P_4047_PLAN` adds the plan's
 #: own figure (a table of plans states the range of those: :func:`plan_figure`)
 P2P_4047_CAVEAT = ("pipeline p2p: costed as Megatron-Core's interleaved schedule before "
@@ -211,6 +218,8 @@ def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = No
     the ``plan``'s one-transfer time ``pp_step`` and its ``step_s``, what Megatron-LM's newer
     interleaved schedule would add (:func:`p2p_since_4047_caveat`)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
+    if inst.model.windowed:
+        out.append(WINDOW_CAVEAT)
     if inst.spec.model.approximates:
         out.append(f"model shape: {inst.spec.model.approximates}; its time and memory are "
                    "the approximation's")

@@ -80,6 +80,15 @@ DeepseekV2Config / DeepseekV3Config defaults::
     num_nextn_predict_layers -> mtp_layers     (multi-token prediction depths; absent or 0:
                                                 none, and the key is left out)
 
+Sliding-window attention (``sliding_window``: Mistral / Mixtral / Phi-3, gpt-oss, and Qwen
+with ``use_sliding_window``) becomes ``window_size = sliding_window - 1`` (Hugging Face counts
+the query in its window, Megatron-Core's ``window_size`` the keys before it) and, where only
+some layers are windowed, ``window_attn_skip_freq`` (from ``layer_types``, else Qwen's layers
+from ``max_window_layers`` up, gpt-oss's every other layer from the first)::
+
+    gpt-oss (sliding, full, sliding, ...)   -> window_attn_skip_freq = 2
+    any other mix of layers                 -> window_attn_skip_freq = [1, 0, ...] (1 windowed)
+
 An MoE config with no routed experts (0, 1 or null: one expert is a dense MLP), or whose dense
 layers leave no MoE layer, is returned as a dense model.
 
@@ -93,16 +102,9 @@ Approximations (what the returned shape does not capture):
 * Qwen-MoE ``mlp_only_layers``: the leading layers ``[0, 1, ..., k-1]`` (at
   ``decoder_sparse_step = 1``) are ``first_dense_layers = k``; dense layers elsewhere are
   ignored, with a :class:`UserWarning` (the list is empty in the published configs).
-* Sliding-window attention (``sliding_window``: Mistral / Mixtral / Phi-3, and Qwen with
-  ``use_sliding_window``) is modelled as full causal attention, the same up to the window and
-  an over-count of the attention core beyond, said in the shape's ``approximates``. The
-  Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
-  gpt-oss alternates sliding (128 tokens) and full attention (``layer_types``): its sliding
-  half is costed as full, an over-count of the attention core that grows with the sequence
-  (gpt-oss-120b's model FLOPs by 10% at 4,096 tokens, 19% at 8,192, 48% at 32,768: the core,
-  ``4 s q`` per token and layer, is a fifth of the model's FLOPs at 4,096), with a
-  :class:`UserWarning` and in the shape's ``approximates`` (the plan's caveats). Its attention
-  sinks (one logit per head), router bias and the SwiGLU clamp are not counted.
+* The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
+  gpt-oss's attention sinks (one logit per head), router bias and the SwiGLU clamp are not
+  counted.
 * ``attention_bias`` of Llama and Qwen3 also puts a bias on the output projection (``h`` per
   layer), which Megatron-Core's ``add_qkv_bias`` leaves out: not counted. Llama's ``mlp_bias``
   alone (without ``attention_bias``) is not counted either.
@@ -167,6 +169,51 @@ class _Reader:
         return self._get(key, [], lambda v: isinstance(v, list)
                          and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
                          "a list of layer indices")
+
+
+def _window(cfg: dict[str, Any], family: str, r: _Reader, layers: int | None) -> dict[str, Any]:
+    """The sliding-window keys (``window_size``, ``window_attn_skip_freq``) of a config that
+    attends within a window, else none. Hugging Face's ``sliding_window`` counts the query
+    itself, Megatron-Core's ``window_size`` the keys before it: one fewer (Megatron-Bridge
+    models/conversion/utils.py mcore_to_hf_window_size). Which layers: ``layer_types``
+    where the config lists them; else every layer (Mistral, Mixtral, Phi-3), the layers from
+    ``max_window_layers`` up (Qwen, only with ``use_sliding_window``), every other layer from
+    the first (gpt-oss: transformers' GptOssConfig default)."""
+    qwen = family.startswith("qwen")
+    if family not in ("mistral", "mixtral", "phi3", "gpt_oss") and not qwen:
+        return {}
+    if qwen and cfg.get("use_sliding_window") is not True:
+        return {}               # (transformers' Qwen configs drop the window without it)
+    if cfg.get("sliding_window") == 0:
+        return {}               # (0 written for none)
+    window = r.count("sliding_window", None, minimum=2)
+    if window is None or not layers:
+        return {}
+    kinds = cfg.get("layer_types")
+    if kinds is not None:
+        if not (isinstance(kinds, list) and len(kinds) == layers
+                and all(k in ("sliding_attention", "full_attention") for k in kinds)):
+            r.problems.append(f"layer_types: expected {layers} entries (num_hidden_layers), each "
+                              "\"sliding_attention\" or \"full_attention\"")
+            return {}
+        pattern = [k == "sliding_attention" for k in kinds]
+    elif qwen:
+        first = r.count("max_window_layers", 0, minimum=0)
+        pattern = [i >= (first or 0) for i in range(layers)]
+    elif family == "gpt_oss":
+        pattern = [i % 2 == 0 for i in range(layers)]
+    else:
+        pattern = [True] * layers
+    if not any(pattern):
+        return {}
+    keys: dict[str, Any] = {"window_size": window - 1}
+    if not all(pattern):
+        # Megatron-Core's integer form where it says the same (every N-th layer, counted from
+        # 1, full attention), else its list of 0 / 1 per layer
+        freq = next((n for n in range(2, layers + 1)
+                     if pattern == [(i + 1) % n != 0 for i in range(layers)]), None)
+        keys["window_attn_skip_freq"] = freq if freq else [int(w) for w in pattern]
+    return keys
 
 
 def _load(p: Path) -> dict[str, Any]:
@@ -277,16 +324,6 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
         moe = {"experts": r.count(local, minimum=0), "top_k": top_k,
                "moe_ffn_hidden": out["ffn_hidden"],
                "shared_experts": 0, "first_dense_layers": 0, "moe_layer_interval": 1}
-        kinds = cfg.get("layer_types") or []
-        if cfg.get("sliding_window") and "sliding_attention" in kinds:
-            window = (f"{kinds.count('sliding_attention')} of {len(kinds)} layers attend "
-                      f"within a window of {cfg['sliding_window']} tokens")
-            notes.append(f"{window}; modelled as full causal attention (an over-count of "
-                         "their attention core)")
-            out["approximates"] = (
-                f"sliding-window attention ({window}) as full causal attention: the model "
-                "FLOPs over-count their attention core, by about 10% of the whole model's at "
-                "4,096 tokens and 48% at 32,768 (gpt-oss-120b)")
     elif family in ("qwen2_moe", "qwen3_moe"):
         width = r.count("moe_intermediate_size")
         shared = r.count("shared_expert_intermediate_size", 0, minimum=0)
@@ -324,18 +361,7 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
                "first_dense_layers": -(-first // freq) * freq if freq else first,
                "moe_layer_interval": freq}
 
-    window = cfg.get("sliding_window")
-    windowed = isinstance(window, int) and not isinstance(window, bool) and window > 0 and (
-        family in ("mistral", "mixtral", "phi3")
-        or (family.startswith("qwen") and cfg.get("use_sliding_window") is True))
-    if windowed:
-        # (Mistral 7B v0.1 attends within 4,096 tokens; Qwen's use_sliding_window switches it
-        # on for the layers from max_window_layers up): exact at sequences up to the window
-        out["approximates"] = (
-            f"sliding-window attention (a window of {window} tokens"
-            + (", in the layers from max_window_layers up" if family.startswith("qwen") else "")
-            + f") as full causal attention: the same up to {window} tokens of sequence, an "
-            "over-count of the attention core beyond")
+    out.update(_window(cfg, family, r, out["layers"]))
 
     if r.problems:
         raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)

@@ -239,6 +239,15 @@ RULES: tuple[Rule, ...] = (
          "2*cp divides seq_len (cp > 1)",
          lambda v, k: f"cp={v.cp} needs seq_len={k.seq} to be a multiple of 2*cp = {2 * v.cp} "
          "(Megatron-LM: two chunks of the sequence per context-parallel rank)"),
+    # Transformer Engine runs sliding-window attention under context parallelism only with
+    # the a2a or all_gather exchange (dot_product_attention/context_parallel.py asserts
+    # "Context parallelism does not support sliding window attention with cp_comm_type=..."
+    # otherwise); the model costs the p2p ring, Megatron-Core's default, so cp stays 1
+    Rule("window_cp", "one", lambda v, k: (v.cp,), "cp = 1 with sliding-window attention",
+         lambda v, k: f"cp={v.cp}: sliding-window attention (model.window_size) runs under "
+                      "context parallelism only with Transformer Engine's a2a or all_gather "
+                      "exchange, not the p2p ring this model costs; use cp = 1",
+         applies=lambda inst: inst.model.windowed),
     # Megatron-Core's sequence parallelism scatters the [s/cp, b, h] activations over the tp
     # ranks along the sequence, and tensor_parallel/mappings.py _split_along_first_dim asserts
     # "First dimension of the tensor should be divisible by tensor parallel size"

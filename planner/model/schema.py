@@ -183,10 +183,20 @@ class ModelSpec(_Strict):
     qk_norm: bool = Field(
         default=False, description="a norm (of the normalization's kind) on each query and "
         "key head before the attention (Qwen3; Megatron-LM --qk-layernorm)")
+    # sliding-window attention (Megatron-Core TransformerConfig window_size and
+    # window_attn_skip_freq; docs/model.md, "Sliding-window attention")
+    window_size: int | list[int] | None = Field(
+        default=None, description="sliding-window attention: each query attends to itself "
+        "and the window_size tokens before it (Megatron-Core's window_size (left, 0), given "
+        "as that number or as [left, 0]; a Hugging Face sliding_window counts the query too: "
+        "one more); default none: full causal attention")
+    window_attn_skip_freq: int | list[int] | None = Field(
+        default=None, description="which layers attend within the window (Megatron-Core's "
+        "names): N, every N-th layer full attention and the others windowed; or a list of 0 / "
+        "1 per layer, 1 windowed; default every layer (with window_size)")
     approximates: str | None = Field(
         default=None, description="what this shape stands in for where the model has no "
-        "term of its own (a Hugging Face config's: sliding-window attention costed as "
-        "full attention), said in the plan's caveats and in every export, whose model "
+        "term of its own, said in the plan's caveats and in every export, whose model "
         "arguments build the approximation")
     hf_config: str | None = Field(
         default=None, description="a Hugging Face config.json (path relative to the instance) "
@@ -247,6 +257,7 @@ class ModelSpec(_Strict):
             raise ValueError("qkv_bias does not apply to multi-head latent attention "
                              "(Megatron-Core builds its projections without a QKV bias): "
                              "remove it")
+        self._check_window()
         if self.experts == 1:
             raise ValueError("experts = 1 is a dense model: use experts = 0")
         moe_given = [k for k in MOE_KEYS if k in self.model_fields_set]
@@ -259,6 +270,65 @@ class ModelSpec(_Strict):
             raise ValueError(f"first_dense_layers ({self.first_dense_layers}) leaves no MoE layer "
                              f"of the {self.layers}")
         return self
+
+    def _check_window(self) -> None:
+        """The sliding-window keys as Megatron-Core reads them (TransformerConfig window_size,
+        window_attn_skip_freq; transformer/utils.py is_layer_window_attention)."""
+        w, skip = self.window_size, self.window_attn_skip_freq
+        if w is None:
+            if skip is not None:
+                raise ValueError("window_attn_skip_freq needs window_size (the window its "
+                                 "layers attend within): set window_size, or remove it")
+            return
+        if isinstance(w, list):
+            if len(w) != 2 or w[1] != 0:
+                raise ValueError(f"window_size = {w}: expected [left, 0], a causal decoder's "
+                                 "window (Megatron-Core's (left, right) with right = 0), or "
+                                 "the number left")
+            w = w[0]
+        if not 1 <= w <= MAX_SEQ:
+            raise ValueError(f"window_size = {w}: expected a whole number of tokens from 1 "
+                             f"to {MAX_SEQ:,} (the keys before a query it attends to)")
+        if isinstance(skip, int):
+            if skip < 2:
+                raise ValueError(f"window_attn_skip_freq = {skip}: expected N >= 2 (every "
+                                 "N-th layer full attention, the others windowed); 1 would "
+                                 "leave no windowed layer: remove window_size instead")
+        elif isinstance(skip, list):
+            if len(skip) != self.layers or any(x not in (0, 1) for x in skip):
+                raise ValueError(f"window_attn_skip_freq: a list needs one 0 or 1 per layer "
+                                 f"(layers = {self.layers}; 1 = windowed), got {len(skip)} "
+                                 "entries" + ("" if all(x in (0, 1) for x in skip)
+                                              else " with values other than 0 and 1"))
+            if not any(skip):
+                raise ValueError("window_attn_skip_freq: the list marks no layer windowed "
+                                 "(1): remove window_size and the list instead")
+
+    @property
+    def window_left(self) -> int | None:
+        """The keys before a query that a windowed layer attends to (``window_size``'s left
+        side), or None for full causal attention."""
+        w = self.window_size
+        return w[0] if isinstance(w, list) else w
+
+    @property
+    def windowed_layers(self) -> tuple[bool, ...]:
+        """Which decoder layers attend within the window, as Megatron-Core decides it
+        (transformer/utils.py is_layer_window_attention: layer numbers count from 1; an
+        integer N leaves every N-th layer full attention)."""
+        skip = self.window_attn_skip_freq
+        if self.window_left is None:
+            return (False,) * self.layers
+        if skip is None:
+            return (True,) * self.layers
+        if isinstance(skip, int):
+            return tuple(n % skip != 0 for n in range(1, self.layers + 1))
+        return tuple(bool(x) for x in skip)
+
+    @property
+    def windowed(self) -> bool:
+        """Some layer attends within a sliding window."""
+        return any(self.windowed_layers)
 
     @property
     def moe(self) -> bool:

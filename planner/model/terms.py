@@ -238,7 +238,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
       Under FP8 the four linear layers run at the FP8 peak and FP8 efficiency; the attention
       core and the output layer stay in 16-bit.
     * Attention core: fused (flash) attention is compute-bound and recomputes ``QK^T`` in the
-      backward pass (3.5 passes); unfused attention is a roofline
+      backward pass (3.5 passes), on the keys its queries attend to (a sliding window's
+      share, ``Shape.attn_share``); unfused attention is a roofline
       ``max(flops / (peak eff), bytes / HBM bandwidth)`` over its ``s^2`` score tensors, plus one
       more pass under selective recompute.
     * Element-wise kernels: forward HBM traffic (norms, bias-dropout-add, activation, unfused
@@ -319,8 +320,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         peak_attn = hw.peak * (hw.efficiency if hw.attention_efficiency is None
                                else hw.attention_efficiency)
         # selective recompute re-runs the core attention forward (Megatron-Core's default
-        # recompute module "core_attn"); with fused attention it saves no memory
-        attn = (passes + 0.5 + (1 if core_attn else 0)) * attn_fwd_flops / peak_attn
+        # recompute module "core_attn"); with fused attention it saves no memory. A sliding
+        # window skips the keys outside it: the core costs the keys its queries attend to
+        # (Shape.attn_share; the unfused path below masks a full score matrix instead)
+        attn = ((passes + 0.5 + (1 if core_attn else 0)) * attn_fwd_flops * sh.attn_share
+                / peak_attn)
         score_bytes = 0.0
     else:
         score_elems = sh.a * b * s * s / (t * c)           # s/c query rows x s keys, a/t heads

@@ -20,6 +20,28 @@ from dataclasses import dataclass
 from planner.model.schema import ModelSpec
 
 
+def window_share(s: int, left: int | None) -> float:
+    """The keys a sliding-window layer's queries attend to, over full causal attention's:
+    query ``i`` (from 0) attends to keys ``max(0, i - left) .. i`` (Megatron-Core's window
+    ``(left, 0)``; FlashAttention's ``window_size``), ``sum_i min(i, left) + 1`` keys against
+    ``s (s + 1) / 2``; 1 without a window or when the window covers the sequence.
+
+    >>> window_share(4096, 4095), round(window_share(4096, 127), 5)
+    (1.0, 0.06152)
+    """
+    if left is None or left >= s - 1:
+        return 1.0
+    keys = left * (left + 1) / 2 + (s - left) * (left + 1)
+    return keys / (s * (s + 1) / 2)
+
+
+def attention_share(m: ModelSpec) -> float:
+    """:func:`window_share` averaged over the decoder layers, full-attention layers at 1:
+    what the fused attention core costs relative to every layer attending causally in full."""
+    shares = [window_share(m.seq_len, m.window_left) if w else 1.0 for w in m.windowed_layers]
+    return sum(shares) / len(shares)
+
+
 @dataclass(frozen=True)
 class Shape:
     """Model shape in the notation of the papers: L layers, h hidden, a heads, k kv heads,
@@ -52,6 +74,9 @@ class Shape:
     bias: bool = True         # biases on the linear layers (attention, MLP, experts)
     qkv_bias: bool = True     # ... on the QKV projection (alone when bias is False)
     qk_norm: bool = False     # a norm on each query and key head (Qwen3)
+    # the fused attention core's work relative to full causal attention, averaged over the
+    # decoder layers (1: no sliding window; window_share)
+    attn_share: float = 1.0
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
@@ -68,7 +93,8 @@ class Shape:
                 shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
                 mtp=m.mtp_layers, mtp_moe=m.last_layer_moe,
                 norm_w=2 if m.normalization == "layernorm" else 1, bias=m.linear_bias,
-                qkv_bias=m.has_qkv_bias, qk_norm=m.qk_norm, **mla)
+                qkv_bias=m.has_qkv_bias, qk_norm=m.qk_norm,
+                attn_share=attention_share(m), **mla)
 
     # attention widths ----------------------------------------------------------------------
     @property

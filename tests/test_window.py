@@ -1,0 +1,193 @@
+"""Sliding-window attention (``[model] window_size``, ``window_attn_skip_freq``, Megatron-Core's
+names): which layers attend within the window, what the window saves, the context-parallel
+rule it brings, the backends' agreement with it, what the exports build and the input errors.
+
+The keys' meaning is Megatron-Core's (TransformerConfig docstrings, transformer/utils.py
+``is_layer_window_attention``): ``window_size = (left, 0)`` lets a query attend to itself and
+the ``left`` tokens before it; an integer ``window_attn_skip_freq = N`` is "one full attention
+layer after N - 1 windowed ones"; a list has a 0 or 1 per layer, 1 windowed.
+tools/check_exports.py checks the exported flags with Megatron-Core's own function.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner.model.errors import InputError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+from planner.model.schema import ModelSpec
+from planner.model.workload import Shape, window_share
+from tests.test_emit import emitted, parse_megatron, parse_yaml
+
+#: a Mistral-7B-shaped model (every layer windowed at 4,096 tokens, the query's own included)
+MISTRAL = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
+           "gated_mlp": True, "vocab": 32000, "seq_len": 32768, "tied_embeddings": False,
+           "position_embedding": "rope", "dropout": False, "normalization": "rmsnorm",
+           "linear_bias": False, "window_size": 4095}
+
+
+def _doc(model: dict, plan: dict | None = None, **training) -> dict:
+    doc = {"model": model, "training": {"global_batch": 64, **training},
+           "cluster": {"gpu": "h100-sxm", "gpus": 16}}
+    if plan is not None:
+        doc["plan"] = plan
+    return doc
+
+
+def _report(model: dict, plan: dict, **training):
+    inst = parse_instance(_doc(model, plan, **training))
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+
+
+@pytest.mark.parametrize("s, left", [(4096, 127), (4096, 4094), (4096, 4095), (4096, 9000),
+                                     (100, 3), (8, 1), (2048, 1023)])
+def test_the_window_share_counts_the_keys_of_the_mask(s, left):
+    """The share is the keys a windowed layer attends to over full causal attention's, counted
+    here on the mask itself: key j is seen from query i when i - left <= j <= i."""
+    i, j = np.ogrid[:s, :s]
+    window, causal = ((j <= i) & (j >= i - left)).sum(), (j <= i).sum()
+    assert window_share(s, left) == pytest.approx(window / causal, rel=1e-12)
+
+
+def test_which_layers_attend_within_the_window():
+    """Megatron-Core's integer form leaves every N-th layer (counted from 1) full: gpt-oss's
+    alternation from a windowed first layer is 2, Gemma 3's five local layers to one global
+    is 6; without the key every layer is windowed; a list marks them one by one."""
+    base = {**MISTRAL, "layers": 12}
+    assert ModelSpec(**base).windowed_layers == (True,) * 12
+    assert ModelSpec(**base, window_attn_skip_freq=2).windowed_layers == (True, False) * 6
+    assert ModelSpec(**base, window_attn_skip_freq=6).windowed_layers == \
+        (True,) * 5 + (False,) + (True,) * 5 + (False,)
+    pattern = [0, 1] * 6
+    assert ModelSpec(**base, window_attn_skip_freq=pattern).windowed_layers == \
+        tuple(bool(x) for x in pattern)
+    assert not ModelSpec(**{k: v for k, v in base.items() if k != "window_size"}).windowed
+
+
+def test_a_window_shortens_the_step_by_the_attention_it_skips():
+    """At 32K tokens the attention core is a large share of a 7B model's step: a 4K window
+    shortens the step, a window covering the sequence changes nothing, nor does a window under
+    unfused attention (Megatron-Core masks the full score matrix there). The MFU's model FLOPs
+    keep Megatron-LM's count of the attention in full, so the faster plan shows a higher MFU."""
+    plan = {"tp": 2, "pp": 1, "dp": 8, "micro_batch": 1, "recompute": "full"}
+    full = {k: v for k, v in MISTRAL.items() if k != "window_size"}
+    t_full = _report(full, plan)
+    t_win = _report(MISTRAL, plan)
+    assert t_win.step_time_s < 0.9 * t_full.step_time_s
+    assert t_win.breakdown_s["compute"] < t_full.breakdown_s["compute"]
+    assert {k: v for k, v in t_win.breakdown_s.items() if k != "compute"} == \
+        pytest.approx({k: v for k, v in t_full.breakdown_s.items() if k != "compute"}, rel=1e-12)
+    assert t_win.memory_gib["total"] == pytest.approx(t_full.memory_gib["total"], rel=1e-12)
+    assert t_win.mfu > t_full.mfu
+    covering = _report({**MISTRAL, "window_size": MISTRAL["seq_len"] - 1}, plan)
+    assert covering.step_time_s == pytest.approx(t_full.step_time_s, rel=1e-12)
+    unfused = [_report(m, plan, flash_attention=False).step_time_s for m in (full, MISTRAL)]
+    assert unfused[0] == pytest.approx(unfused[1], rel=1e-12)
+
+
+def test_half_the_layers_windowed_save_half_as_much():
+    """The saving is per windowed layer: with every other layer full attention the attention
+    core's time drops by half of what every layer windowed drops it by."""
+    plan = {"tp": 2, "pp": 1, "dp": 8, "micro_batch": 1, "recompute": "full"}
+    full = _report({k: v for k, v in MISTRAL.items() if k != "window_size"}, plan)
+    every = _report(MISTRAL, plan)
+    half = _report({**MISTRAL, "window_attn_skip_freq": 2}, plan)
+    saved = full.breakdown_s["compute"] - every.breakdown_s["compute"]
+    assert full.breakdown_s["compute"] - half.breakdown_s["compute"] == \
+        pytest.approx(saved / 2, rel=1e-9)
+
+
+def test_context_parallelism_is_refused_with_a_window():
+    """Transformer Engine runs a sliding window under context parallelism only with its a2a
+    or all_gather exchange, not the p2p ring the model costs: a plan with cp > 1 breaks a rule
+    that names the window, and the search keeps cp = 1 where it would otherwise split the
+    sequence."""
+    plan = {"tp": 1, "pp": 1, "dp": 8, "cp": 2, "micro_batch": 1, "recompute": "full"}
+    rep = _report(MISTRAL, plan)
+    assert any("sliding-window attention (model.window_size)" in v for v in rep.violations)
+    long = {**MISTRAL, "seq_len": 131072}
+    doc = _doc(long, global_batch=16)
+    doc["constraints"] = {"max_cp": 8}
+    from formulations.solve import solve
+    windowed = solve(parse_instance(doc), solver="enumerate").report.plan
+    doc["model"] = {k: v for k, v in long.items() if k != "window_size"}
+    full = solve(parse_instance(doc), solver="enumerate").report.plan
+    assert windowed.cp == 1 and full.cp > 1
+
+
+@pytest.mark.parametrize("skip", [None, 2])
+def test_backends_agree_with_a_window(skip):
+    """CP-SAT, HiGHS and the enumerator find the same optimum and plan on an MoE model with a
+    window on every layer or every other one (gpt-oss's alternation), context parallelism
+    allowed by the constraints and kept off by the rule."""
+    from tests.test_solvers import _agree
+    model = {"layers": 8, "hidden": 2880, "heads": 64, "kv_heads": 8, "head_dim": 64,
+             "ffn_hidden": 2880, "gated_mlp": True, "vocab": 201088, "seq_len": 16384,
+             "tied_embeddings": False, "position_embedding": "rope", "dropout": False,
+             "normalization": "rmsnorm", "experts": 32, "top_k": 4, "window_size": 127,
+             **({"window_attn_skip_freq": skip} if skip else {})}
+    _agree({"model": model, "training": {"global_batch": 32, "precision": "bf16"},
+            "cluster": {"gpu": "h100-sxm", "nodes": 2},
+            "constraints": {"max_cp": 4, "max_recompute_layers": 0, "optimizer_offload": False}})
+
+
+def test_the_exports_build_the_window():
+    """Megatron-LM ``--window-size left,0`` and ``--window-attn-skip-freq`` (a quoted list
+    expression where no integer says the pattern: Megatron-LM evaluates it), NeMo the
+    TransformerConfig fields; torchtitan 0.2's gpt_oss model windows every other layer from
+    the first with the query's own key counted (sliding_window_size = left + 1), which the
+    export names where it fits and says cannot be expressed otherwise; DeepSpeed's JSON says
+    the model code must build it."""
+    plan = {"tp": 2, "pp": 2, "dp": 4, "micro_batch": 1}
+    pattern = [0] * 5 + [1] * 20 + [0, 1] * 3 + [0]
+    for skip, flag in ((None, None), (4, "4"), (pattern, pattern)):
+        model = {**MISTRAL, **({"window_attn_skip_freq": skip} if skip else {})}
+        doc = _doc(model, plan)
+        a = parse_megatron(emitted(doc, plan, "megatron"))
+        assert a["--window-size"] == "4095,0"
+        if flag is None:
+            assert "--window-attn-skip-freq" not in a
+        elif isinstance(flag, str):
+            assert a["--window-attn-skip-freq"] == flag
+        else:
+            assert eval(a["--window-attn-skip-freq"]) == flag       # as Megatron-LM reads it
+        y = parse_yaml(emitted(doc, plan, "nemo"))        # (flow lists stay text there)
+        assert json.loads(str(y["model.config.window_size"])) == [4095, 0]
+        got = y.get("model.config.window_attn_skip_freq")
+        assert (json.loads(str(got)) if got is not None else None) == skip
+    fsdp = {"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1, "dp_sharding": "optim_grads_params"}
+    said = emitted(_doc({**MISTRAL, "window_attn_skip_freq": 2}, fsdp), fsdp,
+                   "torchtitan").replace("\n#   ", " ")
+    assert "gpt_oss model builds it (sliding_window_size 4096)" in said
+    said = emitted(_doc(MISTRAL, fsdp), fsdp, "torchtitan").replace("\n#   ", " ")
+    assert "cannot express with torchtitan 0.2's models" in said
+    assert "window_how" in emitted(_doc(MISTRAL, plan), plan, "deepspeed")
+    full = {k: v for k, v in MISTRAL.items() if k != "window_size"}
+    assert "window" not in emitted(_doc(full, plan), plan, "megatron")
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"window_attn_skip_freq": 2}, "window_attn_skip_freq needs window_size"),
+    ({"window_size": [4095, 1]}, "expected \\[left, 0\\]"),
+    ({"window_size": 0}, "expected a whole number of tokens"),
+    ({"window_size": 4095, "window_attn_skip_freq": 1}, "expected N >= 2"),
+    ({"window_size": 4095, "window_attn_skip_freq": [1, 0]}, "one 0 or 1 per layer"),
+    ({"window_size": 4095, "window_attn_skip_freq": [0] * 32}, "marks no layer windowed"),
+    ({"window_size": 4095, "window_attn_skip_freq": [2] * 32}, "values other than 0 and 1"),
+])
+def test_window_keys_that_megatron_would_not_read_are_input_errors(keys, words):
+    model = {k: v for k, v in MISTRAL.items() if k != "window_size"}
+    with pytest.raises(InputError, match=words):
+        parse_instance(_doc({**model, **keys}))
+
+
+def test_the_shape_carries_the_average_share():
+    """The shape's share is the mean over the layers, full-attention layers at 1."""
+    spec = ModelSpec(**{**MISTRAL, "window_attn_skip_freq": 4})
+    one = window_share(MISTRAL["seq_len"], 4095)
+    assert Shape.of(spec).attn_share == pytest.approx((3 * one + 1) / 4, rel=1e-12)
