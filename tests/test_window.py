@@ -12,6 +12,7 @@ tools/check_exports.py checks the exported flags with Megatron-Core's own functi
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -154,18 +155,20 @@ def test_the_exports_build_the_window():
             assert "--window-attn-skip-freq" not in a
         elif isinstance(flag, str):
             assert a["--window-attn-skip-freq"] == flag
-        else:
-            assert eval(a["--window-attn-skip-freq"]) == flag       # as Megatron-LM reads it
+        else:       # as Megatron-LM's _eval_pattern reads it: these characters, evaluated
+            assert not re.search(r"[^,\d\[\]\(\)\+\*]", a["--window-attn-skip-freq"])
+            assert eval(a["--window-attn-skip-freq"]) == flag
         y = parse_yaml(emitted(doc, plan, "nemo"))        # (flow lists stay text there)
         assert json.loads(str(y["model.config.window_size"])) == [4095, 0]
         got = y.get("model.config.window_attn_skip_freq")
         assert (json.loads(str(got)) if got is not None else None) == skip
     fsdp = {"tp": 1, "pp": 1, "dp": 16, "micro_batch": 1, "dp_sharding": "optim_grads_params"}
-    said = emitted(_doc({**MISTRAL, "window_attn_skip_freq": 2}, fsdp), fsdp,
-                   "torchtitan").replace("\n#   ", " ")
-    assert "gpt_oss model builds it (sliding_window_size 4096)" in said
-    said = emitted(_doc(MISTRAL, fsdp), fsdp, "torchtitan").replace("\n#   ", " ")
-    assert "cannot express with torchtitan 0.2's models" in said
+    oss = {**MISTRAL, "experts": 16, "top_k": 4, "window_size": 127, "window_attn_skip_freq": 2}
+    said = emitted(_doc(oss, fsdp), fsdp, "torchtitan").replace("\n#   ", " ")
+    assert "gpt_oss model builds it (sliding_window_size 128" in said
+    for other in ({**oss, "window_size": 4095}, {**MISTRAL, "window_attn_skip_freq": 2}):
+        said = emitted(_doc(other, fsdp), fsdp, "torchtitan").replace("\n#   ", " ")
+        assert "cannot express with torchtitan 0.2's model flavors" in said
     assert "window_how" in emitted(_doc(MISTRAL, plan), plan, "deepspeed")
     full = {k: v for k, v in MISTRAL.items() if k != "window_size"}
     assert "window" not in emitted(_doc(full, plan), plan, "megatron")
@@ -186,8 +189,61 @@ def test_window_keys_that_megatron_would_not_read_are_input_errors(keys, words):
         parse_instance(_doc({**model, **keys}))
 
 
-def test_the_shape_carries_the_average_share():
-    """The shape's share is the mean over the layers, full-attention layers at 1."""
-    spec = ModelSpec(**{**MISTRAL, "window_attn_skip_freq": 4})
-    one = window_share(MISTRAL["seq_len"], 4095)
-    assert Shape.of(spec).attn_share == pytest.approx((3 * one + 1) / 4, rel=1e-12)
+def _megatron_stage_layers(layers: int, pp: int, vp: int) -> list[list[int]]:
+    """The decoder layers (numbered from 1) each pipeline rank builds under an even split,
+    as Megatron-Core's get_transformer_layer_offset places its chunks: chunk j of rank r
+    starts at j * (layers / vp) + r * (layers / (pp * vp))."""
+    n = layers // (pp * vp)
+    return [[j * (layers // vp) + r * n + i + 1 for j in range(vp) for i in range(n)]
+            for r in range(pp)]
+
+
+@pytest.mark.parametrize("skip", [2, 3, 6, [0, 1, 1, 0, 1, 1] * 6])
+@pytest.mark.parametrize("pp, vp", [(2, 1), (4, 1), (4, 3), (4, 9), (6, 2), (3, 4)])
+def test_the_slowest_stage_holds_the_most_full_attention_layers(skip, pp, vp):
+    """The pace is the stage with the most full-attention layers: the bound the model takes
+    (each of a rank's vp chunks holds at most the most full layers of any run of that many
+    consecutive layers) is never below what Megatron-Core's chunk placement gives the fullest
+    rank, and equals it for gpt-oss's alternation whenever a rank's chunks start in the same
+    phase of it (pp times the chunk's layers even: every layout but odd pp with odd chunks)."""
+    from planner.model.algebra import run_max
+    spec = ModelSpec(**{**MISTRAL, "layers": 36, "window_attn_skip_freq": skip})
+    sh = Shape.of(spec)
+    full = [not w for w in spec.windowed_layers]
+    fullest = max(sum(full[n - 1] for n in stage)
+                  for stage in _megatron_stage_layers(36, pp, vp))
+    bound = vp * run_max(pp * vp, 36, sh.full_marks)
+    assert bound >= fullest
+    if skip == 2 and pp * (36 // (pp * vp)) % 2 == 0:
+        assert bound == fullest
+
+
+def test_interleaving_one_layer_per_chunk_leaves_gpt_oss_alternation_no_saving():
+    """With gpt-oss's alternation on 4 pipeline ranks and one layer per virtual chunk, ranks
+    1 and 3 build only even-numbered (full-attention) layers, and the pace is theirs: the
+    step costs what it costs without a window. Without interleaving each rank holds 9
+    consecutive layers, at most 5 of them full: a saving, smaller than the average's."""
+    model = {**MISTRAL, "layers": 36, "window_attn_skip_freq": 2}
+    full = {k: v for k, v in model.items() if not k.startswith("window")}
+    for vp, holds in ((9, "none"), (1, "some")):
+        plan = {"tp": 1, "pp": 4, "dp": 4, "vp": vp, "micro_batch": 1, "recompute": "full"}
+        t_win, t_full = _report(model, plan).step_time_s, _report(full, plan).step_time_s
+        if holds == "none":
+            assert t_win == pytest.approx(t_full, rel=1e-12)
+        else:
+            assert t_win < t_full
+
+
+def test_a_window_covering_the_sequence_is_full_attention():
+    """A window of seq_len - 1 keys or more, or Megatron-Core's infinite -1, attends as full
+    causal attention does: no window rule (context parallelism stays open), no window in the
+    exports, the same step; -1 overrides a Hugging Face config's window."""
+    plan = {"tp": 1, "pp": 1, "dp": 8, "cp": 2, "micro_batch": 1, "recompute": "full"}
+    full = {k: v for k, v in MISTRAL.items() if k != "window_size"}
+    base = _report(full, plan)
+    for w in (MISTRAL["seq_len"] - 1, 10**6, -1, [-1, 0]):
+        rep = _report({**MISTRAL, "window_size": w}, plan)
+        assert not rep.violations and rep.step_time_s == pytest.approx(base.step_time_s,
+                                                                       rel=1e-12)
+        assert "window" not in emitted(_doc({**MISTRAL, "window_size": w}, plan), plan,
+                                       "megatron")

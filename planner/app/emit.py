@@ -182,8 +182,9 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
-from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, sharding_refusal,
-                                      framework_violations, offload_violations, torchao_float8)
+from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, cp_exchange,
+                                      framework_violations, offload_violations,
+                                      sharding_refusal, torchao_float8)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
 from planner.model.instance import Instance
@@ -579,6 +580,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         f"--pipeline-model-parallel-size {plan.pp}",
         f"--context-parallel-size {plan.cp}",
     ]
+    exchange = cp_exchange(inst.spec.training, inst.spec.constraints.framework)
+    if exchange != "p2p":
+        # (Megatron-LM's default is p2p, the ring)
+        args.append(f"--cp-comm-type {exchange}")
     if plan.vp > 1 and _uneven(plan):
         # an uneven split is given per rank; interleaving then counts chunks per rank
         args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vp}")
@@ -990,6 +995,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # recipe's own value does not survive the overrides)
                 **norm_bias_config(m),
                 **window_config(m),
+                # (TransformerConfig.cp_comm_type; None runs the p2p ring, NeMo writes p2p)
+                "cp_comm_type": cp_exchange(inst.spec.training, inst.spec.constraints.framework),
                 # the fused bias-activation is GeLU's with a bias or SwiGLU's: TransformerConfig
                 # raises for squared ReLU, or a plain GeLU MLP without biases, with it on, as
                 # NeMo's GPT and Llama configs set it
@@ -1184,15 +1191,18 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "SwiGLU, rotary positions); a flavor of them is not the model the plan "
                         "costs")
     if m.windowed:
-        # torchtitan 0.2's gpt_oss model windows its even layers (layer_id % 2 == 0) with
-        # sliding_window_size keys, the query's own included (models/attention.py
-        # get_sliding_window_mask_mod); its other models attend causally in full
+        # torchtitan 0.2's gpt_oss model (MoE) windows its even layers (layer_id % 2 == 0)
+        # with sliding_window_size keys, the query's own included (models/attention.py
+        # get_sliding_window_mask_mod), 128 in its flavors (gpt_oss/model/args.py) and not a
+        # job-config key; its other models attend causally in full
+        fits = m.window_attn_skip_freq == 2 and m.moe and m.window_left + 1 == 128
         comments.append(_window_words(m) + (
-            f": torchtitan 0.2's gpt_oss model builds it (sliding_window_size "
-            f"{m.window_left + 1}); its llama3, llama4, deepseek_v3 and qwen3 models cannot"
-            if m.window_attn_skip_freq == 2 else
-            ": cannot express with torchtitan 0.2's models (its gpt_oss model windows every "
-            "other layer from the first, its others none)"))
+            ": torchtitan 0.2's gpt_oss model builds it (sliding_window_size 128, every other "
+            "layer from the first); its llama3, llama4, deepseek_v3 and qwen3 models cannot"
+            if fits else
+            ": cannot express with torchtitan 0.2's model flavors (its gpt_oss MoE model "
+            "windows every other layer from the first at 128 keys, query included; another "
+            "window needs its model arguments edited; its other models have none)"))
     if m.mtp_layers:
         comments.append(f"mtp_layers {m.mtp_layers}: cannot express in torchtitan 0.2's job "
                         "config (no multi-token prediction there); the plan costs that many "
@@ -1351,6 +1361,14 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                 "modules in module_fqns_per_model_part instead")
     par["pipeline_parallel_microbatch_size"] = mb
     par["context_parallel_degree"] = plan.cp
+    if plan.cp > 1 and inst.spec.training.cp_comm_type != "p2p":
+        costed = cp_exchange(inst.spec.training, inst.spec.constraints.framework)
+        comments.append(f"cp_comm_type \"{inst.spec.training.cp_comm_type}\" (Transformer "
+                        "Engine's Ulysses exchange): cannot express; torchtitan's context "
+                        "parallelism is PyTorch's (context_parallel_rotate_method allgather or "
+                        "alltoall rotate the key / value shards), "
+                        + ("costed here as the ring, under torchtitan's rules" if costed == "p2p"
+                           else "not the exchange the plan costs"))
     if _moe(inst):
         par["expert_parallel_degree"] = _ep(plan)
         par["expert_tensor_parallel_degree"] = 1

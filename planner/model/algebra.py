@@ -37,7 +37,7 @@ Example
 from __future__ import annotations
 
 import functools
-
+import hashlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -352,6 +352,27 @@ def quotient_excess(x, num: int, cap: int):
     if name not in FUNCTIONS:
         FUNCTIONS[name] = lambda v, n=num, c=cap: max(n / v - float(c), 0.0)
         ARRAY_FUNCTIONS[name] = lambda v, n=num, c=cap: np.maximum(n / v - float(c), 0.0)
+    return _apply(name, x)
+
+
+def run_max(x, num: int, marks: tuple[int, ...]):
+    """The most marked items in any run of ``num / x`` consecutive items of ``marks`` (x a
+    degree; ``num / x`` rounded up where it is not whole, at points the rules exclude): e.g.
+    the full-attention layers of the fullest chunk of ``L / (p v)`` consecutive layers.
+    Registered per ``(num, marks)`` as a named function of one form."""
+    digest = hashlib.md5(bytes(marks)).hexdigest()[:12]
+    name = f"runmax_{num}_{digest}"
+    if name not in FUNCTIONS:
+        prefix = np.concatenate([[0], np.cumsum(marks)])
+
+        def one(v, n_all=num, pre=prefix):
+            run = min(max(math.ceil(n_all / float(v) - 1e-9), 1), len(pre) - 1)
+            return float(np.max(pre[run:] - pre[:-run]))
+        def many(v, one=one):          # (a form takes few values: computed once each)
+            u, back = np.unique(np.asarray(v, dtype=float), return_inverse=True)
+            return np.array([one(x) for x in u])[back].reshape(np.shape(v))
+        FUNCTIONS[name] = one
+        ARRAY_FUNCTIONS[name] = many
     return _apply(name, x)
 
 

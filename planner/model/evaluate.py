@@ -174,6 +174,25 @@ WINDOW_CAVEAT = ("sliding-window attention: its attention core is costed as the 
                  "query attends to, at the full attention's rate; the fused kernels work on "
                  "whole tiles of 64-128 keys, so a window of a few hundred tokens costs up to "
                  "about twice its count there; no measured run in the shipped set has a window")
+#: ... with attention dropout: Transformer Engine's backend filter (dot_product_attention/
+#: utils.py) disables its cuDNN attention for a window with dropout
+WINDOW_DROPOUT = ("; with dropout, Transformer Engine's cuDNN attention refuses the window, "
+                  "so flash-attn 2.3 or later must be installed to run it")
+#: ... without fused attention: Megatron-Core's fused softmax kernel (fused_softmax.py
+#: is_kernel_available) takes 16-bit causal scores up to 4,096 keys without asking for the
+#: window, so the unfused path may train without it
+WINDOW_UNFUSED = ("; with flash_attention = false, Megatron-Core's fused softmax kernel runs "
+                  "16-bit causal scores of up to 4,096 keys without the window's mask "
+                  "(is_kernel_available does not check it): the costed unfused path may not "
+                  "train the window")
+
+
+def window_caveat(inst: Instance) -> str:
+    """What a model with a sliding window is told (:data:`WINDOW_CAVEAT`, and the backends
+    that may not run the window)."""
+    tr = inst.spec.training
+    return (WINDOW_CAVEAT + (WINDOW_DROPOUT if inst.model.dropout and tr.flash_attention else "")
+            + ("" if tr.flash_attention else WINDOW_UNFUSED))
 
 #: The part of the newer-schedule caveat every plan shares; :data:`P2P_4047_PLAN` adds the plan's
 #: own figure (a table of plans states the range of those: :func:`plan_figure`)
@@ -219,7 +238,7 @@ def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = No
     interleaved schedule would add (:func:`p2p_since_4047_caveat`)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     if inst.model.windowed:
-        out.append(WINDOW_CAVEAT)
+        out.append(window_caveat(inst))
     if inst.spec.model.approximates:
         out.append(f"model shape: {inst.spec.model.approximates}; its time and memory are "
                    "the approximation's")

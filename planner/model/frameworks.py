@@ -469,6 +469,15 @@ MXFP8_PARAMS_SOURCE = ("Megatron-Core all-gathers MXFP8 parameters in 16 bits th
                        "NotImplementedError under Megatron-FSDP")
 
 
+def cp_exchange(training, framework: str | None) -> str:
+    """How context parallelism exchanges the attention's inputs: ``[training] cp_comm_type``
+    (Transformer Engine's p2p ring or a2a) under Megatron-LM and NeMo; torchtitan's and
+    DeepSpeed's plans run their own, costed as the p2p ring (a pinned framework with a2a is
+    an input error; ``plan solve --emit`` searches under that framework's rules, this one
+    among them)."""
+    return training.cp_comm_type if framework in (None, "megatron", "nemo") else "p2p"
+
+
 def torchao_float8(training, framework: str | None) -> bool:
     """Whether the FP8 linear layers are torchao's float8 (``Float8Linear``) rather than
     Transformer Engine's: ``[training] fp8_library``, by default torchao under torchtitan (its

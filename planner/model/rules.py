@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from planner.model.frameworks import cp_exchange
 from planner.model.instance import Instance
 from planner.model.words import as_written as _g
 
@@ -109,6 +110,11 @@ class Rule:
 def _positive_integer(x) -> bool:
     x = float(x)
     return x >= 1 - 1e-9 and abs(x - round(x)) <= 1e-9 * max(1.0, abs(x))
+
+
+def _exchange(inst: Instance) -> str:
+    """Context parallelism's exchange (frameworks.cp_exchange)."""
+    return cp_exchange(inst.spec.training, inst.spec.constraints.framework)
 
 
 def _moe(inst: Instance) -> bool:
@@ -246,8 +252,17 @@ RULES: tuple[Rule, ...] = (
     Rule("window_cp", "one", lambda v, k: (v.cp,), "cp = 1 with sliding-window attention",
          lambda v, k: f"cp={v.cp}: sliding-window attention (model.window_size) runs under "
                       "context parallelism only with Transformer Engine's a2a or all_gather "
-                      "exchange, not the p2p ring this model costs; use cp = 1",
-         applies=lambda inst: inst.model.windowed),
+                      "exchange, not the p2p ring (training.cp_comm_type = \"p2p\"); use "
+                      "cp = 1, or cp_comm_type = \"a2a\"",
+         applies=lambda inst: inst.model.windowed and _exchange(inst) == "p2p"),
+    # Ulysses splits the heads of a tensor rank over the context-parallel ranks: Transformer
+    # Engine asserts "cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V"
+    Rule("cp_heads", "integer", lambda v, k: (k.heads / (v.tp * v.cp), k.kv / (v.tp * v.cp)),
+         "tp*cp divides heads and kv_heads (cp_comm_type a2a)",
+         lambda v, k: f"cp_comm_type = \"a2a\" splits the heads of a tensor rank over the "
+                      f"context-parallel ranks: tp*cp = {v.tp}*{v.cp} must divide "
+                      f"heads={k.heads}" + (f" and kv_heads={k.kv}" if k.kv != k.heads else ""),
+         applies=lambda inst: _exchange(inst) == "a2a", requires=("heads",)),
     # Megatron-Core's sequence parallelism scatters the [s/cp, b, h] activations over the tp
     # ranks along the sequence, and tensor_parallel/mappings.py _split_along_first_dim asserts
     # "First dimension of the tensor should be divisible by tensor parallel size"

@@ -189,7 +189,8 @@ class ModelSpec(_Strict):
         default=None, description="sliding-window attention: each query attends to itself "
         "and the window_size tokens before it (Megatron-Core's window_size (left, 0), given "
         "as that number or as [left, 0]; a Hugging Face sliding_window counts the query too: "
-        "one more); default none: full causal attention")
+        "one more); -1, or a window covering seq_len, is full causal attention (-1 overrides "
+        "an hf_config's window); default none: full causal attention")
     window_attn_skip_freq: int | list[int] | None = Field(
         default=None, description="which layers attend within the window (Megatron-Core's "
         "names): N, every N-th layer full attention and the others windowed; or a list of 0 / "
@@ -286,9 +287,10 @@ class ModelSpec(_Strict):
                                  "window (Megatron-Core's (left, right) with right = 0), or "
                                  "the number left")
             w = w[0]
-        if not 1 <= w <= MAX_SEQ:
-            raise ValueError(f"window_size = {w}: expected a whole number of tokens from 1 "
-                             f"to {MAX_SEQ:,} (the keys before a query it attends to)")
+        if not (1 <= w <= MAX_SEQ or w == -1):
+            raise ValueError(f"window_size = {self.window_size}: expected a whole number of "
+                             f"tokens from 1 to {MAX_SEQ:,} (the keys before a query it "
+                             "attends to), or -1 for no window (Megatron-Core's infinite one)")
         if isinstance(skip, int):
             if skip < 2:
                 raise ValueError(f"window_attn_skip_freq = {skip}: expected N >= 2 (every "
@@ -307,9 +309,13 @@ class ModelSpec(_Strict):
     @property
     def window_left(self) -> int | None:
         """The keys before a query that a windowed layer attends to (``window_size``'s left
-        side), or None for full causal attention."""
+        side), or None for full causal attention: no window, Megatron-Core's infinite one
+        (-1), or one that covers the sequence (``seq_len - 1`` keys or more), which attends
+        as full causal attention does and is built as that (no window in the exports, no
+        window rule)."""
         w = self.window_size
-        return w[0] if isinstance(w, list) else w
+        w = w[0] if isinstance(w, list) else w
+        return None if w is None or w == -1 or w >= self.seq_len - 1 else w
 
     @property
     def windowed_layers(self) -> tuple[bool, ...]:
@@ -437,6 +443,13 @@ class TrainingSpec(_Strict):
         "deepep / hybridep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend: "
         "a token crosses to each remote node its experts sit on once, then fans out over "
         "NVLink); both flex backends are costed alike")
+    cp_comm_type: Literal["p2p", "a2a"] = Field(
+        default="p2p", description="how context parallelism exchanges the attention's inputs "
+        "(Megatron-Core cp_comm_type, Megatron-LM --cp-comm-type): p2p, the ring of key / "
+        "value blocks hidden behind the attention core (the default); a2a, Ulysses-style "
+        "all-to-alls of the queries, keys, values and output over the context-parallel "
+        "ranks, exposed, which needs the heads per tensor rank divisible by cp and which "
+        "Transformer Engine runs with a sliding window where p2p refuses it")
     expandable_segments: bool = Field(
         default=False, description="the process runs PyTorch's caching allocator with "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the default memory_reserve_GiB keeps "
@@ -1009,6 +1022,12 @@ class InstanceSpec(_Strict):
             raise ValueError("training.moe_token_dispatcher applies to mixture-of-experts "
                              "models only (how tokens reach their experts), and model.experts "
                              "= 0 is a dense model: set model.experts, or remove it")
+        if (self.training.cp_comm_type != "p2p"
+                and self.constraints.framework not in (None, "megatron", "nemo")):
+            raise ValueError(f"training.cp_comm_type \"{self.training.cp_comm_type}\" is "
+                             "Megatron-Core's (Transformer Engine's) exchange; constraints."
+                             f"framework = \"{self.constraints.framework}\" runs its own "
+                             "context parallelism (costed as the p2p ring): remove it")
         if self.training.selective_recompute == "mla_up_proj" and not self.model.mla:
             raise ValueError("training.selective_recompute = \"mla_up_proj\" recomputes "
                              "multi-head latent attention's up-projections, and the model has "

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, is_zero,
-                                   quotient_excess, ring_share, steps, vmax)
+                                   quotient_excess, ring_share, run_max, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
-from planner.model.frameworks import (OVERLAP_KNOBS, framework_bar, framework_of,
-                                      grad_reduce_dtype, logit_bytes, selective_recompute_of,
-                                      torchao_float8)
+from planner.model.frameworks import (OVERLAP_KNOBS, cp_exchange, framework_bar,
+                                      framework_of, grad_reduce_dtype, logit_bytes,
+                                      selective_recompute_of, torchao_float8)
 from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB
@@ -321,16 +321,20 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                else hw.attention_efficiency)
         # selective recompute re-runs the core attention forward (Megatron-Core's default
         # recompute module "core_attn"); with fused attention it saves no memory. A sliding
-        # window skips the keys outside it: the core costs the keys its queries attend to
-        # (Shape.attn_share; the unfused path below masks a full score matrix instead)
-        attn = ((passes + 0.5 + (1 if core_attn else 0)) * attn_fwd_flops * sh.attn_share
-                / peak_attn)
+        # window skips the keys outside it: the core costs the keys its queries attend to,
+        # here the layers' average (Shape.attn_share), and a full-attention layer
+        # attn_excess more than a windowed one (the stage's own mix: below; the unfused path
+        # masks a full score matrix instead)
+        attn_one = (passes + 0.5 + (1 if core_attn else 0)) * attn_fwd_flops / peak_attn
+        attn = attn_one * sh.attn_share
+        attn_excess = attn_one * (1 - sh.window_layer_share)
         score_bytes = 0.0
     else:
         score_elems = sh.a * b * s * s / (t * c)           # s/c query rows x s keys, a/t heads
         # per (b s^2 / (t c)): flops (QK^T over q, AV over o) vs bytes
         roof = vmax(2 * (sh.q + sh.o_w) / peak16, 2 * 2 * sh.a / hw.hbm_bw)
         attn = (passes + (1 if core_attn else 0)) * (b * s * s / (t * c)) * roof
+        attn_excess = 0.0
         score_bytes = sh.score_eltwise_bytes_per_element * score_elems
 
     kt, kw = hw.knee_tokens, hw.knee_width
@@ -513,9 +517,20 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                     + backward_exposed(gemm_s(mlp_gemms[:1], peak_gemm)))
         tp_moe = n_fwd * attn_fwd + exposed_qkv
 
-    # ---- context-parallel ring exchange per layer and micro-batch --------------------------
+    # ---- context-parallel exchange per layer and micro-batch ------------------------------
     if is_one(x.c_in) and is_one(x.c_out):
         cp_layer = 0.0
+    elif cp_exchange(tr, inst.spec.constraints.framework) == "a2a":
+        # Ulysses (Transformer Engine AttnFuncWithCPAndQKVOA2A): an all-to-all turns the
+        # rank's queries, keys and values (s / c tokens, every head of the tensor rank) into
+        # the whole sequence of a / (t c) heads, and one turns the output back; the backward
+        # does the same with the output's gradient and the inputs' gradients, a recomputed
+        # forward once more. The attention waits for them: exposed (docs/model.md,
+        # "Context-parallel communication")
+        def a2a(width):
+            return all_to_all(2 * tokens * width / t, x.c_in, x.c_out, hw.bw_intra,
+                              hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        cp_layer = (passes - 1) * (a2a(sh.q + sh.k_w + sh.v_w) + a2a(sh.o_w))
     else:
         kv_bytes = 2 * tokens * (sh.k_w + sh.v_w) / t      # (MLA: every head's K and V)
         hops = steps(c) * passes          # forward: K/V; backward: K/V and their gradients
@@ -563,6 +578,16 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         stage_moe, stage_dense = (capped_quotient(p, padded, sh.n_moe),
                                   quotient_excess(p, padded, sh.n_moe))
     stage_compute = stage_dense * dense_compute + stage_moe * moe_compute   # one micro-batch
+    if sh.full_marks and not is_zero(attn_excess):
+        # under a sliding window the layers above cost the average core; the slowest stage
+        # holds the most full-attention layers: at most, in each of its v chunks of
+        # padded / (p v) consecutive layers, the most a run that long holds (Megatron-LM
+        # deals chunks round-robin: with one layer per chunk and gpt-oss's alternation, every
+        # other rank holds full-attention layers alone; docs/model.md, "Sliding-window
+        # attention"); that many more than the average pay attn_excess
+        full_here = v * run_max(p * v, padded, sh.full_marks)
+        stage_compute = stage_compute + (
+            full_here - stage_layers * sum(sh.full_marks) / L) * attn_excess
 
     # on symbols (the search; any of the pace's pieces symbolic, so every combination has the
     # same maxima)

@@ -75,8 +75,11 @@ class Shape:
     qkv_bias: bool = True     # ... on the QKV projection (alone when bias is False)
     qk_norm: bool = False     # a norm on each query and key head (Qwen3)
     # the fused attention core's work relative to full causal attention, averaged over the
-    # decoder layers (1: no sliding window; window_share)
+    # decoder layers (1: no sliding window; window_share), a windowed layer's own share, and
+    # which layers attend in full (1) under a window (empty without one)
     attn_share: float = 1.0
+    window_layer_share: float = 1.0
+    full_marks: tuple[int, ...] = ()
 
     @staticmethod
     def of(m: ModelSpec) -> Shape:
@@ -94,7 +97,10 @@ class Shape:
                 mtp=m.mtp_layers, mtp_moe=m.last_layer_moe,
                 norm_w=2 if m.normalization == "layernorm" else 1, bias=m.linear_bias,
                 qkv_bias=m.has_qkv_bias, qk_norm=m.qk_norm,
-                attn_share=attention_share(m), **mla)
+                attn_share=attention_share(m),
+                window_layer_share=window_share(m.seq_len, m.window_left),
+                full_marks=tuple(int(not w) for w in m.windowed_layers) if m.windowed else (),
+                **mla)
 
     # attention widths ----------------------------------------------------------------------
     @property

@@ -1,0 +1,123 @@
+"""Context parallelism's exchange (``[training] cp_comm_type``, Megatron-Core's name): the
+p2p ring of key / value blocks, or Transformer Engine's Ulysses-style all-to-alls (``a2a``),
+their cost, the heads rule ``a2a`` brings, the sliding window it admits, the backends'
+agreement and the exports.
+
+The properties checked come from outside the code: the DeepSpeed-Ulysses paper (arXiv
+2309.14509, Sec. 3) puts a GPU's all-to-all bytes at the sequence over the context degree,
+falling as the degree grows, where a ring moves ``c - 1`` blocks; Transformer Engine's
+``AttnFuncWithCPAndQKVOA2A`` asserts "cp_comm_type='a2a' requires num_heads % cp_size == 0";
+its p2p ring refuses a sliding window, its a2a runs one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.model.errors import InputError
+from planner.model.evaluate import evaluate
+from planner.model.instance import parse_instance
+from planner.model.plan import plan_from_spec
+from tests.test_emit import emitted, parse_megatron, parse_yaml
+
+#: a Llama-3-8B-shaped model at 32K tokens (32 heads, 8 key / value heads)
+LLAMA = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
+         "gated_mlp": True, "vocab": 128256, "seq_len": 32768, "tied_embeddings": False,
+         "position_embedding": "rope", "dropout": False, "normalization": "rmsnorm",
+         "linear_bias": False}
+
+
+def _doc(plan: dict | None = None, model: dict | None = None, gpus: int = 8,
+         **training) -> dict:
+    doc = {"model": model or LLAMA,
+           "training": {"global_batch": 8, "precision": "bf16", **training},
+           "cluster": {"gpu": "h100-sxm", "gpus": gpus}}
+    if plan is not None:
+        doc["plan"] = plan
+    return doc
+
+
+def _report(plan: dict, **kw):
+    inst = parse_instance(_doc(plan, **kw))
+    return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+
+
+def _per_layer(cp: int, kind: str) -> float:
+    """The context-parallel seconds of one layer and micro-batch, one node, pp = 1, at 256K
+    tokens (where the collectives' latency is under 1% of their time)."""
+    plan = {"tp": 1, "pp": 1, "dp": 8 // cp, "cp": cp, "micro_batch": 1, "recompute": "full"}
+    rep = _report(plan, model={**LLAMA, "seq_len": 262144}, cp_comm_type=kind)
+    return rep.breakdown_s["cp_comm"] / (rep.plan.micro_batches * LLAMA["layers"])
+
+
+def test_ulysses_bytes_per_gpu_fall_as_the_context_grows_wider():
+    """A GPU's all-to-all sends (c - 1) / c of its s / c tokens' tensors: from cp 2 to 4 to 8
+    its time per layer falls to 3/4 and 7/16."""
+    a2a = {c: _per_layer(c, "a2a") for c in (2, 4, 8)}
+    assert a2a[4] / a2a[2] == pytest.approx(0.75, rel=0.01)
+    # (at cp 8 the seven peers' message latencies add about 2.5%)
+    assert a2a[8] / a2a[2] == pytest.approx(7 / 16, rel=0.03)
+    # and they are all exposed: more than the ring's, which hides its hops behind the core
+    assert all(a2a[c] > _per_layer(c, "p2p") for c in (2, 4, 8))
+
+
+def test_ulysses_needs_the_heads_of_a_tensor_rank_to_split_over_the_context_ranks():
+    """8 key / value heads: tp 1 x cp 8 splits them, tp 2 x cp 8 cannot (as Transformer
+    Engine asserts), and the ring has no such rule."""
+    ok = {"tp": 1, "pp": 1, "dp": 1, "cp": 8, "micro_batch": 1, "recompute": "full"}
+    assert not _report(ok, cp_comm_type="a2a").violations
+    bad = {"tp": 2, "pp": 1, "dp": 1, "cp": 8, "micro_batch": 1, "recompute": "full"}
+    said = _report(bad, gpus=16, cp_comm_type="a2a").violations
+    assert any("tp*cp = 2*8 must divide heads=32 and kv_heads=8" in v for v in said)
+    assert not _report(bad, gpus=16).violations
+
+
+def test_a_windowed_model_splits_its_sequence_only_over_ulysses():
+    """A sliding window refuses the ring (rule window_cp) but runs over a2a; at 128K tokens on
+    one node the search then splits the sequence, as it cannot with the ring."""
+    from formulations.solve import solve
+    model = {**LLAMA, "seq_len": 131072, "window_size": 4095}
+    plans = {}
+    for kind in ("p2p", "a2a"):
+        doc = _doc(model=model, global_batch=1, cp_comm_type=kind)
+        doc["constraints"] = {"max_cp": 8}
+        res = solve(parse_instance(doc), solver="enumerate")
+        plans[kind] = res.report.plan if res.report is not None else None
+    assert plans["a2a"] is not None and plans["a2a"].cp > 1
+    assert plans["p2p"] is None or plans["p2p"].cp == 1
+
+
+@pytest.mark.parametrize("window", [None, 127])
+def test_backends_agree_with_ulysses(window):
+    """CP-SAT, HiGHS and the enumerator find the same optimum and plan with the a2a exchange
+    and context parallelism free, with and without a sliding window."""
+    from tests.test_solvers import _agree
+    model = {**LLAMA, "layers": 8, "seq_len": 65536,
+             **({"window_size": window, "window_attn_skip_freq": 2} if window else {})}
+    _agree({"model": model, "training": {"global_batch": 16, "precision": "bf16",
+                                         "cp_comm_type": "a2a"},
+            "cluster": {"gpu": "h100-sxm", "nodes": 2},
+            "constraints": {"max_cp": 8, "max_recompute_layers": 0, "optimizer_offload": False}})
+
+
+def test_the_exports_carry_the_exchange():
+    """Megatron-LM ``--cp-comm-type a2a``; NeMo ``cp_comm_type`` (p2p written too, so a
+    recipe's own a2a does not survive); torchtitan says it cannot express it."""
+    plan = {"tp": 1, "pp": 1, "dp": 4, "cp": 2, "micro_batch": 1, "recompute": "full"}
+    doc = _doc(plan, cp_comm_type="a2a")
+    assert parse_megatron(emitted(doc, plan, "megatron"))["--cp-comm-type"] == "a2a"
+    assert parse_yaml(emitted(doc, plan, "nemo"))["model.config.cp_comm_type"] == "a2a"
+    ring = _doc(plan)
+    assert "--cp-comm-type" not in parse_megatron(emitted(ring, plan, "megatron"))
+    assert parse_yaml(emitted(ring, plan, "nemo"))["model.config.cp_comm_type"] == "p2p"
+    fsdp = {**plan, "dp_sharding": "optim_grads_params"}
+    said = emitted(_doc(fsdp, cp_comm_type="a2a"), fsdp, "torchtitan").replace("\n#   ", " ")
+    assert "cp_comm_type \"a2a\" (Transformer Engine's Ulysses exchange): cannot express" in said
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed"])
+def test_ulysses_is_refused_where_the_framework_runs_its_own_exchange(framework):
+    doc = _doc(cp_comm_type="a2a")
+    doc["constraints"] = {"framework": framework}
+    with pytest.raises(InputError, match="training.cp_comm_type: \"a2a\" is Megatron-Core"):
+        parse_instance(doc)
