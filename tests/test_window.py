@@ -182,6 +182,9 @@ def test_the_exports_build_the_window():
     ({"window_size": 4095, "window_attn_skip_freq": [1, 0]}, "one 0 or 1 per layer"),
     ({"window_size": 4095, "window_attn_skip_freq": [0] * 32}, "marks no layer windowed"),
     ({"window_size": 4095, "window_attn_skip_freq": [2] * 32}, "values other than 0 and 1"),
+    ({"window_size": "4095"}, "expected a whole number of tokens or \\[left, 0\\] \\(got"),
+    ({"window_size": 4095, "window_attn_skip_freq": [True, False]},
+     "expected a whole number N or a list of 0 / 1 per layer"),
 ])
 def test_window_keys_that_megatron_would_not_read_are_input_errors(keys, words):
     model = {k: v for k, v in MISTRAL.items() if k != "window_size"}

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, WrapValidator,
+                      field_validator, model_validator)
 
 from planner.model.frameworks import (FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, FrameworkName,
                                       param_gather_refusal)
@@ -124,6 +125,18 @@ MOE_KEYS = ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
             "moe_layer_interval")
 
 
+def _int_or_ints(expected: str) -> WrapValidator:
+    """One message for a key that takes a whole number or a list of them (pydantic would say
+    "a valid integer" for a list it also accepts), with the value as the TOML wrote it."""
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            from planner.model.words import toml_value
+            raise ValueError(f"expected {expected} (got {toml_value(value)})") from None
+    return WrapValidator(check)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -185,13 +198,15 @@ class ModelSpec(_Strict):
         "key head before the attention (Qwen3; Megatron-LM --qk-layernorm)")
     # sliding-window attention (Megatron-Core TransformerConfig window_size and
     # window_attn_skip_freq; docs/model.md, "Sliding-window attention")
-    window_size: int | list[int] | None = Field(
+    window_size: Annotated[int | list[int] | None, _int_or_ints(
+        "a whole number of tokens or [left, 0]")] = Field(
         default=None, description="sliding-window attention: each query attends to itself "
         "and the window_size tokens before it (Megatron-Core's window_size (left, 0), given "
         "as that number or as [left, 0]; a Hugging Face sliding_window counts the query too: "
         "one more); -1, or a window covering seq_len, is full causal attention (-1 overrides "
         "an hf_config's window); default none: full causal attention")
-    window_attn_skip_freq: int | list[int] | None = Field(
+    window_attn_skip_freq: Annotated[int | list[int] | None, _int_or_ints(
+        "a whole number N or a list of 0 / 1 per layer")] = Field(
         default=None, description="which layers attend within the window (Megatron-Core's "
         "names): N, every N-th layer full attention and the others windowed; or a list of 0 / "
         "1 per layer, 1 windowed; default every layer (with window_size)")
