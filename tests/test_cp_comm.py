@@ -42,12 +42,31 @@ def _report(plan: dict, **kw):
     return evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
 
 
-def _per_layer(cp: int, kind: str) -> float:
-    """The context-parallel seconds of one layer and micro-batch, one node, pp = 1, at 256K
-    tokens (where the collectives' latency is under 1% of their time)."""
-    plan = {"tp": 1, "pp": 1, "dp": 8 // cp, "cp": cp, "micro_batch": 1, "recompute": "full"}
-    rep = _report(plan, model={**LLAMA, "seq_len": 262144}, cp_comm_type=kind)
+def _per_layer(cp: int, kind: str, tp: int = 1, recompute: str = "full") -> float:
+    """The context-parallel seconds of one layer and micro-batch, one node, pp = 1, at 1M
+    tokens (where the collectives' latency is about 1% of their time)."""
+    plan = {"tp": tp, "pp": 1, "dp": 8 // (cp * tp), "cp": cp, "micro_batch": 1,
+            "recompute": recompute}
+    rep = _report(plan, model={**LLAMA, "seq_len": 2**20}, cp_comm_type=kind)
     return rep.breakdown_s["cp_comm"] / (rep.plan.micro_batches * LLAMA["layers"])
+
+
+def test_ulysses_moves_the_bytes_of_transformer_engines_tensors():
+    """Transformer Engine's a2a exchanges a rank's [s / c, b, heads / t, d] queries, keys,
+    values and output, 16-bit, forward, and their gradients backward; a GPU keeps 1 / c of
+    each and sends the rest over NVLink here. Counted from those shapes (Llama-3-8B: 32 query
+    heads and 8 key / value heads of 128), against the catalog's NVLink bandwidth; a full
+    recompute re-runs the forward's (3 : 2), so does a selective one of the core (its call
+    holds the exchange), and tensor parallelism 2 halves the heads."""
+    inst = parse_instance(_doc(model={**LLAMA, "seq_len": 2**20}))
+    s, c = 2**20, 4
+    widths = 32 * 128 + 8 * 128 + 8 * 128 + 32 * 128      # q, k, v, output
+    sent = 2 * (s // c) * widths * (c - 1) / c             # bytes per direction
+    none = _per_layer(c, "a2a", recompute="none")
+    assert none == pytest.approx(2 * sent / inst.hw.bw_intra, rel=0.01)
+    assert _per_layer(c, "a2a", recompute="full") / none == pytest.approx(1.5, rel=1e-9)
+    assert _per_layer(c, "a2a", recompute="selective") / none == pytest.approx(1.5, rel=1e-9)
+    assert _per_layer(c, "a2a", tp=2, recompute="none") / none == pytest.approx(0.5, rel=0.01)
 
 
 def test_ulysses_bytes_per_gpu_fall_as_the_context_grows_wider():

@@ -253,13 +253,13 @@ RULES: tuple[Rule, ...] = (
          lambda v, k: f"cp={v.cp}: sliding-window attention (model.window_size) runs under "
                       "context parallelism only with Transformer Engine's a2a or all_gather "
                       "exchange, not the p2p ring (training.cp_comm_type = \"p2p\"); use "
-                      "cp = 1, or cp_comm_type = \"a2a\"",
+                      "cp = 1, or training.cp_comm_type = \"a2a\"",
          applies=lambda inst: inst.model.windowed and _exchange(inst) == "p2p"),
     # Ulysses splits the heads of a tensor rank over the context-parallel ranks: Transformer
     # Engine asserts "cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V"
     Rule("cp_heads", "integer", lambda v, k: (k.heads / (v.tp * v.cp), k.kv / (v.tp * v.cp)),
          "tp*cp divides heads and kv_heads (cp_comm_type a2a)",
-         lambda v, k: f"cp_comm_type = \"a2a\" splits the heads of a tensor rank over the "
+         lambda v, k: f"training.cp_comm_type = \"a2a\" splits the heads of a tensor rank over the "
                       f"context-parallel ranks: tp*cp = {v.tp}*{v.cp} must divide "
                       f"heads={k.heads}" + (f" and kv_heads={k.kv}" if k.kv != k.heads else ""),
          applies=lambda inst: _exchange(inst) == "a2a", requires=("heads",)),

@@ -1042,7 +1042,8 @@ class InstanceSpec(_Strict):
             raise ValueError(f"training.cp_comm_type \"{self.training.cp_comm_type}\" is "
                              "Megatron-Core's (Transformer Engine's) exchange; constraints."
                              f"framework = \"{self.constraints.framework}\" runs its own "
-                             "context parallelism (costed as the p2p ring): remove it")
+                             "context parallelism (costed as the p2p ring): remove "
+                             "training.cp_comm_type")
         if self.training.selective_recompute == "mla_up_proj" and not self.model.mla:
             raise ValueError("training.selective_recompute = \"mla_up_proj\" recomputes "
                              "multi-head latent attention's up-projections, and the model has "

@@ -527,13 +527,18 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # does the same with the output's gradient and the inputs' gradients, a recomputed
         # forward once more. The attention waits for them: exposed (docs/model.md,
         # "Context-parallel communication")
+        # (one message per tensor: q, k, v and the output each way; selective recompute of
+        # the core re-runs its call, exchanges included)
         def a2a(width):
             return all_to_all(2 * tokens * width / t, x.c_in, x.c_out, hw.bw_intra,
                               hw.bw_inter, hw.lat_intra, hw.lat_inter)
-        cp_layer = (passes - 1) * (a2a(sh.q + sh.k_w + sh.v_w) + a2a(sh.o_w))
+        cp_layer = (passes - 1 + (1 if core_attn else 0)) * (
+            a2a(sh.q) + a2a(sh.k_w) + a2a(sh.v_w) + a2a(sh.o_w))
     else:
         kv_bytes = 2 * tokens * (sh.k_w + sh.v_w) / t      # (MLA: every head's K and V)
-        hops = steps(c) * passes          # forward: K/V; backward: K/V and their gradients
+        # forward: K/V; backward: K/V and their gradients; a recomputed core (selective
+        # recompute's core_attn) runs its forward ring again
+        hops = steps(c) * (passes + (1 if core_attn else 0))
         cp_raw = hops * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
                                    hw.lat_intra, hw.lat_inter)
         # hidden behind the attention core up to its length; the last backward hop (the
@@ -585,9 +590,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # deals chunks round-robin: with one layer per chunk and gpt-oss's alternation, every
         # other rank holds full-attention layers alone; docs/model.md, "Sliding-window
         # attention"); that many more than the average pay attn_excess
-        full_here = v * run_max(p * v, padded, sh.full_marks)
-        stage_compute = stage_compute + (
-            full_here - stage_layers * sum(sh.full_marks) / L) * attn_excess
+        # (a first or last stage longer than a middle one, which only a [plan] can give:
+        # runs as long as its chunks; the search's layouts have sf, sl >= 0)
+        longer = min(0, sf, sl)
+        full_here = v * run_max(p * v, padded - longer * p if longer else padded,
+                                sh.full_marks)
+        full_share = sum(sh.full_marks) / L * attn_excess     # an average layer's
+        window_extra = (full_here - stage_layers * sum(sh.full_marks) / L) * attn_excess
+    else:
+        full_share = window_extra = 0.0
 
     # on symbols (the search; any of the pace's pieces symbolic, so every combination has the
     # same maxima)
@@ -599,7 +610,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # communication per layer is charged on the fullest stage (a middle one: an upper bound;
     # the prediction depths' layers are within it where the last stage is as many layers
     # short).
-    per_layer = stage_compute / stage_layers
+    # (under a window a first or last stage is short of windowed layers, and the fullest
+    # stage's full-attention layers stay whole on every stage: an upper bound)
+    per_layer = stage_compute / stage_layers - full_share
+    stage_compute = stage_compute + window_extra
     if symbolic:
         # the search's layouts have sf, sl >= 0 and, at p = 2, one of them 0 (the space keeps
         # to these): then the middle stage is the slowest but for the output layer, and the
@@ -801,8 +815,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # all-gather runs during layer i's compute and layer i's reduce-scatter during layer
     # i-1's backward, the unit being one layer (and the root unit): the first gather and the
     # last reduce-scatter have nothing to hide behind.
-    # (the lightest stage's compute: a lower bound on the window of every stage)
-    window = stage_compute - max(sf, sl) * per_layer if k.uneven else stage_compute
+    # (the lightest stage's compute: a lower bound on the window of every stage; under a
+    # sliding window, of windowed layers only)
+    lightest = (stage_compute - window_extra - stage_layers * full_share if sh.full_marks
+                else stage_compute)
+    window = lightest - max(sf, sl) * per_layer if k.uneven else lightest
     backward = window * (passes - 1) / passes
     forward = window / passes
     og, opg = k.overlap_grad_reduce, k.overlap_param_gather
