@@ -595,10 +595,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         longer = min(0, sf, sl)
         full_here = v * run_max(p * v, padded - longer * p if longer else padded,
                                 sh.full_marks)
-        full_share = sum(sh.full_marks) / L * attn_excess     # an average layer's
-        window_extra = (full_here - stage_layers * sum(sh.full_marks) / L) * attn_excess
+        avg_excess = sh.full_share * attn_excess                # an average layer's
+        window_extra = (full_here - stage_layers * sh.full_share) * attn_excess
     else:
-        full_share = window_extra = 0.0
+        avg_excess = window_extra = 0.0
 
     # on symbols (the search; any of the pace's pieces symbolic, so every combination has the
     # same maxima)
@@ -612,7 +612,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # short).
     # (under a window a first or last stage is short of windowed layers, and the fullest
     # stage's full-attention layers stay whole on every stage: an upper bound)
-    per_layer = stage_compute / stage_layers - full_share
+    per_layer = stage_compute / stage_layers - avg_excess
     stage_compute = stage_compute + window_extra
     if symbolic:
         # the search's layouts have sf, sl >= 0 and, at p = 2, one of them 0 (the space keeps
@@ -817,7 +817,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # last reduce-scatter have nothing to hide behind.
     # (the lightest stage's compute: a lower bound on the window of every stage; under a
     # sliding window, of windowed layers only)
-    lightest = (stage_compute - window_extra - stage_layers * full_share if sh.full_marks
+    lightest = (stage_compute - window_extra - stage_layers * avg_excess if sh.full_marks
                 else stage_compute)
     window = lightest - max(sf, sl) * per_layer if k.uneven else lightest
     backward = window * (passes - 1) / passes

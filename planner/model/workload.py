@@ -35,13 +35,6 @@ def window_share(s: int, left: int | None) -> float:
     return keys / (s * (s + 1) / 2)
 
 
-def attention_share(m: ModelSpec) -> float:
-    """:func:`window_share` averaged over the decoder layers, full-attention layers at 1:
-    what the fused attention core costs relative to every layer attending causally in full."""
-    shares = [window_share(m.seq_len, m.window_left) if w else 1.0 for w in m.windowed_layers]
-    return sum(shares) / len(shares)
-
-
 @dataclass(frozen=True)
 class Shape:
     """Model shape in the notation of the papers: L layers, h hidden, a heads, k kv heads,
@@ -74,10 +67,8 @@ class Shape:
     bias: bool = True         # biases on the linear layers (attention, MLP, experts)
     qkv_bias: bool = True     # ... on the QKV projection (alone when bias is False)
     qk_norm: bool = False     # a norm on each query and key head (Qwen3)
-    # the fused attention core's work relative to full causal attention, averaged over the
-    # decoder layers (1: no sliding window; window_share), a windowed layer's own share, and
-    # which layers attend in full (1) under a window (empty without one)
-    attn_share: float = 1.0
+    # under a sliding window: a windowed layer's attention core relative to full causal
+    # attention's (window_share), and which layers attend in full (1; empty without a window)
     window_layer_share: float = 1.0
     full_marks: tuple[int, ...] = ()
 
@@ -97,10 +88,21 @@ class Shape:
                 mtp=m.mtp_layers, mtp_moe=m.last_layer_moe,
                 norm_w=2 if m.normalization == "layernorm" else 1, bias=m.linear_bias,
                 qkv_bias=m.has_qkv_bias, qk_norm=m.qk_norm,
-                attn_share=attention_share(m),
                 window_layer_share=window_share(m.seq_len, m.window_left),
                 full_marks=tuple(int(not w) for w in m.windowed_layers) if m.windowed else (),
                 **mla)
+
+    # sliding window --------------------------------------------------------------------------
+    @property
+    def full_share(self) -> float:
+        """The share of the decoder layers that attend in full under a window (1 without)."""
+        return sum(self.full_marks) / self.L if self.full_marks else 1.0
+
+    @property
+    def attn_share(self) -> float:
+        """The fused attention core's work relative to every layer attending causally in
+        full: :func:`window_share` averaged over the layers, full-attention layers at 1."""
+        return self.full_share + (1 - self.full_share) * self.window_layer_share
 
     # attention widths ----------------------------------------------------------------------
     @property
