@@ -485,10 +485,8 @@ def _megatron_window(m) -> list[str]:
 
 def _window_words(m) -> str:
     """The sliding window in words, for the exports that take the model from elsewhere."""
-    n = sum(m.windowed_layers)
     return (f"sliding-window attention (each query attends to itself and the {m.window_left} "
-            "tokens before it, "
-            + ("in every layer" if n == m.layers else f"in {n} of the {m.layers} layers")
+            f"tokens before it, in {m.windowed_extent}"
             + f"; Megatron-Core window_size ({m.window_left}, 0)"
             + (f", window_attn_skip_freq {m.window_attn_skip_freq}"
                if isinstance(m.window_attn_skip_freq, int) else "") + ")")

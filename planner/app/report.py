@@ -61,10 +61,8 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
         heads = (f"{m.heads} heads ({m.kv} kv"
                  + (f", {m.head_dim} wide" if m.head_dim is not None else "") + ")")
     mtp = f" (+ {plural(m.mtp_layers, 'prediction layer')})" if m.mtp_layers else ""
-    n_win = sum(m.windowed_layers)
     window = (f", sliding window of {m.window_left:,} tokens before each query in "
-              + ("every layer" if n_win == m.layers else f"{n_win} of {m.layers} layers")
-              if n_win else "")
+              f"{m.windowed_extent}" if m.windowed else "")
     t.add_row("model", f"{escape(m.name or 'custom')}: {m.layers} layers{mtp}, hidden "
               f"{m.hidden}, {heads}, seq {m.seq_len}{window}")
     hosts = f"{plural(p.nodes, 'node')} of {inst.hw.gpus_per_host}"

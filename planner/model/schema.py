@@ -352,6 +352,13 @@ class ModelSpec(_Strict):
         return any(self.windowed_layers)
 
     @property
+    def windowed_extent(self) -> str:
+        """Which layers attend within the window, in words (the plan report's model line and
+        the exports' comments): "every layer" or "18 of the 36 layers"."""
+        n = sum(self.windowed_layers)
+        return "every layer" if n == self.layers else f"{n} of the {self.layers} layers"
+
+    @property
     def moe(self) -> bool:
         return self.experts > 1
 
