@@ -87,6 +87,7 @@ def test_deepseek_v3():
         "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "mtp_layers": 1,
         "experts": 256, "top_k": 8, "moe_ffn_hidden": 2048, "shared_experts": 1,
         "first_dense_layers": 3, "moe_layer_interval": 1,
+        "moe_router_score_function": "sigmoid",     # (its config: "scoring_func": "sigmoid")
     }
     m = spec(d)
     assert m.moe_layers == 58 and m.mla   # 61 layers, the first 3 dense

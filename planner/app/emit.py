@@ -307,16 +307,21 @@ def _ep(plan: Plan) -> int:
 
 def _moe(inst: Instance) -> dict[str, object] | None:
     """The MoE shape of the model (None for a dense model): experts, top-k, expert width,
-    shared-expert width and which layers are MoE layers (1) or dense (0)."""
+    shared-expert width, which layers are MoE layers (1) or dense (0), the router's score
+    function and whether it scores before choosing (``pre_softmax``: Megatron-Core refuses a
+    softmax over a single chosen expert, whose gradient is zero, so top-1 softmax routing
+    scores first, as the Switch Transformer does)."""
     m = inst.model
     if not getattr(m, "moe", False):
         return None
     d, n = m.first_dense_layers, m.moe_layer_interval
     pattern = [int(i >= d and (i - d) % n == 0) for i in range(m.layers)]
     ffn = m.moe_ffn
+    score = m.moe_router_score_function
     return {"experts": m.experts, "top_k": m.top_k, "ffn": ffn,
             "shared_ffn": m.shared_experts * ffn, "pattern": pattern,
-            "freq": 1 if all(pattern) else _freq_expr(m.layers, d, n)}
+            "freq": 1 if all(pattern) else _freq_expr(m.layers, d, n), "score": score,
+            "pre_softmax": m.top_k == 1 and score == "softmax"}
 
 
 def _freq_expr(layers: int, dense: int, interval: int) -> str:
@@ -436,11 +441,12 @@ def norm_bias_config(m) -> dict[str, str | bool]:
     the QKV bias alone (Megatron-LM's validate_args sets it whenever ``add_bias_linear``).
     Multi-head latent attention takes ``qk_layernorm`` as the switch of its norms of the
     compressed query and key / value (gpt_layer_specs.py: without it the up-projections are
-    plain linear layers), which the model always counts, so an MLA model sets it."""
+    plain linear layers), which the model always counts, so an MLA model sets it.
+    ``qk_l2_norm`` (Llama 4's) is written only where set."""
     return {"normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
             "add_bias_linear": m.linear_bias,
             "add_qkv_bias": m.has_qkv_bias and not m.linear_bias,
-            "qk_layernorm": m.qk_norm or m.mla}
+            "qk_layernorm": m.qk_norm or m.mla} | ({"qk_l2_norm": True} if m.qk_l2_norm else {})
 
 
 def window_config(m) -> dict[str, object]:
@@ -503,6 +509,8 @@ def _megatron_norm_bias(m) -> list[str]:
         args.append("--add-qkv-bias")
     if c["qk_layernorm"]:
         args.append("--qk-layernorm")
+    if c.get("qk_l2_norm"):
+        args.append("--qk-l2-norm")
     return args
 
 
@@ -511,7 +519,8 @@ def _norm_bias_words(m) -> str:
     biases = ("a bias on every linear layer" if m.linear_bias
               else "a QKV bias only" if m.has_qkv_bias else "no linear biases")
     return (f"{'RMSNorm' if m.normalization == 'rmsnorm' else 'LayerNorm'}"
-            + (" (QK norm too)" if m.qk_norm else "") + f", {biases}")
+            + (" (QK norm too)" if m.qk_norm else " (QK L2 norm too)" if m.qk_l2_norm else "")
+            + f", {biases}")
 
 
 def _megatron(inst: Instance, plan: Plan) -> str:
@@ -687,6 +696,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
             args.append(f"--moe-shared-expert-intermediate-size {moe['shared_ffn']}")
         if moe["freq"] != 1:
             args.append(f"--moe-layer-freq '{moe['freq']}'")     # quoted for the shell
+        if moe["score"] != "softmax":
+            args.append(f"--moe-router-score-function {moe['score']}")
+        if moe["pre_softmax"]:
+            args.append("--moe-router-pre-softmax")
         # the plan's expert grid is ep x expert-dp (expert tensor parallelism 1); Megatron's
         # default expert tensor parallel size is the dense tp
         args += [f"--expert-model-parallel-size {_ep(plan)}", "--expert-tensor-parallel-size 1"]
@@ -818,6 +831,10 @@ def _nemo_moe(inst: Instance) -> dict[str, object]:
     if moe["shared_ffn"]:
         out["moe_shared_expert_intermediate_size"] = moe["shared_ffn"]
     out["moe_layer_freq"] = 1 if moe["freq"] == 1 else moe["pattern"]
+    if moe["score"] != "softmax":
+        out["moe_router_score_function"] = moe["score"]
+    if moe["pre_softmax"]:
+        out["moe_router_pre_softmax"] = True
     # Megatron-Core TransformerConfig fields (megatron/core/transformer/transformer_config.py)
     dispatcher = inst.spec.training.moe_token_dispatcher
     out["moe_token_dispatcher_type"] = "alltoall" if dispatcher == "alltoall" else "flex"

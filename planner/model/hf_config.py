@@ -9,15 +9,23 @@ when ``model_type`` is absent or not one of these):
 
     llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3,
     gpt_oss, phi3 (Phi-3 / Phi-3.5 / Phi-4: Llama's keys and layers, q / k / v and gate / up
-    each fused into one matrix, which changes neither the shapes nor the counts)
+    each fused into one matrix, which changes neither the shapes nor the counts), glm4_moe
+    (GLM-4.5 / 4.6 / 4.5-Air), llama4 (Llama 4; llama4_text, its decoder alone)
+
+A vision-language wrapper (Llama 4, Mistral 3, ...) keeps its decoder's keys in
+``text_config``: the reader reads them there, by the text config's own ``model_type``
+(``tie_word_embeddings``, ``architectures`` and ``_name_or_path`` from the wrapper where the
+text config has none), and says in ``approximates`` that the vision encoder and projector
+(``vision_config``) are not costed.
 
 Key mapping, all families (required unless a default is given)::
 
     num_hidden_layers                  -> layers
     hidden_size                        -> hidden
     num_attention_heads                -> heads
-    num_key_value_heads                -> kv_heads            (absent: 8 for mistral / mixtral,
-                                                             as transformers' defaults; else
+    num_key_value_heads                -> kv_heads            (absent: 8 for mistral / mixtral /
+                                                             glm4_moe / llama4, as
+                                                             transformers' defaults; else
                                                              heads; DeepSeek: not read)
     head_dim                           -> head_dim            (below; a positive integer)
     intermediate_size                  -> ffn_hidden          (width of the dense MLP layers)
@@ -35,6 +43,11 @@ Biases (Megatron-Core's add_bias_linear / add_qkv_bias, what the exports build):
     llama, qwen3,        attention_bias (default false) -> qkv_bias; llama with mlp_bias too
     qwen3_moe            -> linear_bias = true (every linear layer)
     gpt_oss              attention_bias (default true) -> linear_bias (attention and experts)
+    glm4_moe             attention_bias (default false) -> qkv_bias (q / k / v, o without);
+                         use_qk_norm (default false) -> qk_norm
+    llama4               attention_bias as llama's; use_qk_norm (default true) ->
+                         qk_l2_norm (Llama4TextL2Norm, weightless; transformers applies it
+                         on the RoPE layers, Megatron-Core's qk_l2_norm on every layer)
     mistral, mixtral,    none
     deepseek_v2 / v3
 
@@ -59,6 +72,22 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
                  decoder_sparse_step (default 1) -> moe_layer_interval = step and
                      first_dense_layers = step - 1 (Hugging Face makes layer i sparse when
                      (i + 1) % step == 0, i.e. layers step-1, 2*step-1, ...: exactly that set)
+    glm4_moe     n_routed_experts (alias num_local_experts) -> experts,
+                 num_experts_per_tok -> top_k, moe_intermediate_size -> moe_ffn_hidden,
+                 n_shared_experts -> shared_experts, first_k_dense_replace ->
+                 first_dense_layers (Glm4MoeDecoderLayer: layer_idx >= it is sparse),
+                 num_nextn_predict_layers (alias num_mtp_layers) -> mtp_layers; absent keys
+                 at Glm4MoeConfig's defaults (128 experts, top 8, 1408, 1 shared, 1 dense
+                 layer, 1 prediction depth); the router scores with a sigmoid
+    llama4       num_local_experts -> experts, num_experts_per_tok -> top_k,
+                 intermediate_size -> moe_ffn_hidden, one shared expert of that width
+                 (Llama4TextMoe.shared_expert), intermediate_size_mlp -> ffn_hidden (the
+                 dense layers), interleave_moe_layer_step -> moe_layer_interval = step and
+                 first_dense_layers = step - 1 (transformers' moe_layers = range(step - 1,
+                 layers, step)), or moe_layers where the config lists them (a run of every
+                 n-th layer to the last; another list is modelled by the step, with a
+                 warning); absent keys at Llama4TextConfig's defaults; the router scores with
+                 a sigmoid
     deepseek_v2, n_routed_experts -> experts, num_experts_per_tok -> top_k,
     deepseek_v3  moe_intermediate_size -> moe_ffn_hidden,
                  n_shared_experts (default 0) -> shared_experts (each moe_intermediate_size wide),
@@ -67,6 +96,11 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
                      multiple of moe_layer_freq (Hugging Face makes layer i sparse when
                      i >= first_k_dense_replace and i % moe_layer_freq == 0; identical when the
                      frequency is 1, as in every published DeepSeek config)
+                 DeepSeek-V3's router scores with a sigmoid (DeepseekV3TopkRouter), V2's
+                 with a softmax
+
+``moe_router_score_function`` (Megatron-Core's name) is not costed: the exports write it, so
+that the launched model routes as the original.
 
 DeepSeek's multi-head latent attention (deepseek_v2, deepseek_v3), absent keys at transformers'
 DeepseekV2Config / DeepseekV3Config defaults::
@@ -105,6 +139,11 @@ Approximations (what the returned shape does not capture):
 * The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
   gpt-oss's attention sinks (one logit per head), router bias and the SwiGLU clamp are not
   counted.
+* Llama 4's chunked attention (``attention_chunk_size``, 8192: its RoPE layers, all but
+  every fourth, attend within the chunk of their query) is costed as full causal attention,
+  which it is up to ``attention_chunk_size`` tokens; beyond, the loader adds it to
+  ``approximates`` (Megatron-Core builds no such layer). Its NoPE layers and attention
+  temperature tuning change no cost. GLM's partial rotary embedding is not counted.
 * ``attention_bias`` of Llama and Qwen3 also puts a bias on the output projection (``h`` per
   layer), which Megatron-Core's ``add_qkv_bias`` leaves out: not counted. Llama's ``mlp_bias``
   alone (without ``attention_bias``) is not counted either.
@@ -116,19 +155,22 @@ import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from planner.model.errors import InputError
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-             "deepseek_v2", "deepseek_v3", "gpt_oss", "phi3")
+             "deepseek_v2", "deepseek_v3", "gpt_oss", "phi3", "glm4_moe", "llama4")
+#: the language model's own ``model_type`` inside a wrapper's ``text_config`` where it is not a
+#: family name itself (transformers' Llama4TextConfig)
+_TEXT_TYPES = {"llama4_text": "llama4"}
 
 # ``architectures`` entries are ``<Prefix>For<Task>``; the prefix names the family
 _ARCH_PREFIX = {
     "Llama": "llama", "Mistral": "mistral", "Mixtral": "mixtral",
     "Qwen2": "qwen2", "Qwen2Moe": "qwen2_moe", "Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe",
     "DeepseekV2": "deepseek_v2", "DeepseekV3": "deepseek_v3", "GptOss": "gpt_oss",
-    "Phi3": "phi3",
+    "Phi3": "phi3", "Glm4Moe": "glm4_moe", "Llama4": "llama4",
 }
 
 _REQUIRED = object()
@@ -235,8 +277,36 @@ def _load(p: Path) -> dict[str, Any]:
     return cfg
 
 
-def _family(cfg: dict[str, Any], p: Path) -> str:
-    model_type = cfg.get("model_type")
+def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, list[str]]:
+    """The language model's keys: a multimodal wrapper's ``text_config`` (Llama 4, Mistral 3
+    and others write the decoder's keys there, beside a ``vision_config``), else the config
+    itself; with where they were read (for the messages) and what the shape leaves out (the
+    model's ``approximates``): the decoder is what the planner costs, a vision encoder and
+    its projector are not. The wrapper's
+    ``tie_word_embeddings``, ``architectures`` and ``_name_or_path`` stand where the text
+    config has none (transformers keeps the tie on the wrapper, e.g. Llama4Config)."""
+    text = cfg.get("text_config")
+    if text is None:
+        return cfg, "", []
+    if not isinstance(text, dict):
+        raise InputError(f"{p}: text_config: expected an object of the language model's keys "
+                         f"(got {json.dumps(text)})")
+    inner = dict(text)
+    for key in ("tie_word_embeddings", "architectures", "_name_or_path"):
+        if inner.get(key) is None and cfg.get(key) is not None:
+            inner[key] = cfg[key]
+    if inner.get("model_type") is None and cfg.get("model_type") is not None:
+        inner["model_type"] = cfg["model_type"]
+    outer = cfg.get("model_type")
+    where = f" (the text_config of model_type {json.dumps(outer)})" if outer else \
+        " (the text_config)"
+    return inner, where, (["the language model (text_config) alone: its vision encoder and "
+                           "projector (vision_config) are not costed"]
+                          if cfg.get("vision_config") is not None else [])
+
+
+def _family(cfg: dict[str, Any], p: Path, where: str = "") -> str:
+    model_type = _TEXT_TYPES.get(cfg.get("model_type"), cfg.get("model_type"))
     if model_type in SUPPORTED:
         return model_type
     archs = cfg.get("architectures")
@@ -247,6 +317,7 @@ def _family(cfg: dict[str, Any], p: Path) -> str:
     found = "no model_type" if model_type is None else f"model_type {json.dumps(model_type)}"
     if archs:
         found += f" (architectures {', '.join(map(str, archs))})"
+    found += where
     raise InputError(f"{p}: unsupported architecture: {found}; supported model_type values: "
                      + ", ".join(SUPPORTED))
 
@@ -257,23 +328,54 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     return read_hf_config_with_context(path)[0]
 
 
-def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None, str]:
-    """:func:`read_hf_config`, the config's ``max_position_embeddings`` (None when absent), the
-    longest sequence the model supports, for the loader's messages, and a label for the model:
-    the last part of ``_name_or_path`` (the model id or directory transformers saved it
-    from, e.g. ``Qwen/Qwen2-72B``), else its ``model_type``, for a file whose name says
-    nothing (``config.json``)."""
+class ConfigContext(NamedTuple):
+    """What the loader needs beside the keys, for its messages (it alone knows ``seq_len``)."""
+
+    max_context: int | None   # max_position_embeddings: the longest sequence the model supports
+    label: str                # names the model when the file's name says nothing (config.json)
+    chunk: int | None         # Llama 4's attention_chunk_size, where some layers attend in chunks
+    chunked_layers: int       # how many: costed as full causal attention (exact up to chunk)
+
+
+def _chunked(cfg: dict[str, Any], family: str, r: _Reader, layers: int) -> tuple[int | None, int]:
+    """Llama 4's chunked attention: ``(attention_chunk_size, layers attending in chunks)``, else
+    ``(None, 0)``. Its RoPE layers attend only within the ``chunk``-long block of their query
+    (transformers' Llama4TextConfig: ``layer_types`` "chunked_attention", else the layers
+    ``no_rope_layers`` marks 1, else all but every ``no_rope_layer_interval``-th; a null
+    ``attention_chunk_size`` turns it off). Megatron-Core has no such layer (NeMo's Llama 4
+    spec adds one), so the planner costs those layers as full causal attention: exact up to
+    ``chunk`` tokens per sequence, an overestimate of their attention core beyond."""
+    if family != "llama4" or ("attention_chunk_size" in cfg and cfg["attention_chunk_size"] is None):
+        return None, 0
+    chunk = r.count("attention_chunk_size", 8192)
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list):
+        return chunk, sum(k == "chunked_attention" for k in kinds)
+    rope = cfg.get("no_rope_layers")
+    if isinstance(rope, list) and rope:
+        return chunk, sum(1 for k in rope[:layers] if k)
+    every = r.count("no_rope_layer_interval", 4)
+    return chunk, sum(1 for i in range(layers) if (i + 1) % (every or 1) != 0)
+
+
+def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigContext]:
+    """:func:`read_hf_config` and its :class:`ConfigContext`: the config's
+    ``max_position_embeddings`` (None when absent), a label for the model (the last part of
+    ``_name_or_path``, the model id or directory transformers saved it from, e.g.
+    ``Qwen/Qwen2-72B``, else its ``model_type``) and Llama 4's chunked attention."""
     p = Path(path)
-    cfg = _load(p)
-    family = _family(cfg, p)
+    cfg, where, left_out = _language_model(_load(p), p)
+    notes: list[str] = []
+    family = _family(cfg, p, where)
     r = _Reader(cfg)
 
     heads = r.count("num_attention_heads")
     # an absent num_key_value_heads is transformers' default of the family: 8 for Mistral and
     # Mixtral (configuration_mistral.py / configuration_mixtral.py), else the heads (Llama's
     # None, read as num_attention_heads); null is read as absent
-    kv_default = 8 if family in ("mistral", "mixtral") and "num_key_value_heads" not in cfg \
-        else heads
+    # (Glm4MoeConfig and Llama4TextConfig default to 8 as well)
+    kv_default = 8 if family in ("mistral", "mixtral", "glm4_moe", "llama4") \
+        and "num_key_value_heads" not in cfg else heads
     out: dict[str, Any] = {
         "layers": r.count("num_hidden_layers"),
         "hidden": r.count("hidden_size"),
@@ -295,7 +397,14 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
         out["qkv_bias"] = True     # (transformers Qwen2Attention: q / k / v with a bias, o without)
     if family in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True      # (transformers Qwen3Attention: q_norm, k_norm over head_dim)
-    if family in ("llama", "qwen3", "qwen3_moe"):
+    elif family == "glm4_moe" and r.flag("use_qk_norm", False):
+        out["qk_norm"] = True      # (Glm4MoeAttention: q_norm / k_norm as Qwen3's)
+    elif family == "llama4" and r.flag("use_qk_norm", True):
+        out["qk_l2_norm"] = True   # (Llama4TextL2Norm: weightless, on the RoPE layers)
+    if family == "glm4_moe":
+        if r.flag("attention_bias", False):
+            out["qkv_bias"] = True  # (Glm4MoeAttention: q / k / v with a bias, o without)
+    elif family in ("llama", "qwen3", "qwen3_moe", "llama4"):
         if r.flag("attention_bias", False):
             out["qkv_bias"] = True
         if family == "llama" and r.flag("mlp_bias", False) and out.get("qkv_bias"):
@@ -306,7 +415,6 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
         out["linear_bias"] = bool(r.flag("attention_bias", True))
     max_context = r.count("max_position_embeddings", None)
     moe: dict[str, Any] | None = None
-    notes: list[str] = []
 
     # Mixtral's and gpt-oss's expert count, under the alias transformers maps to it
     # (attribute_map {"num_experts": "num_local_experts"}; OpenAI's own config writes it so)
@@ -339,6 +447,46 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
             moe["first_dense_layers"] = len(dense_at)    # the leading layers: expressible
         elif dense_at:
             notes.append(f"mlp_only_layers {dense_at} ignored: those layers are modelled as MoE")
+    elif family == "glm4_moe":
+        # DeepSeek-V3's layout with grouped-query attention: the leading dense layers, then MoE
+        # layers with shared experts, and multi-token prediction (absent keys at
+        # transformers' Glm4MoeConfig defaults: 1 shared expert, 1 dense layer, 1 depth)
+        mtp = r.count("num_nextn_predict_layers" if "num_mtp_layers" not in cfg
+                      else "num_mtp_layers", 1, minimum=0)
+        if mtp:
+            out["mtp_layers"] = mtp
+        routed = "num_local_experts" if cfg.get("n_routed_experts") is None \
+            and cfg.get("num_local_experts") is not None else "n_routed_experts"
+        moe = {"experts": r.count(routed, 128, minimum=0),
+               "top_k": r.count("num_experts_per_tok", 8),
+               "moe_ffn_hidden": r.count("moe_intermediate_size", 1408),
+               "shared_experts": r.count("n_shared_experts", 1, minimum=0),
+               "first_dense_layers": r.count("first_k_dense_replace", 1, minimum=0),
+               "moe_layer_interval": 1, "moe_router_score_function": "sigmoid"}
+    elif family == "llama4":
+        # the dense layers are intermediate_size_mlp wide, each expert (and the one shared
+        # expert of every MoE layer) intermediate_size; the MoE layers are every
+        # interleave_moe_layer_step-th from step - 1 (transformers' Llama4TextConfig), or
+        # moe_layers where given (defaults: Llama4TextConfig's)
+        out["ffn_hidden"] = r.count("intermediate_size_mlp", 16384)
+        step = r.count("interleave_moe_layer_step", 1)
+        first, interval = (step - 1, step) if step else (0, 1)
+        listed = sorted(set(r.int_list("moe_layers")))
+        layers = out["layers"] or 0
+        if "moe_layers" in cfg and cfg["moe_layers"] is not None and layers:
+            gap = listed[1] - listed[0] if len(listed) > 1 else layers - (listed or [0])[0]
+            if not listed:
+                first, interval = layers, 1                  # (no MoE layer: a dense model)
+            elif gap >= 1 and listed == list(range(listed[0], layers, gap)):
+                first, interval = listed[0], gap
+            else:
+                notes.append(f"moe_layers {listed} is not every n-th layer up to the last: "
+                             f"modelled as every {interval}-th layer from layer {first}")
+        moe = {"experts": r.count("num_local_experts", 16, minimum=0),
+               "top_k": r.count("num_experts_per_tok", 1),
+               "moe_ffn_hidden": r.count("intermediate_size", 8192),
+               "shared_experts": 1, "first_dense_layers": first,
+               "moe_layer_interval": interval, "moe_router_score_function": "sigmoid"}
     elif family in ("deepseek_v2", "deepseek_v3"):
         # multi-head latent attention: its widths (transformers' DeepseekV2Config /
         # DeepseekV3Config defaults where absent; q_lora_rank null: queries not compressed)
@@ -360,6 +508,8 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
                "shared_experts": r.count("n_shared_experts", 0, minimum=0),
                "first_dense_layers": -(-first // freq) * freq if freq else first,
                "moe_layer_interval": freq}
+        if family == "deepseek_v3":
+            moe["moe_router_score_function"] = "sigmoid"   # (DeepseekV3TopkRouter; V2: softmax)
 
     out.update(_window(cfg, family, r, out["layers"]))
 
@@ -380,4 +530,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], int | None,
     named = cfg.get("_name_or_path")
     label = (named.rstrip("/").rsplit("/", 1)[-1] if isinstance(named, str) and named.strip("/ ")
              else family)
-    return out, max_context, label
+    if left_out:
+        out["approximates"] = "; ".join(left_out)
+    chunk, chunked_layers = _chunked(cfg, family, r, out["layers"])
+    if r.problems:
+        raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
+    return out, ConfigContext(max_context, label, chunk if chunked_layers else None, chunked_layers)

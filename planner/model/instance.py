@@ -359,7 +359,8 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
         if not ref.is_absolute() and base_dir is not None:
             ref = base_dir / ref
         try:
-            keys, max_context, label = read_hf_config_with_context(ref)
+            keys, context = read_hf_config_with_context(ref)
+            max_context = context.max_context
         except InputError as exc:   # name the key that pointed there, and where it was looked for
             raise InputError(f"{source}: invalid instance",
                              [f"model.hf_config = {toml_value(model['hf_config'])}: {exc.args[0]}"]
@@ -378,11 +379,20 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
             warnings.warn(f"{source}: model.seq_len = {model['seq_len']:,} exceeds the "
                           f"max_position_embeddings = {max_context:,} of {ref.name}",
                           UserWarning, stacklevel=2)
+        if (context.chunk and isinstance(model["seq_len"], int)
+                and model["seq_len"] > context.chunk):
+            # (said in the plan's caveats and exports, as the shape's approximation)
+            keys["approximates"] = "; ".join(filter(None, [
+                keys.get("approximates"),
+                f"the {context.chunked_layers} layers that attend within chunks of "
+                f"{context.chunk:,} tokens (attention_chunk_size) costed as full causal "
+                f"attention over seq_len = {model['seq_len']:,}, an overestimate of their "
+                "attention core (Megatron-Core builds no chunked attention)"]))
         from_config = set(keys) - set(model)
         keys = {k: v for k, v in keys.items() if k not in replaced_attention_keys(model)}
         data["model"] = model = {**keys, **model}
         stem = ref.stem.replace(".config", "")
-        model.setdefault("name", label if stem == "config" else stem)
+        model.setdefault("name", context.label if stem == "config" else stem)
     else:
         from_config = set()
     if isinstance(model, dict) and "preset" in model:

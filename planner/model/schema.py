@@ -122,7 +122,7 @@ def replaced_attention_keys(explicit) -> set[str]:
     says less about the intent than MLA's widths do."""
     return set(GQA_KEYS) if set(("q_lora_rank",) + MLA_KEYS) & set(explicit) else set()
 MOE_KEYS = ("top_k", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
-            "moe_layer_interval")
+            "moe_layer_interval", "moe_router_score_function")
 
 
 def _int_or_ints(expected: str) -> WrapValidator:
@@ -196,6 +196,9 @@ class ModelSpec(_Strict):
     qk_norm: bool = Field(
         default=False, description="a norm (of the normalization's kind) on each query and "
         "key head before the attention (Qwen3; Megatron-LM --qk-layernorm)")
+    qk_l2_norm: bool = Field(
+        default=False, description="a weightless L2 norm on each query and key head before the "
+        "attention (Llama 4; Megatron-Core qk_l2_norm, Megatron-LM --qk-l2-norm)")
     # sliding-window attention (Megatron-Core TransformerConfig window_size and
     # window_attn_skip_freq; docs/model.md, "Sliding-window attention")
     window_size: Annotated[int | list[int] | None, _int_or_ints(
@@ -221,6 +224,9 @@ class ModelSpec(_Strict):
     experts: int = Field(default=0, ge=0, le=MAX_EXPERTS,
                          description="routed experts per MoE layer (0 = dense)")
     top_k: upto(MAX_EXPERTS) = Field(default=2, description="routed experts per token")
+    moe_router_score_function: Literal["softmax", "sigmoid"] = Field(
+        default="softmax", description="how the router scores the experts (Megatron-Core's "
+        "name; sigmoid: DeepSeek-V3, GLM-4.5, Llama 4); not costed, written by the exports")
     moe_ffn_hidden: upto(MAX_WIDTH) | None = Field(
         default=None, description="MLP width of one expert; default ffn_hidden")
     shared_experts: int = Field(default=0, ge=0, le=MAX_EXPERTS,
@@ -265,6 +271,12 @@ class ModelSpec(_Strict):
         if self.gated_mlp and self.activation != "gelu":
             raise ValueError(f"activation = \"{self.activation}\" applies to a plain MLP: a "
                              "gated_mlp is SwiGLU; remove one of them")
+        if self.qk_norm and self.qk_l2_norm:
+            raise ValueError("qk_norm and qk_l2_norm: one norm on the queries and keys; "
+                             "Megatron-Core builds the L2 norm when both are set, keep one")
+        if self.mla and self.qk_l2_norm:
+            raise ValueError("qk_l2_norm does not apply to multi-head latent attention "
+                             "(Megatron-Core's layer specs refuse it): remove it")
         if self.mla and self.qk_norm:
             raise ValueError("qk_norm does not apply to multi-head latent attention: its norms "
                              "are on the compressed query and key / value, always counted and "

@@ -66,7 +66,8 @@ class Shape:
     norm_w: int = 2           # parameters per element of a norm: 2 LayerNorm, 1 RMSNorm
     bias: bool = True         # biases on the linear layers (attention, MLP, experts)
     qkv_bias: bool = True     # ... on the QKV projection (alone when bias is False)
-    qk_norm: bool = False     # a norm on each query and key head (Qwen3)
+    qk_norm: bool = False     # a norm on each query and key head (Qwen3; Llama 4's L2 norm)
+    qk_l2: bool = False       # ... the L2 norm: no weights
     # under a sliding window: a windowed layer's attention core relative to full causal
     # attention's (window_share), and which layers attend in full (1; empty without a window)
     window_layer_share: float = 1.0
@@ -87,8 +88,8 @@ class Shape:
                 shared=m.shared_experts if m.moe else 0, n_moe=m.moe_layers,
                 mtp=m.mtp_layers, mtp_moe=m.last_layer_moe,
                 norm_w=2 if m.normalization == "layernorm" else 1, bias=m.linear_bias,
-                qkv_bias=m.has_qkv_bias, qk_norm=m.qk_norm,
-                window_layer_share=window_share(m.seq_len, m.window_left),
+                qkv_bias=m.has_qkv_bias, qk_norm=m.qk_norm or m.qk_l2_norm,
+                qk_l2=m.qk_l2_norm, window_layer_share=window_share(m.seq_len, m.window_left),
                 full_marks=tuple(int(not w) for w in m.windowed_layers) if m.windowed else (),
                 **mla)
 
@@ -266,8 +267,9 @@ class Shape:
     def qk_norm_params(self) -> float:
         """QK norm (Megatron-Core ``qk_layernorm``): one norm over a head's width for the
         queries and one for the keys, shared by the heads: ``2 d`` weights (RMSNorm; ``4 d``
-        LayerNorm); 0 without."""
-        return 2 * self.norm_w * (self.d or self.h / self.a) if self.qk_norm else 0
+        LayerNorm); 0 without, and for the L2 norm (Megatron-Core's L2Norm has none)."""
+        return (2 * self.norm_w * (self.d or self.h / self.a) if self.qk_norm and not self.qk_l2
+                else 0)
 
     @property
     def qk_norm_bytes(self) -> float:
