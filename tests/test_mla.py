@@ -8,6 +8,8 @@ two must agree (the same gathered width, the same tensor-parallel time)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from planner.model.errors import InputError
@@ -254,6 +256,92 @@ def test_backends_agree_with_up_projection_recompute():
     _agree({"model": model,
             "training": {"global_batch": 32, "precision": "bf16",
                          "selective_recompute": "mla_up_proj"},
+            "cluster": {"gpu": "h100-sxm", "nodes": 2},
+            "constraints": {"recompute": "selective", "max_recompute_layers": 0,
+                            "optimizer_offload": False}})
+
+
+def test_layernorm_recompute_frees_the_input_norm_of_latent_attention():
+    """Megatron-Core builds multi-head latent attention's input norm apart (gpt_layer_specs.py:
+    a TENorm feeding two down-projections), and an MoE layer's pre-MLP norm too, so the
+    ``layernorm`` module frees, per token of the rank's sequence shard, the down-projections'
+    16-bit input in every layer (``2h``) and the router's copy of the MLP input in every MoE
+    layer (``2h``; in 16 bits a shared expert reads that copy: nothing more). One layer's come
+    back for its backward. The peak is the stage's MoE row (each memory row costs the stage's
+    layers as one kind: here the 4 layers as MoE ones). With mla_up_proj as well, both frees
+    add up, as Megatron-Core applies both."""
+    v3 = {"preset": "deepseek-v3", "layers": 4, "first_dense_layers": 1, "mtp_layers": 0}
+    plan = {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1, "sequence_parallel": True,
+            "recompute": "selective", "ep": 4}
+    none = _report(v3, {**plan, "recompute": "none"}).memory_gib["activations"]
+    acts = {tuple(m): _report(v3, plan, selective_recompute=m).memory_gib["activations"]
+            for m in (["layernorm"], ["mla_up_proj"], ["layernorm", "mla_up_proj"])}
+    tok = 4096 / 2                                   # the rank's sequence shard (SP at TP 2)
+    h = 7168
+    # 4 MoE layers each free 2h (the down-projections' input) and 2h (the MLP input); one
+    # layer's come back
+    freed = (4 - 1) * (2 * h + 2 * h) * tok / 2**30
+    assert none - acts[("layernorm",)] == pytest.approx(freed, rel=1e-9)
+    both = (none - acts[("layernorm",)]) + (none - acts[("mla_up_proj",)])
+    assert none - acts[("layernorm", "mla_up_proj")] == pytest.approx(both, rel=1e-9)
+
+
+@pytest.mark.parametrize("model, training, said", [
+    (DEEPSEEK_V2_LITE, {"selective_recompute": ["layernorm", "layernorm"]}, "names a module twice"),
+    (DENSE_MHA, {"selective_recompute": ["moe_act"]}, "model.experts = 0"),
+    (DENSE_MHA, {"selective_recompute": ["layernorm"]}, "would recompute nothing"),
+    (DEEPSEEK_V2_LITE, {"selective_recompute": ["moe_act"], "precision": "fp8",
+                        "fp8_recipe": "delayed"}, "delayed scaling"),
+    (DEEPSEEK_V2_LITE, {"selective_recompute": ["mlp"]}, "'layernorm' or 'moe_act'"),
+])
+def test_recompute_modules_that_cannot_run_are_input_errors(model, training, said):
+    """What Megatron-Core would refuse or ignore is said before a plan is made: a module
+    twice, moe_act without experts, layernorm where every norm is fused into its linear
+    layer (it would recompute nothing), layernorm / moe_act under FP8's delayed scaling
+    (TransformerConfig raises), and the modules the model does not cost (mlp, moe,
+    shared_experts) by name."""
+    with pytest.raises(InputError) as exc:
+        _inst(model, **training)
+    assert "training.selective_recompute" in str(exc.value) and said in str(exc.value)
+    doc = {"model": DEEPSEEK_V2_LITE,
+           "training": {"global_batch": 64, "selective_recompute": ["core_attn"]},
+           "cluster": {"gpu": "h100-sxm", "gpus": 8}, "constraints": {"framework": "torchtitan"}}
+    with pytest.raises(InputError, match="Megatron-Core recompute modules"):
+        parse_instance(doc)
+
+
+def test_recompute_modules_are_exported_in_megatron_core_s_order():
+    from planner.app.emit import emit
+    from tests.test_emit import parse_megatron
+    inst = _inst({"preset": "deepseek-v3"}, {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1,
+                                             "recompute": "selective", "ep": 4},
+                 selective_recompute=["mla_up_proj", "layernorm", "core_attn", "moe_act"])
+    plan = plan_from_spec(inst, inst.spec.plan)
+    megatron = emit(inst, plan, "megatron")        # (a flag of several values: read as text)
+    assert "--recompute-granularity selective \\\n" in megatron
+    assert "--recompute-modules core_attn moe_act layernorm mla_up_proj \\\n" in megatron
+    assert "--recompute-activations" not in megatron
+    assert "recompute_modules: [core_attn, moe_act, layernorm, mla_up_proj]" \
+        in emit(inst, plan, "nemo")
+    how = json.loads(emit(inst, plan, "deepspeed"))["plan_parallelism"]["recompute_how"]
+    assert "modules core_attn, moe_act, layernorm, mla_up_proj" in how and "cannot express" in how
+    fsdp = plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params")
+    said = " ".join(ln.lstrip("# ") for ln in emit(inst, fsdp, "torchtitan").splitlines())
+    assert "modules core_attn, moe_act, layernorm, mla_up_proj: cannot express" in said
+    # the default module alone keeps the short flag
+    inst = _inst({"preset": "deepseek-v3"}, {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1,
+                                             "recompute": "selective", "ep": 4},
+                 selective_recompute=["core_attn"])
+    a = parse_megatron(emit(inst, plan_from_spec(inst, inst.spec.plan), "megatron"))
+    assert a["--recompute-activations"] is True and "--recompute-modules" not in a
+
+
+def test_backends_agree_with_recompute_modules():
+    from tests.test_solvers import _agree
+    model = {**DEEPSEEK_V2_LITE, "layers": 4, "seq_len": 8192}
+    _agree({"model": model,
+            "training": {"global_batch": 32, "precision": "bf16",
+                         "selective_recompute": ["layernorm", "moe_act", "mla_up_proj"]},
             "cluster": {"gpu": "h100-sxm", "nodes": 2},
             "constraints": {"recompute": "selective", "max_recompute_layers": 0,
                             "optimizer_offload": False}})

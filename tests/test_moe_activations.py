@@ -19,18 +19,26 @@ H, HEADS, FE, TOP_K, SEQ, TP = 1024, 8, 512, 2, 1024, 2
 TOK = SEQ // TP                           # micro-batch 1, the sequence-parallel shard
 
 
-def model_stored(precision: str, shared: int = 0) -> float:
+def model_layer(precision: str, shared: int = 0, modules: list[str] | None = None) -> dict:
+    """The evaluator's per-layer figures (``stored_first``, ``working_first``) of the layer,
+    with Megatron-Core's ``recompute_modules`` ``modules`` under selective recompute."""
     inst = parse_instance({
         "model": {"name": "moe", "layers": 4, "hidden": H, "heads": HEADS, "vocab": 32000,
                   "seq_len": SEQ, "dropout": False, "gated_mlp": True, "experts": 8,
                   "top_k": TOP_K, "moe_ffn_hidden": FE, "position_embedding": "rope",
                   "shared_experts": shared},
-        "training": {"global_batch": 8, "precision": precision},
+        "training": {"global_batch": 8, "precision": precision,
+                     **({"selective_recompute": modules} if modules else {})},
         "cluster": {"gpu": "h100-sxm", "gpus": 8},
-        "plan": {"tp": TP, "pp": 1, "dp": 4, "ep": 2, "micro_batch": 1, "recompute": "none",
+        "plan": {"tp": TP, "pp": 1, "dp": 4, "ep": 2, "micro_batch": 1,
+                 "recompute": "selective" if modules else "none",
                  "sequence_parallel": True}}, "moe")
     plan = plan_from_spec(inst, inst.spec.plan)
-    return float(step_terms(inst, plan.grid.degrees(), plan.knobs).layer["stored_first"])
+    return step_terms(inst, plan.grid.degrees(), plan.knobs).layer
+
+
+def model_stored(precision: str, shared: int = 0) -> float:
+    return float(model_layer(precision, shared)["stored_first"])
 
 
 def hand_count(narrow: float, shared: int = 0) -> int:
@@ -79,3 +87,58 @@ def test_fp8_keeps_the_routers_input_in_16_bits():
     ``tok (h - h + top_k (h + f_e))`` fewer bytes."""
     saved = model_stored("bf16") - model_stored("fp8")
     assert saved == TOK * TOP_K * (H + FE)
+
+
+# ---- Megatron-Core's output-discarding recompute modules ----------------------------------
+
+def freed_by(module: str, narrow: float, shared: int) -> int:
+    """Bytes per GPU the layer above stops keeping under one recompute module, named by the
+    tensors of :func:`hand_count` that Megatron-Core (Megatron-LM d98e8a64dd) frees:
+
+    * ``layernorm`` (transformer_layer.py: ``recompute_pre_mlp_layernorm``, the pre-MLP
+      norm's output discarded once read, CheckpointWithoutOutput): the router's 16-bit copy of
+      the norm output, and at a narrow precision the shared expert's fc1 copy, which
+      ``MoELayer.set_for_recompute_pre_mlp_layernorm`` turns into the original (freed with
+      it). The input norm is fused into the QKV layer here (an IdentityOp: not recomputed).
+    * ``moe_act`` (experts.py ``activation_recompute``): the grouped fc2's input per routed
+      copy (at a narrow precision ``set_save_original_input(linear_fc2)``: its narrow copy is
+      not made, the original is freed)."""
+    if module == "layernorm":
+        return TOK * (2 * H + (narrow * H if shared and narrow < 2 else 0))
+    return TOK * TOP_K * narrow * FE
+
+
+@pytest.mark.parametrize("shared", [0, 1])
+@pytest.mark.parametrize("precision, narrow", [("bf16", 2), ("fp8", 1)])
+@pytest.mark.parametrize("modules", [["layernorm"], ["moe_act"], ["layernorm", "moe_act"]])
+def test_recompute_modules_free_what_megatron_core_discards(precision, narrow, shared,
+                                                            modules):
+    """Each layer keeps the hand count less what the modules free; one layer's freed tensors
+    come back during its backward (the working set)."""
+    layer = model_layer(precision, shared, modules)
+    freed = sum(freed_by(m, narrow, shared) for m in modules)
+    assert layer["stored_first"] == pytest.approx(hand_count(narrow, shared) - freed, rel=1e-12)
+    assert layer["working_first"] == pytest.approx(freed, rel=1e-12)
+
+
+def test_recompute_modules_cost_time_and_free_memory():
+    """A re-run costs time (element-wise, so little) and the freed bytes lower the peak: no
+    recompute < layernorm < both in time, the other way in memory."""
+    from planner.model.evaluate import evaluate
+
+    def run(modules):
+        inst = parse_instance({
+            "model": {"name": "moe", "layers": 8, "hidden": H, "heads": HEADS, "vocab": 32000,
+                      "seq_len": SEQ, "dropout": False, "gated_mlp": True, "experts": 8,
+                      "top_k": TOP_K, "moe_ffn_hidden": FE, "position_embedding": "rope"},
+            "training": {"global_batch": 64,
+                         **({"selective_recompute": modules} if modules else {})},
+            "cluster": {"gpu": "h100-sxm", "gpus": 8},
+            "plan": {"tp": TP, "pp": 1, "dp": 4, "ep": 2, "micro_batch": 4,
+                     "recompute": "selective" if modules else "none",
+                     "sequence_parallel": True}}, "moe")
+        r = evaluate(inst, plan_from_spec(inst, inst.spec.plan))
+        return r.step_time_s, r.memory_gib["total"]
+    none, norm, both = run(None), run(["layernorm"]), run(["layernorm", "moe_act"])
+    assert none[0] < norm[0] < both[0] < 1.02 * none[0]
+    assert none[1] > norm[1] > both[1]

@@ -78,7 +78,10 @@ recompute
     tunes those checkpoints (``partition_activations`` shards the saved inputs over the tensor-
     parallel ranks, it does not turn recompute on), so it is emitted with every option off.
     ``[training] selective_recompute = "op"`` (torchtitan's policy): a "cannot express" comment
-    in the Megatron, NeMo and DeepSpeed exports (Megatron-Core recomputes the attention core)
+    in the Megatron, NeMo and DeepSpeed exports (Megatron-Core recomputes the attention core);
+    Megatron-Core's recompute modules beyond ``core_attn`` (``mla_up_proj``, ``layernorm``,
+    ``moe_act``): ``--recompute-granularity selective --recompute-modules ...`` |
+    ``recompute_modules`` | a "cannot express" comment | ``recompute_how`` says "cannot express"
 sequence_parallel
     ``--sequence-parallel`` | ``trainer.strategy.sequence_parallel`` | none: always on under
     tensor parallelism in 0.2 | ``plan_parallelism.sequence_parallel`` (*); only with tp > 1
@@ -277,7 +280,21 @@ def _megatron_fsdp(plan: Plan) -> bool:
 def _op_selective(inst: Instance, plan: Plan) -> bool:
     """Selective recompute costed as torchtitan's op-level policy (``[training]
     selective_recompute = "op"``), which Megatron-Core's selective recompute is not."""
-    return plan.recompute == "selective" and selective_recompute(inst) == "op"
+    return plan.recompute == "selective" and "op" in selective_recompute(inst)
+
+
+#: Megatron-Core's order of its recompute modules (TransformerConfig.recompute_modules)
+_MODULE_ORDER = ("core_attn", "moe_act", "layernorm", "mla_up_proj")
+
+
+def recompute_modules(inst: Instance, plan: Plan) -> list[str] | None:
+    """The plan's selective recompute as Megatron-Core's ``recompute_modules`` where it is
+    more than the default ``core_attn`` (None: the default, or no selective recompute, or
+    torchtitan's op-level policy, which has no module)."""
+    modules = selective_recompute(inst)
+    if plan.recompute != "selective" or modules in ({"core_attn"}, {"op"}):
+        return None
+    return [m for m in _MODULE_ORDER if m in modules]
 
 
 #: what the Megatron-based exports say of an op-level selective recompute
@@ -611,9 +628,11 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         args.append("--sequence-parallel")
     args += _megatron_sharding(inst, plan, comments)
     args += _megatron_offload(plan)
-    if plan.recompute == "selective" and selective_recompute(inst) == "mla_up_proj":
+    modules = recompute_modules(inst, plan)
+    if modules:
         # (Megatron-LM examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh writes it so)
-        args += ["--recompute-granularity selective", "--recompute-modules mla_up_proj"]
+        args += ["--recompute-granularity selective",
+                 "--recompute-modules " + " ".join(modules)]
     elif plan.recompute == "selective":
         args.append("--recompute-activations")
     elif plan.recompute == "full" and plan.recompute_layers:
@@ -1019,9 +1038,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                     m.activation != "gelu" or not m.linear_bias) else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
-                **({"recompute_modules": ["mla_up_proj"]}
-                   if plan.recompute == "selective"
-                   and selective_recompute(inst) == "mla_up_proj" else {}),
+                **({"recompute_modules": recompute_modules(inst, plan)}
+                   if recompute_modules(inst, plan) else {}),
                 "recompute_method": ("block" if plan.recompute_layers else "uniform") if full
                 else None,
                 "recompute_num_layers": (plan.recompute_layers or 1) if full else None,
@@ -1294,7 +1312,13 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                            "alike (a token crosses to each remote node its experts sit on "
                            "once)" if inst.spec.training.moe_token_dispatcher == "hybridep"
                            else ""))
-    if plan.recompute == "selective" and selective_recompute(inst) != "op":
+    if recompute_modules(inst, plan):
+        comments.append("selective recompute of Megatron-Core's modules "
+                        + ", ".join(recompute_modules(inst, plan)) + ": cannot express; "
+                        "torchtitan's per-op checkpointing is emitted, which saves matmul "
+                        "outputs and recomputes the rest: its memory and time differ from the "
+                        "plan's")
+    elif plan.recompute == "selective" and "op" not in selective_recompute(inst):
         comments.append("selective: torchtitan's per-op checkpointing saves matmul outputs and "
                         "recomputes the rest, close to but not the same as Megatron's attention-only "
                         "selective recompute")
@@ -1420,10 +1444,12 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------- DeepSpeed
 
-def _ds_recompute(mode: str, layers: int = 0, op_level: bool = False) -> str:
+def _ds_recompute(mode: str, layers: int = 0, op_level: bool = False,
+                  modules: list[str] | None = None) -> str:
     """How the model code turns the plan's recompute on under DeepSpeed (the JSON cannot);
     ``op_level``: the plan costs torchtitan's op-level selective policy, which Megatron-based
-    model code has no flag for."""
+    model code has no flag for; ``modules``: Megatron-Core's recompute modules beyond the
+    attention core, which Megatron-DeepSpeed's model code has none of."""
     if mode == "full" and layers:
         return (f"full for {layers} layer(s) of each pipeline stage chunk: the model code wraps "
                 "those layers' forward in deepspeed.checkpointing.checkpoint (Megatron-based "
@@ -1434,6 +1460,11 @@ def _ds_recompute(mode: str, layers: int = 0, op_level: bool = False) -> str:
         return ("full: the model code wraps every transformer layer's forward in "
                 "deepspeed.checkpointing.checkpoint (Megatron-based model code: the full-"
                 "recompute flags of the megatron export)")
+    if modules:
+        return ("selective, Megatron-Core's recompute modules " + ", ".join(modules)
+                + " as the plan costs them: cannot express with Megatron-DeepSpeed's model "
+                "code, whose selective recompute wraps only the attention core in "
+                "deepspeed.checkpointing.checkpoint; memory and time differ from the plan's")
     if op_level:
         return ("selective, op-level as the plan costs it (torchtitan's policy: save the "
                 "outputs of every second matmul and of attention, recompute the rest): cannot "
@@ -1485,7 +1516,8 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                          "are 1 (DeepSpeed runs neither). fp8 and nvfp4 need Transformer "
                          "Engine in the model."),
             "recompute_how": _ds_recompute(plan.recompute, plan.recompute_layers,
-                                           _op_selective(inst, plan)),
+                                           _op_selective(inst, plan),
+                                           recompute_modules(inst, plan)),
             "plan": plan.label(),
             "tensor": plan.tp,
             "pipeline": plan.pp,

@@ -423,6 +423,22 @@ def _pair_or_number(v, what: str, instead: str):
     return v
 
 
+#: Megatron-Core's recompute_modules the model costs (TransformerConfig.recompute_modules);
+#: "mlp", "moe" and "shared_experts" (whole modules re-run) are not modelled
+RecomputeModule = Literal["core_attn", "mla_up_proj", "layernorm", "moe_act"]
+
+
+def recompute_module_set(selective: str | list[str] | None) -> frozenset[str]:
+    """``[training] selective_recompute`` as the set of what re-runs: Megatron-Core's module
+    names (``core_attention`` is its ``core_attn``), or ``{"op"}`` for torchtitan's policy;
+    empty for None (the framework's, :func:`planner.model.terms.selective_recompute`)."""
+    if selective is None:
+        return frozenset()
+    if isinstance(selective, str):
+        return frozenset({"core_attn" if selective == "core_attention" else selective})
+    return frozenset(selective)
+
+
 class TrainingSpec(_Strict):
     """The job: batch, token budget, precision, and software behaviour the model needs to know."""
 
@@ -452,15 +468,21 @@ class TrainingSpec(_Strict):
         "without pipeline parallelism) or once per step, accumulating unsharded in between "
         "(false: torchtitan's pipelined stages); default the framework's, by the pipeline "
         "degree")
-    selective_recompute: Literal["core_attention", "op", "mla_up_proj"] | None = Field(
+    selective_recompute: (Literal["core_attention", "op", "mla_up_proj"]
+                          | Annotated[list[RecomputeModule], Field(min_length=1)]
+                          | None) = Field(
         default=None, description="what recompute = \"selective\" recomputes: core_attention "
         "(Megatron-Core's recompute module core_attn: the attention core re-runs, the rest is "
         "kept), op (torchtitan's op-level selective checkpointing: the outputs of every "
         "second matmul and of the attention kernel are kept, the other matmuls and the "
         "element-wise ops re-run) or mla_up_proj (Megatron-Core's recompute module of that "
         "name, for multi-head latent attention: the up-projections and RoPE re-run before the "
-        "attention's backward, so its queries, keys and values are not kept); default the "
-        "framework's (torchtitan: op)")
+        "attention's backward, so its queries, keys and values are not kept); or a list of "
+        "Megatron-Core's recompute_modules: core_attn, mla_up_proj, layernorm (the norms kept "
+        "apart from a linear layer, an MoE layer's pre-MLP norm and MLA's input norm, re-run "
+        "in the backward instead of keeping their outputs), moe_act (the routed experts' "
+        "activation, re-run instead of keeping fc2's input); default the framework's "
+        "(torchtitan: op)")
     kernel_stack: Literal["fused", "pytorch"] | None = Field(
         default=None, description="the kernels the GEMMs and the attention core run on, "
         "with their own calibrated figures per GPU type (hardware_catalog/*.toml "
@@ -1063,15 +1085,34 @@ class InstanceSpec(_Strict):
                              f"framework = \"{self.constraints.framework}\" runs its own "
                              "context parallelism (costed as the p2p ring): remove "
                              "training.cp_comm_type")
-        if self.training.selective_recompute == "mla_up_proj" and not self.model.mla:
-            raise ValueError("training.selective_recompute = \"mla_up_proj\" recomputes "
-                             "multi-head latent attention's up-projections, and the model has "
-                             "none (model.kv_lora_rank not given): use core_attention, or "
-                             "describe the model's MLA")
-        if (self.training.selective_recompute == "mla_up_proj"
+        from planner.model.words import toml_value
+
+        sel = self.training.selective_recompute
+        modules = recompute_module_set(sel)
+        said = f"training.selective_recompute {toml_value(sel)}"
+        if isinstance(sel, list) and len(set(sel)) < len(sel):
+            raise ValueError(f"{said} names a module twice; name each once")
+        if "mla_up_proj" in modules and not self.model.mla:
+            raise ValueError(f"{said} recomputes multi-head latent attention's "
+                             "up-projections, and the model has none (model.kv_lora_rank not "
+                             "given): use core_attention, or describe the model's MLA")
+        if "moe_act" in modules and not self.model.moe:
+            raise ValueError(f"{said}: moe_act recomputes the routed experts' activation, and "
+                             "the model has no experts (model.experts = 0): remove moe_act")
+        if "layernorm" in modules and not (self.model.moe or self.model.mla):
+            raise ValueError(f"{said}: layernorm recomputes the norms Megatron-Core keeps "
+                             "apart from a linear layer (an MoE layer's pre-MLP norm, "
+                             "multi-head latent attention's input norm); this model fuses "
+                             "each of its norms into the linear layer after it, so it would "
+                             "recompute nothing: remove layernorm")
+        if (modules & {"moe_act", "layernorm"} and self.training.precision in ("fp8", "nvfp4")
+                and self.training.fp8_recipe == "delayed"):
+            raise ValueError(f"{said} with training.fp8_recipe = \"delayed\": Megatron-Core "
+                             "refuses moe_act and layernorm recompute under delayed scaling "
+                             "(TransformerConfig); use another recipe or other modules")
+        if ((isinstance(sel, list) or "mla_up_proj" in modules)
                 and self.constraints.framework not in (None, "megatron", "nemo")):
-            raise ValueError("training.selective_recompute = \"mla_up_proj\" is a "
-                             "Megatron-Core recompute module; constraints.framework = "
-                             f"\"{self.constraints.framework}\" has none: use its own "
-                             "selective recompute")
+            raise ValueError(f"{said} names Megatron-Core recompute modules; constraints."
+                             f"framework = \"{self.constraints.framework}\" has none: use "
+                             "its own selective recompute")
         return self

@@ -35,7 +35,7 @@ from planner.model.frameworks import (OVERLAP_KNOBS, cp_exchange, framework_bar,
                                       selective_recompute_of, torchao_float8)
 from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
 from planner.model.plan import Degrees, Knobs
-from planner.model.schema import default_reserve_GiB
+from planner.model.schema import default_reserve_GiB, recompute_module_set
 from planner.model.workload import Shape
 
 #: The step time's terms, each with its words: a report's row and a plot's legend entry.
@@ -168,10 +168,13 @@ def by_pipeline(without_pp: bool, with_pp: bool, p):
     return eq1(p) if without_pp else gt1(p)
 
 
-def selective_recompute(inst: Instance) -> str:
-    """``[training] selective_recompute``, else the framework's (what "selective" recomputes)."""
-    return (inst.spec.training.selective_recompute
-            or selective_recompute_of(inst.spec.constraints.framework))
+def selective_recompute(inst: Instance) -> frozenset[str]:
+    """What recompute = "selective" re-runs: ``[training] selective_recompute``, else the
+    framework's, as Megatron-Core's module names (``core_attn``, ``mla_up_proj``,
+    ``layernorm``, ``moe_act``) or ``{"op"}`` for torchtitan's op-level policy
+    (:func:`~planner.model.schema.recompute_module_set`)."""
+    return recompute_module_set(inst.spec.training.selective_recompute
+                                or selective_recompute_of(inst.spec.constraints.framework))
 
 
 #: HBM bytes touched per parameter by the Adam step: read fp32 master, m, v, grad (16), write
@@ -283,13 +286,20 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     full = k.recompute == "full"
     selective = k.recompute == "selective"
     # what selective recompute recomputes ([training] selective_recompute, else the
-    # framework's): Megatron-Core's core attention, or torchtitan's op-level policy (every
-    # second matmul of the layer and the element-wise ops; the attention output is kept)
-    op_level = selective and selective_recompute(inst) == "op"
-    # Megatron-Core's mla_up_proj: MLA's up-projections (and RoPE) re-run before the core's
-    # backward, their outputs (Q, K, V) dropped once the core has read them
-    up_proj = selective and selective_recompute(inst) == "mla_up_proj"
-    core_attn = selective and not op_level and not up_proj
+    # framework's): torchtitan's op-level policy (every second matmul of the layer and the
+    # element-wise ops; the attention output is kept), or Megatron-Core's recompute modules
+    modules = selective_recompute(inst) if selective else frozenset()
+    op_level = "op" in modules
+    # mla_up_proj: MLA's up-projections (and RoPE) re-run before the core's backward, their
+    # outputs (Q, K, V) dropped once the core has read them
+    up_proj = "mla_up_proj" in modules
+    core_attn = "core_attn" in modules
+    # layernorm: the norms kept apart from a linear layer (an MoE layer's pre-MLP norm, MLA's
+    # input norm) re-run in the backward, their outputs dropped once read; moe_act: the
+    # routed experts' activation re-runs, fc2's input dropped (output-discarding
+    # checkpoints, Megatron-Core CheckpointWithoutOutput: below, per layer kind)
+    norm_redo = "layernorm" in modules
+    act_redo = "moe_act" in modules
     n_fwd = 2 if full else 1
     passes = n_fwd + 2
     flash = tr.flash_attention
@@ -422,9 +432,25 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     else:
         dense_cast = moe_cast = None
 
-    def layer_time(gemms, mlp_bytes, recomputed, cast):
+    # the output-discarding checkpoints' re-runs in the backward, bytes per token
+    # (Megatron-Core CheckpointWithoutOutput): layernorm re-runs each norm it covers (read
+    # 2h, write 2h on the rank's sequence shard: an MoE layer's pre-MLP norm, MLA's input
+    # norm), moe_act the routed experts' activation (its forward traffic again, per routed
+    # copy); at a narrow precision the linear layer after the re-run kept the 16-bit
+    # original (set_save_original_input) and quantizes it again for its backward (read 2,
+    # write 1 per element): the down-projections' input (MLA), a shared expert's fc1
+    # input (the router and the routed experts read other copies), fc2's input (moe_act)
+    requant = 3 if te_narrow else 0
+    mla_norm_redo = (4 + requant) * h / shard if norm_redo and sh.mla else 0.0
+    dense_redo = mla_norm_redo
+    moe_redo = mla_norm_redo + (
+        (4 * h + (requant * h if sh.shared else 0)) / shard if norm_redo else 0.0) + (
+        sh.top_k * ((6 if sh.gated else 4) + requant) * sh.f_e / t if act_redo else 0.0)
+
+    def layer_time(gemms, mlp_bytes, recomputed, cast, redo=0.0):
         """GEMMs + attention core + element-wise traffic of one layer and micro-batch
-        (``cast``: the FP8 casts' forward and backward bytes per token, or None)."""
+        (``cast``: the FP8 casts' forward and backward bytes per token, or None; ``redo``:
+        the bytes per token the output-discarding checkpoints re-run)."""
         gemm_s_ = passes * gemm_s(gemms, peak_gemm)
         if op_level:
             gemm_s_ = gemm_s_ + gemm_s(recomputed, peak_gemm)
@@ -432,12 +458,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             gemm_s_ = gemm_s_ + gemm_s(sh.gathering_gemms(tokens, t, shard), peak_gemm)
         fwd = tokens * (sh.eltwise_replicated_bytes / shard + mlp_bytes / t) + score_bytes
         elt_s = ((passes + (1 if op_level else 0)) * fwd
-                 + (score_bytes if core_attn else 0)
+                 + (score_bytes if core_attn else 0) + tokens * redo
                  + (tokens * (n_fwd * cast[0] + cast[1]) if cast else 0)) / hw.hbm_bw
         return gemm_s_, elt_s, gemm_s_ + attn + elt_s
 
     gemm, eltwise, dense_compute = layer_time(dense_gemms, sh.eltwise_parallel_bytes,
-                                              dense_recomputed, dense_cast)
+                                              dense_recomputed, dense_cast, dense_redo)
     logits = 3 * gemm_s([(tokens, sh.V / t, h, 1)], peak16)
     dense_share = sh.n_dense / L
     moe_share = sh.n_moe / L
@@ -445,7 +471,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         moe_recomputed = attn_recomputed + [
             (m_e, sh.f_e, h, local) if sh.gated else (m_e, h, sh.f_e, local)]
         moe_gemm, _, moe_compute = layer_time(moe_gemms, sh.moe_eltwise_parallel_bytes,
-                                              moe_recomputed, moe_cast)
+                                              moe_recomputed, moe_cast, moe_redo)
     else:
         moe_gemm, moe_compute = 0.0, 0.0
     # multi-token prediction (Megatron-Core's MultiTokenPredictionBlock, after the decoder on
@@ -959,6 +985,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # Transformer Engine keeps the linear layers' inputs for the backward narrow (te_narrow),
     # narrow_held bytes each (not ``held``: the stage loop below counts micro-batches in that)
     narrow_held = narrow_bytes(tr)
+    held_in = narrow_held if te_narrow else WIRE_16     # bytes a linear layer keeps per input
     dense_replicated = sh.act_replicated_bytes - (sh.fp8_saved_replicated_bytes(narrow_held)
                                                   if te_narrow else 0)
     # an MoE layer also keeps its routing state, and under FP8 its MLP input (the router's)
@@ -1037,8 +1064,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                             else 0)
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
+        # what the output-discarding checkpoints free, bytes per token (layernorm: MLA's
+        # down-projection input, as held, and an MoE layer's MLP input, the router's 16-bit
+        # copy and a shared expert's narrow one; moe_act: fc2's input per routed copy); one
+        # layer's come back for its backward (the working set)
+        freed_rep = (held_in * h if norm_redo and sh.mla else 0.0) + (
+            2 * h + (narrow_held * h if te_narrow and sh.shared else 0.0)
+            if norm_redo and kind == "moe" else 0.0)
+        freed_par = sh.top_k * sh.f_e * held_in if act_redo and kind == "moe" else 0.0
         stored, working = stored_per_layer(
-            act_bytes_p, mlp_kept, dense_replicated if kind == "dense" else moe_replicated)
+            act_bytes_p - freed_par, mlp_kept,
+            (dense_replicated if kind == "dense" else moe_replicated) - freed_rep)
+        if freed_rep or freed_par:
+            working = working + tokens * (freed_rep / shard + freed_par / t)
         expert_opt = state_bytes / expert_shards
         for stage, n_layers in stages.items():
             # the stage's layers, and what sits beside them: the embedding (and, at p = 1, the
