@@ -1,13 +1,15 @@
 """Context parallelism's exchange (``[training] cp_comm_type``, Megatron-Core's name): the
-p2p ring of key / value blocks, or Transformer Engine's Ulysses-style all-to-alls (``a2a``),
-their cost, the heads rule ``a2a`` brings, the sliding window it admits, the backends'
-agreement and the exports.
+p2p ring of key / value blocks, Transformer Engine's Ulysses-style all-to-alls (``a2a``) or
+its key / value all-gather (``all_gather``), their cost, the heads rule ``a2a`` brings, the
+sliding window the last two admit, the backends' agreement and the exports.
 
 The properties checked come from outside the code: the DeepSpeed-Ulysses paper (arXiv
 2309.14509, Sec. 3) puts a GPU's all-to-all bytes at the sequence over the context degree,
 falling as the degree grows, where a ring moves ``c - 1`` blocks; Transformer Engine's
 ``AttnFuncWithCPAndQKVOA2A`` asserts "cp_comm_type='a2a' requires num_heads % cp_size == 0";
-its p2p ring refuses a sliding window, its a2a runs one.
+its p2p ring refuses a sliding window, its a2a runs one; ``AttnFuncWithCPAndKVAllGather``
+gathers [c s / c, b, kv heads / t, d] keys and values before the core ("KV all-gather between
+CP ranks is exposed") and again in the backward, where it reduce-scatters their gradients.
 """
 
 from __future__ import annotations
@@ -140,3 +142,71 @@ def test_ulysses_is_refused_where_the_framework_runs_its_own_exchange(framework)
     doc["constraints"] = {"framework": framework}
     with pytest.raises(InputError, match="training.cp_comm_type: \"a2a\" is Megatron-Core"):
         parse_instance(doc)
+
+
+def test_all_gather_moves_the_bytes_of_transformer_engines_tensors():
+    """Transformer Engine's all_gather exchange gathers the whole sequence's keys and values
+    of the tensor rank's 8 key / value heads of 128 (16-bit) in each forward and again in the
+    backward, where it reduce-scatters their gradients, the same bytes: a GPU receives (or
+    sends) (c - 1) / c of [s, 8 x 128] twice per tensor each time, over NVLink here. Without
+    recompute that is 3 collectives a layer; full recompute or the core's selective recompute
+    gathers once more (4 : 3); its bytes per GPU grow with c, where Ulysses' fall, and it hides
+    nothing, so it costs more than the ring."""
+    inst = parse_instance(_doc(model={**LLAMA, "seq_len": 2**20}))
+    s, c = 2**20, 4
+    gathered = 2 * s * (8 * 128 + 8 * 128)                  # K and V of the whole sequence
+    none = _per_layer(c, "all_gather", recompute="none")
+    assert none == pytest.approx(3 * gathered * (c - 1) / c / inst.hw.bw_intra, rel=0.01)
+    for mode in ("full", "selective"):
+        assert _per_layer(c, "all_gather", recompute=mode) / none == pytest.approx(4 / 3,
+                                                                                  rel=1e-9)
+    assert _per_layer(c, "all_gather", tp=2, recompute="none") / none == pytest.approx(
+        0.5, rel=0.01)
+    ag = {k: _per_layer(k, "all_gather") for k in (2, 4, 8)}
+    assert ag[4] / ag[2] == pytest.approx((3 / 4) / (1 / 2), rel=0.01)
+    assert all(ag[k] > _per_layer(k, "p2p") for k in (2, 4, 8))
+
+
+def test_all_gather_holds_the_gathered_keys_and_values_while_the_core_runs():
+    """The backward holds the gathered keys and values and their whole-sequence gradients
+    (context_parallel.py: k_ag, v_ag, dk, dv) for the layer whose core runs: one layer's
+    worth more than the ring, and nothing without context parallelism."""
+    plan = {"tp": 1, "pp": 1, "dp": 2, "cp": 4, "micro_batch": 1, "recompute": "full"}
+    acts = {k: _report(plan, cp_comm_type=k).memory_gib["activations"]
+            for k in ("p2p", "all_gather")}
+    four = 4 * 2 * 32768 * (8 * 128)                       # k_ag, v_ag, dk, dv, 16-bit
+    assert acts["all_gather"] - acts["p2p"] == pytest.approx(four / 2**30, rel=1e-9)
+    one = {**plan, "dp": 8, "cp": 1}
+    assert _report(one, cp_comm_type="all_gather").memory_gib == _report(one).memory_gib
+
+
+def test_a_windowed_model_splits_its_sequence_over_the_all_gather():
+    """Transformer Engine runs a sliding window with the all_gather exchange, as with a2a:
+    the window_cp rule leaves it free."""
+    model = {**LLAMA, "layers": 8, "seq_len": 131072, "window_size": 4095}
+    plan = {"tp": 1, "pp": 1, "dp": 1, "cp": 8, "micro_batch": 1, "recompute": "full"}
+    assert not _report(plan, model=model, global_batch=1, cp_comm_type="all_gather").violations
+    said = _report(plan, model=model, global_batch=1).violations
+    assert any('"a2a" or "all_gather"' in v for v in said)
+
+
+def test_backends_agree_with_the_all_gather():
+    from tests.test_solvers import _agree
+    model = {**LLAMA, "layers": 8, "seq_len": 65536, "window_size": 127,
+             "window_attn_skip_freq": 2}
+    _agree({"model": model, "training": {"global_batch": 16, "precision": "bf16",
+                                         "cp_comm_type": "all_gather"},
+            "cluster": {"gpu": "h100-sxm", "nodes": 2},
+            "constraints": {"max_cp": 8, "max_recompute_layers": 0, "optimizer_offload": False}})
+
+
+def test_the_exports_carry_the_all_gather():
+    plan = {"tp": 1, "pp": 1, "dp": 4, "cp": 2, "micro_batch": 1, "recompute": "full"}
+    doc = _doc(plan, cp_comm_type="all_gather")
+    assert parse_megatron(emitted(doc, plan, "megatron"))["--cp-comm-type"] == "all_gather"
+    assert parse_yaml(emitted(doc, plan, "nemo"))["model.config.cp_comm_type"] == "all_gather"
+    fsdp = {**plan, "dp_sharding": "optim_grads_params"}
+    said = emitted(_doc(fsdp, cp_comm_type="all_gather"), fsdp, "torchtitan").replace(
+        "\n#   ", " ")
+    assert ("cp_comm_type \"all_gather\" (Transformer Engine's key / value all-gather): "
+            "cannot express") in said

@@ -1402,8 +1402,10 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     par["context_parallel_degree"] = plan.cp
     if plan.cp > 1 and inst.spec.training.cp_comm_type != "p2p":
         costed = cp_exchange(inst.spec.training, inst.spec.constraints.framework)
+        kind = {"a2a": "Ulysses exchange",
+                "all_gather": "key / value all-gather"}[inst.spec.training.cp_comm_type]
         comments.append(f"cp_comm_type \"{inst.spec.training.cp_comm_type}\" (Transformer "
-                        "Engine's Ulysses exchange): cannot express; torchtitan's context "
+                        f"Engine's {kind}): cannot express; torchtitan's context "
                         "parallelism is PyTorch's (context_parallel_rotate_method allgather or "
                         "alltoall rotate the key / value shards), "
                         + ("costed here as the ring, under torchtitan's rules" if costed == "p2p"

@@ -471,10 +471,10 @@ MXFP8_PARAMS_SOURCE = ("Megatron-Core all-gathers MXFP8 parameters in 16 bits th
 
 def cp_exchange(training, framework: str | None) -> str:
     """How context parallelism exchanges the attention's inputs: ``[training] cp_comm_type``
-    (Transformer Engine's p2p ring or a2a) under Megatron-LM and NeMo; torchtitan's and
-    DeepSpeed's plans run their own, costed as the p2p ring (a pinned framework with a2a is
-    an input error; ``plan solve --emit`` searches under that framework's rules, this one
-    among them)."""
+    (Transformer Engine's p2p ring, a2a or all_gather) under Megatron-LM and NeMo;
+    torchtitan's and DeepSpeed's plans run their own, costed as the p2p ring (a pinned
+    framework with another exchange is an input error; ``plan solve --emit`` searches under
+    that framework's rules, this one among them)."""
     return training.cp_comm_type if framework in (None, "megatron", "nemo") else "p2p"
 
 

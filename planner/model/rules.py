@@ -248,12 +248,12 @@ RULES: tuple[Rule, ...] = (
     # Transformer Engine runs sliding-window attention under context parallelism only with
     # the a2a or all_gather exchange (dot_product_attention/context_parallel.py asserts
     # "Context parallelism does not support sliding window attention with cp_comm_type=..."
-    # otherwise); the model costs the p2p ring, Megatron-Core's default, so cp stays 1
+    # otherwise); under the p2p ring, Megatron-Core's default, cp stays 1
     Rule("window_cp", "one", lambda v, k: (v.cp,), "cp = 1 with sliding-window attention",
          lambda v, k: f"cp={v.cp}: sliding-window attention (model.window_size) runs under "
                       "context parallelism only with Transformer Engine's a2a or all_gather "
                       "exchange, not the p2p ring (training.cp_comm_type = \"p2p\"); use "
-                      "cp = 1, or training.cp_comm_type = \"a2a\"",
+                      "cp = 1, or training.cp_comm_type = \"a2a\" or \"all_gather\"",
          applies=lambda inst: inst.model.windowed and _exchange(inst) == "p2p"),
     # Ulysses splits the heads of a tensor rank over the context-parallel ranks: Transformer
     # Engine asserts "cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V"

@@ -499,13 +499,15 @@ class TrainingSpec(_Strict):
         "deepep / hybridep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend: "
         "a token crosses to each remote node its experts sit on once, then fans out over "
         "NVLink); both flex backends are costed alike")
-    cp_comm_type: Literal["p2p", "a2a"] = Field(
+    cp_comm_type: Literal["p2p", "a2a", "all_gather"] = Field(
         default="p2p", description="how context parallelism exchanges the attention's inputs "
         "(Megatron-Core cp_comm_type, Megatron-LM --cp-comm-type): p2p, the ring of key / "
         "value blocks hidden behind the attention core (the default); a2a, Ulysses-style "
         "all-to-alls of the queries, keys, values and output over the context-parallel "
-        "ranks, exposed, which needs the heads per tensor rank divisible by cp and which "
-        "Transformer Engine runs with a sliding window where p2p refuses it")
+        "ranks, exposed, which needs the heads per tensor rank divisible by cp; all_gather, "
+        "the keys and values all-gathered before the core and their gradients "
+        "reduce-scattered after it, exposed (Llama 3's scheme); Transformer Engine runs a "
+        "sliding window with a2a and all_gather, where p2p refuses it")
     expandable_segments: bool = Field(
         default=False, description="the process runs PyTorch's caching allocator with "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the default memory_reserve_GiB keeps "

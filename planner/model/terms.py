@@ -544,6 +544,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         tp_moe = n_fwd * attn_fwd + exposed_qkv
 
     # ---- context-parallel exchange per layer and micro-batch ------------------------------
+    # (the all_gather exchange's whole-sequence keys and values of the tensor rank's heads,
+    # 16-bit: its collectives' size and, held while the core runs, its working set)
+    cp_gather = cp_exchange(tr, inst.spec.constraints.framework) == "all_gather"
+    cp_gathered = 2 * b * s * (sh.k_w + sh.v_w) / t if cp_gather else 0.0
     if is_one(x.c_in) and is_one(x.c_out):
         cp_layer = 0.0
     elif cp_exchange(tr, inst.spec.constraints.framework) == "a2a":
@@ -560,6 +564,16 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                               hw.bw_inter, hw.lat_intra, hw.lat_inter)
         cp_layer = (passes - 1 + (1 if core_attn else 0)) * (
             a2a(sh.q) + a2a(sh.k_w) + a2a(sh.v_w) + a2a(sh.o_w))
+    elif cp_gather:
+        # Transformer Engine AttnFuncWithCPAndKVAllGather ("KV all-gather between CP ranks is
+        # exposed", Llama 3's scheme, Dubey et al. 2024 Sec. 3.3.2): each forward all-gathers
+        # the whole sequence's keys and values of the tensor rank's heads before the core;
+        # the backward gathers them again and reduce-scatters their gradients (16-bit, the
+        # same bytes); a recomputed core gathers once more. Exposed (docs/model.md,
+        # "Context-parallel communication")
+        gather = 0.5 * allreduce(cp_gathered, x.c_in, x.c_out, hw.bw_intra, hw.bw_inter,
+                                 hw.lat_intra, hw.lat_inter)
+        cp_layer = (passes + (1 if core_attn else 0)) * gather
     else:
         kv_bytes = 2 * tokens * (sh.k_w + sh.v_w) / t      # (MLA: every head's K and V)
         # forward: K/V; backward: K/V and their gradients; a recomputed core (selective
@@ -1077,6 +1091,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             (dense_replicated if kind == "dense" else moe_replicated) - freed_rep)
         if freed_rep or freed_par:
             working = working + tokens * (freed_rep / shard + freed_par / t)
+        if cp_gather:
+            # the all_gather exchange's whole-sequence keys and values, and in the backward
+            # their gradients beside them (context_parallel.py: k_ag, v_ag, dk, dv), for the
+            # layer whose core runs
+            working = working + gt1(c) * 2 * cp_gathered
         expert_opt = state_bytes / expert_shards
         for stage, n_layers in stages.items():
             # the stage's layers, and what sits beside them: the embedding (and, at p = 1, the
