@@ -175,6 +175,18 @@ def test_llama4_maverick_and_scout_from_their_wrappers(tmp_path):
             assert abs(total / published - 1) < 0.005    # Maverick: "400B total"
 
 
+def test_llama4_absent_keys_take_llama4_text_config_s_defaults(tmp_path):
+    """Absent keys are Llama4TextConfig's: head_dim 128 (not hidden / heads), 8 key / value
+    heads, intermediate_size 8192, intermediate_size_mlp 16384, 16 experts, top 1, the
+    query / key L2 norm on, a chunk of 8192 on all but every 4th layer."""
+    small = {"model_type": "llama4_text", "hidden_size": 1024, "num_attention_heads": 16,
+             "num_hidden_layers": 8, "vocab_size": 1000}
+    d, ctx = read_hf_config_with_context(write(tmp_path, small))
+    assert (d["head_dim"], d["kv_heads"], d["moe_ffn_hidden"], d["ffn_hidden"],
+            d["experts"], d["top_k"], d["qk_l2_norm"]) == (128, 8, 8192, 16384, 16, 1, True)
+    assert (ctx.chunk, ctx.chunked_layers) == (8192, 6)
+
+
 def test_llama4_moe_layers_list_and_text_config_alone(tmp_path):
     """An explicit ``moe_layers`` (transformers saves the list it derived) is read as the
     run it is; one that is no run is modelled by the interleave step, with a warning; the
@@ -207,7 +219,8 @@ def test_chunked_attention_is_said_only_beyond_the_chunk(tmp_path):
         return inst.spec.model.approximates
     assert "chunk" not in caveat(8192)
     said = caveat(16384)
-    assert "36 layers that attend within chunks of 8,192" in said and "16,384" in said
+    assert "within chunks of 8,192 tokens (attention_chunk_size; 36 of the config's 48)" \
+        in said and "16,384" in said
     assert said.startswith("the language model (text_config) alone")
 
 
@@ -215,8 +228,10 @@ def test_chunked_attention_is_said_only_beyond_the_chunk(tmp_path):
 
 def test_text_config_of_another_wrapper(tmp_path):
     """Mistral 3 keeps a Mistral decoder in text_config (Mistral3Config): read as Mistral,
-    with the wrapper's tie where the text config has none; a decoder of a family the reader
-    does not know is named with where it sat."""
+    with the wrapper's tie, which transformers reads from the top-level config where the
+    wrapper holds the output layer (Llama 4's text model holds its own: its text config's
+    tie decides); a decoder of a family the reader does not know is named with where it
+    sat."""
     text = {"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 32768,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
             "num_hidden_layers": 40, "vocab_size": 131072, "sliding_window": None}
@@ -226,7 +241,12 @@ def test_text_config_of_another_wrapper(tmp_path):
     assert d["tied_embeddings"] is True and d["head_dim"] == 128 and d["layers"] == 40
     d = read_hf_config(write(tmp_path, {"model_type": "mistral3", "text_config": {
         **text, "tie_word_embeddings": False}, "tie_word_embeddings": True}, "b.json"))
-    assert d["tied_embeddings"] is False and "approximates" not in d
+    assert d["tied_embeddings"] is True and "approximates" not in d
+    d = read_hf_config(write(tmp_path, {"model_type": "mistral3", "text_config": {
+        **text, "tie_word_embeddings": True}}, "b2.json"))
+    assert d["tied_embeddings"] is True
+    llama4 = {**MAVERICK, "tie_word_embeddings": True}
+    assert read_hf_config(write(tmp_path, llama4, "b3.json"))["tied_embeddings"] is False
     with pytest.raises(InputError) as exc:
         read_hf_config(write(tmp_path, {"model_type": "qwen3_vl", "text_config": {
             "model_type": "qwen3_vl_text"}}, "c.json"))
@@ -267,7 +287,11 @@ def test_router_and_l2_norm_exports(tmp_path):
     assert a["--moe-router-pre-softmax"] is True and "--moe-router-score-function" not in a
     config = yaml.safe_load(_emit(scout(), "nemo", tmp_path))["model"]["config"]
     assert config["moe_router_score_function"] == "sigmoid" and config["qk_l2_norm"] is True
-    assert "moe_router_pre_softmax" not in config
+    assert config["moe_router_pre_softmax"] is False          # (written over a recipe's own)
+    config = yaml.safe_load(_emit(scout(), "nemo", tmp_path,
+                                  moe_router_score_function="softmax"))["model"]["config"]
+    assert config["moe_router_pre_softmax"] is True
+    assert config["moe_router_score_function"] == "softmax"
     mixtral = Path(__file__).resolve().parent / "data" / "hf" / "mixtral-8x7b.config.json"
     a = parse_megatron(_emit(json.loads(mixtral.read_text()), "megatron", tmp_path, ep=8))
     assert not {"--moe-router-score-function", "--moe-router-pre-softmax",

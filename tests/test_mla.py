@@ -292,14 +292,18 @@ def test_layernorm_recompute_frees_the_input_norm_of_latent_attention():
     (DENSE_MHA, {"selective_recompute": ["layernorm"]}, "would recompute nothing"),
     (DEEPSEEK_V2_LITE, {"selective_recompute": ["moe_act"], "precision": "fp8",
                         "fp8_recipe": "delayed"}, "delayed scaling"),
-    (DEEPSEEK_V2_LITE, {"selective_recompute": ["mlp"]}, "'layernorm' or 'moe_act'"),
+    (DEEPSEEK_V2_LITE, {"selective_recompute": ["layernorm"], "precision": "fp8"},
+     "its default recipe"),
+    (DEEPSEEK_V2_LITE, {"selective_recompute": ["mlp"]}, "the model does not cost"),
+    (DEEPSEEK_V2_LITE, {"selective_recompute": "layernorm"}, 'write it in a list: ["layernorm"]'),
 ])
 def test_recompute_modules_that_cannot_run_are_input_errors(model, training, said):
-    """What Megatron-Core would refuse or ignore is said before a plan is made: a module
-    twice, moe_act without experts, layernorm where every norm is fused into its linear
-    layer (it would recompute nothing), layernorm / moe_act under FP8's delayed scaling
-    (TransformerConfig raises), and the modules the model does not cost (mlp, moe,
-    shared_experts) by name."""
+    """What Megatron-Core would refuse, or what would mean nothing, is said before a plan is
+    made: a module twice, moe_act without experts, layernorm where every norm is fused into
+    its linear layer (it would recompute nothing), layernorm / moe_act under FP8's delayed
+    scaling, Megatron-Core's default recipe, whether set or left unset (TransformerConfig
+    raises), the modules the model does not cost (mlp, moe, shared_experts) by name, and a
+    module written without its list."""
     with pytest.raises(InputError) as exc:
         _inst(model, **training)
     assert "training.selective_recompute" in str(exc.value) and said in str(exc.value)
@@ -308,6 +312,46 @@ def test_recompute_modules_that_cannot_run_are_input_errors(model, training, sai
            "cluster": {"gpu": "h100-sxm", "gpus": 8}, "constraints": {"framework": "torchtitan"}}
     with pytest.raises(InputError, match="Megatron-Core recompute modules"):
         parse_instance(doc)
+
+
+@pytest.mark.parametrize("precision, q_lora, freed_per_h", [
+    ("bf16", True, 2), ("bf16", False, 2), ("fp8", True, 1), ("fp8", False, 0)])
+def test_layernorm_recompute_in_dense_latent_attention_layers(precision, q_lora, freed_per_h):
+    """A dense MLA layer's input norm is apart too (its pre-MLP norm is fused into fc1):
+    ``layernorm`` frees what its readers kept of its output. In 16 bits they share the
+    norm's 16-bit tensor (2h a token). At FP8 (tensorwise) each down-projection kept a narrow
+    copy, which set_for_recompute_input_layernorm turns into the original; without
+    q_lora_rank only the key / value down-projection is set so, and the query projection's
+    own copy stays: nothing the model counts is freed (it counts one narrow copy)."""
+    model = {**DENSE_MLA, **({} if q_lora else {"q_lora_rank": None})}
+    if not q_lora:
+        model.pop("q_lora_rank")
+    plan = {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1, "sequence_parallel": True,
+            "recompute": "selective"}
+    extra = {"precision": precision, **({"fp8_recipe": "tensorwise"}
+                                        if precision == "fp8" else {})}
+    none = _report(model, {**plan, "recompute": "none"}, **extra).memory_gib["activations"]
+    norm = _report(model, plan, selective_recompute=["layernorm"],
+                   **extra).memory_gib["activations"]
+    tok, h = 4096 / 2, 4096
+    assert none - norm == pytest.approx((4 - 1) * freed_per_h * h * tok / 2**30, rel=1e-9)
+
+
+def test_core_and_up_projection_recompute_free_both_without_flash():
+    """Megatron-Core applies both modules (multi_latent_attention.py): under unfused
+    attention the core's recompute drops the score tensors and mla_up_proj the queries, keys
+    and values, so together they free the sum of what each frees alone."""
+    model = {**DEEPSEEK_V2_LITE, "layers": 4}
+    plan = {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1, "sequence_parallel": True,
+            "recompute": "selective", "ep": 4}
+    none = _report(model, {**plan, "recompute": "none"},
+                   flash_attention=False).memory_gib["activations"]
+    acts = {tuple(m): _report(model, plan, selective_recompute=m,
+                              flash_attention=False).memory_gib["activations"]
+            for m in (["core_attn"], ["mla_up_proj"], ["core_attn", "mla_up_proj"])}
+    alone = (none - acts[("core_attn",)]) + (none - acts[("mla_up_proj",)])
+    assert acts[("core_attn",)] < none and acts[("mla_up_proj",)] < none
+    assert none - acts[("core_attn", "mla_up_proj")] == pytest.approx(alone, rel=1e-9)
 
 
 def test_recompute_modules_are_exported_in_megatron_core_s_order():
@@ -332,8 +376,12 @@ def test_recompute_modules_are_exported_in_megatron_core_s_order():
     inst = _inst({"preset": "deepseek-v3"}, {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1,
                                              "recompute": "selective", "ep": 4},
                  selective_recompute=["core_attn"])
-    a = parse_megatron(emit(inst, plan_from_spec(inst, inst.spec.plan), "megatron"))
+    plan = plan_from_spec(inst, inst.spec.plan)
+    a = parse_megatron(emit(inst, plan, "megatron"))
     assert a["--recompute-activations"] is True and "--recompute-modules" not in a
+    # NeMo writes it, over a recipe's own modules (NeMo's DeepSeek-V3 recipe sets
+    # ["mla_up_proj", "layernorm"])
+    assert "recompute_modules: [core_attn]" in emit(inst, plan, "nemo")
 
 
 def test_backends_agree_with_recompute_modules():

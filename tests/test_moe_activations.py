@@ -19,16 +19,19 @@ H, HEADS, FE, TOP_K, SEQ, TP = 1024, 8, 512, 2, 1024, 2
 TOK = SEQ // TP                           # micro-batch 1, the sequence-parallel shard
 
 
-def model_layer(precision: str, shared: int = 0, modules: list[str] | None = None) -> dict:
+def model_layer(precision: str, shared: int = 0, modules: list[str] | None = None,
+                recipe: str | None = None) -> dict:
     """The evaluator's per-layer figures (``stored_first``, ``working_first``) of the layer,
-    with Megatron-Core's ``recompute_modules`` ``modules`` under selective recompute."""
+    with Megatron-Core's ``recompute_modules`` ``modules`` under selective recompute, at FP8
+    with the scaling ``recipe`` (None: Megatron-Core's default, delayed)."""
     inst = parse_instance({
         "model": {"name": "moe", "layers": 4, "hidden": H, "heads": HEADS, "vocab": 32000,
                   "seq_len": SEQ, "dropout": False, "gated_mlp": True, "experts": 8,
                   "top_k": TOP_K, "moe_ffn_hidden": FE, "position_embedding": "rope",
                   "shared_experts": shared},
         "training": {"global_batch": 8, "precision": precision,
-                     **({"selective_recompute": modules} if modules else {})},
+                     **({"selective_recompute": modules} if modules else {}),
+                     **({"fp8_recipe": recipe} if recipe else {})},
         "cluster": {"gpu": "h100-sxm", "gpus": 8},
         "plan": {"tp": TP, "pp": 1, "dp": 4, "ep": 2, "micro_batch": 1,
                  "recompute": "selective" if modules else "none",
@@ -41,10 +44,12 @@ def model_stored(precision: str, shared: int = 0) -> float:
     return float(model_layer(precision, shared)["stored_first"])
 
 
-def hand_count(narrow: float, shared: int = 0) -> int:
+def hand_count(narrow: float, shared: int = 0, shared_copy: bool = True) -> int:
     """Bytes per GPU; ``narrow`` is what a Transformer Engine linear keeps of its input per
     element (2 in bf16, 1 under per-tensor FP8); ``shared``: shared experts of width f_e, one
-    MLP (Megatron-Core ``SharedExpertMLP``) on the same norm output as the router."""
+    MLP (Megatron-Core ``SharedExpertMLP``) on the same norm output as the router, whose fc1
+    keeps a narrow copy of it under delayed scaling only (``shared_copy``: shared_experts.py
+    sets ``set_save_original_input(linear_fc1)`` for the other recipes)."""
     q = kv = H                            # 8 heads of 128, as many key / value heads
     attention = (
         2 * H                             # the input norm's input
@@ -66,18 +71,21 @@ def hand_count(narrow: float, shared: int = 0) -> int:
                    + narrow * FE)         # the grouped fc2's input
     )
     if shared:
-        moe += ((narrow * H if narrow < 2 else 0)  # its fc1's own narrow copy of the input
-                                                   # (in 16 bits it shares the router's)
+        moe += ((narrow * H if narrow < 2 and shared_copy else 0)  # its fc1's own narrow
+                                                   # copy of the input (in 16 bits, and kept
+                                                   # original, it shares the router's)
                 + shared * (2 * 2 * FE             # its fc1 output (both SwiGLU halves)
                             + narrow * FE))        # its fc2 input
     return TOK * (attention + moe)
 
 
 @pytest.mark.parametrize("shared", [0, 1])
-@pytest.mark.parametrize("precision, narrow", [("bf16", 2), ("fp8", 1)])
-def test_an_moe_layer_keeps_what_megatron_core_saves(precision, narrow, shared):
-    assert model_stored(precision, shared) == pytest.approx(hand_count(narrow, shared),
-                                                            rel=1e-12)
+@pytest.mark.parametrize("precision, narrow, recipe", [("bf16", 2, None), ("fp8", 1, None),
+                                                        ("fp8", 1, "tensorwise")])
+def test_an_moe_layer_keeps_what_megatron_core_saves(precision, narrow, recipe, shared):
+    layer = model_layer(precision, shared, recipe=recipe)
+    assert layer["stored_first"] == pytest.approx(
+        hand_count(narrow, shared, shared_copy=recipe is None), rel=1e-12)
 
 
 def test_fp8_keeps_the_routers_input_in_16_bits():
@@ -91,33 +99,36 @@ def test_fp8_keeps_the_routers_input_in_16_bits():
 
 # ---- Megatron-Core's output-discarding recompute modules ----------------------------------
 
-def freed_by(module: str, narrow: float, shared: int) -> int:
+def freed_by(module: str, narrow: float) -> int:
     """Bytes per GPU the layer above stops keeping under one recompute module, named by the
     tensors of :func:`hand_count` that Megatron-Core (Megatron-LM d98e8a64dd) frees:
 
     * ``layernorm`` (transformer_layer.py: ``recompute_pre_mlp_layernorm``, the pre-MLP
       norm's output discarded once read, CheckpointWithoutOutput): the router's 16-bit copy of
-      the norm output, and at a narrow precision the shared expert's fc1 copy, which
-      ``MoELayer.set_for_recompute_pre_mlp_layernorm`` turns into the original (freed with
-      it). The input norm is fused into the QKV layer here (an IdentityOp: not recomputed).
+      the norm output, which a shared expert's fc1 reads too (under the recipes these modules
+      run with it keeps the original: no copy of its own). The input norm is fused into the
+      QKV layer here (an IdentityOp: not recomputed).
     * ``moe_act`` (experts.py ``activation_recompute``): the grouped fc2's input per routed
       copy (at a narrow precision ``set_save_original_input(linear_fc2)``: its narrow copy is
       not made, the original is freed)."""
     if module == "layernorm":
-        return TOK * (2 * H + (narrow * H if shared and narrow < 2 else 0))
+        return TOK * 2 * H
     return TOK * TOP_K * narrow * FE
 
 
 @pytest.mark.parametrize("shared", [0, 1])
-@pytest.mark.parametrize("precision, narrow", [("bf16", 2), ("fp8", 1)])
+@pytest.mark.parametrize("precision, narrow, recipe", [("bf16", 2, None),
+                                                        ("fp8", 1, "tensorwise")])
 @pytest.mark.parametrize("modules", [["layernorm"], ["moe_act"], ["layernorm", "moe_act"]])
-def test_recompute_modules_free_what_megatron_core_discards(precision, narrow, shared,
+def test_recompute_modules_free_what_megatron_core_discards(precision, narrow, recipe, shared,
                                                             modules):
     """Each layer keeps the hand count less what the modules free; one layer's freed tensors
-    come back during its backward (the working set)."""
-    layer = model_layer(precision, shared, modules)
-    freed = sum(freed_by(m, narrow, shared) for m in modules)
-    assert layer["stored_first"] == pytest.approx(hand_count(narrow, shared) - freed, rel=1e-12)
+    come back during its backward (the working set). (Under delayed scaling, Megatron-Core's
+    default FP8 recipe, these modules are refused, as TransformerConfig refuses them.)"""
+    layer = model_layer(precision, shared, modules, recipe)
+    freed = sum(freed_by(m, narrow) for m in modules)
+    assert layer["stored_first"] == pytest.approx(
+        hand_count(narrow, shared, shared_copy=False) - freed, rel=1e-12)
     assert layer["working_first"] == pytest.approx(freed, rel=1e-12)
 
 

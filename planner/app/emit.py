@@ -458,12 +458,12 @@ def norm_bias_config(m) -> dict[str, str | bool]:
     the QKV bias alone (Megatron-LM's validate_args sets it whenever ``add_bias_linear``).
     Multi-head latent attention takes ``qk_layernorm`` as the switch of its norms of the
     compressed query and key / value (gpt_layer_specs.py: without it the up-projections are
-    plain linear layers), which the model always counts, so an MLA model sets it.
-    ``qk_l2_norm`` (Llama 4's) is written only where set."""
+    plain linear layers), which the model always counts, so an MLA model sets it."""
     return {"normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
             "add_bias_linear": m.linear_bias,
             "add_qkv_bias": m.has_qkv_bias and not m.linear_bias,
-            "qk_layernorm": m.qk_norm or m.mla} | ({"qk_l2_norm": True} if m.qk_l2_norm else {})
+            "qk_layernorm": m.qk_norm or m.mla,
+            "qk_l2_norm": m.qk_l2_norm}
 
 
 def window_config(m) -> dict[str, object]:
@@ -526,7 +526,7 @@ def _megatron_norm_bias(m) -> list[str]:
         args.append("--add-qkv-bias")
     if c["qk_layernorm"]:
         args.append("--qk-layernorm")
-    if c.get("qk_l2_norm"):
+    if c["qk_l2_norm"]:
         args.append("--qk-l2-norm")
     return args
 
@@ -850,10 +850,9 @@ def _nemo_moe(inst: Instance) -> dict[str, object]:
     if moe["shared_ffn"]:
         out["moe_shared_expert_intermediate_size"] = moe["shared_ffn"]
     out["moe_layer_freq"] = 1 if moe["freq"] == 1 else moe["pattern"]
-    if moe["score"] != "softmax":
-        out["moe_router_score_function"] = moe["score"]
-    if moe["pre_softmax"]:
-        out["moe_router_pre_softmax"] = True
+    # (written either way, over a recipe's own)
+    out["moe_router_score_function"] = moe["score"]
+    out["moe_router_pre_softmax"] = moe["pre_softmax"]
     # Megatron-Core TransformerConfig fields (megatron/core/transformer/transformer_config.py)
     dispatcher = inst.spec.training.moe_token_dispatcher
     out["moe_token_dispatcher_type"] = "alltoall" if dispatcher == "alltoall" else "flex"
@@ -1038,8 +1037,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                     m.activation != "gelu" or not m.linear_bias) else {}),
                 "seq_length": m.seq_len,
                 "recompute_granularity": None if plan.recompute == "none" else plan.recompute,
-                **({"recompute_modules": recompute_modules(inst, plan)}
-                   if recompute_modules(inst, plan) else {}),
+                # (the default core_attn written too, over a recipe's own modules)
+                **({"recompute_modules": recompute_modules(inst, plan) or ["core_attn"]}
+                   if plan.recompute == "selective" and not _op_selective(inst, plan)
+                   else {}),
                 "recompute_method": ("block" if plan.recompute_layers else "uniform") if full
                 else None,
                 "recompute_num_layers": (plan.recompute_layers or 1) if full else None,

@@ -14,9 +14,10 @@ when ``model_type`` is absent or not one of these):
 
 A vision-language wrapper (Llama 4, Mistral 3, ...) keeps its decoder's keys in
 ``text_config``: the reader reads them there, by the text config's own ``model_type``
-(``tie_word_embeddings``, ``architectures`` and ``_name_or_path`` from the wrapper where the
-text config has none), and says in ``approximates`` that the vision encoder and projector
-(``vision_config``) are not costed.
+(``architectures`` and ``_name_or_path`` from the wrapper where the text config has none;
+the wrapper's ``tie_word_embeddings`` where it gives one, as transformers reads it, but for
+Llama 4, whose output layer is its text model's), and says in ``approximates`` that the
+vision encoder and projector (``vision_config``) are not costed.
 
 Key mapping, all families (required unless a default is given)::
 
@@ -86,8 +87,9 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
                  first_dense_layers = step - 1 (transformers' moe_layers = range(step - 1,
                  layers, step)), or moe_layers where the config lists them (a run of every
                  n-th layer to the last; another list is modelled by the step, with a
-                 warning); absent keys at Llama4TextConfig's defaults; the router scores with
-                 a sigmoid
+                 warning); absent keys at Llama4TextConfig's defaults (head_dim 128,
+                 intermediate_size 8192, 16 experts, top 1, 8 kv heads); the router scores
+                 with a sigmoid
     deepseek_v2, n_routed_experts -> experts, num_experts_per_tok -> top_k,
     deepseek_v3  moe_intermediate_size -> moe_ffn_hidden,
                  n_shared_experts (default 0) -> shared_experts (each moe_intermediate_size wide),
@@ -100,7 +102,9 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
                  with a softmax
 
 ``moe_router_score_function`` (Megatron-Core's name) is not costed: the exports write it, so
-that the launched model routes as the original.
+that the launched router scores as the original's (its other details, DeepSeek-V3's and GLM's
+expert bias and scaling factor, Llama 4's router probability applied to the expert input, are
+not written).
 
 DeepSeek's multi-head latent attention (deepseek_v2, deepseek_v3), absent keys at transformers'
 DeepseekV2Config / DeepseekV3Config defaults::
@@ -283,8 +287,8 @@ def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, 
     itself; with where they were read (for the messages) and what the shape leaves out (the
     model's ``approximates``): the decoder is what the planner costs, a vision encoder and
     its projector are not. The wrapper's
-    ``tie_word_embeddings``, ``architectures`` and ``_name_or_path`` stand where the text
-    config has none (transformers keeps the tie on the wrapper, e.g. Llama4Config)."""
+    ``architectures`` and ``_name_or_path`` stand where the text config has none; its
+    ``tie_word_embeddings`` wins but for Llama 4, whose output layer is its text model's."""
     text = cfg.get("text_config")
     if text is None:
         return cfg, "", []
@@ -292,7 +296,7 @@ def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, 
         raise InputError(f"{p}: text_config: expected an object of the language model's keys "
                          f"(got {json.dumps(text)})")
     inner = dict(text)
-    for key in ("tie_word_embeddings", "architectures", "_name_or_path"):
+    for key in ("architectures", "_name_or_path"):
         if inner.get(key) is None and cfg.get(key) is not None:
             inner[key] = cfg[key]
     if inner.get("model_type") is None and cfg.get("model_type") is not None:
@@ -300,6 +304,11 @@ def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, 
     outer = cfg.get("model_type")
     where = f" (the text_config of model_type {json.dumps(outer)})" if outer else \
         " (the text_config)"
+    # the tie is the wrapper's where the wrapper holds the output layer (transformers reads
+    # the top-level config's tie_word_embeddings: Mistral 3, Gemma 3); Llama 4's output layer
+    # is its text model's (Llama4ForCausalLM on text_config), whose key decides
+    if cfg.get("tie_word_embeddings") is not None and _family(inner, p, where) != "llama4":
+        inner["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     return inner, where, (["the language model (text_config) alone: its vision encoder and "
                            "projector (vision_config) are not costed"]
                           if cfg.get("vision_config") is not None else [])
@@ -381,7 +390,8 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
         "hidden": r.count("hidden_size"),
         "heads": heads,
         "kv_heads": r.count("num_key_value_heads", kv_default),
-        "ffn_hidden": r.count("intermediate_size"),
+        # (Llama 4's expert width; absent, Llama4TextConfig's 8192)
+        "ffn_hidden": r.count("intermediate_size", 8192 if family == "llama4" else _REQUIRED),
         "gated_mlp": True,
         "vocab": r.count("vocab_size"),
         "tied_embeddings": r.flag("tie_word_embeddings", False),
@@ -520,7 +530,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
     if moe is not None and moe["experts"] > 1 and moe["first_dense_layers"] < out["layers"]:
         out.update(moe)
 
-    head_dim = None if family.startswith("deepseek") else r.count("head_dim", None)
+    # (Llama4TextConfig's head_dim defaults to 128, not hidden / heads)
+    head_dim = None if family.startswith("deepseek") else r.count(
+        "head_dim", 128 if family == "llama4" else None)
     if r.problems:
         raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
     if head_dim and head_dim * heads != out["hidden"]:

@@ -384,8 +384,9 @@ def parse_instance(data: dict[str, Any], source: str = "<memory>",
             # (said in the plan's caveats and exports, as the shape's approximation)
             keys["approximates"] = "; ".join(filter(None, [
                 keys.get("approximates"),
-                f"the {context.chunked_layers} layers that attend within chunks of "
-                f"{context.chunk:,} tokens (attention_chunk_size) costed as full causal "
+                f"the layers that attend within chunks of {context.chunk:,} tokens "
+                f"(attention_chunk_size; {context.chunked_layers} of the config's "
+                f"{keys.get('layers')}) costed as full causal "
                 f"attention over seq_len = {model['seq_len']:,}, an overestimate of their "
                 "attention core (Megatron-Core builds no chunked attention)"]))
         from_config = set(keys) - set(model)

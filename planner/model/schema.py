@@ -426,6 +426,10 @@ def _pair_or_number(v, what: str, instead: str):
 #: Megatron-Core's recompute_modules the model costs (TransformerConfig.recompute_modules);
 #: "mlp", "moe" and "shared_experts" (whole modules re-run) are not modelled
 RecomputeModule = Literal["core_attn", "mla_up_proj", "layernorm", "moe_act"]
+MODELLED_MODULES = ("core_attn", "mla_up_proj", "layernorm", "moe_act")
+UNMODELLED_MODULES = ("mlp", "moe", "shared_experts")
+#: the single-word values of [training] selective_recompute
+SELECTIVE_NAMES = ("core_attention", "op", "mla_up_proj")
 
 
 def recompute_module_set(selective: str | list[str] | None) -> frozenset[str]:
@@ -586,6 +590,34 @@ class TrainingSpec(_Strict):
                                      "[plan] (evaluate) or [constraints] (solve); see "
                                      "docs/model.md, \"Overlap\"")
         return data
+
+    @field_validator("selective_recompute", mode="before")
+    @classmethod
+    def _recompute_modules(cls, v):
+        """Says what a value is not, in the user's words: a module name written bare, a
+        Megatron-Core module the model does not cost, a name of nothing."""
+        from planner.model.words import toml_value
+
+        listed = ("a list of Megatron-Core's recompute_modules from "
+                  + ", ".join(f'"{m}"' for m in MODELLED_MODULES))
+        if isinstance(v, str) and v not in SELECTIVE_NAMES:
+            hint = (f"; as a module, write it in a list: [{toml_value(v)}]"
+                    if v in MODELLED_MODULES else "")
+            raise ValueError(f"expected \"core_attention\", \"op\" or \"mla_up_proj\", or "
+                             f"{listed} (got {toml_value(v)}){hint}")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError(f"expected {listed}, at least one (got [])")
+            for m in v:
+                if m in UNMODELLED_MODULES:
+                    raise ValueError(f"{toml_value(m)} is a Megatron-Core recompute module the "
+                                     "model does not cost (mlp, moe and shared_experts re-run "
+                                     "whole modules, their collectives included); modelled: "
+                                     + ", ".join(MODELLED_MODULES))
+                if m not in MODELLED_MODULES:
+                    raise ValueError(f"expected {listed} (got {toml_value(m)} in "
+                                     f"{toml_value(v)})")
+        return v
 
     @field_validator("global_batch", mode="before")
     @classmethod
@@ -1107,11 +1139,13 @@ class InstanceSpec(_Strict):
                              "multi-head latent attention's input norm); this model fuses "
                              "each of its norms into the linear layer after it, so it would "
                              "recompute nothing: remove layernorm")
-        if (modules & {"moe_act", "layernorm"} and self.training.precision in ("fp8", "nvfp4")
-                and self.training.fp8_recipe == "delayed"):
-            raise ValueError(f"{said} with training.fp8_recipe = \"delayed\": Megatron-Core "
-                             "refuses moe_act and layernorm recompute under delayed scaling "
-                             "(TransformerConfig); use another recipe or other modules")
+        if (modules & {"moe_act", "layernorm"} and self.training.precision == "fp8"
+                and self.training.fp8_recipe in (None, "delayed")):
+            raise ValueError(f"{said} under FP8 with training.fp8_recipe "
+                             f"{toml_value(self.training.fp8_recipe or 'unset')}: Megatron-Core "
+                             "refuses moe_act and layernorm recompute under delayed scaling, "
+                             "its default recipe (TransformerConfig); set training.fp8_recipe "
+                             "= \"tensorwise\" or \"mxfp8\", or other modules")
         if ((isinstance(sel, list) or "mla_up_proj" in modules)
                 and self.constraints.framework not in (None, "megatron", "nemo")):
             raise ValueError(f"{said} names Megatron-Core recompute modules; constraints."

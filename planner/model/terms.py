@@ -438,13 +438,17 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # norm), moe_act the routed experts' activation (its forward traffic again, per routed
     # copy); at a narrow precision the linear layer after the re-run kept the 16-bit
     # original (set_save_original_input) and quantizes it again for its backward (read 2,
-    # write 1 per element): the down-projections' input (MLA), a shared expert's fc1
-    # input (the router and the routed experts read other copies), fc2's input (moe_act)
+    # write 1 per element): MLA's down-projection input, fc2's input (moe_act); the router
+    # reads the MoE layer's in 16 bits, and a shared expert's fc1 keeps the original
+    # whether or not the norm re-runs (shared_experts.py, the recipes these modules allow)
     requant = 3 if te_narrow else 0
-    mla_norm_redo = (4 + requant) * h / shard if norm_redo and sh.mla else 0.0
+    # (MLA: the query and key / value down-projections each quantize the norm output again,
+    # only the latter without q_lora_rank, where the query projection keeps its own narrow
+    # copy: multi_latent_attention.py set_for_recompute_input_layernorm)
+    mla_norm_redo = ((4 + requant * (2 if sh.q_lora else 1)) * h / shard
+                     if norm_redo and sh.mla else 0.0)
     dense_redo = mla_norm_redo
-    moe_redo = mla_norm_redo + (
-        (4 * h + (requant * h if sh.shared else 0)) / shard if norm_redo else 0.0) + (
+    moe_redo = mla_norm_redo + (4 * h / shard if norm_redo else 0.0) + (
         sh.top_k * ((6 if sh.gated else 4) + requant) * sh.f_e / t if act_redo else 0.0)
 
     def layer_time(gemms, mlp_bytes, recomputed, cast, redo=0.0):
@@ -1004,8 +1008,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                                   if te_narrow else 0)
     # an MoE layer also keeps its routing state, and under FP8 its MLP input (the router's)
     # in 16 bits (workload.Shape.moe_routing_bytes, moe_fp8_saved_replicated_bytes)
+    # (a shared expert's narrow copy of the MLP input: under delayed scaling only, which is
+    # Megatron-Core's default recipe and so what an unset fp8_recipe launches)
+    delayed = tr.precision == "fp8" and tr.fp8_recipe in (None, "delayed")
     moe_replicated = sh.act_replicated_bytes + sh.moe_routing_bytes - (
-        sh.moe_fp8_saved_replicated_bytes(narrow_held) if te_narrow else 0)
+        sh.moe_fp8_saved_replicated_bytes(narrow_held, shared_copy=delayed) if te_narrow else 0)
 
     def stored_per_layer(parallel_bytes, mlp_kept, replicated_bytes):
         """(stored bytes per layer and micro-batch, working set of one re-materialised layer).
@@ -1025,7 +1032,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         if full:
             return 2 * tokens * h / shard, none                   # the layer input checkpoint
         if up_proj:
-            return none, tokens * qkv / t
+            return (sel if core_attn else none), tokens * qkv / t
         if op_level:
             # torchtitan's op-level policy keeps the layer input, the outputs of the odd
             # matmuls (q, v, the MLP's first; gated also its last, w2) and of the attention
@@ -1080,11 +1087,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
         # what the output-discarding checkpoints free, bytes per token (layernorm: MLA's
         # down-projection input, as held, and an MoE layer's MLP input, the router's 16-bit
-        # copy and a shared expert's narrow one; moe_act: fc2's input per routed copy); one
+        # copy, which a shared expert reads too; moe_act: fc2's input per routed copy); one
         # layer's come back for its backward (the working set)
-        freed_rep = (held_in * h if norm_redo and sh.mla else 0.0) + (
-            2 * h + (narrow_held * h if te_narrow and sh.shared else 0.0)
-            if norm_redo and kind == "moe" else 0.0)
+        # (MLA at a narrow precision without q_lora_rank: the query projection's own narrow
+        # copy stays, the key / value down-projection's goes with the norm output)
+        mla_freed = (held_in if not te_narrow or sh.q_lora else 0.0) * h
+        freed_rep = (mla_freed if norm_redo and sh.mla else 0.0) + (
+            2 * h if norm_redo and kind == "moe" else 0.0)
         freed_par = sh.top_k * sh.f_e * held_in if act_redo and kind == "moe" else 0.0
         stored, working = stored_per_layer(
             act_bytes_p - freed_par, mlp_kept,

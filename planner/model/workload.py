@@ -482,12 +482,17 @@ class Shape:
         inputs, ``(2 - held) (q_lora + kv_lora)``."""
         return (2 - held) * (2 * self.h + self.lora_w)
 
-    def moe_fp8_saved_replicated_bytes(self, held: float = 1.0) -> float:
+    def moe_fp8_saved_replicated_bytes(self, held: float = 1.0,
+                                       shared_copy: bool = True) -> float:
         """An MoE layer keeps only its QKV input (and MLA's up-projection inputs) narrow: the
         MLP's input, the norm output, is the router's, whose gating GEMM runs in 16 bits and
         saves it so (Megatron-LM ``moe_utils.py`` ``RouterGatingLinearFunction``); a shared
-        expert's fc1 keeps its own narrow copy beside it (``held h``)."""
-        return (2 - held) * (self.h + self.lora_w) - (held * self.h if self.shared else 0.0)
+        expert's fc1 keeps its own narrow copy beside it (``held h``) where ``shared_copy``:
+        under delayed scaling, Megatron-Core's default recipe (for the other recipes and NVFP4
+        ``shared_experts.py`` sets ``set_save_original_input(linear_fc1)``: it reads the
+        router's 16-bit tensor)."""
+        return (2 - held) * (self.h + self.lora_w) - (
+            held * self.h if self.shared and shared_copy else 0.0)
 
     def fp8_saved_projection_bytes(self, flash: bool, held: float = 1.0) -> float:
         """The projection input (``o`` wide: :attr:`o_w`) kept narrow: ``(2 - held) o`` fewer
