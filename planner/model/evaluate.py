@@ -91,10 +91,10 @@ MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit pe
 #: figures are ``plan validate``'s on the shipped MoE runs, errors and ranking (tests keep them
 #: so: test_validation.py, test_ranking.py).
 MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token permutation, "
-              "all-to-all) are not validated: the 8 measured MoE runs in the shipped set "
+              "all-to-all) are not validated: the 25 measured MoE runs in the shipped set "
               "(DeepSeek-V3, Qwen3-235B-A22B, Qwen3-30B-A3B and gpt-oss-120b on H100, "
-              "Qwen3-235B-A22B and gpt-oss-120b on GB200) took 0.9x to 2.9x the step time this "
-              "model predicts, 7 of them longer, "
+              "Qwen3-235B-A22B, Qwen3-30B-A3B and gpt-oss-120b on GB200 and GB300) took 0.9x to "
+              "2.9x the step time this model predicts, 12 of them longer, "
               "so read the step time, days and cost as uncertain by that much either way; and "
               "the model ranks plans that keep expert parallelism inside a node up to 1.7x "
               "faster than NVIDIA's tuned plans of those runs, which spread it over nodes "
@@ -174,9 +174,10 @@ def p2p_since_4047_s(plan: Plan, pp_step: float, slowdown: float) -> float:
 WINDOW_CAVEAT = ("sliding-window attention: its attention core is costed as the keys each "
                  "query attends to, at the full attention's rate; the fused kernels work on "
                  "whole tiles of 64-128 keys, so a window of a few hundred tokens costs up to "
-                 "about twice its count there; the shipped runs with a window are two "
+                 "about twice its count there; the shipped runs with a window are six "
                  "mixture-of-experts runs (gpt-oss-120b, held out), whose error is the MoE "
-                 "terms' (1.6x the predicted step), so the window's cost is not confirmed apart")
+                 "terms' (1.2x to 1.6x the predicted step), so the window's cost is not "
+                 "confirmed apart")
 #: ... with attention dropout: Transformer Engine's backend filter (dot_product_attention/
 #: utils.py) disables its cuDNN attention for a window with dropout
 WINDOW_DROPOUT = ("; with dropout, Transformer Engine's cuDNN attention refuses the window, "
