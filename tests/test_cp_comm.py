@@ -136,11 +136,12 @@ def test_the_exports_carry_the_exchange():
     assert "cp_comm_type \"a2a\" (Transformer Engine's Ulysses exchange): cannot express" in said
 
 
+@pytest.mark.parametrize("kind", ["a2a", "all_gather"])
 @pytest.mark.parametrize("framework", ["torchtitan", "deepspeed"])
-def test_ulysses_is_refused_where_the_framework_runs_its_own_exchange(framework):
-    doc = _doc(cp_comm_type="a2a")
+def test_ulysses_is_refused_where_the_framework_runs_its_own_exchange(framework, kind):
+    doc = _doc(cp_comm_type=kind)
     doc["constraints"] = {"framework": framework}
-    with pytest.raises(InputError, match="training.cp_comm_type: \"a2a\" is Megatron-Core"):
+    with pytest.raises(InputError, match=f"training.cp_comm_type: \"{kind}\" is Megatron-Core"):
         parse_instance(doc)
 
 
@@ -167,17 +168,48 @@ def test_all_gather_moves_the_bytes_of_transformer_engines_tensors():
     assert all(ag[k] > _per_layer(k, "p2p") for k in (2, 4, 8))
 
 
-def test_all_gather_holds_the_gathered_keys_and_values_while_the_core_runs():
-    """The backward holds the gathered keys and values and their whole-sequence gradients
-    (context_parallel.py: k_ag, v_ag, dk, dv) for the layer whose core runs: one layer's
-    worth more than the ring, and nothing without context parallelism."""
-    plan = {"tp": 1, "pp": 1, "dp": 2, "cp": 4, "micro_batch": 1, "recompute": "full"}
-    acts = {k: _report(plan, cp_comm_type=k).memory_gib["activations"]
-            for k in ("p2p", "all_gather")}
-    four = 4 * 2 * 32768 * (8 * 128)                       # k_ag, v_ag, dk, dv, 16-bit
-    assert acts["all_gather"] - acts["p2p"] == pytest.approx(four / 2**30, rel=1e-9)
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_all_gather_holds_the_gathered_keys_and_values_while_the_core_runs(recompute):
+    """The backward of the layer whose core runs holds, 16-bit, the gathered keys and values
+    (k_ag, v_ag: K and V of the whole sequence), their whole-sequence gradients (dk, dv), the
+    two steps' gradients, kept in lists until it returns (dk_per_step, dv_per_step: about the
+    sequence again under the causal mask) and the reordered copy index_select makes of dk or
+    dv beside its source: 1 + 1 + 1 + 1/2 times [s, 8 x 128] twice, one layer's worth more
+    than the ring, and nothing without context parallelism."""
+    plan = {"tp": 1, "pp": 1, "dp": 2, "cp": 4, "micro_batch": 1, "recompute": recompute}
+    acts = {k: _report(plan, model={**LLAMA, "layers": 4}, cp_comm_type=k
+                       ).memory_gib["activations"] for k in ("p2p", "all_gather")}
+    k_and_v = 2 * 32768 * (8 * 128) * 2                    # [s, 8 x 128], K and V, 16-bit
+    assert acts["all_gather"] - acts["p2p"] == pytest.approx(3.5 * k_and_v / 2**30, rel=1e-9)
     one = {**plan, "dp": 8, "cp": 1}
-    assert _report(one, cp_comm_type="all_gather").memory_gib == _report(one).memory_gib
+    assert _report(one, model={**LLAMA, "layers": 4}, cp_comm_type="all_gather").memory_gib \
+        == _report(one, model={**LLAMA, "layers": 4}).memory_gib
+
+
+def test_all_gather_across_nodes_and_of_latent_attention():
+    """Across two nodes the gather's other node's half crosses the NIC (cp 16 on 2 x 8:
+    slower than cp 8 inside one node, where Ulysses' bytes would fall); multi-head latent
+    attention gathers its own key and value widths, 128 heads x (128 + 64) and x 128 for a
+    DeepSeek-V3 shape, not the hidden size."""
+    inst = parse_instance(_doc(model={**LLAMA, "seq_len": 2**20}, gpus=16))
+    s = 2**20
+    one = _per_layer(8, "all_gather", recompute="none")
+    plan = {"tp": 1, "pp": 1, "dp": 1, "cp": 16, "micro_batch": 1, "recompute": "none"}
+    rep = _report(plan, model={**LLAMA, "seq_len": s}, gpus=16, cp_comm_type="all_gather")
+    two = rep.breakdown_s["cp_comm"] / (rep.plan.micro_batches * LLAMA["layers"])
+    k_and_v = 2 * s * 2 * 8 * 128
+    # per collective: (8 - 1) / 8 of it inside the node, then the other node's half over the NIC
+    expect = 3 * (k_and_v * 7 / 8 / inst.hw.bw_intra + k_and_v / 8 / 2 / inst.hw.bw_inter)
+    assert two == pytest.approx(expect, rel=0.02) and two > one
+    mla = {**{k: v for k, v in LLAMA.items() if k != "kv_heads"}, "layers": 4,
+           "hidden": 7168, "heads": 128, "seq_len": 2**20, "kv_lora_rank": 512,
+           "q_lora_rank": 1536, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+           "v_head_dim": 128}
+    rep = _report({"tp": 1, "pp": 1, "dp": 1, "cp": 8, "micro_batch": 1, "recompute": "none"},
+                  model=mla, cp_comm_type="all_gather")
+    per = rep.breakdown_s["cp_comm"] / (rep.plan.micro_batches * 4)
+    widths = 128 * (128 + 64) + 128 * 128
+    assert per == pytest.approx(3 * 2 * s * widths * 7 / 8 / inst.hw.bw_intra, rel=0.02)
 
 
 def test_a_windowed_model_splits_its_sequence_over_the_all_gather():
@@ -188,6 +220,28 @@ def test_a_windowed_model_splits_its_sequence_over_the_all_gather():
     assert not _report(plan, model=model, global_batch=1, cp_comm_type="all_gather").violations
     said = _report(plan, model=model, global_batch=1).violations
     assert any('"a2a" or "all_gather"' in v for v in said)
+
+
+@pytest.mark.parametrize("kind, splits", [("p2p", False), ("all_gather", False),
+                                          ("a2a", True)])
+def test_an_attention_sink_splits_its_sequence_only_over_ulysses(kind, splits):
+    """An attention sink (gpt-oss's learnable softmax offset, softmax_type) runs under context
+    parallelism only with the a2a exchange (Transformer Engine asserts "Context parallelism
+    only supports softmax_type=... with cp_comm_type = 'a2a'"): the rule sink_cp."""
+    plan = {"tp": 1, "pp": 1, "dp": 1, "cp": 8, "micro_batch": 1, "recompute": "full"}
+    model = {**LLAMA, "layers": 8, "softmax_type": "learnable"}
+    said = _report(plan, model=model, global_batch=1, cp_comm_type=kind).violations
+    assert (not any("attention sink" in v for v in said)) is splits
+    assert not _report(plan, model={**LLAMA, "layers": 8}, global_batch=1,
+                       cp_comm_type=kind).violations
+
+
+def test_the_sink_is_exported():
+    plan = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "recompute": "full"}
+    doc = _doc(plan, model={**LLAMA, "layers": 8, "softmax_type": "learnable"})
+    assert parse_megatron(emitted(doc, plan, "megatron"))["--softmax-type"] == "learnable"
+    assert parse_yaml(emitted(doc, plan, "nemo"))["model.config.softmax_type"] == "learnable"
+    assert "--softmax-type" not in parse_megatron(emitted(_doc(plan), plan, "megatron"))
 
 
 def test_backends_agree_with_the_all_gather():

@@ -136,6 +136,7 @@ def test_gpt_oss_120b(tmp_path):
         "gated_mlp": True, "vocab": 201088, "tied_embeddings": False,
         "position_embedding": "rope", "dropout": False, "head_dim": 64,
         "normalization": "rmsnorm", "linear_bias": True,
+        "softmax_type": "learnable",       # (its attention sinks, GptOssAttention.sinks)
         "experts": 128, "top_k": 4, "moe_ffn_hidden": 2880, **MOE_DEFAULTS,
     }
     sh = Shape.of(spec(d))

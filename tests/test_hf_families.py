@@ -185,6 +185,9 @@ def test_llama4_absent_keys_take_llama4_text_config_s_defaults(tmp_path):
     assert (d["head_dim"], d["kv_heads"], d["moe_ffn_hidden"], d["ffn_hidden"],
             d["experts"], d["top_k"], d["qk_l2_norm"]) == (128, 8, 8192, 16384, 16, 1, True)
     assert (ctx.chunk, ctx.chunked_layers) == (8192, 6)
+    # written null, the head width is hidden / heads, as Llama4TextConfig.__post_init__ sets it
+    assert "head_dim" not in read_hf_config(write(tmp_path, {**small, "head_dim": None},
+                                                  "null.json"))
 
 
 def test_llama4_moe_layers_list_and_text_config_alone(tmp_path):
@@ -243,8 +246,8 @@ def test_text_config_of_another_wrapper(tmp_path):
         **text, "tie_word_embeddings": False}, "tie_word_embeddings": True}, "b.json"))
     assert d["tied_embeddings"] is True and "approximates" not in d
     d = read_hf_config(write(tmp_path, {"model_type": "mistral3", "text_config": {
-        **text, "tie_word_embeddings": True}}, "b2.json"))
-    assert d["tied_embeddings"] is True
+        **text, "tie_word_embeddings": False}}, "b2.json"))
+    assert d["tied_embeddings"] is True           # (Mistral3Config's own default: True)
     llama4 = {**MAVERICK, "tie_word_embeddings": True}
     assert read_hf_config(write(tmp_path, llama4, "b3.json"))["tied_embeddings"] is False
     with pytest.raises(InputError) as exc:

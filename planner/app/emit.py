@@ -458,12 +458,14 @@ def norm_bias_config(m) -> dict[str, str | bool]:
     the QKV bias alone (Megatron-LM's validate_args sets it whenever ``add_bias_linear``).
     Multi-head latent attention takes ``qk_layernorm`` as the switch of its norms of the
     compressed query and key / value (gpt_layer_specs.py: without it the up-projections are
-    plain linear layers), which the model always counts, so an MLA model sets it."""
+    plain linear layers), which the model always counts, so an MLA model sets it. The
+    attention's ``softmax_type`` (a sink: gpt-oss) rides along."""
     return {"normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
             "add_bias_linear": m.linear_bias,
             "add_qkv_bias": m.has_qkv_bias and not m.linear_bias,
             "qk_layernorm": m.qk_norm or m.mla,
-            "qk_l2_norm": m.qk_l2_norm}
+            "qk_l2_norm": m.qk_l2_norm,
+            "softmax_type": m.softmax_type}
 
 
 def window_config(m) -> dict[str, object]:
@@ -528,6 +530,8 @@ def _megatron_norm_bias(m) -> list[str]:
         args.append("--qk-layernorm")
     if c["qk_l2_norm"]:
         args.append("--qk-l2-norm")
+    if c["softmax_type"] != "vanilla":
+        args.append(f"--softmax-type {c['softmax_type']}")
     return args
 
 
@@ -537,7 +541,9 @@ def _norm_bias_words(m) -> str:
               else "a QKV bias only" if m.has_qkv_bias else "no linear biases")
     return (f"{'RMSNorm' if m.normalization == 'rmsnorm' else 'LayerNorm'}"
             + (" (QK norm too)" if m.qk_norm else " (QK L2 norm too)" if m.qk_l2_norm else "")
-            + f", {biases}")
+            + f", {biases}"
+            + (f", attention sinks (softmax_type {m.softmax_type})"
+               if m.softmax_type != "vanilla" else ""))
 
 
 def _megatron(inst: Instance, plan: Plan) -> str:

@@ -43,7 +43,9 @@ Biases (Megatron-Core's add_bias_linear / add_qkv_bias, what the exports build):
     qwen3, qwen3_moe     qk_norm = true (Qwen3Attention's q_norm / k_norm over a head)
     llama, qwen3,        attention_bias (default false) -> qkv_bias; llama with mlp_bias too
     qwen3_moe            -> linear_bias = true (every linear layer)
-    gpt_oss              attention_bias (default true) -> linear_bias (attention and experts)
+    gpt_oss              attention_bias (default true) -> linear_bias (attention and experts);
+                         softmax_type = "learnable" (its attention sinks: not costed, but
+                         context parallelism then needs cp_comm_type = "a2a")
     glm4_moe             attention_bias (default false) -> qkv_bias (q / k / v, o without);
                          use_qk_norm (default false) -> qk_norm
     llama4               attention_bias as llama's; use_qk_norm (default true) ->
@@ -141,8 +143,8 @@ Approximations (what the returned shape does not capture):
   ``decoder_sparse_step = 1``) are ``first_dense_layers = k``; dense layers elsewhere are
   ignored, with a :class:`UserWarning` (the list is empty in the published configs).
 * The Qwen2-MoE shared-expert sigmoid gate (one hidden-wide vector) is not counted.
-  gpt-oss's attention sinks (one logit per head), router bias and the SwiGLU clamp are not
-  counted.
+  gpt-oss's attention sinks (one logit per head; ``softmax_type`` says they are there),
+  router bias and the SwiGLU clamp are not counted.
 * Llama 4's chunked attention (``attention_chunk_size``, 8192: its RoPE layers, all but
   every fourth, attend within the chunk of their query) is costed as full causal attention,
   which it is up to ``attention_chunk_size`` tokens; beyond, the loader adds it to
@@ -168,6 +170,9 @@ SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
 #: the language model's own ``model_type`` inside a wrapper's ``text_config`` where it is not a
 #: family name itself (transformers' Llama4TextConfig)
 _TEXT_TYPES = {"llama4_text": "llama4"}
+#: a wrapper's own tie_word_embeddings default where it holds the output layer and the config
+#: leaves the key out (transformers' Mistral3Config: True); other wrappers: the text config's
+_WRAPPER_TIE = {"mistral3": True}
 
 # ``architectures`` entries are ``<Prefix>For<Task>``; the prefix names the family
 _ARCH_PREFIX = {
@@ -307,8 +312,9 @@ def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, 
     # the tie is the wrapper's where the wrapper holds the output layer (transformers reads
     # the top-level config's tie_word_embeddings: Mistral 3, Gemma 3); Llama 4's output layer
     # is its text model's (Llama4ForCausalLM on text_config), whose key decides
-    if cfg.get("tie_word_embeddings") is not None and _family(inner, p, where) != "llama4":
-        inner["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    tie = cfg.get("tie_word_embeddings", _WRAPPER_TIE.get(outer))
+    if tie is not None and _family(inner, p, where) != "llama4":
+        inner["tie_word_embeddings"] = tie
     return inner, where, (["the language model (text_config) alone: its vision encoder and "
                            "projector (vision_config) are not costed"]
                           if cfg.get("vision_config") is not None else [])
@@ -423,6 +429,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
     elif family == "gpt_oss":
         # attention biases (q, k, v, o) and the experts' (gate_up, down): every linear layer
         out["linear_bias"] = bool(r.flag("attention_bias", True))
+        # its attention sinks (GptOssAttention.sinks, a logit per head; Megatron-Bridge's
+        # gpt_oss_bridge.py: softmax_type "learnable")
+        out["softmax_type"] = "learnable"
     max_context = r.count("max_position_embeddings", None)
     moe: dict[str, Any] | None = None
 
@@ -531,8 +540,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
         out.update(moe)
 
     # (Llama4TextConfig's head_dim defaults to 128, not hidden / heads)
+    # (written null, Llama4TextConfig takes hidden / heads)
     head_dim = None if family.startswith("deepseek") else r.count(
-        "head_dim", 128 if family == "llama4" else None)
+        "head_dim", 128 if family == "llama4" and "head_dim" not in cfg else None)
     if r.problems:
         raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
     if head_dim and head_dim * heads != out["hidden"]:

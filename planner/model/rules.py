@@ -249,6 +249,14 @@ RULES: tuple[Rule, ...] = (
     # the a2a or all_gather exchange (dot_product_attention/context_parallel.py asserts
     # "Context parallelism does not support sliding window attention with cp_comm_type=..."
     # otherwise); under the p2p ring, Megatron-Core's default, cp stays 1
+    # ... and an attention sink (softmax_type other than vanilla) only with a2a: "Context
+    # parallelism only supports softmax_type=... with cp_comm_type = 'a2a'!"
+    Rule("sink_cp", "one", lambda v, k: (v.cp,), "cp = 1 with an attention sink",
+         lambda v, k: f"cp={v.cp}: an attention sink (model.softmax_type) runs under context "
+                      "parallelism only with Transformer Engine's a2a exchange, not the p2p "
+                      "ring or the all_gather; use cp = 1, or training.cp_comm_type = \"a2a\"",
+         applies=lambda inst: (inst.model.softmax_type != "vanilla"
+                               and _exchange(inst) != "a2a")),
     Rule("window_cp", "one", lambda v, k: (v.cp,), "cp = 1 with sliding-window attention",
          lambda v, k: f"cp={v.cp}: sliding-window attention (model.window_size) runs under "
                       "context parallelism only with Transformer Engine's a2a or all_gather "

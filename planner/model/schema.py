@@ -196,6 +196,11 @@ class ModelSpec(_Strict):
     qk_norm: bool = Field(
         default=False, description="a norm (of the normalization's kind) on each query and "
         "key head before the attention (Qwen3; Megatron-LM --qk-layernorm)")
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = Field(
+        default="vanilla", description="the attention's softmax (Megatron-Core softmax_type): "
+        "vanilla, or with a sink, off-by-one (a fixed one) or learnable (a logit per head: "
+        "gpt-oss); the sink is not costed (a number per head), but Transformer Engine runs "
+        "it under context parallelism only with cp_comm_type = \"a2a\"")
     qk_l2_norm: bool = Field(
         default=False, description="a weightless L2 norm on each query and key head before the "
         "attention (Llama 4; Megatron-Core qk_l2_norm, Megatron-LM --qk-l2-norm)")
@@ -545,7 +550,8 @@ class TrainingSpec(_Strict):
     fp8_recipe: Literal["tensorwise", "delayed", "mxfp8"] | None = Field(
         default=None, description="how FP8 tensors are scaled (Megatron-Core --fp8-recipe): "
         "tensorwise / delayed = one scale per tensor (current or delayed scaling, costed "
-        "alike; None: per-tensor too); mxfp8 = Transformer Engine's MXFP8BlockScaling, one "
+        "alike; None: Megatron-Core's default, delayed: the exports write no recipe); "
+        "mxfp8 = Transformer Engine's MXFP8BlockScaling, one "
         "E8M0 scale per 32 elements, Blackwell only: every FP8 tensor is held twice (rowwise "
         "and columnwise, each quantized from 16 bits) and FP8 parameters are all-gathered in "
         "16 bits through the gradient buffer (docs/model.md, \"FP8\", item 5); needs "

@@ -575,8 +575,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # the backward gathers them again and reduce-scatters their gradients (16-bit, the
         # same bytes); a recomputed core gathers once more. Exposed (docs/model.md,
         # "Context-parallel communication")
-        gather = 0.5 * allreduce(cp_gathered, x.c_in, x.c_out, hw.bw_intra, hw.bw_inter,
-                                 hw.lat_intra, hw.lat_inter)
+        # (K and V each their own collective: gather_along_first_dim / reduce_scatter_...)
+        gather = sum(0.5 * allreduce(2 * b * s * w / t, x.c_in, x.c_out, hw.bw_intra,
+                                     hw.bw_inter, hw.lat_intra, hw.lat_inter)
+                     for w in (sh.k_w, sh.v_w))
         cp_layer = (passes + (1 if core_attn else 0)) * gather
     else:
         kv_bytes = 2 * tokens * (sh.k_w + sh.v_w) / t      # (MLA: every head's K and V)
@@ -1101,10 +1103,14 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         if freed_rep or freed_par:
             working = working + tokens * (freed_rep / shard + freed_par / t)
         if cp_gather:
-            # the all_gather exchange's whole-sequence keys and values, and in the backward
-            # their gradients beside them (context_parallel.py: k_ag, v_ag, dk, dv), for the
-            # layer whose core runs
-            working = working + gt1(c) * 2 * cp_gathered
+            # the all_gather exchange's backward, for the layer whose core runs
+            # (context_parallel.py AttnFuncWithCPAndKVAllGather.backward): the gathered keys
+            # and values (k_ag, v_ag), their whole-sequence gradients (dk, dv), the two
+            # steps' gradients kept until the end (dk_per_step, dv_per_step: up to
+            # (1 + 1 / 2c) of the sequence under the causal mask, counted whole) and the
+            # reordered copy index_select makes of one of them beside its source: 3.5 times
+            # the gathered K and V, an upper bound (a window attends fewer keys per step)
+            working = working + gt1(c) * 3.5 * cp_gathered
         expert_opt = state_bytes / expert_shards
         for stage, n_layers in stages.items():
             # the stage's layers, and what sits beside them: the embedding (and, at p = 1, the
