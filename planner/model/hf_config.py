@@ -500,7 +500,8 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
                 first, interval = listed[0], gap
             else:
                 notes.append(f"moe_layers {listed} is not every n-th layer up to the last: "
-                             f"modelled as every {interval}-th layer from layer {first}")
+                             f"modelled as one layer in {interval} from layer {first} on "
+                             "(interleave_moe_layer_step)")
         moe = {"experts": r.count("num_local_experts", 16, minimum=0),
                "top_k": r.count("num_experts_per_tok", 1),
                "moe_ffn_hidden": r.count("intermediate_size", 8192),
