@@ -294,7 +294,9 @@ def test_layernorm_recompute_frees_the_input_norm_of_latent_attention():
                         "fp8_recipe": "delayed"}, "delayed scaling"),
     (DEEPSEEK_V2_LITE, {"selective_recompute": ["layernorm"], "precision": "fp8"},
      "its default recipe"),
-    (DEEPSEEK_V2_LITE, {"selective_recompute": ["mlp"]}, "the model does not cost"),
+    (DEEPSEEK_V2_LITE, {"selective_recompute": ["moe"]}, "the model does not cost"),
+    ({**DEEPSEEK_V2_LITE, "first_dense_layers": 0}, {"selective_recompute": ["mlp"]},
+     "every layer of this model is an MoE layer"),
     (DEEPSEEK_V2_LITE, {"selective_recompute": "layernorm"}, 'write it in a list: ["layernorm"]'),
 ])
 def test_recompute_modules_that_cannot_run_are_input_errors(model, training, said):
@@ -302,8 +304,8 @@ def test_recompute_modules_that_cannot_run_are_input_errors(model, training, sai
     made: a module twice, moe_act without experts, layernorm where every norm is fused into
     its linear layer (it would recompute nothing), layernorm / moe_act under FP8's delayed
     scaling, Megatron-Core's default recipe, whether set or left unset (TransformerConfig
-    raises), the modules the model does not cost (mlp, moe, shared_experts) by name, and a
-    module written without its list."""
+    raises), the modules the model does not cost (moe, shared_experts) by name, mlp where no
+    layer is dense, and a module written without its list."""
     with pytest.raises(InputError) as exc:
         _inst(model, **training)
     assert "training.selective_recompute" in str(exc.value) and said in str(exc.value)

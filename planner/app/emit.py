@@ -284,7 +284,7 @@ def _op_selective(inst: Instance, plan: Plan) -> bool:
 
 
 #: Megatron-Core's order of its recompute modules (TransformerConfig.recompute_modules)
-_MODULE_ORDER = ("core_attn", "moe_act", "layernorm", "mla_up_proj")
+_MODULE_ORDER = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp")
 
 
 def recompute_modules(inst: Instance, plan: Plan) -> list[str] | None:

@@ -429,10 +429,10 @@ def _pair_or_number(v, what: str, instead: str):
 
 
 #: Megatron-Core's recompute_modules the model costs (TransformerConfig.recompute_modules);
-#: "mlp", "moe" and "shared_experts" (whole modules re-run) are not modelled
-RecomputeModule = Literal["core_attn", "mla_up_proj", "layernorm", "moe_act"]
-MODELLED_MODULES = ("core_attn", "mla_up_proj", "layernorm", "moe_act")
-UNMODELLED_MODULES = ("mlp", "moe", "shared_experts")
+#: "moe" and "shared_experts" (an MoE layer's modules re-run whole) are not modelled
+RecomputeModule = Literal["core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp"]
+MODELLED_MODULES = ("core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp")
+UNMODELLED_MODULES = ("moe", "shared_experts")
 #: the single-word values of [training] selective_recompute
 SELECTIVE_NAMES = ("core_attention", "op", "mla_up_proj")
 
@@ -490,8 +490,9 @@ class TrainingSpec(_Strict):
         "Megatron-Core's recompute_modules: core_attn, mla_up_proj, layernorm (the norms kept "
         "apart from a linear layer, an MoE layer's pre-MLP norm and MLA's input norm, re-run "
         "in the backward instead of keeping their outputs), moe_act (the routed experts' "
-        "activation, re-run instead of keeping fc2's input); default the framework's "
-        "(torchtitan: op)")
+        "activation, re-run instead of keeping fc2's input), mlp (a dense layer's MLP re-run "
+        "from its input, its collectives included); default the framework's (torchtitan: "
+        "op)")
     kernel_stack: Literal["fused", "pytorch"] | None = Field(
         default=None, description="the kernels the GEMMs and the attention core run on, "
         "with their own calibrated figures per GPU type (hardware_catalog/*.toml "
@@ -617,9 +618,9 @@ class TrainingSpec(_Strict):
             for m in v:
                 if m in UNMODELLED_MODULES:
                     raise ValueError(f"{toml_value(m)} is a Megatron-Core recompute module the "
-                                     "model does not cost (mlp, moe and shared_experts re-run "
-                                     "whole modules, their collectives included); modelled: "
-                                     + ", ".join(MODELLED_MODULES))
+                                     "model does not cost (moe and shared_experts re-run an "
+                                     "MoE layer's modules whole, the all-to-alls included); "
+                                     "modelled: " + ", ".join(MODELLED_MODULES))
                 if m not in MODELLED_MODULES:
                     raise ValueError(f"expected {listed} (got {toml_value(m)} in "
                                      f"{toml_value(v)})")
@@ -1139,6 +1140,10 @@ class InstanceSpec(_Strict):
         if "moe_act" in modules and not self.model.moe:
             raise ValueError(f"{said}: moe_act recomputes the routed experts' activation, and "
                              "the model has no experts (model.experts = 0): remove moe_act")
+        if "mlp" in modules and self.model.moe and self.model.moe_layers == self.model.layers:
+            raise ValueError(f"{said}: mlp recomputes the dense layers' MLP (Megatron-Core "
+                             "skips MoE layers), and every layer of this model is an MoE "
+                             "layer: remove mlp")
         if "layernorm" in modules and not (self.model.moe or self.model.mla):
             raise ValueError(f"{said}: layernorm recomputes the norms Megatron-Core keeps "
                              "apart from a linear layer (an MoE layer's pre-MLP norm, "

@@ -300,6 +300,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # checkpoints, Megatron-Core CheckpointWithoutOutput: below, per layer kind)
     norm_redo = "layernorm" in modules
     act_redo = "moe_act" in modules
+    # mlp: a dense layer's MLP (its fused pre-MLP norm, fc1, activation, fc2 and their
+    # tensor-parallel collectives) re-runs before its backward from the MLP's input, which
+    # the checkpoint keeps, and keeps nothing else (transformer_layer.py recompute_mlp:
+    # tensor_parallel.checkpoint / te_checkpoint of self.mlp); MoE layers are not touched
+    mlp_redo = "mlp" in modules
     n_fwd = 2 if full else 1
     passes = n_fwd + 2
     flash = tr.flash_attention
@@ -447,15 +452,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # copy: multi_latent_attention.py set_for_recompute_input_layernorm)
     mla_norm_redo = ((4 + requant * (2 if sh.q_lora else 1)) * h / shard
                      if norm_redo and sh.mla else 0.0)
-    dense_redo = mla_norm_redo
+    # (mlp: the fused norm, read 2h and write 2h on the sequence shard, the activation's
+    # traffic, and at a narrow precision the MLP's forward casts: norm output and fc2 input)
+    dense_redo = mla_norm_redo + (
+        (4 * h / shard + (6 if sh.gated else 4) * sh.f / t
+         + (dense_cast[0] - attn_cast[0] if dense_cast else 0.0)) if mlp_redo else 0.0)
     moe_redo = mla_norm_redo + (4 * h / shard if norm_redo else 0.0) + (
         sh.top_k * ((6 if sh.gated else 4) + requant) * sh.f_e / t if act_redo else 0.0)
 
-    def layer_time(gemms, mlp_bytes, recomputed, cast, redo=0.0):
+    def layer_time(gemms, mlp_bytes, recomputed, cast, redo=0.0, redo_gemms=()):
         """GEMMs + attention core + element-wise traffic of one layer and micro-batch
         (``cast``: the FP8 casts' forward and backward bytes per token, or None; ``redo``:
-        the bytes per token the output-discarding checkpoints re-run)."""
-        gemm_s_ = passes * gemm_s(gemms, peak_gemm)
+        the bytes per token the recompute modules re-run, ``redo_gemms`` their GEMMs)."""
+        gemm_s_ = passes * gemm_s(gemms, peak_gemm) + gemm_s(list(redo_gemms), peak_gemm)
         if op_level:
             gemm_s_ = gemm_s_ + gemm_s(recomputed, peak_gemm)
         if up_proj:
@@ -467,7 +476,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         return gemm_s_, elt_s, gemm_s_ + attn + elt_s
 
     gemm, eltwise, dense_compute = layer_time(dense_gemms, sh.eltwise_parallel_bytes,
-                                              dense_recomputed, dense_cast, dense_redo)
+                                              dense_recomputed, dense_cast, dense_redo,
+                                              mlp_gemms if mlp_redo else ())
     logits = 3 * gemm_s([(tokens, sh.V / t, h, 1)], peak16)
     dense_share = sh.n_dense / L
     moe_share = sh.n_moe / L
@@ -519,7 +529,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     ag_w, rs_w = tp_pair(sh.attn_gather_w) if sh.mla else (tp_ag, tp_rs)
     attn_bwd_pair = (tp_ag, rs_w) if sp else (ag_w, rs_w)
     attn_fwd = ag_w + tp_rs if sp else tp_one
-    tp_layer = n_fwd * (attn_fwd + tp_one) + sum(attn_bwd_pair) + tp_one
+    # (the mlp module's re-run forward gathers the MLP's input and reduce-scatters its output
+    # again, an all-reduce without sequence parallelism: one more pair, exposed)
+    mlp_redo_tp = tp_one if mlp_redo else 0.0
+    tp_layer = n_fwd * (attn_fwd + tp_one) + sum(attn_bwd_pair) + tp_one + mlp_redo_tp
     tp_moe = n_fwd * attn_fwd + sum(attn_bwd_pair)
     if k.tp_comm_overlap and sp and not is_one(t):
         # tp_comm_overlap (Transformer Engine userbuffers, needs sequence parallelism): each
@@ -543,7 +556,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # (MLA: the two up-projections' input gradients, beside their weight gradients)
         wgrad_qkv = gemm_s(sh.gathering_gemms(tokens, t, shard), peak_gemm)
         exposed_qkv = backward_exposed(wgrad_qkv, *attn_bwd_pair)
-        tp_layer = (n_fwd * (attn_fwd + tp_one) + exposed_qkv
+        tp_layer = (n_fwd * (attn_fwd + tp_one) + exposed_qkv + mlp_redo_tp
                     + backward_exposed(gemm_s(mlp_gemms[:1], peak_gemm)))
         tp_moe = n_fwd * attn_fwd + exposed_qkv
 
@@ -1097,6 +1110,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         freed_rep = (mla_freed if norm_redo and sh.mla else 0.0) + (
             2 * h if norm_redo and kind == "moe" else 0.0)
         freed_par = sh.top_k * sh.f_e * held_in if act_redo and kind == "moe" else 0.0
+        if mlp_redo and kind == "dense":
+            # (mlp: fc1's input, the fused norm's output, as held; fc1's output, 16-bit, both
+            # halves gated; fc2's input as held; the checkpoint keeps the MLP's input, which
+            # the norm kept anyway)
+            freed_rep = freed_rep + held_in * h
+            freed_par = freed_par + (4 if sh.gated else 2) * sh.f + held_in * sh.f
         stored, working = stored_per_layer(
             act_bytes_p - freed_par, mlp_kept,
             (dense_replicated if kind == "dense" else moe_replicated) - freed_rep)
