@@ -67,6 +67,69 @@ def test_the_re_run_forward_gathers_and_scatters_the_mlp_again():
     assert tp["mlp"] - tp["none"] == pytest.approx((tp["full"] - tp["none"]) / 2, rel=1e-9)
 
 
+def test_the_re_run_costs_the_mlp_s_gemms_and_its_element_wise_traffic_again():
+    """The re-run forward's GEMMs are fc1's and fc2's: full recompute re-runs those and the
+    attention's projections, so the mlp module adds the MLP's share of that, about its share
+    of the layer's weights (3 h f against h (q + 2 kv) + q h: 0.77 here; the GEMM size curve
+    runs the MLP's wider GEMMs a little faster, 0.71). Its element-wise
+    traffic is the fused norm's (read 2h, write 2h on the rank's s / t tokens) and SwiGLU's
+    (read 4f / t, write 2f / t on all s tokens), once more, over the HBM bandwidth."""
+    inst = _inst("none")
+    none, full, mlp = (_layer(i) for i in (inst, _inst("full"), _inst("selective", ["mlp"])))
+    share = (mlp["gemm"] - none["gemm"]) / (full["gemm"] - none["gemm"])
+    weights = 3 * H * F / (3 * H * F + H * (H + 2 * KV * H // HEADS) + H * H)
+    assert share == pytest.approx(weights, abs=0.1)
+    bytes_ = SEQ * (4 * H / TP + 6 * F / TP)
+    assert mlp["eltwise"] - none["eltwise"] == pytest.approx(bytes_ / inst.hw.hbm_bw, rel=1e-9)
+
+
+@pytest.mark.parametrize("overlap", ["plain", "async", "tp_comm_overlap"])
+def test_every_tensor_parallel_branch_charges_the_re_run(overlap):
+    """Without the asynchronous all-reduce, with it (the default) and under userbuffers'
+    overlap, the re-run's pair adds time; plainly exposed it is half full recompute's."""
+    kw = {"plain": {"async_tensor_model_parallel_allreduce": False}, "async": {},
+          "tp_comm_overlap": {}}[overlap]
+    plan = {"tp_comm_overlap": True} if overlap == "tp_comm_overlap" else {}
+
+    def tp(recompute, modules=None):
+        inst = parse_instance({
+            "model": MODEL, "training": {"global_batch": 8, **kw,
+                                         **({"selective_recompute": modules} if modules else {})},
+            "cluster": {"gpu": "h100-sxm", "gpus": 8},
+            "plan": {"tp": TP, "pp": 1, "dp": 4, "micro_batch": 1, "recompute": recompute,
+                     "sequence_parallel": True, **plan}}, "dense")
+        return _layer(inst)["tp_comm"]
+    assert tp("selective", ["mlp"]) > tp("none")
+    if overlap == "plain":
+        assert tp("selective", ["mlp"]) - tp("none") == pytest.approx(
+            (tp("full") - tp("none")) / 2, rel=1e-9)
+
+
+def test_moe_layers_are_not_touched():
+    """Megatron-Core sets recompute_mlp only where the layer is not an MoE layer: with one
+    dense layer before MoE ones, the MoE layers' compute, collectives and memory row stay;
+    the dense layer's change."""
+    moe = {**MODEL, "experts": 8, "top_k": 2, "moe_ffn_hidden": 1024, "shared_experts": 1,
+           "first_dense_layers": 1}
+
+    def run(modules):
+        inst = parse_instance({
+            "model": moe,
+            "training": {"global_batch": 8, **({"selective_recompute": modules} if modules
+                                                else {})},
+            "cluster": {"gpu": "h100-sxm", "gpus": 8},
+            "plan": {"tp": TP, "pp": 1, "dp": 4, "ep": 4, "micro_batch": 1,
+                     "recompute": "selective" if modules else "none",
+                     "sequence_parallel": True}}, "moe")
+        plan = plan_from_spec(inst, inst.spec.plan)
+        return _layer(inst), evaluate(inst, plan).memory_by_stage_gib
+    (a, ma), (b, mb) = run(None), run(["mlp"])
+    assert (a["moe_compute"], a["tp_comm_moe"]) == (b["moe_compute"], b["tp_comm_moe"])
+    assert ma["first_moe"] == mb["first_moe"]
+    assert b["dense_compute"] > a["dense_compute"] and b["tp_comm"] > a["tp_comm"]
+    assert mb["first_dense"]["activations"] < ma["first_dense"]["activations"]
+
+
 def test_the_mlp_module_costs_less_time_than_full_recompute_and_saves_less_memory():
     """It re-runs the MLP's GEMMs, not the attention's: between no recompute and full
     recompute in time; it keeps the attention's tensors, so more memory than full."""
