@@ -80,7 +80,7 @@ recompute
     ``[training] selective_recompute = "op"`` (torchtitan's policy): a "cannot express" comment
     in the Megatron, NeMo and DeepSpeed exports (Megatron-Core recomputes the attention core);
     Megatron-Core's recompute modules beyond ``core_attn`` (``mla_up_proj``, ``layernorm``,
-    ``moe_act``): ``--recompute-granularity selective --recompute-modules ...`` |
+    ``moe_act``, ``mlp``): ``--recompute-granularity selective --recompute-modules ...`` |
     ``recompute_modules`` | a "cannot express" comment | ``recompute_how`` says "cannot express"
 sequence_parallel
     ``--sequence-parallel`` | ``trainer.strategy.sequence_parallel`` | none: always on under
