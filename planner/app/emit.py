@@ -193,6 +193,7 @@ from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
 from planner.model.instance import Instance
 from planner.model.plan import ORDER, Plan, default_placement
 from planner.model.rules import violations
+from planner.model.schema import MODELLED_MODULES
 
 FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
 
@@ -283,10 +284,6 @@ def _op_selective(inst: Instance, plan: Plan) -> bool:
     return plan.recompute == "selective" and "op" in selective_recompute(inst)
 
 
-#: Megatron-Core's order of its recompute modules (TransformerConfig.recompute_modules)
-_MODULE_ORDER = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp")
-
-
 def recompute_modules(inst: Instance, plan: Plan) -> list[str] | None:
     """The plan's selective recompute as Megatron-Core's ``recompute_modules`` where it is
     more than the default ``core_attn`` (None: the default, or no selective recompute, or
@@ -294,7 +291,7 @@ def recompute_modules(inst: Instance, plan: Plan) -> list[str] | None:
     modules = selective_recompute(inst)
     if plan.recompute != "selective" or modules in ({"core_attn"}, {"op"}):
         return None
-    return [m for m in _MODULE_ORDER if m in modules]
+    return [m for m in MODELLED_MODULES if m in modules]   # (in Megatron-Core's order)
 
 
 #: what the Megatron-based exports say of an op-level selective recompute
@@ -1319,9 +1316,10 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                            "alike (a token crosses to each remote node its experts sit on "
                            "once)" if inst.spec.training.moe_token_dispatcher == "hybridep"
                            else ""))
-    if recompute_modules(inst, plan):
+    modules = recompute_modules(inst, plan)
+    if modules:
         comments.append("selective recompute of Megatron-Core's modules "
-                        + ", ".join(recompute_modules(inst, plan)) + ": cannot express; "
+                        + ", ".join(modules) + ": cannot express; "
                         "torchtitan's per-op checkpointing is emitted, which saves matmul "
                         "outputs and recomputes the rest: its memory and time differ from the "
                         "plan's")

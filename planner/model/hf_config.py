@@ -286,17 +286,17 @@ def _load(p: Path) -> dict[str, Any]:
     return cfg
 
 
-def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, list[str]]:
+def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, str, list[str]]:
     """The language model's keys: a multimodal wrapper's ``text_config`` (Llama 4, Mistral 3
     and others write the decoder's keys there, beside a ``vision_config``), else the config
-    itself; with where they were read (for the messages) and what the shape leaves out (the
-    model's ``approximates``): the decoder is what the planner costs, a vision encoder and
-    its projector are not. The wrapper's
+    itself; with their family, where they were read (for the messages) and what the shape
+    leaves out (the model's ``approximates``): the decoder is what the planner costs, a
+    vision encoder and its projector are not. The wrapper's
     ``architectures`` and ``_name_or_path`` stand where the text config has none; its
     ``tie_word_embeddings`` wins but for Llama 4, whose output layer is its text model's."""
     text = cfg.get("text_config")
     if text is None:
-        return cfg, "", []
+        return cfg, _family(cfg, p), "", []
     if not isinstance(text, dict):
         raise InputError(f"{p}: text_config: expected an object of the language model's keys "
                          f"(got {json.dumps(text)})")
@@ -312,10 +312,11 @@ def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, 
     # the tie is the wrapper's where the wrapper holds the output layer (transformers reads
     # the top-level config's tie_word_embeddings: Mistral 3, Gemma 3); Llama 4's output layer
     # is its text model's (Llama4ForCausalLM on text_config), whose key decides
+    family = _family(inner, p, where)
     tie = cfg.get("tie_word_embeddings", _WRAPPER_TIE.get(outer))
-    if tie is not None and _family(inner, p, where) != "llama4":
+    if tie is not None and family != "llama4":
         inner["tie_word_embeddings"] = tie
-    return inner, where, (["the language model (text_config) alone: its vision encoder and "
+    return inner, family, where, (["the language model (text_config) alone: its vision encoder and "
                            "projector (vision_config) are not costed"]
                           if cfg.get("vision_config") is not None else [])
 
@@ -379,9 +380,8 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
     ``_name_or_path``, the model id or directory transformers saved it from, e.g.
     ``Qwen/Qwen2-72B``, else its ``model_type``) and Llama 4's chunked attention."""
     p = Path(path)
-    cfg, where, left_out = _language_model(_load(p), p)
+    cfg, family, where, left_out = _language_model(_load(p), p)
     notes: list[str] = []
-    family = _family(cfg, p, where)
     r = _Reader(cfg)
 
     heads = r.count("num_attention_heads")

@@ -10,7 +10,7 @@ surface at load time with the key path that holds them.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, WrapValidator,
                       field_validator, model_validator)
@@ -428,13 +428,15 @@ def _pair_or_number(v, what: str, instead: str):
     return v
 
 
-#: Megatron-Core's recompute_modules the model costs (TransformerConfig.recompute_modules);
-#: "moe" and "shared_experts" (an MoE layer's modules re-run whole) are not modelled
-RecomputeModule = Literal["core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp"]
-MODELLED_MODULES = ("core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp")
+#: Megatron-Core's recompute_modules the model costs, in TransformerConfig's order (the
+#: order the exports write them in); "moe" and "shared_experts" (an MoE layer's modules
+#: re-run whole) are not modelled
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp"]
+MODELLED_MODULES = get_args(RecomputeModule)
 UNMODELLED_MODULES = ("moe", "shared_experts")
 #: the single-word values of [training] selective_recompute
-SELECTIVE_NAMES = ("core_attention", "op", "mla_up_proj")
+SelectiveName = Literal["core_attention", "op", "mla_up_proj"]
+SELECTIVE_NAMES = get_args(SelectiveName)
 
 
 def recompute_module_set(selective: str | list[str] | None) -> frozenset[str]:
@@ -477,7 +479,7 @@ class TrainingSpec(_Strict):
         "without pipeline parallelism) or once per step, accumulating unsharded in between "
         "(false: torchtitan's pipelined stages); default the framework's, by the pipeline "
         "degree")
-    selective_recompute: (Literal["core_attention", "op", "mla_up_proj"]
+    selective_recompute: (SelectiveName
                           | Annotated[list[RecomputeModule], Field(min_length=1)]
                           | None) = Field(
         default=None, description="what recompute = \"selective\" recomputes: core_attention "

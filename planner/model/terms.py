@@ -464,7 +464,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         """GEMMs + attention core + element-wise traffic of one layer and micro-batch
         (``cast``: the FP8 casts' forward and backward bytes per token, or None; ``redo``:
         the bytes per token the recompute modules re-run, ``redo_gemms`` their GEMMs)."""
-        gemm_s_ = passes * gemm_s(gemms, peak_gemm) + gemm_s(list(redo_gemms), peak_gemm)
+        gemm_s_ = passes * gemm_s(gemms, peak_gemm) + gemm_s(redo_gemms, peak_gemm)
         if op_level:
             gemm_s_ = gemm_s_ + gemm_s(recomputed, peak_gemm)
         if up_proj:
@@ -563,11 +563,12 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # ---- context-parallel exchange per layer and micro-batch ------------------------------
     # (the all_gather exchange's whole-sequence keys and values of the tensor rank's heads,
     # 16-bit: its collectives' size and, held while the core runs, its working set)
-    cp_gather = cp_exchange(tr, inst.spec.constraints.framework) == "all_gather"
+    exchange = cp_exchange(tr, inst.spec.constraints.framework)
+    cp_gather = exchange == "all_gather"
     cp_gathered = 2 * b * s * (sh.k_w + sh.v_w) / t if cp_gather else 0.0
     if is_one(x.c_in) and is_one(x.c_out):
         cp_layer = 0.0
-    elif cp_exchange(tr, inst.spec.constraints.framework) == "a2a":
+    elif exchange == "a2a":
         # Ulysses (Transformer Engine AttnFuncWithCPAndQKVOA2A): an all-to-all turns the
         # rank's queries, keys and values (s / c tokens, every head of the tensor rank) into
         # the whole sequence of a / (t c) heads, and one turns the output back; the backward
