@@ -16,6 +16,7 @@ from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
+from planner.model.terms import step_terms
 from planner.model.workload import Shape
 
 #: DeepSeek-V2 (arXiv 2405.04434, Sec. 3.1.1 and its released config.json): 60 layers, the
@@ -317,14 +318,14 @@ def test_recompute_modules_that_cannot_run_are_input_errors(model, training, sai
 
 
 @pytest.mark.parametrize("precision, q_lora, freed_per_h", [
-    ("bf16", True, 2), ("bf16", False, 2), ("fp8", True, 1), ("fp8", False, 0)])
+    ("bf16", True, 2), ("bf16", False, 2), ("fp8", True, 2), ("fp8", False, 1)])
 def test_layernorm_recompute_in_dense_latent_attention_layers(precision, q_lora, freed_per_h):
     """A dense MLA layer's input norm is apart too (its pre-MLP norm is fused into fc1):
     ``layernorm`` frees what its readers kept of its output. In 16 bits they share the
     norm's 16-bit tensor (2h a token). At FP8 (tensorwise) each down-projection kept a narrow
-    copy, which set_for_recompute_input_layernorm turns into the original; without
-    q_lora_rank only the key / value down-projection is set so, and the query projection's
-    own copy stays: nothing the model counts is freed (it counts one narrow copy)."""
+    copy (h each), which set_for_recompute_input_layernorm turns into the original, freed
+    with it; without q_lora_rank only the key / value down-projection is set so, and the
+    query projection's own copy stays: one of the two is freed."""
     model = {**DENSE_MLA, **({} if q_lora else {"q_lora_rank": None})}
     if not q_lora:
         model.pop("q_lora_rank")
@@ -458,3 +459,40 @@ def test_every_tensor_rank_holds_the_down_projections_whole():
     for t in (2, 4):
         extra = (t * weights[t] - weights[1]) / 2         # bytes -> 16-bit weights
         assert extra == pytest.approx((t - 1) * 4 * duplicated, rel=1e-9)
+
+
+@pytest.mark.parametrize("q_lora", [True, False])
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_keeps_two_narrow_copies_of_the_latent_attention_input(q_lora, recipe):
+    """What FP8 saves of a dense layer's stored activations, named tensor by tensor from
+    Megatron-Core (Megatron-LM d98e8a64dd) and Transformer Engine (d0067d0da), per token of the
+    rank's shard (TP 2 with sequence parallelism, flash attention), against bf16:
+
+    * the attention input (the input norm's output): in bf16 one tensor, ``2h``, that both of
+      MLA's readers keep (the query and the key / value down-projections, two TELinear: or
+      without q_lora_rank the query projection and the key / value down-projection); at FP8
+      each keeps its own narrow copy, ``2 x h``: nothing saved (a fused QKV layer, one
+      reader, saves ``h``);
+    * the up-projections' inputs (their fused norms' outputs): ``q_lora + kv_lora`` saved;
+    * fc1's input: ``h``; fc2's input: ``f``;
+    * the projection's input, the flash output, which the kernel keeps in 16 bits anyway:
+      under delayed scaling the projection keeps a narrow copy beside it, ``o`` more; under
+      the other recipes it keeps the original (attention.py / multi_latent_attention.py
+      ``set_save_original_input(linear_proj)``): nothing."""
+    model = {**DENSE_MLA}
+    if not q_lora:
+        model.pop("q_lora_rank")
+    h, f, o = 4096, 11008, 32 * 128
+    tok = 4096 / 2
+
+    def stored(precision, **training):
+        inst = _inst(model, {"tp": 2, "pp": 1, "dp": 4, "micro_batch": 1,
+                             "sequence_parallel": True, "recompute": "none"},
+                     precision=precision, **training)
+        plan = plan_from_spec(inst, inst.spec.plan)
+        return float(step_terms(inst, plan.grid.degrees(), plan.knobs).layer["stored_first"])
+
+    saved = stored("bf16") - stored("fp8", fp8_recipe=recipe)
+    lora = (1536 if q_lora else 0) + 512
+    expected = lora + h + f - (o if recipe == "delayed" else 0)
+    assert saved == pytest.approx(tok * expected, rel=1e-12)

@@ -44,19 +44,22 @@ def model_stored(precision: str, shared: int = 0) -> float:
     return float(model_layer(precision, shared)["stored_first"])
 
 
-def hand_count(narrow: float, shared: int = 0, shared_copy: bool = True) -> int:
+def hand_count(narrow: float, shared: int = 0, delayed: bool = True) -> int:
     """Bytes per GPU; ``narrow`` is what a Transformer Engine linear keeps of its input per
     element (2 in bf16, 1 under per-tensor FP8); ``shared``: shared experts of width f_e, one
-    MLP (Megatron-Core ``SharedExpertMLP``) on the same norm output as the router, whose fc1
-    keeps a narrow copy of it under delayed scaling only (``shared_copy``: shared_experts.py
-    sets ``set_save_original_input(linear_fc1)`` for the other recipes)."""
+    MLP (Megatron-Core ``SharedExpertMLP``) on the same norm output as the router. Two linears
+    keep a narrow copy of a 16-bit tensor another holds under ``delayed`` scaling only: the
+    shared expert's fc1 (of the router's input) and the attention's output projection (of the
+    flash output); for the other recipes Megatron-Core sets ``set_save_original_input`` on
+    both (shared_experts.py ``linear_fc1``, attention.py ``linear_proj``), and they keep the
+    16-bit tensor."""
     q = kv = H                            # 8 heads of 128, as many key / value heads
     attention = (
         2 * H                             # the input norm's input
         + narrow * H                      # the QKV linear's input (the norm's output)
         + 2 * (q + kv + kv)               # Q, K, V for the flash kernel (heads split over TP)
         + 2 * q                           # the kernel's output, kept by flash for its backward
-        + (narrow * q if narrow < 2 else 0)  # the projection's own narrow copy of it
+        + (narrow * q if narrow < 2 and delayed else 0)  # the projection's own narrow copy
         + 4 * HEADS                       # fp32 softmax statistics per head and query
     )
     moe = (
@@ -71,7 +74,7 @@ def hand_count(narrow: float, shared: int = 0, shared_copy: bool = True) -> int:
                    + narrow * FE)         # the grouped fc2's input
     )
     if shared:
-        moe += ((narrow * H if narrow < 2 and shared_copy else 0)  # its fc1's own narrow
+        moe += ((narrow * H if narrow < 2 and delayed else 0)  # its fc1's own narrow
                                                    # copy of the input (in 16 bits, and kept
                                                    # original, it shares the router's)
                 + shared * (2 * 2 * FE             # its fc1 output (both SwiGLU halves)
@@ -85,7 +88,7 @@ def hand_count(narrow: float, shared: int = 0, shared_copy: bool = True) -> int:
 def test_an_moe_layer_keeps_what_megatron_core_saves(precision, narrow, recipe, shared):
     layer = model_layer(precision, shared, recipe=recipe)
     assert layer["stored_first"] == pytest.approx(
-        hand_count(narrow, shared, shared_copy=recipe is None), rel=1e-12)
+        hand_count(narrow, shared, delayed=recipe is None), rel=1e-12)
 
 
 def test_fp8_keeps_the_routers_input_in_16_bits():
@@ -128,7 +131,7 @@ def test_recompute_modules_free_what_megatron_core_discards(precision, narrow, r
     layer = model_layer(precision, shared, modules, recipe)
     freed = sum(freed_by(m, narrow) for m in modules)
     assert layer["stored_first"] == pytest.approx(
-        hand_count(narrow, shared, shared_copy=False) - freed, rel=1e-12)
+        hand_count(narrow, shared, delayed=False) - freed, rel=1e-12)
     assert layer["working_first"] == pytest.approx(freed, rel=1e-12)
 
 

@@ -101,7 +101,7 @@ MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token pe
               "(plan validate's ranking): weigh its choice of expert placement with that in "
               "mind. Its memory counts the experts' activations at balanced routing: on "
               "Megatron-LM's CI, a DeepSeek-shaped MoE proxy's allocator peak ended 1.047x the "
-              "model's in bf16 and 1.028x in FP8, a peak that grew during the run with routing "
+              "model's in bf16 and 1.016x in FP8, a peak that grew during the run with routing "
               "imbalance, so leave headroom beyond the reserve for a long run")
 
 

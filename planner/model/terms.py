@@ -325,6 +325,15 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # Float8RowwiseParallel and PrepareFloat8ModuleInput cast to FP8 before the all-gather,
     # forward and backward; they refuse delayed scaling: 16-bit gathers then)
     gather_narrow = te_narrow or (torchao and tr.fp8_recipe != "delayed")
+    # FP8 under delayed scaling, Megatron-Core's default recipe and so what an unset
+    # fp8_recipe launches
+    delayed = fp8 and tr.fp8_recipe in (None, "delayed")
+    # the attention's output projection keeps the 16-bit input it read (the attention
+    # output, which fused attention keeps anyway) and quantizes it again in its backward,
+    # under Transformer Engine's quantized path at every recipe but delayed scaling
+    # (attention.py / multi_latent_attention.py set_save_original_input(linear_proj);
+    # Transformer Engine refuses it under delayed scaling)
+    proj_original = te_narrow and not delayed
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -427,8 +436,13 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         row_grad = 2 * h + 2 * h / shard              # the projection's / fc2's output gradient
         # (the attention's input GEMMs' output gradients: QKV, MLA's projections; MLA's
         # compressed query and key / value are norm outputs like norm_fed, on the shard)
-        attn_cast = (norm_fed + 4 * sh.o_w / t + 2 * sh.lora_w / shard,
-                     sum(4 * n * mm for mm, n, _, _ in sh.attn_gemms(1, t, shard)[:-1]) + row_grad)
+        # (the projection input: cast_transpose, 4 bytes; kept original (proj_original), a
+        # rowwise cast in the forward, 3, and a columnwise one from the 16-bit original in the
+        # backward, 3)
+        proj_cast = (3, 3) if proj_original else (4, 0)
+        attn_cast = (norm_fed + proj_cast[0] * sh.o_w / t + 2 * sh.lora_w / shard,
+                     sum(4 * n * mm for mm, n, _, _ in sh.attn_gemms(1, t, shard)[:-1]) + row_grad
+                     + proj_cast[1] * sh.o_w / t)
         dense_cast = (attn_cast[0] + norm_fed + sh.f / t, attn_cast[1] + row_grad)
         copies = (sh.top_k + sh.shared) / t if sh.n_moe else 0.0
         # an MoE layer's experts: the permuted tokens cast whole, the activation fused, the
@@ -1024,9 +1038,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                                   if te_narrow else 0)
     # an MoE layer also keeps its routing state, and under FP8 its MLP input (the router's)
     # in 16 bits (workload.Shape.moe_routing_bytes, moe_fp8_saved_replicated_bytes)
-    # (a shared expert's narrow copy of the MLP input: under delayed scaling only, which is
-    # Megatron-Core's default recipe and so what an unset fp8_recipe launches)
-    delayed = tr.precision == "fp8" and tr.fp8_recipe in (None, "delayed")
+    # (a shared expert's narrow copy of the MLP input: under delayed scaling only)
     moe_replicated = sh.act_replicated_bytes + sh.moe_routing_bytes - (
         sh.moe_fp8_saved_replicated_bytes(narrow_held, shared_copy=delayed) if te_narrow else 0)
 
@@ -1092,22 +1104,24 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     for kind in kinds:
         if kind == "dense":
             layer_p, experts_p, act_bytes_p = sh.layer_params, 0.0, sh.act_parallel_bytes
-            act_bytes_p -= sh.fp8_saved_parallel_bytes(flash, narrow_held) if te_narrow else 0
+            act_bytes_p -= (sh.fp8_saved_parallel_bytes(flash, narrow_held, proj_original)
+                            if te_narrow else 0)
         else:
             layer_p = sh.moe_dense_params
             experts_p = stage_layers * sh.experts * sh.expert_params / x.e
             act_bytes_p = sh.moe_act_parallel_bytes
-            act_bytes_p -= (sh.moe_fp8_saved_parallel_bytes(flash, narrow_held) if te_narrow
-                            else 0)
+            act_bytes_p -= (sh.moe_fp8_saved_parallel_bytes(flash, narrow_held, proj_original)
+                            if te_narrow else 0)
         mlp_kept = (2 * sh.f if kind == "dense"
                     else 2 * sh.f_e * (sh.top_k + sh.shared) + 2 * h * sh.top_k)
         # what the output-discarding checkpoints free, bytes per token (layernorm: MLA's
         # down-projection input, as held, and an MoE layer's MLP input, the router's 16-bit
         # copy, which a shared expert reads too; moe_act: fc2's input per routed copy); one
         # layer's come back for its backward (the working set)
-        # (MLA at a narrow precision without q_lora_rank: the query projection's own narrow
-        # copy stays, the key / value down-projection's goes with the norm output)
-        mla_freed = (held_in if not te_narrow or sh.q_lora else 0.0) * h
+        # (MLA at a narrow precision: both down-projections' narrow copies; without
+        # q_lora_rank the query projection's own narrow copy stays, the key / value
+        # down-projection's goes with the norm output; in 16 bits their one shared tensor)
+        mla_freed = held_in * h * (2 if te_narrow and sh.q_lora else 1)
         freed_rep = (mla_freed if norm_redo and sh.mla else 0.0) + (
             2 * h if norm_redo and kind == "moe" else 0.0)
         freed_par = sh.top_k * sh.f_e * held_in if act_redo and kind == "moe" else 0.0

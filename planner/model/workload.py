@@ -476,11 +476,24 @@ class Shape:
     # only that copy (TE module/linear.py: ``saved_inputmat_t`` / ``saved_inputmat``): ``held``
     # bytes per element, 1 for FP8, 1.03125 for MXFP8, 0.5625 for NVFP4 (instance.narrow_bytes);
     # the norms' and the activation's backward still need their 16-bit inputs.
+    @property
+    def attn_input_readers(self) -> int:
+        """The linear layers that read the attention's input (its norm's output) and so, at a
+        narrow precision, each keep their own narrow copy of it: the fused QKV layer, or
+        MLA's two (Megatron-Core builds its input norm apart, a TENorm feeding the query and
+        the key / value down-projections, or without ``q_lora`` the query projection and
+        the key / value down-projection: multi_latent_attention.py ``_qkv_down_projection``,
+        unfused unless ``mla_down_proj_fusion``, off by default); in 16 bits they all keep
+        the one tensor the norm wrote."""
+        return 2 if self.mla else 1
+
     def fp8_saved_replicated_bytes(self, held: float = 1.0) -> float:
         """The QKV and fc1 inputs (the norms' outputs), ``held`` bytes each instead of 2:
-        ``2 (2 - held) h`` fewer of :attr:`act_replicated_bytes`; MLA also the up-projections'
-        inputs, ``(2 - held) (q_lora + kv_lora)``."""
-        return (2 - held) * (2 * self.h + self.lora_w)
+        ``2 (2 - held) h`` fewer of :attr:`act_replicated_bytes`; MLA keeps two narrow copies
+        of its input (:attr:`attn_input_readers`: ``held h`` back) and also narrows the
+        up-projections' inputs, ``(2 - held) (q_lora + kv_lora)``."""
+        return ((2 - held) * (2 * self.h + self.lora_w)
+                - (self.attn_input_readers - 1) * held * self.h)
 
     def moe_fp8_saved_replicated_bytes(self, held: float = 1.0,
                                        shared_copy: bool = True) -> float:
@@ -490,26 +503,36 @@ class Shape:
         expert's fc1 keeps its own narrow copy beside it (``held h``) where ``shared_copy``:
         under delayed scaling, Megatron-Core's default recipe (for the other recipes and NVFP4
         ``shared_experts.py`` sets ``set_save_original_input(linear_fc1)``: it reads the
-        router's 16-bit tensor)."""
-        return (2 - held) * (self.h + self.lora_w) - (
-            held * self.h if self.shared and shared_copy else 0.0)
+        router's 16-bit tensor); MLA's input kept twice as in the dense layer."""
+        return ((2 - held) * (self.h + self.lora_w)
+                - (self.attn_input_readers - 1) * held * self.h - (
+                    held * self.h if self.shared and shared_copy else 0.0))
 
-    def fp8_saved_projection_bytes(self, flash: bool, held: float = 1.0) -> float:
+    def fp8_saved_projection_bytes(self, flash: bool, held: float = 1.0,
+                                   original: bool = False) -> float:
         """The projection input (``o`` wide: :attr:`o_w`) kept narrow: ``(2 - held) o`` fewer
         bytes, except under fused attention, whose backward keeps its output (the projection
-        input) in 16 bits: the narrow copy is ``held o`` more."""
+        input) in 16 bits: the narrow copy is ``held o`` more. ``original``: the projection
+        keeps the 16-bit input it read and quantizes it again in its backward (Megatron-Core
+        sets ``set_save_original_input(linear_proj)`` under every FP8 recipe but delayed
+        scaling and under NVFP4: attention.py, multi_latent_attention.py): nothing saved,
+        no copy made."""
+        if original:
+            return 0.0
         return -held * self.o_w if flash else (2 - held) * self.o_w
 
-    def fp8_saved_parallel_bytes(self, flash: bool, held: float = 1.0) -> float:
+    def fp8_saved_parallel_bytes(self, flash: bool, held: float = 1.0,
+                                 original: bool = False) -> float:
         """Fewer bytes of :attr:`act_parallel_bytes` kept narrow: the projection input
         (:meth:`fp8_saved_projection_bytes`) and the fc2 input (the activation's output,
         ``f``)."""
-        return self.fp8_saved_projection_bytes(flash, held) + (2 - held) * self.f
+        return self.fp8_saved_projection_bytes(flash, held, original) + (2 - held) * self.f
 
-    def moe_fp8_saved_parallel_bytes(self, flash: bool, held: float = 1.0) -> float:
+    def moe_fp8_saved_parallel_bytes(self, flash: bool, held: float = 1.0,
+                                     original: bool = False) -> float:
         """An MoE layer: the projection input, and per routed copy the experts' fc1 input (the
         permuted hidden state) and fc2 input, per shared expert its fc2 input."""
-        return (self.fp8_saved_projection_bytes(flash, held)
+        return (self.fp8_saved_projection_bytes(flash, held, original)
                 + (2 - held) * (self.top_k * (self.h + self.f_e) + self.shared * self.f_e))
 
     @property
