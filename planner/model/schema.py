@@ -553,7 +553,9 @@ class TrainingSpec(_Strict):
     fp8_recipe: Literal["tensorwise", "delayed", "mxfp8"] | None = Field(
         default=None, description="how FP8 tensors are scaled (Megatron-Core --fp8-recipe): "
         "tensorwise / delayed = one scale per tensor (current or delayed scaling, costed "
-        "alike; None: Megatron-Core's default, delayed: the exports write no recipe); "
+        "alike but for the attention projection, which keeps its 16-bit input under every "
+        "recipe but delayed, docs/model.md \"FP8\", item 3; None: Megatron-Core's default, "
+        "delayed: the exports write no recipe); "
         "mxfp8 = Transformer Engine's MXFP8BlockScaling, one "
         "E8M0 scale per 32 elements, Blackwell only: every FP8 tensor is held twice (rowwise "
         "and columnwise, each quantized from 16 bits) and FP8 parameters are all-gathered in "
