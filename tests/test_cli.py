@@ -531,3 +531,59 @@ def test_evaluate_takes_the_expert_parallel_degree_as_a_flag(runner):
     doc = run_json(runner, ["evaluate", str(path), "--ep", "4", "--json"])
     assert doc["plan"]["ep"] == 4 and doc["plan"]["ep_intra"] == 4
     assert doc["plan"]["dp"] == run_json(runner, ["evaluate", str(path), "--json"])["plan"]["dp"]
+
+
+def _with_plan(tmp_path, path, drop=(), **keys):
+    """A copy of an instance file with its [plan] keys ``keys`` set and ``drop`` removed (the
+    [plan] table is the file's last: its key lines are rewritten there)."""
+    from planner.model.words import toml_value
+
+    head, plan = path.read_text().split("\n[plan]\n")
+    lines = [line for line in plan.splitlines()
+             if line.split("=")[0].strip() not in set(drop) | set(keys)]
+    lines += [f"{k} = {toml_value(v)}" for k, v in keys.items()]
+    out = tmp_path / path.name
+    out.write_text(head + "\n[plan]\n" + "\n".join(lines) + "\n")
+    return out
+
+
+def evaluated(runner, args):
+    """The JSON report of ``plan evaluate``, whether or not the plan fits (exit 0 or 3)."""
+    result = runner.invoke(app, ["evaluate", *map(str, args), "--json"])
+    assert result.exit_code in (0, 3), all_text(result)
+    return json.loads(stdout_of(result))
+
+
+def test_the_layout_flags_override_plan_as_the_file_would(runner, tmp_path):
+    """``--first-stage-layers`` / ``--last-stage-layers`` (and the other layout knobs) stand
+    for their [plan] keys: the same report as the file with them written in, and a layout
+    that breaks the split rules names the flags that change it."""
+    path = ROOT / "instances" / "llama3.1-405b-h100.toml"
+    broken = runner.invoke(app, ["evaluate", str(path), "--pp", "8"])
+    assert broken.exit_code == 2 and "--first-stage-layers" in all_text(broken)
+    by_flag = evaluated(runner, [path, "--pp", "8", "--first-stage-layers", "15",
+                                 "--last-stage-layers", "15"])
+    # (the flag re-derives dp from the GPUs, as a file with pp = 8 would have to state it)
+    written = evaluated(runner, [_with_plan(tmp_path, path, pp=8, dp=256, first_stage_layers=15,
+                                            last_stage_layers=15)])
+    assert by_flag["plan"]["stage_layers"] == [15] + [16] * 6 + [15]
+    assert by_flag["step_time_s"] == written["step_time_s"]
+    assert by_flag["memory_gib"] == written["memory_gib"]
+
+
+def test_another_recompute_mode_drops_the_plan_s_recomputed_layer_count(runner, tmp_path):
+    """The DeepSeek-V3 instance's [plan] recomputes 2 layers a stage in full; ``--recompute
+    selective`` evaluates the selective plan (the count meant nothing under it) and says it
+    dropped the count; ``--recompute-layers`` sets another count."""
+    path = ROOT / "instances" / "deepseek-v3-h800.toml"
+    result = runner.invoke(app, ["evaluate", str(path), "--recompute", "selective"])
+    assert "drops [plan] recompute_layers = 2" in all_text(result)
+    by_flag = evaluated(runner, [path, "--recompute", "selective"])
+    written = evaluated(runner, [_with_plan(tmp_path, path, drop=("recompute_layers",),
+                                            recompute="selective")])
+    assert by_flag["step_time_s"] == written["step_time_s"]
+    assert by_flag["memory_gib"] == written["memory_gib"]
+    two = evaluated(runner, [path])
+    one = evaluated(runner, [path, "--recompute-layers", "1"])
+    assert one["memory_gib"]["activations"] > two["memory_gib"]["activations"]
+    assert one["step_time_s"] < two["step_time_s"]

@@ -223,6 +223,19 @@ def evaluate(
         help="optimizer states in host memory, the Adam step on the CPU")] = None,
     offload_layers: Annotated[int | None, typer.Option(
         min=0, help="decoder layers whose activations are offloaded to host memory")] = None,
+    first_stage_layers: Annotated[int | None, typer.Option(
+        min=0, help="decoder layers of the first pipeline stage (0: an even share)")] = None,
+    last_stage_layers: Annotated[int | None, typer.Option(
+        min=0, help="decoder layers of the last pipeline stage (0: an even share)")] = None,
+    account_for_embedding: Annotated[bool | None, typer.Option(
+        "--account-for-embedding/--no-account-for-embedding",
+        help="the embedding counts as a layer of the pipeline split")] = None,
+    account_for_loss: Annotated[bool | None, typer.Option(
+        "--account-for-loss/--no-account-for-loss",
+        help="the loss counts as a layer of the pipeline split")] = None,
+    recompute_layers: Annotated[int | None, typer.Option(
+        min=0, help="with --recompute full: layers of each virtual stage recomputed (0: all)")
+    ] = None,
     nodes: NodesOpt = None,
     vs_optimum: Annotated[bool, typer.Option(
         "--vs-optimum", help="also solve for the optimum and print how far this plan is")
@@ -261,12 +274,25 @@ def evaluate(
             dp_sharding = "optim" if distributed_optimizer else "none"
         from planner.model.schema import PlanSpec
 
+        # (0 for a stage count or the recomputed layers is the [plan] default, the key left
+        # out: an even share, every layer; the schema's bounds are for the counts it names)
+        counts = {"first_stage_layers": first_stage_layers,
+                  "last_stage_layers": last_stage_layers, "recompute_layers": recompute_layers}
         _check_flags(PlanSpec, {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vp": vp,
                                 "micro_batch": micro_batch, "global_batch": global_batch,
                                 "dp_shard_size": dp_shard_size,
-                                "offload_layers": offload_layers})
+                                "offload_layers": offload_layers,
+                                **{k: v or None for k, v in counts.items()}})
         inst = _load(file, nodes)
         spec = _plan_section(inst, given=(tp, pp, dp, cp, ep))
+        dropped = None
+        if (recompute not in (None, "full") and recompute_layers is None
+                and spec.recompute_layers):
+            # a count of fully recomputed layers means nothing under another mode: the flag
+            # replaces the [plan] mode, so it replaces the count with it
+            dropped = (f"--recompute {recompute} drops [plan] recompute_layers = "
+                       f"{spec.recompute_layers} (a count of layers recomputed in full)")
+            recompute_layers = 0
         spec, rederived = _rederive_dp(spec, inst, {"tp": tp, "pp": pp, "cp": cp, "ep": ep},
                                        dp, nodes, batch_flags=(micro_batch, global_batch))
         plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp,
@@ -279,10 +305,17 @@ def evaluate(
                               overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
                               dp_sharding=dp_sharding, dp_shard_size=dp_shard_size,
                               optimizer_offload=optimizer_offload,
-                              offload_layers=offload_layers)
+                              offload_layers=offload_layers,
+                              first_stage_layers=first_stage_layers,
+                              last_stage_layers=last_stage_layers,
+                              account_for_embedding=account_for_embedding,
+                              account_for_loss=account_for_loss,
+                              recompute_layers=recompute_layers)
         bad_layout = layout_violations(inst, plan)
         if bad_layout:
-            raise InputError("[plan]: " + "; ".join(bad_layout))
+            raise InputError("[plan]: " + "; ".join(bad_layout) + " (the flags --first-stage-"
+                             "layers, --last-stage-layers, --account-for-embedding, "
+                             "--account-for-loss and --recompute-layers override [plan])")
         rep = run_evaluate(inst, plan, spec=spec)
         best = None
         if vs_optimum:
@@ -311,8 +344,9 @@ def evaluate(
     else:
         console = err if (emit is not None and emit_to is None) else out   # stdout: the config alone
         print_step(rep, inst, console)
-        if rederived:
-            err.print(f"note: {rederived}", markup=False, highlight=False)
+        for said in (rederived, dropped):
+            if said:
+                err.print(f"note: {said}", markup=False, highlight=False)
         if best and not best.report:
             err.print(f"note: the optimum could not be computed ({best.status.value}"
                       + (f": {best.note}" if best.note else "") + ")", markup=False, highlight=False)
