@@ -596,7 +596,9 @@ def test_torchtitan_compiles_as_the_plan_costs_its_kernels():
     for one costed on fused kernels, needing async TP (which torchtitan runs compiled only) or
     running torchao's float8 casts; off for torchao's MXFP8 beside tensor parallelism, which
     refuses compile (torchtitan 0.2 components/quantization/mx.py), where async TP cannot be
-    written either. Each case is said in a comment."""
+    written either. Each case is said in a comment. The loss is compiled where the plan costs
+    it so (frameworks.compiled_loss: the fused stack's default, or training.compiled_loss),
+    alone if the layers are not."""
     base = _inst("llama3-70b-h100.toml")
 
     def titan(gpu="h100-sxm", **training):
@@ -608,35 +610,42 @@ def test_torchtitan_compiles_as_the_plan_costs_its_kernels():
     def plan_of(inst, **knobs):
         return plan_from_spec(inst, inst.spec.plan, dp_sharding="optim_grads_params", **knobs)
     eager, mx = titan(), titan("b200", precision="fp8", fp8_recipe="mxfp8")
-    cases = [  # instance, plan, compile.enable, async TP written, said
-        (eager, plan_of(eager, tp_comm_overlap=False), False, False, None),
-        (titan(kernel_stack="fused"), plan_of(eager, tp_comm_overlap=False), True, False,
+    both, layers = ["model", "loss"], ["model"]
+    cases = [  # instance, plan, compile.enable, components, async TP written, said
+        (eager, plan_of(eager, tp_comm_overlap=False), False, both, False, None),
+        (titan(kernel_stack="fused"), plan_of(eager, tp_comm_overlap=False), True, both, False,
          "the plan costs fused kernels"),
-        (eager, plan_of(eager, tp_comm_overlap=True), True, True,
+        (eager, plan_of(eager, tp_comm_overlap=True), True, layers, True,
          "async tensor parallelism (tp_comm_overlap) runs compiled only"),
-        (titan(precision="fp8"), plan_of(eager, tp_comm_overlap=False), True, False,
+        (titan(precision="fp8"), plan_of(eager, tp_comm_overlap=False), True, layers, False,
          "torchao's float8 casts need it"),
-        (mx, plan_of(mx, tp_comm_overlap=False), False, False,
+        (mx, plan_of(mx, tp_comm_overlap=False), False, both, False,
          "torchao's MXFP8 refuses torch.compile with tensor parallelism"),
-        (mx, plan_of(mx, tp_comm_overlap=True), False, False,
+        (mx, plan_of(mx, tp_comm_overlap=True), False, both, False,
          "tp_comm_overlap: cannot express"),
-        (titan("b200", precision="nvfp4"), plan_of(eager, tp_comm_overlap=False), True, False,
-         "the plan costs fused kernels"),
+        (titan("b200", precision="nvfp4"), plan_of(eager, tp_comm_overlap=False), True, both,
+         False, "the plan costs fused kernels"),
+        (titan(compiled_loss=True), plan_of(eager, tp_comm_overlap=False), True, ["loss"],
+         False, "compile components: the loss alone"),
+        (titan(kernel_stack="fused", compiled_loss=False), plan_of(eager, tp_comm_overlap=False),
+         True, layers, False, "compile components: the layers alone"),
     ]
-    for inst, p, on, async_tp, said in cases:
+    for inst, p, on, components, async_tp, said in cases:
         assert p.tp > 1
         text = emit(inst, p, "torchtitan")
         t = tomllib.loads(text)
-        assert t["compile"]["enable"] is on and t["compile"]["components"] == ["model", "loss"]
+        assert t["compile"]["enable"] is on and t["compile"]["components"] == components
         assert t["parallelism"]["enable_async_tensor_parallel"] is async_tp
         comments = comment_text(text)
         if said:
             assert said in comments
         else:
-            assert "compile:" not in comments
+            assert "compile" not in comments
         # the eager stack is offered only where it is one (not for NVFP4 / MXFP8)
         assert ("its eager modules, its default" in comments) == (
             on and inst.kernel_stack == "fused" and inst.spec.training.precision == "bf16")
+        # (the export says compile is on only where the layers are: the loss alone is
+        # costed as the plan's memory says)
 
 
 def test_megatron_and_nemo_say_when_the_plan_costs_eager_kernels():

@@ -106,3 +106,32 @@ def test_torchtitan_context_parallel_plans_carry_the_cp_caveat():
         update={"framework": "megatron"}))
     plan = plan_from_spec(mega, mega.spec.plan, dp_sharding="optim")
     assert plan.cp == 2 and TORCHTITAN_CP_CAVEAT not in caveats(mega, plan)
+
+
+#: torchtitan's "Memory(GiB)" (max_memory_reserved at the 100th iteration) of Trainy's H200
+#: runs, the runs file's section "torchtitan on H200" (pytorch/torchtitan
+#: benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md): compile on, so the loss compiled
+H200_RESERVED_GIB = {"trainy2506-h200-llama31-8b-fp8-32": 47.96,
+                     "trainy2506-h200-llama31-8b-fp8-64": 46.97}
+
+
+@pytest.mark.parametrize("rid", sorted(H200_RESERVED_GIB))
+def test_the_compiled_loss_keeps_the_model_under_torchtitans_reservation(rid):
+    """With the loss compiled (frameworks.compiled_loss: 4 bytes per logit, measured on CPU by
+    tools/loss_memory.py --compiled) the model's peak sits under what the run reserved, by as
+    little as the December 2024 rows' (TORCHTITAN_MEMORY_CAVEAT: 1.0x to 1.2x without
+    pipeline parallelism); costed as the eager loss (12 bytes) it would count more than the
+    run ever held."""
+    from planner.app.validate import load_runs, run_instance
+
+    data = load_runs()
+    run = next(r for r in data["runs"] if r["id"] == rid)
+
+    def peak(**training):
+        r = {**run, "training": {**run["training"], **training}}
+        inst = run_instance(data, r)
+        return evaluate(inst, plan_from_spec(inst, inst.spec.plan),
+                        spec=inst.spec.plan).memory_gib["total"]
+    reserved = H200_RESERVED_GIB[rid]
+    assert 1.0 <= reserved / peak() <= 1.2, (reserved, peak())
+    assert peak(compiled_loss=False) > reserved

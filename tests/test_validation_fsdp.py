@@ -226,11 +226,34 @@ def test_torchtitans_loss_holds_twelve_or_sixteen_bytes_per_logit(tp, per_logit)
         return evaluate(inst, plan, spec=inst.spec.plan).memory_gib["logits"]
     per_byte = 16384 * 128256 / tp / 2**30
     for stack in ("pytorch", "fused"):
-        assert logits("torchtitan", kernel_stack=stack) == pytest.approx(per_logit * per_byte,
-                                                                         rel=1e-9)
+        assert logits("torchtitan", kernel_stack=stack, compiled_loss=False) == pytest.approx(
+            per_logit * per_byte, rel=1e-9)
         assert logits("megatron", kernel_stack=stack) == pytest.approx(6 * per_byte, rel=1e-9)
+    assert logits("torchtitan") == pytest.approx(per_logit * per_byte, rel=1e-9)  # (pytorch)
     assert logits("torchtitan", fused_cross_entropy=True) == pytest.approx(2 * per_byte,
                                                                           rel=1e-9)
+    # compiled (torchtitan's default on the fused stack, which its export compiles with the
+    # loss): the 16-bit logits and their 16-bit gradient, 4 bytes (tools/loss_memory.py
+    # --compiled: measured on CPU); under tensor parallelism its vocab-parallel function is
+    # not measured compiled and keeps the eager figure
+    compiled = 4 if tp == 1 else per_logit
+    assert logits("torchtitan", kernel_stack="fused") == pytest.approx(compiled * per_byte,
+                                                                       rel=1e-9)
+    assert logits("torchtitan", compiled_loss=True) == pytest.approx(compiled * per_byte,
+                                                                     rel=1e-9)
+
+
+@pytest.mark.parametrize("training, framework, said", [
+    ({"compiled_loss": True}, "megatron", "torchtitan's compiled loss"),
+    ({"compiled_loss": True}, None, "torchtitan's compiled loss"),
+    ({"compiled_loss": True, "fused_cross_entropy": True}, "torchtitan", "two different losses"),
+])
+def test_a_compiled_loss_is_torchtitans(training, framework, said):
+    with pytest.raises(InputError, match=said):
+        parse_instance({"model": {"preset": "llama3-8b"},
+                        "training": {"global_batch": 16, **training},
+                        "cluster": {"gpu": "h100-sxm", "gpus": 8},
+                        "constraints": {} if framework is None else {"framework": framework}})
 
 
 def test_every_fsdp_run_fits(results):

@@ -24,12 +24,21 @@ import os
 import tempfile
 
 
-def measure(parallel: bool, n: int = 4096, vocab: int = 8192, hidden: int = 16) -> dict:
+def measure(parallel: bool, n: int = 4096, vocab: int = 8192, hidden: int = 16,
+            compiled: bool = False) -> dict:
     """Bytes per logit alive at the start of the backward, and the forward and backward
-    peaks, over the allocations after the inputs exist."""
+    peaks, over the allocations after the inputs exist. ``compiled``: the loss under
+    ``torch.compile`` (torchtitan compiles it with the model: components/loss.py
+    ``build_cross_entropy_loss``), compiled and run once on the same shapes before the
+    measured run."""
     import torch
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
+
+    def loss_of(pred, y):
+        return F.cross_entropy(pred.float(), y)
+
+    loss_fn = torch.compile(loss_of) if compiled else loss_of
 
     torch.manual_seed(0)
     h = torch.randn(n, hidden, dtype=torch.bfloat16)
@@ -52,11 +61,14 @@ def measure(parallel: bool, n: int = 4096, vocab: int = 8192, hidden: int = 16) 
         ctx = loss_parallel
     h.requires_grad_()
     w.requires_grad_()
+    if compiled:                                             # compile outside the profile
+        loss_fn(h @ w.t(), y).backward()
+        h.grad = w.grad = None
     trace = os.path.join(tempfile.mkdtemp(), "trace.json")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with (ctx() if ctx else _Null()):
             pred = h @ w.t()                                 # bf16 logits
-            loss = F.cross_entropy(pred.float(), y)
+            loss = loss_fn(pred, y)
             del pred                                         # torchtitan's train step
             with torch.profiler.record_function("BACKWARD_START"):
                 pass
@@ -95,9 +107,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parallel", action="store_true",
                     help="DTensor loss_parallel (torchtitan under tensor parallelism)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="the loss under torch.compile (torchtitan with compile on)")
     args = ap.parse_args()
-    got = measure(args.parallel)
-    print(f"{'loss_parallel' if args.parallel else 'eager'}: bytes per logit alive at the "
+    got = measure(args.parallel, compiled=args.compiled)
+    kind = "loss_parallel" if args.parallel else "eager"
+    print(f"{kind}{', compiled' if args.compiled else ''}: bytes per logit alive at the "
           f"backward's start {got['at_backward_start']:.2f}, forward peak "
           f"{got['forward_peak']:.2f}, backward peak {got['backward_peak']:.2f}")
 

@@ -185,8 +185,8 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
-from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, cp_exchange,
-                                      framework_violations, offload_violations,
+from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, compiled_loss,
+                                      cp_exchange, framework_violations, offload_violations,
                                       sharding_refusal, torchao_float8)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
@@ -1269,6 +1269,14 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
                         "does not")
     compiled, said = _torchtitan_compile(inst, plan)
     comments += said
+    loss_compiled = compiled_loss(inst.spec.training, inst.spec.constraints.framework,
+                                  inst.kernel_stack)
+    if loss_compiled != compiled:
+        which = "the loss alone" if loss_compiled else "the layers alone"
+        comments.append(f"compile components: {which}, as the plan costs the loss's memory ("
+                        + ("compiled: 4 bytes per logit at tp = 1" if loss_compiled else
+                           "eager: 12 bytes per logit at tp = 1; training.compiled_loss = true "
+                           "to compile it too") + ")")
     ov = _overlaps(plan)
     if not (ov["overlap_grad_reduce"] and ov["overlap_param_gather"]) and plan.dp > 1:
         comments.append("overlap: torchtitan always reduces gradients during the backward and "
@@ -1426,7 +1434,11 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
     sections.append(("activation_checkpoint", ac))
-    sections.append(("compile", {"enable": compiled, "components": ["model", "loss"]}))
+    # the loss compiled where the plan costs it so (frameworks.compiled_loss: its memory),
+    # the layers where _torchtitan_compile says
+    parts = ["model"] * compiled + ["loss"] * loss_compiled
+    sections.append(("compile", {"enable": compiled or loss_compiled,
+                                 "components": parts or ["model", "loss"]}))
     if precision == "fp8" and mx:
         sections.append(("quantize.linear.mx", {"recipe_name": "mxfp8_cublas",
                                                 "filter_fqns": ["output"]}))

@@ -427,11 +427,34 @@ def kernel_stack(stated: str | None, precision: str, fp8_recipe: str | None,
     return framework_of(name).kernel_stack
 
 
-def logit_bytes(fused_cross_entropy: bool, name: str | None, tp):
+#: Bytes per logit torchtitan's loss holds at its peak under torch.compile, at tp = 1: the
+#: 16-bit logits it keeps for the backward (no fp32 copy, no saved log-softmax: the compiled
+#: backward recomputes them from the logits and a per-token log-sum-exp) and their 16-bit
+#: gradient. Measured on CPU with PyTorch's profiler, torch 2.13's inductor: ``python
+#: tools/loss_memory.py --compiled`` (2.00 alive at the backward's start, 4.00 at its peak)
+COMPILED_LOSS_BYTES = 4.0
+
+
+def compiled_loss(training, name: str | None, kernel_stack: str) -> bool:
+    """Whether the loss runs under torch.compile: ``[training] compiled_loss``, else
+    torchtitan's export on the fused kernel stack (it compiles the layers there, and its
+    ``[compile] components`` default holds the loss too) but for MXFP8, whose torchao
+    layers it may not compile (planner/app/emit.py ``_torchtitan_compile``); an eager loss
+    everywhere else."""
+    if training.compiled_loss is not None:
+        return training.compiled_loss
+    return (framework_of(name).name == "torchtitan" and kernel_stack == "fused"
+            and training.fp8_recipe != "mxfp8")
+
+
+def logit_bytes(fused_cross_entropy: bool, name: str | None, tp, compiled: bool = False):
     """Bytes per logit the loss holds at its peak (inside its backward, every layer's
     activations still held), per tensor rank's vocabulary shard; ``tp`` may be a symbol.
     A fused cross-entropy kernel (``[training] fused_cross_entropy``) writes the gradient in
-    place in the 16-bit logits: 2. Otherwise the framework's :attr:`Framework.loss_bytes`:
+    place in the 16-bit logits: 2. A ``compiled`` loss (:func:`compiled_loss`) at tp = 1:
+    :data:`COMPILED_LOSS_BYTES`, 4; at tp > 1 as the eager one (torchtitan's vocab-parallel
+    function under compile is not measured: the safe side). Otherwise the framework's
+    :attr:`Framework.loss_bytes`:
 
     - Megatron-Core's vocab-parallel cross-entropy: the 16-bit logits and their fp32 softmax,
       6 (the other frameworks' default);
@@ -442,12 +465,12 @@ def logit_bytes(fused_cross_entropy: bool, name: str | None, tp):
       third fp32 tensor (ATen ``_log_softmax_backward_data``): 12; under tensor parallelism its
       default ``loss_parallel`` runs DTensor's vocab-parallel backward, ``(grad_input +
       exp(x)) * grad_output``, one fp32 temporary more: 16 (both peaks measured on CPU with
-      PyTorch's profiler, torch 2.13: ``python tools/loss_memory.py [--parallel]``). A
-      compiled loss (torchtitan's ``[compile] components`` with "loss", since 2025) is not
-      measured and counted as eager, the safe side."""
+      PyTorch's profiler, torch 2.13: ``python tools/loss_memory.py [--parallel]``)."""
     if fused_cross_entropy:
         return 2.0
     one, many = framework_of(name).loss_bytes
+    if compiled:
+        one = COMPILED_LOSS_BYTES
     return one if one == many else one + (many - one) * gt1(tp)
 
 

@@ -530,6 +530,14 @@ class TrainingSpec(_Strict):
         "logits' gradient in place in their 16-bit dtype (flash-attn's xentropy, llm-foundry's "
         "MPT default loss_fn = fused_crossentropy): 2 bytes per logit at the memory peak "
         "instead of the 16-bit logits plus their fp32 softmax copy (6 bytes)")
+    compiled_loss: bool | None = Field(
+        default=None, description="torchtitan: the loss runs under torch.compile (its "
+        "[compile] components with \"loss\"), which keeps the 16-bit logits and writes their "
+        "16-bit gradient: 4 bytes per logit at its peak instead of the eager loss's 12 "
+        "(measured on CPU: tools/loss_memory.py --compiled); under tensor parallelism counted "
+        "as the eager loss_parallel, 16. Default: on where torchtitan compiles the plan's "
+        "layers on the fused kernel stack (kernel_stack = \"fused\", not MXFP8), as its "
+        "export writes; off elsewhere (the eager loss, the safe side). torchtitan only")
     optimizer_dtype: Literal["fp32", "bf16"] = Field(
         default="fp32", description="dtype of the optimizer's states: fp32 (fp32 master "
         "weights and Adam moments, Megatron-LM / Megatron-Core and torchtitan) or bf16 (two "
@@ -1114,6 +1122,20 @@ class InstanceSpec(_Strict):
     cluster: ClusterSpec
     constraints: ConstraintSpec = ConstraintSpec()
     plan: PlanSpec | None = None
+
+    @model_validator(mode="after")
+    def _compiled_loss_is_torchtitans(self) -> InstanceSpec:
+        from planner.model.words import toml_value
+        if self.training.compiled_loss and self.constraints.framework != "torchtitan":
+            raise ValueError("training.compiled_loss = true is torchtitan's compiled loss "
+                             "([compile] components with \"loss\"), and constraints."
+                             f"framework = {toml_value(self.constraints.framework or 'unset')} "
+                             "runs its own: set constraints.framework = \"torchtitan\", or "
+                             "remove it (fused_cross_entropy is a fused loss kernel)")
+        if self.training.compiled_loss and self.training.fused_cross_entropy:
+            raise ValueError("training.compiled_loss and training.fused_cross_entropy name two "
+                             "different losses: keep one")
+        return self
 
     @model_validator(mode="after")
     def _moe_keys_need_experts(self) -> InstanceSpec:

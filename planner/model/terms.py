@@ -30,9 +30,9 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
                                    quotient_excess, ring_share, run_max, steps, vmax)
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
-from planner.model.frameworks import (OVERLAP_KNOBS, cp_exchange, framework_bar,
-                                      framework_of, grad_reduce_dtype, logit_bytes,
-                                      selective_recompute_of, torchao_float8)
+from planner.model.frameworks import (OVERLAP_KNOBS, compiled_loss, cp_exchange,
+                                      framework_bar, framework_of, grad_reduce_dtype,
+                                      logit_bytes, selective_recompute_of, torchao_float8)
 from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB, recompute_module_set
@@ -1080,7 +1080,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     in_flight = p + gt1(v) * steps(p) / v                        # micro-batches, first stage
     embed_mask = sh.dropout_mask_bytes * tokens * h / shard * in_flight
     # what the loss holds per logit at the peak (frameworks.logit_bytes)
-    logits_buffer = (logit_bytes(tr.fused_cross_entropy, inst.spec.constraints.framework, t)
+    logits_buffer = (logit_bytes(tr.fused_cross_entropy, inst.spec.constraints.framework, t,
+                                 compiled_loss(tr, inst.spec.constraints.framework,
+                                               inst.kernel_stack))
                      * tokens * sh.V / t)
 
     # every distinct stage: the first and last (their own layers), and with an uneven layout
