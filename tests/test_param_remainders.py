@@ -29,7 +29,7 @@ from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 from planner.model.plan import plan_from_spec
-from tests.test_emit import emitted
+from tests.test_emit import comment_text, emitted
 
 GiB = 2**30
 L, h, V = 96, 12288, 51200
@@ -39,12 +39,12 @@ LAYER = 12 * h * h + 13 * h
 WITH_REMAINDERS, WITHOUT = 2 + 4 + 4, 4 + 4 + 4
 
 
-def gpt3(remainders: bool, optimizer_dtype: str = "fp32", **plan):
+def gpt3(remainders: bool, optimizer_dtype: str = "fp32", training=None, **plan):
     inst = parse_instance({
         "model": {"preset": "gpt3-175b"},
         "training": {"global_batch": 256, "precision": "bf16",
                      "optimizer_dtype": optimizer_dtype,
-                     "store_param_remainders": remainders},
+                     "store_param_remainders": remainders, **(training or {})},
         "cluster": {"gpu": "h100-sxm", "gpus": 512},
         "plan": {"tp": 4, "pp": 8, "dp": 16, "vp": 1, "micro_batch": 1, "recompute": "none",
                  "dp_sharding": "optim", **plan},
@@ -196,3 +196,83 @@ def test_exports_under_optimizer_offload_carry_no_remainders():
     plan = plan_from_spec(inst, inst.spec.plan)
     assert "store_param_remainders" not in emit(inst, plan, "nemo")
     assert "16-bit remainders" not in emit(inst, plan, "megatron")
+
+
+# ---- bf16 moments beside a whole fp32 master (main_params_dtype) -----------------------------
+
+#: Megatron-Core's precision-aware optimizer with exp_avg_dtype / exp_avg_sq_dtype bf16 and
+#: main_params_dtype fp32 (optimizer_config.py; Megatron-Bridge's and NeMo's DeepSeek-V3
+#: recipes set these): two bf16 moments and the fp32 master, 2 + 2 + 4 bytes per shard parameter
+BF16_MOMENTS_FP32_MASTER = 2 + 2 + 4
+
+
+@pytest.mark.parametrize("training", [{}, {"precision": "fp8", "fp8_recipe": "tensorwise"}])
+def test_bf16_moments_beside_an_fp32_master_keep_eight_bytes(training):
+    """The last stage's states at 8 bytes per shard parameter, in bf16 and at FP8 under current
+    scaling (where Megatron-Core keeps the whole fp32 master itself); the Adam step reads the
+    master, both moments and the fp32 gradient (4 + 2 + 2 + 4) and writes the master, both
+    moments and the 16-bit weight (4 + 2 + 2 + 2): 22 bytes where fp32 states move 30."""
+    params = (L // 8 * LAYER + V * h + 2 * h) / 4
+    mixed = gpt3(False, "bf16", {"main_params_dtype": "fp32", **training})
+    fp32 = gpt3(False, "fp32", training)
+    assert mixed.memory_by_stage_gib["last"]["optimizer_states"] * GiB == pytest.approx(
+        params * BF16_MOMENTS_FP32_MASTER / 16, rel=1e-9)
+    assert mixed.breakdown_s["optimizer"] == pytest.approx(fp32.breakdown_s["optimizer"]
+                                                           * 22 / 30, rel=1e-12)
+    for part in ("weights", "gradients", "activations", "logits"):
+        assert mixed.memory_by_stage_gib["last"][part] == fp32.memory_by_stage_gib["last"][part]
+
+
+@pytest.mark.parametrize("training, plan, says", [
+    ({"optimizer_dtype": "fp32"}, {}, "keeps one already"),
+    ({"store_param_remainders": True}, {}, "keep one"),
+    ({}, {"dp_sharding": "optim_grads"}, 'main_params_dtype = "fp32" needs dp_sharding'),
+])
+def test_an_fp32_master_beside_bf16_moments_runs_as_megatron_core_runs_it(training, plan, says):
+    doc = {"model": {"preset": "gpt-1.3b"},
+           "training": {"global_batch": 64, "precision": "bf16", "optimizer_dtype": "bf16",
+                        "main_params_dtype": "fp32", **training},
+           "cluster": {"gpu": "h100-sxm", "gpus": 8},
+           "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 8, "dp_sharding": "optim",
+                    **plan}}
+    with pytest.raises(InputError, match=says):
+        inst = parse_instance(doc)
+        plan_from_spec(inst, inst.spec.plan)
+
+
+def test_an_fp32_master_beside_bf16_moments_is_written_as_it_is_costed():
+    """Megatron-LM: the precision-aware optimizer's flags; for bf16 weights Megatron-Core
+    hands the master to Transformer Engine's FusedAdam, which keeps remainders (its
+    store_param_remainders has no flag), so the export says it cannot express the whole
+    master there; under current scaling it can. NeMo writes the dtypes, and
+    store_param_remainders false where FusedAdam would keep remainders. torchtitan and
+    DeepSpeed have no such optimizer: the search leaves them no mode, the exports refuse."""
+    def doc(**training):
+        return {"model": {"preset": "gpt-1.3b"},
+                "training": {"global_batch": 64, "optimizer_dtype": "bf16",
+                             "main_params_dtype": "fp32", **training},
+                "cluster": {"gpu": "h100-sxm", "gpus": 8}}
+    plan = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 8, "dp_sharding": "optim"}
+    for training, te_master in (({"precision": "bf16"}, True),
+                                ({"precision": "fp8", "fp8_recipe": "tensorwise"}, False)):
+        megatron = emitted(doc(**training), plan, "megatron")
+        for flag in ("--use-precision-aware-optimizer", "--main-params-dtype fp32",
+                     "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"):
+            assert flag in megatron, (training, flag)
+        assert ("cannot express the whole master" in comment_text(megatron)) == te_master
+        nemo = emitted(doc(**training), plan, "nemo")
+        assert "main_params_dtype: torch.float32" in nemo and "exp_avg_dtype: torch.bfloat16" in nemo
+        assert ("store_param_remainders: false" in nemo) == te_master
+    for cons in ({"framework": "torchtitan"}, {"framework": "deepspeed"}):
+        with pytest.raises(InfeasibleError) as exc:
+            solve(parse_instance({**doc(precision="bf16"), "constraints": cons}),
+                  solver="enumerate", explain=False)
+        assert any("main_params_dtype" in w for w in exc.value.explanation), cons
+
+
+def test_backends_agree_with_an_fp32_master_beside_bf16_moments():
+    from tests.test_solvers import _agree
+    doc = copy.deepcopy(REMAINDERS_DECIDE)
+    doc["training"].update(store_param_remainders=False, optimizer_dtype="bf16",
+                           main_params_dtype="fp32")
+    _agree(doc)

@@ -142,6 +142,12 @@ store_param_remainders ([training])
     ``optim.config.use_precision_aware_optimizer``, ``store_param_remainders`` (and
     ``exp_avg_dtype`` / ``exp_avg_sq_dtype``) | an error | an error
     (:func:`planner.model.frameworks.sharding_refusal`)
+main_params_dtype ([training])
+    ``--use-precision-aware-optimizer --main-params-dtype fp32 --exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16`` (for bf16 weights a comment: Transformer Engine keeps
+    remainders there, no flag) | ``optim.config.use_precision_aware_optimizer``,
+    ``main_params_dtype``, ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (``store_param_remainders:
+    false`` for bf16 weights) | an error | an error
 pp > 1 (NeMo)
     ``trainer.strategy.pipeline_dtype`` = the training dtype (``torch.bfloat16`` /
     ``torch.float16``): the dtype of the activations sent between stages
@@ -423,7 +429,25 @@ def _bf16_without_master(inst: Instance) -> bool:
     export can write; with ``store_param_remainders`` they are Megatron-Core's precision-aware
     optimizer with bf16 moments, which the Megatron and NeMo exports write."""
     tr = inst.spec.training
-    return tr.optimizer_dtype == "bf16" and not tr.store_param_remainders
+    return (tr.optimizer_dtype == "bf16" and not tr.store_param_remainders
+            and tr.main_params_dtype is None)
+
+
+def _te_keeps_remainders(inst: Instance) -> bool:
+    """Whether Megatron-Core's precision-aware optimizer hands the master weights to
+    Transformer Engine's FusedAdam, which then keeps them as remainders unless
+    ``store_param_remainders`` is off (OptimizerConfig
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``: bf16 weights, or FP8 under delayed
+    scaling; under current and MXFP8 scaling Megatron-Core keeps a whole fp32 master)."""
+    tr = inst.spec.training
+    return tr.precision != "fp8" or tr.fp8_recipe in (None, "delayed")
+
+
+def _bf16_moments_fp32_master(inst: Instance) -> bool:
+    """bf16 Adam moments beside a whole fp32 master (``[training] main_params_dtype``):
+    Megatron-Core's precision-aware optimizer, which the Megatron and NeMo exports write."""
+    tr = inst.spec.training
+    return tr.optimizer_dtype == "bf16" and tr.main_params_dtype == "fp32"
 
 
 #: what the exports say of ``[training] optimizer_dtype = "bf16"`` without a master copy, which
@@ -793,6 +817,17 @@ def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[
                         + ("; with the default --fp8-recipe delayed (under current scaling "
                            "Megatron-Core keeps a whole fp32 master)"
                            if inst.spec.training.precision == "fp8" else ""))
+    if _bf16_moments_fp32_master(inst):
+        # (under optimizer offload _megatron_offload already passes the first flag)
+        args += ([] if plan.optimizer_offload else ["--use-precision-aware-optimizer"]) + [
+            "--main-params-dtype fp32", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
+        comments.append("Adam moments in bf16 beside fp32 master weights (main_params_dtype)"
+                        + ("" if not _te_keeps_remainders(inst) else
+                           "; cannot express the whole master for bf16 weights: Megatron-Core "
+                           "hands them to Transformer Engine's FusedAdam, which keeps the "
+                           "master as 16-bit remainders (OptimizerConfig.store_param_remainders"
+                           ", true by default, has no flag): the run keeps 6 bytes of states a "
+                           "parameter where the plan counts 8"))
     if mode != "none" and plan.dp_replicate > 1:
         comments.append(f"HSDP: shard group of {plan.dp_shard_size} data-parallel ranks, "
                         f"{plan.dp_replicate} replicas across nodes")
@@ -904,7 +939,8 @@ def _nemo(inst: Instance, plan: Plan) -> str:
         comments.append("pipeline_dtype is a torch.dtype: in a Python recipe write "
                         "recipe.trainer.strategy.pipeline_dtype = torch.bfloat16 (torch.float16 "
                         "for fp16)")
-    if keeps_remainders(inst, plan.knobs) and inst.spec.training.optimizer_dtype == "bf16":
+    if ((keeps_remainders(inst, plan.knobs) and inst.spec.training.optimizer_dtype == "bf16")
+            or _bf16_moments_fp32_master(inst)):
         comments.append("exp_avg_dtype and exp_avg_sq_dtype are torch.dtype fields of "
                         "OptimizerConfig: in a Python recipe write "
                         "recipe.optim.config.exp_avg_dtype = torch.bfloat16 (and exp_avg_sq_dtype)")
@@ -1076,9 +1112,16 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 # copies (terms.keeps_remainders; the megatron export's rule too)
                 **({"use_precision_aware_optimizer": True, "store_param_remainders": True}
                    if remainders else {}),
-                # bf16 moments of the precision-aware optimizer (OptimizerConfig dtypes)
+                # bf16 moments of the precision-aware optimizer (OptimizerConfig dtypes),
+                # beside remainders or a whole fp32 master
                 **({"exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16"}
                    if remainders and inst.spec.training.optimizer_dtype == "bf16" else {}),
+                # (a whole fp32 master: remainders off where Transformer Engine would keep
+                # them, _te_keeps_remainders)
+                **({"use_precision_aware_optimizer": True, "main_params_dtype": "torch.float32",
+                    "exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16",
+                    **({"store_param_remainders": False} if _te_keeps_remainders(inst) else {})}
+                   if _bf16_moments_fp32_master(inst) else {}),
             },
         },
     }

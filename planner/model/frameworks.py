@@ -281,6 +281,16 @@ _MEGATRON_REMAINDERS = ("Megatron-Core's precision-aware optimizer stores remain
 _NEMO_REMAINDERS = ("NeMo stores remainders with its distributed Adam (NeMo 1 "
                     "distributed_fused_adam, NeMo 2 / Megatron-Bridge "
                     "use_precision_aware_optimizer), the distributed optimizer only")
+#: - bf16 Adam moments beside an fp32 master (``[training] main_params_dtype = "fp32"`` with
+#:   ``optimizer_dtype = "bf16"``): Megatron-Core's precision-aware optimizer again
+#:   (``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, ``main_params_dtype`` fp32, its
+#:   default), a distributed-optimizer path (get_megatron_optimizer); NeMo 2 and
+#:   Megatron-Bridge set it through the same OptimizerConfig (their DeepSeek-V3 recipes).
+#:   The frameworks that store remainders are the ones that run it, with the same modes.
+BF16_MOMENTS_SOURCE = ("Megatron-Core's precision-aware optimizer (--use-precision-aware-"
+                       "optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16), a path of the "
+                       "distributed optimizer: NeMo and Megatron-Bridge set it through its "
+                       "OptimizerConfig")
 
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "Megatron-LM",
@@ -521,7 +531,8 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
     """Why the instance's ``[training]`` cannot run with sharding ``mode`` under the named
     framework (or Megatron-LM's rules without one), or None: FP8 parameters
     (``fp8_param_gather``) and master weights as remainders (``store_param_remainders``) each
-    need one of the framework's modes for them. The one test of these rules, for the plan's
+    need one of the framework's modes for them, as do bf16 moments beside an fp32 master
+    (``main_params_dtype``). The one test of these rules, for the plan's
     input check, the search's sharding modes and the exports alike."""
     fw = framework_of(name)
     if training.fp8_param_gather and torchao_float8(training, name) and \
@@ -543,13 +554,17 @@ def sharding_refusal(training, name: str | None, mode: str) -> str | None:
              "FP4 parameters"),
             ("store_param_remainders", training.store_param_remainders,
              fw.param_remainders_modes, fw.param_remainders_source,
-             "master weights stored as remainders")):
+             "master weights stored as remainders"),
+            ("main_params_dtype", training.main_params_dtype is not None,
+             tuple(m for m in fw.param_remainders_modes if m == "optim"), BF16_MOMENTS_SOURCE,
+             "bf16 Adam moments beside an fp32 master")):
         if not on or mode in modes:
             continue
+        said = f"training.{key} = " + ('"fp32"' if key == "main_params_dtype" else "true")
         if not modes:
-            return f"training.{key} = true: {fw.label} has no {what} ({source})"
+            return f"{said}: {fw.label} has no {what} ({source})"
         listed = " | ".join('"%s"' % m for m in modes)
-        return f"training.{key} = true needs dp_sharding = {listed}, not \"{mode}\" ({source})"
+        return f"{said} needs dp_sharding = {listed}, not \"{mode}\" ({source})"
     return None
 
 

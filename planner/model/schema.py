@@ -546,6 +546,15 @@ class TrainingSpec(_Strict):
         "optimizer dtype being the weights', stores no parameter copy; with "
         "store_param_remainders, Megatron-Core's precision-aware optimizer with bf16 moments "
         "and the fp32 master kept as remainders)")
+    main_params_dtype: Literal["fp32"] | None = Field(
+        default=None, description="with optimizer_dtype = \"bf16\": keep an fp32 master "
+        "weight beside the two bf16 Adam moments, 8 bytes of states per parameter "
+        "(Megatron-Core's precision-aware optimizer: --use-precision-aware-optimizer "
+        "--main-params-dtype fp32 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, as "
+        "Megatron-Bridge's and NeMo's DeepSeek-V3 recipes set it; under FP8 and MXFP8 too, "
+        "where store_param_remainders is refused); unset, bf16 states keep no master copy "
+        "(NeMo 1's distributed_fused_adam) or, with store_param_remainders, its remainders. "
+        "Needs dp_sharding = \"optim\" under Megatron-LM or NeMo")
     fp8_param_gather: bool = Field(
         default=False, description="FP8 parameters: the layers' GEMM weights are kept in FP8 "
         "(no 16-bit copy beside Transformer Engine's FP8 one) and the distributed optimizer "
@@ -652,9 +661,18 @@ class TrainingSpec(_Strict):
 
     @model_validator(mode="after")
     def _optimizer_dtype(self) -> TrainingSpec:
+        if self.main_params_dtype is not None and self.optimizer_dtype != "bf16":
+            raise ValueError("main_params_dtype = \"fp32\" keeps an fp32 master beside bf16 "
+                             "Adam moments, and optimizer_dtype = \"fp32\" keeps one already "
+                             "(with fp32 moments): set optimizer_dtype = \"bf16\", or remove "
+                             "main_params_dtype")
+        if self.main_params_dtype is not None and self.store_param_remainders:
+            raise ValueError("main_params_dtype = \"fp32\" keeps the whole fp32 master, "
+                             "store_param_remainders = true only its lower 16 bits: keep one")
         if self.optimizer_dtype == "bf16" and self.precision == "fp16":
-            raise ValueError("optimizer_dtype = \"bf16\" keeps no master copy: the weights "
-                             "must be bf16 (precision bf16 or fp8), not fp16")
+            kept = ("keeps bf16 moments" if self.main_params_dtype else "keeps no master copy")
+            raise ValueError(f"optimizer_dtype = \"bf16\" {kept}: the weights must be bf16 "
+                             "(precision bf16 or fp8), not fp16")
         if self.fp8_param_gather and self.precision != "fp8":
             raise ValueError(f"fp8_param_gather = true keeps the weights in FP8, which needs "
                              f"precision = \"fp8\" (precision = \"{self.precision}\")")

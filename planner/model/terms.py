@@ -75,6 +75,13 @@ OPTIMIZER_STATE_BYTES = {"fp32": (OPTIMIZER_BYTES, GRAD_BYTES), "bf16": (4, 2)}
 #: optimizer with ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` bf16)
 MASTER_BYTES = {"fp32": 4, "bf16": 0}
 MASTER_REMAINDER_BYTES = 2
+#: bf16 moments beside a whole fp32 master (``[training] main_params_dtype = "fp32"``,
+#: Megatron-Core's precision-aware optimizer with ``exp_avg_dtype`` / ``exp_avg_sq_dtype``
+#: bf16 and ``main_params_dtype`` fp32): the two moments (4) and the master (4), stepping on
+#: an fp32 copy of each 16-bit gradient shard (distrib_optimizer.py
+#: ``_copy_model_grads_to_main_grads``: ``shard_model_grad.float()``, the safe side where
+#: bf16 weights take the gradient as it is)
+BF16_MOMENTS_FP32_MASTER = (8, 4)
 #: Transformer Engine's userbuffers for ``tp_comm_overlap``, bytes per element of the gathered
 #: ``[s b / c, h]`` activation (Megatron-LM ``_initialize_tp_communicators``: ``input_shape =
 #: [seq_length * micro_batch_size // context_parallel_size, hidden_size]``): ``initialize_ub``
@@ -983,7 +990,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # (set_to_none) before the next forward, so it is not held with the activations: the
     # forward / backward peak counts the states alone, and a second row per stage, the step
     # peak (``<stage>_step``), counts the copy with no activations
-    state_bytes, main_grad_bytes = OPTIMIZER_STATE_BYTES[tr.optimizer_dtype]
+    state_bytes, main_grad_bytes = optimizer_state_bytes(tr)
     if keeps_remainders(inst, k):
         # the fp32 master weight as the bf16 weight plus a 16-bit remainder (frameworks.py,
         # "Master weights as remainders")
@@ -1263,7 +1270,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                                                                + stage_experts / expert_shards)}
             if stage == "first" and k.offloads:
                 host_opt = (dense_p / shards + stage_experts / expert_shards) \
-                    * host_optimizer_bytes(tr.optimizer_dtype)
+                    * host_optimizer_bytes(tr)
                 memory[name.replace("first", "host")] = host_memory_row(
                     inst, (host_opt if k.optimizer_offload else 0.0) + off_acts)
                 if k.offload_layers:        # Megatron-Core: no CPU offloading with pp > 1
@@ -1292,24 +1299,38 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                         "pp_step": pp_step})
 
 
-def host_optimizer_bytes(optimizer_dtype: str) -> int:
+def optimizer_state_bytes(training) -> tuple[int, int]:
+    """The optimizer's states per parameter and the gradient copy it steps on
+    (:data:`OPTIMIZER_STATE_BYTES` by ``optimizer_dtype``; bf16 moments beside an fp32 master,
+    :data:`BF16_MOMENTS_FP32_MASTER`); remainders are the caller's (:func:`keeps_remainders`)."""
+    if training.optimizer_dtype == "bf16" and training.main_params_dtype == "fp32":
+        return BF16_MOMENTS_FP32_MASTER
+    return OPTIMIZER_STATE_BYTES[training.optimizer_dtype]
+
+
+def host_optimizer_bytes(training) -> int:
     """Host bytes per shard parameter of the offloaded optimizer: its states and the gradient
-    it steps on (:data:`OPTIMIZER_STATE_BYTES`). In fp32, 16: the fp32 master weight and the
+    it steps on (:func:`optimizer_state_bytes`). In fp32, 16: the fp32 master weight and the
     two Adam moments (12) and the fp32 gradient the CPU step reads (4), as DeepSpeed's
     ZeRO-Offload keeps its fp32 optimizer states and gradients on the CPU (Ren et al. 2021,
     Sec. 4.1) and Megatron-Core's HybridDeviceOptimizer its fp32 parameters, gradients and
-    states; with bf16 states, 6 (two bf16 moments, the bf16 gradient shard)."""
-    states, grad = OPTIMIZER_STATE_BYTES[optimizer_dtype]
+    states; with bf16 states, 6 (two bf16 moments, the bf16 gradient shard); with bf16
+    moments beside an fp32 master, 12."""
+    states, grad = optimizer_state_bytes(training)
     return states + grad
 
 
-def adam_step_bytes(optimizer_dtype: str, with_remainders: bool = False) -> int:
+def adam_step_bytes(training, with_remainders: bool = False) -> int:
     """Bytes the Adam step touches per parameter, on the GPU or the CPU alike. With the master
     as remainders it reads and writes the bf16 weight and the 16-bit remainder (4 each way)
     where it read and wrote the fp32 master and wrote the weight (4 + 6): 28 bytes with fp32
-    moments; with bf16 ones the remainder's 2 each way come on top of the 14: 18."""
-    if optimizer_dtype == "fp32":
+    moments; with bf16 ones the remainder's 2 each way come on top of the 14: 18. bf16 moments
+    beside an fp32 master (``main_params_dtype``): read the master, m, v and the fp32
+    gradient (12), write the master, m and v (8) and the 16-bit weight (2): 22."""
+    if training.optimizer_dtype == "fp32":
         return ADAM_STEP_BYTES - 2 if with_remainders else ADAM_STEP_BYTES
+    if training.main_params_dtype == "fp32":
+        return ADAM_STEP_BYTES - 2 * 4
     return ADAM_STEP_BYTES_BF16 + (2 * MASTER_REMAINDER_BYTES if with_remainders else 0)
 
 
@@ -1362,7 +1383,7 @@ def optimizer_offload_time(inst: Instance, k: Knobs, local_params, grad_wire):
     exposes both transfers. All three are the local parameters times a per-instance rate, so
     the maximum is one number per instance (no maximum of the search's forms)."""
     hw = inst.hw
-    step = adam_step_bytes(inst.spec.training.optimizer_dtype, keeps_remainders(inst, k))
+    step = adam_step_bytes(inst.spec.training, keeps_remainders(inst, k))
     if not k.optimizer_offload:
         return local_params * step / hw.hbm_bw, 0.0
     fw = framework_of(inst.spec.constraints.framework)
