@@ -313,3 +313,94 @@ def test_qk_l2_norm_rules():
                       for k in ({}, {"qk_norm": True}, {"qk_l2_norm": True}))
     assert l2.qk_norm_bytes == rms.qk_norm_bytes > 0
     assert l2.total_params == plain.total_params < rms.total_params
+
+
+# ---- GLM-4.7-Flash (glm4_moe_lite) ---------------------------------------------------------
+
+#: transformers' Glm4MoeLiteConfig defaults (transformers 5.25 configuration_glm4_moe_lite.py),
+#: written out as a config.json would be (the checkpoint's own config is not read here)
+GLM_LITE = {
+    "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
+    "vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240,
+    "moe_intermediate_size": 1536, "num_hidden_layers": 47, "num_attention_heads": 20,
+    "num_key_value_heads": 20, "n_shared_experts": 1, "n_routed_experts": 64,
+    "kv_lora_rank": 512, "q_lora_rank": 768, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "qk_nope_head_dim": 192, "num_experts_per_tok": 4, "max_position_embeddings": 202752,
+    "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0}
+
+
+def glm_lite_params() -> int:
+    """Glm4MoeLiteForCausalLM's parameters from its modules: DeepseekV3Attention (q_a 2048 x
+    768 and its norm, q_b 768 x 20 (192 + 64), kv_a_proj_with_mqa 2048 x (512 + 64) and the
+    norm of its 512, kv_b 512 x 20 (192 + 256), o 20 x 256 x 2048, no biases), two RMSNorms a
+    layer, layer 0 a gated MLP of 10240 (mlp_layer_types' default), the 46 others 64 routed
+    experts of 1536, one shared expert of 1536 and a 64 x 2048 router; untied embedding and
+    head, a final norm."""
+    h, a, v = 2048, 20, 154880
+    attn = (linear(h, 768) + 768 + linear(768, a * 256) + linear(h, 576) + 512
+            + linear(512, a * 448) + linear(a * 256, h) + 2 * h)
+    moe = 64 * 3 * h * 1536 + 3 * h * 1536 + 64 * h
+    return 47 * attn + 3 * h * 10240 + 46 * moe + 2 * v * h + h
+
+
+def test_glm47_flash_keys_and_parameters(tmp_path):
+    d = read_hf_config(write(tmp_path, GLM_LITE))
+    assert d == {
+        "layers": 47, "hidden": 2048, "heads": 20, "ffn_hidden": 10240, "gated_mlp": True,
+        "vocab": 154880, "tied_embeddings": False, "position_embedding": "rope",
+        "dropout": False, "normalization": "rmsnorm", "linear_bias": False,
+        "kv_lora_rank": 512, "q_lora_rank": 768, "qk_head_dim": 192,
+        "qk_pos_emb_head_dim": 64, "v_head_dim": 256, "experts": 64, "top_k": 4,
+        "moe_ffn_hidden": 1536, "shared_experts": 1, "first_dense_layers": 1,
+        "moe_layer_interval": 1, "moe_router_score_function": "sigmoid"}
+    assert shape(d).total_params == glm_lite_params()
+
+
+def test_glm47_flash_defaults_layer_types_and_head_dim_alias(tmp_path):
+    """Absent keys take Glm4MoeLiteConfig's defaults (its MLA widths, not DeepSeek's); the
+    leading "dense" entries of mlp_layer_types are the dense layers (a dense layer after a
+    sparse one is modelled as MoE, with a warning); ``head_dim``, the config's alias of
+    qk_rope_head_dim, is not read as the attention's head width; a prediction depth where
+    the config names one."""
+    bare = {k: GLM_LITE[k] for k in ("model_type", "vocab_size", "hidden_size",
+                                      "intermediate_size", "num_hidden_layers",
+                                      "num_attention_heads")}
+    d = read_hf_config(write(tmp_path, {**bare, "head_dim": 64}))
+    assert {k: d[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_head_dim",
+                              "qk_pos_emb_head_dim", "v_head_dim", "experts", "top_k",
+                              "moe_ffn_hidden", "shared_experts", "first_dense_layers")} == {
+        "kv_lora_rank": 512, "q_lora_rank": 768, "qk_head_dim": 192, "qk_pos_emb_head_dim": 64,
+        "v_head_dim": 256, "experts": 64, "top_k": 4, "moe_ffn_hidden": 1536,
+        "shared_experts": 1, "first_dense_layers": 1}
+    assert "head_dim" not in d and "kv_heads" not in d and "mtp_layers" not in d
+    two = ["dense", "dense"] + ["sparse"] * 45
+    d = read_hf_config(write(tmp_path, {**GLM_LITE, "mlp_layer_types": two,
+                                        "num_nextn_predict_layers": 1}, "b.json"))
+    assert d["first_dense_layers"] == 2 and d["mtp_layers"] == 1
+    mixed = ["dense", "sparse", "dense"] + ["sparse"] * 44
+    with pytest.warns(UserWarning, match="dense layers after the first sparse one"):
+        d = read_hf_config(write(tmp_path, {**GLM_LITE, "mlp_layer_types": mixed}, "c.json"))
+    assert d["first_dense_layers"] == 1
+
+
+def test_glm47_flash_dense_layers_from_first_k_and_its_megatron_export(tmp_path):
+    """Without mlp_layer_types the dense layers are first_k_dense_replace's (the key
+    checkpoints carry and Megatron-Bridge's glm47_flash_bridge.py reads). Its 20 heads do not
+    divide its 2048-wide hidden state: Megatron-LM's validate_args asserts that division
+    unless --kv-channels is given, which multi-head latent attention does not read, so the
+    export gives one (the value width); DeepSeek-V3 (7168 / 128) needs none."""
+    from tests.test_emit import emitted, parse_megatron
+
+    d = read_hf_config(write(tmp_path, {**GLM_LITE, "first_k_dense_replace": 3}))
+    assert d["first_dense_layers"] == 3
+    plan = {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1}
+    cluster = {"gpu": "h100-sxm", "gpus": 8}
+    flags = parse_megatron(emitted({"model": {**d, "seq_len": 4096},
+                                    "training": {"global_batch": 64}, "cluster": cluster},
+                                   plan, "megatron"))
+    assert flags["--kv-channels"] == "256" and flags["--multi-latent-attention"] is True
+    v3 = parse_megatron(emitted({"model": {"preset": "deepseek-v3", "layers": 4,
+                                           "first_dense_layers": 1, "mtp_layers": 0},
+                                 "training": {"global_batch": 64}, "cluster": cluster},
+                                plan, "megatron"))
+    assert "--kv-channels" not in v3

@@ -712,6 +712,10 @@ def _megatron(inst: Instance, plan: Plan) -> str:
         # --q-lora-rank default None is queries not compressed)
         args.append("--multi-latent-attention")
         args += [f"--{key.replace('_', '-')} {value}" for key, value in _mla_widths(m).items()]
+        if m.head_dim is None and m.hidden % m.heads:
+            # validate_args asserts hidden % heads == 0 unless --kv-channels is given, which
+            # MLA does not read (its widths are the ones above): GLM-4.7-Flash's 2048 / 20
+            args.append(f"--kv-channels {m.v_head_dim}")
     if m.mtp_layers:
         args.append(f"--mtp-num-layers {m.mtp_layers}")   # (arguments.py, the mtp group)
     if m.gated_mlp:

@@ -10,7 +10,8 @@ when ``model_type`` is absent or not one of these):
     llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3,
     gpt_oss, phi3 (Phi-3 / Phi-3.5 / Phi-4: Llama's keys and layers, q / k / v and gate / up
     each fused into one matrix, which changes neither the shapes nor the counts), glm4_moe
-    (GLM-4.5 / 4.6 / 4.5-Air), llama4 (Llama 4; llama4_text, its decoder alone)
+    (GLM-4.5 / 4.6 / 4.5-Air), glm4_moe_lite (GLM-4.7-Flash: DeepSeek-V3's latent attention
+    on GLM-4.5's experts), llama4 (Llama 4; llama4_text, its decoder alone)
 
 A vision-language wrapper (Llama 4, Mistral 3, ...) keeps its decoder's keys in
 ``text_config``: the reader reads them there, by the text config's own ``model_type``
@@ -51,8 +52,9 @@ Biases (Megatron-Core's add_bias_linear / add_qkv_bias, what the exports build):
     llama4               attention_bias as llama's; use_qk_norm (default true) ->
                          qk_l2_norm (Llama4TextL2Norm, weightless; transformers applies it
                          on the RoPE layers, Megatron-Core's qk_l2_norm on every layer)
-    mistral, mixtral,    none
-    deepseek_v2 / v3
+    mistral, mixtral,    none (glm4_moe_lite: attention_bias, default false, not read)
+    deepseek_v2 / v3,
+    glm4_moe_lite
 
 ``max_position_embeddings`` is the model's *maximum* context, usually far longer than the
 training sequence (131072 for Qwen2-7B, 163840 for DeepSeek-V3), so it never becomes
@@ -82,6 +84,13 @@ Mixture of experts (``experts``, ``top_k``, ``moe_ffn_hidden``, ``shared_experts
                  num_nextn_predict_layers (alias num_mtp_layers) -> mtp_layers; absent keys
                  at Glm4MoeConfig's defaults (128 experts, top 8, 1408, 1 shared, 1 dense
                  layer, 1 prediction depth); the router scores with a sigmoid
+    glm4_moe_lite  the same keys as glm4_moe (absent: Glm4MoeLiteConfig's 64 experts, top 4,
+                 1536, 1 shared), but the dense layers from mlp_layer_types (its leading
+                 "dense" entries -> first_dense_layers; absent, first_k_dense_replace as
+                 Megatron-Bridge reads it, default 1, transformers' first layer; a dense
+                 layer after a sparse one is modelled as MoE, with a warning); the router
+                 scores with a sigmoid; num_nextn_predict_layers where a config gives it
+                 (transformers builds none)
     llama4       num_local_experts -> experts, num_experts_per_tok -> top_k,
                  intermediate_size -> moe_ffn_hidden, one shared expert of that width
                  (Llama4TextMoe.shared_expert), intermediate_size_mlp -> ffn_hidden (the
@@ -108,15 +117,17 @@ that the launched router scores as the original's (its other details, DeepSeek-V
 expert bias and scaling factor, Llama 4's router probability applied to the expert input, are
 not written).
 
-DeepSeek's multi-head latent attention (deepseek_v2, deepseek_v3), absent keys at transformers'
-DeepseekV2Config / DeepseekV3Config defaults::
+DeepSeek's multi-head latent attention (deepseek_v2, deepseek_v3, glm4_moe_lite), absent keys at
+transformers' DeepseekV2Config / DeepseekV3Config defaults (Glm4MoeLiteConfig's in brackets;
+its ``head_dim`` is an alias of qk_rope_head_dim, not read as head_dim)::
 
     kv_lora_rank       -> kv_lora_rank         (default 512)
-    q_lora_rank        -> q_lora_rank          (default 1536; null: queries not compressed,
-                                                as DeepSeek-V2-Lite, and the key is left out)
-    qk_nope_head_dim   -> qk_head_dim          (default 128)
+    q_lora_rank        -> q_lora_rank          (default 1536 [768]; null: queries not
+                                                compressed, as DeepSeek-V2-Lite, and the key is
+                                                left out)
+    qk_nope_head_dim   -> qk_head_dim          (default 128 [192])
     qk_rope_head_dim   -> qk_pos_emb_head_dim  (default 64)
-    v_head_dim         -> v_head_dim           (default 128)
+    v_head_dim         -> v_head_dim           (default 128 [256])
     num_nextn_predict_layers -> mtp_layers     (multi-token prediction depths; absent or 0:
                                                 none, and the key is left out)
 
@@ -166,7 +177,14 @@ from typing import Any, NamedTuple
 from planner.model.errors import InputError
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-             "deepseek_v2", "deepseek_v3", "gpt_oss", "phi3", "glm4_moe", "llama4")
+             "deepseek_v2", "deepseek_v3", "gpt_oss", "phi3", "glm4_moe", "glm4_moe_lite",
+             "llama4")
+#: the families with DeepSeek's multi-head latent attention, and their transformers config
+#: defaults for absent keys: (kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+#: v_head_dim) (DeepseekV2Config / DeepseekV3Config, Glm4MoeLiteConfig)
+_MLA_DEFAULTS = {"deepseek_v2": (512, 1536, 128, 64, 128),
+                 "deepseek_v3": (512, 1536, 128, 64, 128),
+                 "glm4_moe_lite": (512, 768, 192, 64, 256)}
 #: the language model's own ``model_type`` inside a wrapper's ``text_config`` where it is not a
 #: family name itself (transformers' Llama4TextConfig)
 _TEXT_TYPES = {"llama4_text": "llama4"}
@@ -179,7 +197,7 @@ _ARCH_PREFIX = {
     "Llama": "llama", "Mistral": "mistral", "Mixtral": "mixtral",
     "Qwen2": "qwen2", "Qwen2Moe": "qwen2_moe", "Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe",
     "DeepseekV2": "deepseek_v2", "DeepseekV3": "deepseek_v3", "GptOss": "gpt_oss",
-    "Phi3": "phi3", "Glm4Moe": "glm4_moe", "Llama4": "llama4",
+    "Phi3": "phi3", "Glm4Moe": "glm4_moe", "Glm4MoeLite": "glm4_moe_lite", "Llama4": "llama4",
 }
 
 _REQUIRED = object()
@@ -507,19 +525,46 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
                "moe_ffn_hidden": r.count("intermediate_size", 8192),
                "shared_experts": 1, "first_dense_layers": first,
                "moe_layer_interval": interval, "moe_router_score_function": "sigmoid"}
-    elif family in ("deepseek_v2", "deepseek_v3"):
-        # multi-head latent attention: its widths (transformers' DeepseekV2Config /
-        # DeepseekV3Config defaults where absent; q_lora_rank null: queries not compressed)
+    if family in _MLA_DEFAULTS:
+        # multi-head latent attention: its widths (the family's transformers defaults where
+        # absent, _MLA_DEFAULTS; q_lora_rank null: queries not compressed)
+        kv_lora, q_lora, nope, rope, v_dim = _MLA_DEFAULTS[family]
         del out["kv_heads"]
-        out["kv_lora_rank"] = r.count("kv_lora_rank", 512)
+        out["kv_lora_rank"] = r.count("kv_lora_rank", kv_lora)
         if "q_lora_rank" not in cfg or cfg["q_lora_rank"] is not None:
-            out["q_lora_rank"] = r.count("q_lora_rank", 1536)
-        out["qk_head_dim"] = r.count("qk_nope_head_dim", 128)
-        out["qk_pos_emb_head_dim"] = r.count("qk_rope_head_dim", 64)
-        out["v_head_dim"] = r.count("v_head_dim", 128)
+            out["q_lora_rank"] = r.count("q_lora_rank", q_lora)
+        out["qk_head_dim"] = r.count("qk_nope_head_dim", nope)
+        out["qk_pos_emb_head_dim"] = r.count("qk_rope_head_dim", rope)
+        out["v_head_dim"] = r.count("v_head_dim", v_dim)
         mtp = r.count("num_nextn_predict_layers", 0, minimum=0)
         if mtp:
             out["mtp_layers"] = mtp
+    if family == "glm4_moe_lite":
+        # GLM-4.7-Flash: DeepSeek-V3's attention (Glm4MoeLiteAttention) on GLM-4.5's MoE
+        # (router, experts, shared expert), the dense layers named by mlp_layer_types
+        # (Glm4MoeLiteConfig's default: the first dense, the rest sparse); absent keys at
+        # that config's defaults (64 experts, top 4, 1536, 1 shared)
+        layers = out["layers"] or 0
+        kinds = cfg.get("mlp_layer_types")
+        if isinstance(kinds, list) and kinds:
+            lead = next((i for i, t in enumerate(kinds) if t != "dense"), len(kinds))
+            first = lead
+            if any(t != "sparse" for t in kinds[lead:layers]):
+                notes.append(f"mlp_layer_types has dense layers after the first sparse one: "
+                             f"modelled as {lead} leading dense layers, the rest MoE")
+        else:
+            # (checkpoints' config.json carry first_k_dense_replace too, which
+            # Megatron-Bridge's GLM-4.7-Flash bridge reads: glm47_flash_bridge.py)
+            first = r.count("first_k_dense_replace", 1, minimum=0)
+        routed = "num_local_experts" if cfg.get("n_routed_experts") is None \
+            and cfg.get("num_local_experts") is not None else "n_routed_experts"
+        moe = {"experts": r.count(routed, 64, minimum=0),
+               "top_k": r.count("num_experts_per_tok", 4),
+               "moe_ffn_hidden": r.count("moe_intermediate_size", 1536),
+               "shared_experts": r.count("n_shared_experts", 1, minimum=0),
+               "first_dense_layers": first, "moe_layer_interval": 1,
+               "moe_router_score_function": "sigmoid"}
+    elif family in ("deepseek_v2", "deepseek_v3"):
         freq = r.count("moe_layer_freq", 1)
         first = r.count("first_k_dense_replace", 0, minimum=0)
         moe = {"experts": r.count("n_routed_experts", 0, minimum=0),
@@ -542,7 +587,8 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
 
     # (Llama4TextConfig's head_dim defaults to 128, not hidden / heads)
     # (written null, Llama4TextConfig takes hidden / heads)
-    head_dim = None if family.startswith("deepseek") else r.count(
+    # (MLA families: no head_dim; Glm4MoeLiteConfig maps the key to qk_rope_head_dim)
+    head_dim = None if family in _MLA_DEFAULTS else r.count(
         "head_dim", 128 if family == "llama4" and "head_dim" not in cfg else None)
     if r.problems:
         raise InputError(f"{p}: not a usable Hugging Face config (model_type {family})", r.problems)
