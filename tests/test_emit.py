@@ -630,6 +630,12 @@ def test_torchtitan_compiles_as_the_plan_costs_its_kernels():
         (titan(kernel_stack="fused", compiled_loss=False), plan_of(eager, tp_comm_overlap=False),
          True, layers, False, "compile components: the layers alone"),
     ]
+    # torchao's MXFP8 at tp = 1 compiles the layers, and the loss with them (its refusal is
+    # of compiled layers beside tensor parallelism: torchtitan 0.2 mx.py)
+    one = plan_from_spec(mx, mx.spec.plan, dp_sharding="optim_grads_params", tp=1, pp=1,
+                         dp=mx.gpus, vp=1)
+    assert tomllib.loads(emit(mx, one, "torchtitan"))["compile"] == {"enable": True,
+                                                                    "components": both}
     for inst, p, on, components, async_tp, said in cases:
         assert p.tp > 1
         text = emit(inst, p, "torchtitan")

@@ -360,18 +360,20 @@ def test_glm47_flash_defaults_layer_types_and_head_dim_alias(tmp_path):
     """Absent keys take Glm4MoeLiteConfig's defaults (its MLA widths, not DeepSeek's); the
     leading "dense" entries of mlp_layer_types are the dense layers (a dense layer after a
     sparse one is modelled as MoE, with a warning); ``head_dim``, the config's alias of
-    qk_rope_head_dim, is not read as the attention's head width; a prediction depth where
-    the config names one."""
+    qk_rope_head_dim (Glm4MoeLiteConfig.attribute_map), is read as that, not as the
+    attention's head width; a prediction depth where the config names one."""
     bare = {k: GLM_LITE[k] for k in ("model_type", "vocab_size", "hidden_size",
                                       "intermediate_size", "num_hidden_layers",
                                       "num_attention_heads")}
-    d = read_hf_config(write(tmp_path, {**bare, "head_dim": 64}))
+    d = read_hf_config(write(tmp_path, bare))
     assert {k: d[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_head_dim",
                               "qk_pos_emb_head_dim", "v_head_dim", "experts", "top_k",
                               "moe_ffn_hidden", "shared_experts", "first_dense_layers")} == {
         "kv_lora_rank": 512, "q_lora_rank": 768, "qk_head_dim": 192, "qk_pos_emb_head_dim": 64,
         "v_head_dim": 256, "experts": 64, "top_k": 4, "moe_ffn_hidden": 1536,
         "shared_experts": 1, "first_dense_layers": 1}
+    d = read_hf_config(write(tmp_path, {**bare, "head_dim": 32}, "alias.json"))
+    assert d["qk_pos_emb_head_dim"] == 32
     assert "head_dim" not in d and "kv_heads" not in d and "mtp_layers" not in d
     two = ["dense", "dense"] + ["sparse"] * 45
     d = read_hf_config(write(tmp_path, {**GLM_LITE, "mlp_layer_types": two,

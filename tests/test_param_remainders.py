@@ -245,7 +245,8 @@ def test_an_fp32_master_beside_bf16_moments_is_written_as_it_is_costed():
     hands the master to Transformer Engine's FusedAdam, which keeps remainders (its
     store_param_remainders has no flag), so the export says it cannot express the whole
     master there; under current scaling it can. NeMo writes the dtypes, and
-    store_param_remainders false where FusedAdam would keep remainders. torchtitan and
+    store_param_remainders false where FusedAdam would keep remainders (main_params_dtype at
+    its default). torchtitan and
     DeepSpeed have no such optimizer: the search leaves them no mode, the exports refuse."""
     def doc(**training):
         return {"model": {"preset": "gpt-1.3b"},
@@ -261,7 +262,9 @@ def test_an_fp32_master_beside_bf16_moments_is_written_as_it_is_costed():
             assert flag in megatron, (training, flag)
         assert ("cannot express the whole master" in comment_text(megatron)) == te_master
         nemo = emitted(doc(**training), plan, "nemo")
-        assert "main_params_dtype: torch.float32" in nemo and "exp_avg_dtype: torch.bfloat16" in nemo
+        # (main_params_dtype stays OptimizerConfig's torch.float32 default: a string there
+        # would compare unequal to it)
+        assert "main_params_dtype" not in nemo and "exp_avg_dtype: torch.bfloat16" in nemo
         assert ("store_param_remainders: false" in nemo) == te_master
     for cons in ({"framework": "torchtitan"}, {"framework": "deepspeed"}):
         with pytest.raises(InfeasibleError) as exc:
@@ -276,3 +279,21 @@ def test_backends_agree_with_an_fp32_master_beside_bf16_moments():
     doc["training"].update(store_param_remainders=False, optimizer_dtype="bf16",
                            main_params_dtype="fp32")
     _agree(doc)
+
+
+def test_an_fp32_master_beside_bf16_moments_stays_on_the_gpu():
+    """Megatron-Core's CPU optimizer (HybridDeviceOptimizer) is built without the
+    precision-aware dtypes and steps on fp32 states: the optimizer offload is refused beside
+    bf16 moments (a pinned offload is explained, a [plan] with it breaks a rule)."""
+    doc = {"model": {"preset": "gpt-1.3b"},
+           "training": {"global_batch": 64, "optimizer_dtype": "bf16",
+                        "main_params_dtype": "fp32"},
+           "cluster": {"gpu": "gb200", "gpus": 8}}
+    with pytest.raises(InfeasibleError) as exc:
+        solve(parse_instance({**doc, "constraints": {"optimizer_offload": True}}),
+              solver="enumerate", explain=False)
+    assert any("HybridDeviceOptimizer" in w for w in exc.value.explanation)
+    inst = parse_instance({**doc, "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1,
+                                           "dp_sharding": "optim", "optimizer_offload": True}})
+    rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+    assert any("main_params_dtype" in v for v in rep.violations)

@@ -241,6 +241,9 @@ def test_torchtitans_loss_holds_twelve_or_sixteen_bytes_per_logit(tp, per_logit)
                                                                        rel=1e-9)
     assert logits("torchtitan", compiled_loss=True) == pytest.approx(compiled * per_byte,
                                                                      rel=1e-9)
+    # a fused cross-entropy is a loss of its own: not compiled by default on the fused stack
+    assert logits("torchtitan", kernel_stack="fused", fused_cross_entropy=True) == \
+        pytest.approx(2 * per_byte, rel=1e-9)
 
 
 @pytest.mark.parametrize("training, framework, said", [

@@ -192,8 +192,8 @@ from collections.abc import Callable
 
 from planner.model.errors import InputError
 from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, compiled_loss,
-                                      cp_exchange, framework_violations, offload_violations,
-                                      sharding_refusal, torchao_float8)
+                                      cp_exchange, delayed_scaling, framework_violations,
+                                      offload_violations, sharding_refusal, torchao_float8)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
 from planner.model.instance import Instance
@@ -440,7 +440,7 @@ def _te_keeps_remainders(inst: Instance) -> bool:
     ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``: bf16 weights, or FP8 under delayed
     scaling; under current and MXFP8 scaling Megatron-Core keeps a whole fp32 master)."""
     tr = inst.spec.training
-    return tr.precision != "fp8" or tr.fp8_recipe in (None, "delayed")
+    return tr.precision != "fp8" or delayed_scaling(tr)
 
 
 def _bf16_moments_fp32_master(inst: Instance) -> bool:
@@ -1122,7 +1122,10 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                    if remainders and inst.spec.training.optimizer_dtype == "bf16" else {}),
                 # (a whole fp32 master: remainders off where Transformer Engine would keep
                 # them, _te_keeps_remainders)
-                **({"use_precision_aware_optimizer": True, "main_params_dtype": "torch.float32",
+                # (main_params_dtype is left at OptimizerConfig's default, torch.float32: a
+                # string there would compare unequal to it and hand the master to Transformer
+                # Engine)
+                **({"use_precision_aware_optimizer": True,
                     "exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16",
                     **({"store_param_remainders": False} if _te_keeps_remainders(inst) else {})}
                    if _bf16_moments_fp32_master(inst) else {}),
@@ -1318,6 +1321,11 @@ def _torchtitan(inst: Instance, plan: Plan) -> str:
     comments += said
     loss_compiled = compiled_loss(inst.spec.training, inst.spec.constraints.framework,
                                   inst.kernel_stack)
+    if (loss_compiled and not compiled and plan.tp > 1
+            and inst.spec.training.compiled_loss is None):
+        # (the layers not compiled, torchao's MXFP8 beside tensor parallelism: at tp > 1 the
+        # compiled loss costs as the eager one, so nothing is compiled alone by default)
+        loss_compiled = False
     if loss_compiled != compiled:
         which = "the loss alone" if loss_compiled else "the layers alone"
         comments.append(f"compile components: {which}, as the plan costs the loss's memory ("

@@ -437,6 +437,13 @@ def kernel_stack(stated: str | None, precision: str, fp8_recipe: str | None,
     return framework_of(name).kernel_stack
 
 
+def delayed_scaling(training) -> bool:
+    """FP8 under delayed scaling: ``fp8_recipe = "delayed"``, or unset, which launches as
+    Megatron-Core's default recipe (delayed). The one test of it: what Transformer Engine keeps
+    and refuses, and what Megatron-LM asserts, differ there."""
+    return training.precision == "fp8" and training.fp8_recipe in (None, "delayed")
+
+
 #: Bytes per logit torchtitan's loss holds at its peak under torch.compile, at tp = 1: the
 #: 16-bit logits it keeps for the backward (no fp32 copy, no saved log-softmax: the compiled
 #: backward recomputes them from the logits and a per-token log-sum-exp) and their 16-bit
@@ -447,14 +454,14 @@ COMPILED_LOSS_BYTES = 4.0
 
 def compiled_loss(training, name: str | None, kernel_stack: str) -> bool:
     """Whether the loss runs under torch.compile: ``[training] compiled_loss``, else
-    torchtitan's export on the fused kernel stack (it compiles the layers there, and its
-    ``[compile] components`` default holds the loss too) but for MXFP8, whose torchao
-    layers it may not compile (planner/app/emit.py ``_torchtitan_compile``); an eager loss
-    everywhere else."""
+    torchtitan's export on the fused kernel stack (it compiles there, and its ``[compile]
+    components`` default holds the loss; torchao's MXFP8 refuses only the layers' compile
+    beside tensor parallelism, where the compiled loss costs as the eager one anyway), not
+    beside a fused cross-entropy (a loss of its own); an eager loss everywhere else."""
     if training.compiled_loss is not None:
         return training.compiled_loss
     return (framework_of(name).name == "torchtitan" and kernel_stack == "fused"
-            and training.fp8_recipe != "mxfp8")
+            and not training.fused_cross_entropy)
 
 
 def logit_bytes(fused_cross_entropy: bool, name: str | None, tp, compiled: bool = False):
@@ -711,11 +718,18 @@ def optimizer_offload_refusal(training, name: str | None) -> str | None:
     conjunction with `--fp8-recipe delayed`" (its default recipe; the planner's None)."""
     fw = framework_of(name)
     if (fw.name in ("megatron", "nemo") and training.fp8_param_gather
-            and training.fp8_recipe not in (None, "delayed")):
+            and not delayed_scaling(training)):
         return (f"optimizer_offload = true with training.fp8_param_gather = true needs "
                 f"fp8_recipe = \"delayed\", not \"{training.fp8_recipe}\" (Megatron-LM "
                 "validate_args: the optimizer CPU offload takes FP8 parameters under delayed "
                 "scaling only)")
+    if training.main_params_dtype is not None:
+        # (Megatron-Core's HybridDeviceOptimizer is built without the precision-aware dtypes
+        # and steps torch's CPU Adam on fp32 copies: cpu_offloading/hybrid_optimizer.py)
+        return ("optimizer_offload = true with training.main_params_dtype = \"fp32\": "
+                "Megatron-Core's CPU optimizer (HybridDeviceOptimizer) keeps fp32 moments, not "
+                "the bf16 ones of the GPU's precision-aware optimizer; drop main_params_dtype "
+                "(and optimizer_dtype = \"bf16\") to offload, or keep the optimizer on the GPU")
     return None
 
 

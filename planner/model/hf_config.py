@@ -119,7 +119,7 @@ not written).
 
 DeepSeek's multi-head latent attention (deepseek_v2, deepseek_v3, glm4_moe_lite), absent keys at
 transformers' DeepseekV2Config / DeepseekV3Config defaults (Glm4MoeLiteConfig's in brackets;
-its ``head_dim`` is an alias of qk_rope_head_dim, not read as head_dim)::
+its ``head_dim`` is an alias of qk_rope_head_dim, read as that where the latter is absent)::
 
     kv_lora_rank       -> kv_lora_rank         (default 512)
     q_lora_rank        -> q_lora_rank          (default 1536 [768]; null: queries not
@@ -534,7 +534,10 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
         if "q_lora_rank" not in cfg or cfg["q_lora_rank"] is not None:
             out["q_lora_rank"] = r.count("q_lora_rank", q_lora)
         out["qk_head_dim"] = r.count("qk_nope_head_dim", nope)
-        out["qk_pos_emb_head_dim"] = r.count("qk_rope_head_dim", rope)
+        # (Glm4MoeLiteConfig's attribute_map reads head_dim as qk_rope_head_dim)
+        alias = (family == "glm4_moe_lite" and cfg.get("qk_rope_head_dim") is None
+                 and cfg.get("head_dim") is not None)
+        out["qk_pos_emb_head_dim"] = r.count("head_dim" if alias else "qk_rope_head_dim", rope)
         out["v_head_dim"] = r.count("v_head_dim", v_dim)
         mtp = r.count("num_nextn_predict_layers", 0, minimum=0)
         if mtp:

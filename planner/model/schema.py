@@ -16,7 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, WrapValidat
                       field_validator, model_validator)
 
 from planner.model.frameworks import (FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, FrameworkName,
-                                      param_gather_refusal)
+                                      delayed_scaling, param_gather_refusal)
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
@@ -1194,8 +1194,7 @@ class InstanceSpec(_Strict):
                              "multi-head latent attention's input norm); this model fuses "
                              "each of its norms into the linear layer after it, so it would "
                              "recompute nothing: remove layernorm")
-        if (modules & {"moe_act", "layernorm"} and self.training.precision == "fp8"
-                and self.training.fp8_recipe in (None, "delayed")):
+        if modules & {"moe_act", "layernorm"} and delayed_scaling(self.training):
             raise ValueError(f"{said} under FP8 with training.fp8_recipe "
                              f"{toml_value(self.training.fp8_recipe or 'unset')}: Megatron-Core "
                              "refuses moe_act and layernorm recompute under delayed scaling, "

@@ -31,8 +31,9 @@ from planner.model.algebra import (Sig, capped_quotient, eq1, gt1, gt2, is_one, 
 from planner.model.catalog import GiB
 from planner.model.collectives import all_to_all, allreduce, dedup_all_to_all, ring_step
 from planner.model.frameworks import (OVERLAP_KNOBS, compiled_loss, cp_exchange,
-                                      framework_bar, framework_of, grad_reduce_dtype,
-                                      logit_bytes, selective_recompute_of, torchao_float8)
+                                      delayed_scaling, framework_bar, framework_of,
+                                      grad_reduce_dtype, logit_bytes, selective_recompute_of,
+                                      torchao_float8)
 from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB, recompute_module_set
@@ -332,15 +333,16 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # Float8RowwiseParallel and PrepareFloat8ModuleInput cast to FP8 before the all-gather,
     # forward and backward; they refuse delayed scaling: 16-bit gathers then)
     gather_narrow = te_narrow or (torchao and tr.fp8_recipe != "delayed")
-    # FP8 under delayed scaling, Megatron-Core's default recipe and so what an unset
-    # fp8_recipe launches
-    delayed = fp8 and tr.fp8_recipe in (None, "delayed")
+    delayed = delayed_scaling(tr)
     # the attention's output projection keeps the 16-bit input it read (the attention
     # output, which fused attention keeps anyway) and quantizes it again in its backward,
-    # under Transformer Engine's quantized path at every recipe but delayed scaling
-    # (attention.py / multi_latent_attention.py set_save_original_input(linear_proj);
-    # Transformer Engine refuses it under delayed scaling)
-    proj_original = te_narrow and not delayed
+    # under Transformer Engine's quantized path at every recipe but delayed scaling, where
+    # Megatron-Core asks it to (attention.py / multi_latent_attention.py
+    # set_save_original_input(linear_proj); Transformer Engine refuses it under delayed
+    # scaling): Megatron-LM and NeMo, not the other frameworks' TE layers
+    proj_original = (te_narrow and not delayed
+                     and framework_of(inst.spec.constraints.framework).name in ("megatron",
+                                                                                "nemo"))
     tokens = b * s / c                       # tokens per GPU per micro-batch (context split)
     shard = t if sp else 1                   # replicated tensors are split only with SP
 
@@ -447,7 +449,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # rowwise cast in the forward, 3, and a columnwise one from the 16-bit original in the
         # backward, 3)
         proj_cast = (3, 3) if proj_original else (4, 0)
-        attn_cast = (norm_fed + proj_cast[0] * sh.o_w / t + 2 * sh.lora_w / shard,
+        # (MLA's input norm is a TENorm apart, writing 16 bits, and each of its two readers,
+        # TELinear layers, cast_transposes its own copy on the rank's shard: 4 bytes each)
+        attn_in_cast = sh.attn_input_readers * 4 * h / shard if sh.mla else norm_fed
+        attn_cast = (attn_in_cast + proj_cast[0] * sh.o_w / t + 2 * sh.lora_w / shard,
                      sum(4 * n * mm for mm, n, _, _ in sh.attn_gemms(1, t, shard)[:-1]) + row_grad
                      + proj_cast[1] * sh.o_w / t)
         dense_cast = (attn_cast[0] + norm_fed + sh.f / t, attn_cast[1] + row_grad)
@@ -1314,8 +1319,8 @@ def host_optimizer_bytes(training) -> int:
     two Adam moments (12) and the fp32 gradient the CPU step reads (4), as DeepSpeed's
     ZeRO-Offload keeps its fp32 optimizer states and gradients on the CPU (Ren et al. 2021,
     Sec. 4.1) and Megatron-Core's HybridDeviceOptimizer its fp32 parameters, gradients and
-    states; with bf16 states, 6 (two bf16 moments, the bf16 gradient shard); with bf16
-    moments beside an fp32 master, 12."""
+    states; with bf16 states, 6 (two bf16 moments, the bf16 gradient shard). (bf16 moments
+    beside an fp32 master are refused there: frameworks.optimizer_offload_refusal.)"""
     states, grad = optimizer_state_bytes(training)
     return states + grad
 
