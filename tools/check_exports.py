@@ -354,7 +354,10 @@ def plans_of(inst: Instance, solver: str) -> list[tuple[str, Instance, Plan, tup
     out = []
     if inst.spec.plan is not None:
         out.append(("[plan]", inst, plan_from_spec(inst, inst.spec.plan), FORMATS))
-    res = solve(inst, solver=solver)
+    try:
+        res = solve(inst, solver=solver)
+    except PlanError:               # an infeasible instance: its [plan] alone, if any
+        return out
     if res.report is not None:
         out.append((f"optimum ({solver})", inst, res.report.plan, FORMATS))
     if inst.spec.constraints.framework is not None:
@@ -395,7 +398,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"SKIP {path.name}: " + "; ".join([str(exc).splitlines()[0]] + exc.problems),
                   flush=True)
             continue
-        for source, inst, plan, formats in plans_of(instance, ns.solver):
+        plans = plans_of(instance, ns.solver)
+        if not plans:                   # (no [plan], and the search finds none)
+            counts["SKIP"] += 1
+            print(f"SKIP {path.name}: no [plan] and no plan the search finds", flush=True)
+        for source, inst, plan, formats in plans:
             for fmt, name, check in checks:
                 if fmt not in formats:
                     continue
