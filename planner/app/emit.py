@@ -146,8 +146,8 @@ main_params_dtype ([training])
     ``--use-precision-aware-optimizer --main-params-dtype fp32 --exp-avg-dtype bf16
     --exp-avg-sq-dtype bf16`` (for bf16 weights a comment: Transformer Engine keeps
     remainders there, no flag) | ``optim.config.use_precision_aware_optimizer``,
-    ``main_params_dtype``, ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (``store_param_remainders:
-    false`` for bf16 weights) | an error | an error
+    ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (``main_params_dtype`` left at its fp32 default;
+    ``store_param_remainders: false`` for bf16 weights) | an error | an error
 pp > 1 (NeMo)
     ``trainer.strategy.pipeline_dtype`` = the training dtype (``torch.bfloat16`` /
     ``torch.float16``): the dtype of the activations sent between stages
@@ -192,8 +192,8 @@ from collections.abc import Callable
 
 from planner.model.errors import InputError
 from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, compiled_loss,
-                                      cp_exchange, delayed_scaling, framework_violations,
-                                      offload_violations, sharding_refusal, torchao_float8)
+                                      cp_exchange, framework_violations, offload_violations,
+                                      sharding_refusal, te_holds_master, torchao_float8)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
 from planner.model.instance import Instance
@@ -431,16 +431,6 @@ def _bf16_without_master(inst: Instance) -> bool:
     tr = inst.spec.training
     return (tr.optimizer_dtype == "bf16" and not tr.store_param_remainders
             and tr.main_params_dtype is None)
-
-
-def _te_keeps_remainders(inst: Instance) -> bool:
-    """Whether Megatron-Core's precision-aware optimizer hands the master weights to
-    Transformer Engine's FusedAdam, which then keeps them as remainders unless
-    ``store_param_remainders`` is off (OptimizerConfig
-    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``: bf16 weights, or FP8 under delayed
-    scaling; under current and MXFP8 scaling Megatron-Core keeps a whole fp32 master)."""
-    tr = inst.spec.training
-    return tr.precision != "fp8" or delayed_scaling(tr)
 
 
 def _bf16_moments_fp32_master(inst: Instance) -> bool:
@@ -826,7 +816,7 @@ def _megatron_sharding(inst: Instance, plan: Plan, comments: list[str]) -> list[
         args += ([] if plan.optimizer_offload else ["--use-precision-aware-optimizer"]) + [
             "--main-params-dtype fp32", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"]
         comments.append("Adam moments in bf16 beside fp32 master weights (main_params_dtype)"
-                        + ("" if not _te_keeps_remainders(inst) else
+                        + ("" if not te_holds_master(inst.spec.training) else
                            "; cannot express the whole master for bf16 weights: Megatron-Core "
                            "hands them to Transformer Engine's FusedAdam, which keeps the "
                            "master as 16-bit remainders (OptimizerConfig.store_param_remainders"
@@ -1121,13 +1111,13 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 **({"exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16"}
                    if remainders and inst.spec.training.optimizer_dtype == "bf16" else {}),
                 # (a whole fp32 master: remainders off where Transformer Engine would keep
-                # them, _te_keeps_remainders)
+                # them, frameworks.te_holds_master)
                 # (main_params_dtype is left at OptimizerConfig's default, torch.float32: a
                 # string there would compare unequal to it and hand the master to Transformer
                 # Engine)
                 **({"use_precision_aware_optimizer": True,
                     "exp_avg_dtype": "torch.bfloat16", "exp_avg_sq_dtype": "torch.bfloat16",
-                    **({"store_param_remainders": False} if _te_keeps_remainders(inst) else {})}
+                    **({"store_param_remainders": False} if te_holds_master(inst.spec.training) else {})}
                    if _bf16_moments_fp32_master(inst) else {}),
             },
         },

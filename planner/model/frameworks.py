@@ -444,6 +444,15 @@ def delayed_scaling(training) -> bool:
     return training.precision == "fp8" and training.fp8_recipe in (None, "delayed")
 
 
+def te_holds_master(training) -> bool:
+    """Whether Megatron-Core's precision-aware optimizer hands the master weights to
+    Transformer Engine's FusedAdam, which keeps them as 16-bit remainders unless
+    ``store_param_remainders`` is off (OptimizerConfig
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): bf16 weights, or FP8 under delayed
+    scaling; under current and MXFP8 scaling Megatron-Core keeps a whole fp32 master itself."""
+    return training.precision != "fp8" or delayed_scaling(training)
+
+
 #: Bytes per logit torchtitan's loss holds at its peak under torch.compile, at tp = 1: the
 #: 16-bit logits it keeps for the backward (no fp32 copy, no saved log-softmax: the compiled
 #: backward recomputes them from the logits and a per-token log-sum-exp) and their 16-bit

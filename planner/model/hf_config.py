@@ -392,6 +392,24 @@ def _chunked(cfg: dict[str, Any], family: str, r: _Reader, layers: int) -> tuple
     return chunk, sum(1 for i in range(layers) if (i + 1) % (every or 1) != 0)
 
 
+def _glm_experts(cfg: dict[str, Any], r: _Reader, defaults: tuple[int, int, int],
+                 first: int) -> dict[str, Any]:
+    """GLM's MoE keys (glm4_moe, glm4_moe_lite: the same router, experts and shared expert):
+    ``n_routed_experts`` (alias ``num_local_experts``), ``num_experts_per_tok``,
+    ``moe_intermediate_size`` at the family's config defaults (experts, top_k, width),
+    ``n_shared_experts`` (default 1), the ``first`` dense layers the caller read, a sigmoid
+    router."""
+    experts, top_k, width = defaults
+    routed = "num_local_experts" if cfg.get("n_routed_experts") is None \
+        and cfg.get("num_local_experts") is not None else "n_routed_experts"
+    return {"experts": r.count(routed, experts, minimum=0),
+            "top_k": r.count("num_experts_per_tok", top_k),
+            "moe_ffn_hidden": r.count("moe_intermediate_size", width),
+            "shared_experts": r.count("n_shared_experts", 1, minimum=0),
+            "first_dense_layers": first, "moe_layer_interval": 1,
+            "moe_router_score_function": "sigmoid"}
+
+
 def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigContext]:
     """:func:`read_hf_config` and its :class:`ConfigContext`: the config's
     ``max_position_embeddings`` (None when absent), a label for the model (the last part of
@@ -492,14 +510,8 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
                       else "num_mtp_layers", 1, minimum=0)
         if mtp:
             out["mtp_layers"] = mtp
-        routed = "num_local_experts" if cfg.get("n_routed_experts") is None \
-            and cfg.get("num_local_experts") is not None else "n_routed_experts"
-        moe = {"experts": r.count(routed, 128, minimum=0),
-               "top_k": r.count("num_experts_per_tok", 8),
-               "moe_ffn_hidden": r.count("moe_intermediate_size", 1408),
-               "shared_experts": r.count("n_shared_experts", 1, minimum=0),
-               "first_dense_layers": r.count("first_k_dense_replace", 1, minimum=0),
-               "moe_layer_interval": 1, "moe_router_score_function": "sigmoid"}
+        moe = _glm_experts(cfg, r, (128, 8, 1408),
+                           r.count("first_k_dense_replace", 1, minimum=0))
     elif family == "llama4":
         # the dense layers are intermediate_size_mlp wide, each expert (and the one shared
         # expert of every MoE layer) intermediate_size; the MoE layers are every
@@ -559,14 +571,7 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
             # (checkpoints' config.json carry first_k_dense_replace too, which
             # Megatron-Bridge's GLM-4.7-Flash bridge reads: glm47_flash_bridge.py)
             first = r.count("first_k_dense_replace", 1, minimum=0)
-        routed = "num_local_experts" if cfg.get("n_routed_experts") is None \
-            and cfg.get("num_local_experts") is not None else "n_routed_experts"
-        moe = {"experts": r.count(routed, 64, minimum=0),
-               "top_k": r.count("num_experts_per_tok", 4),
-               "moe_ffn_hidden": r.count("moe_intermediate_size", 1536),
-               "shared_experts": r.count("n_shared_experts", 1, minimum=0),
-               "first_dense_layers": first, "moe_layer_interval": 1,
-               "moe_router_score_function": "sigmoid"}
+        moe = _glm_experts(cfg, r, (64, 4, 1536), first)
     elif family in ("deepseek_v2", "deepseek_v3"):
         freq = r.count("moe_layer_freq", 1)
         first = r.count("first_k_dense_replace", 0, minimum=0)

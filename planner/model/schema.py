@@ -16,7 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, WrapValidat
                       field_validator, model_validator)
 
 from planner.model.frameworks import (FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, FrameworkName,
-                                      delayed_scaling, param_gather_refusal)
+                                      delayed_scaling, param_gather_refusal, te_holds_master)
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
@@ -713,7 +713,7 @@ class TrainingSpec(_Strict):
                 key = "fp8_param_gather" if self.fp8_param_gather else "fp4_param_gather"
                 raise ValueError(f"store_param_remainders = true needs bf16 weights, but {key} "
                                  f"= true keeps them in {key[:3].upper()}")
-            if self.fp8_recipe in ("tensorwise", "mxfp8"):
+            if not te_holds_master(self):
                 raise ValueError(
                     f"store_param_remainders = true with fp8_recipe = \"{self.fp8_recipe}\": "
                     "Megatron-Core's precision-aware optimizer keeps a whole fp32 master "

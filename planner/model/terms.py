@@ -476,7 +476,10 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     # (MLA: the query and key / value down-projections each quantize the norm output again,
     # only the latter without q_lora_rank, where the query projection keeps its own narrow
     # copy: multi_latent_attention.py set_for_recompute_input_layernorm)
-    mla_norm_redo = ((4 + requant * (2 if sh.q_lora else 1)) * h / shard
+    # (MLA's readers of the norm output that keep its original for the re-run: both
+    # down-projections with q_lora_rank, the key / value one alone without)
+    norm_readers = 2 if sh.q_lora else 1
+    mla_norm_redo = ((4 + requant * norm_readers) * h / shard
                      if norm_redo and sh.mla else 0.0)
     # (mlp: the fused norm, read 2h and write 2h on the sequence shard, the activation's
     # traffic, and at a narrow precision the MLP's forward casts: norm output and fc2 input)
@@ -1135,7 +1138,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         # (MLA at a narrow precision: both down-projections' narrow copies; without
         # q_lora_rank the query projection's own narrow copy stays, the key / value
         # down-projection's goes with the norm output; in 16 bits their one shared tensor)
-        mla_freed = held_in * h * (2 if te_narrow and sh.q_lora else 1)
+        mla_freed = held_in * h * (norm_readers if te_narrow else 1)
         freed_rep = (mla_freed if norm_redo and sh.mla else 0.0) + (
             2 * h if norm_redo and kind == "moe" else 0.0)
         freed_par = sh.top_k * sh.f_e * held_in if act_redo and kind == "moe" else 0.0
