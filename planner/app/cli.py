@@ -293,6 +293,18 @@ def evaluate(
             dropped = (f"--recompute {recompute} drops [plan] recompute_layers = "
                        f"{spec.recompute_layers} (a count of layers recomputed in full)")
             recompute_layers = 0
+        layout_flags = [f for f, v in (("--first-stage-layers", first_stage_layers),
+                                       ("--last-stage-layers", last_stage_layers),
+                                       ("--account-for-embedding", account_for_embedding),
+                                       ("--account-for-loss", account_for_loss)) if v]
+        if layout_flags and spec.pipeline_layout:
+            # a layout string sets the whole split: the flags replace it, as Megatron-LM
+            # refuses the two side by side
+            said = (f"{' '.join(layout_flags)} drops [plan] pipeline_layout = "
+                    f"'{spec.pipeline_layout}' (the flags set the split; vp is [plan] vp or "
+                    "--vp)")
+            dropped = f"{dropped}; {said}" if dropped else said
+            spec = spec.model_copy(update={"pipeline_layout": None})
         spec, rederived = _rederive_dp(spec, inst, {"tp": tp, "pp": pp, "cp": cp, "ep": ep},
                                        dp, nodes, batch_flags=(micro_batch, global_batch))
         plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp,

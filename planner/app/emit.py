@@ -625,7 +625,11 @@ def _megatron(inst: Instance, plan: Plan) -> str:
     if exchange != "p2p":
         # (Megatron-LM's default is p2p, the ring)
         args.append(f"--cp-comm-type {exchange}")
-    if plan.vp > 1 and _uneven(plan):
+    if plan.pipeline_layout:
+        # the layout string sets the whole split, the interleaving with it (validate_args
+        # derives the virtual stages from it and refuses the other layout flags beside it)
+        args.append(f"--pipeline-model-parallel-layout '{plan.pipeline_layout}'")
+    elif plan.vp > 1 and _uneven(plan):
         # an uneven split is given per rank; interleaving then counts chunks per rank
         args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vp}")
     elif plan.vp > 1:
@@ -975,7 +979,9 @@ def _nemo(inst: Instance, plan: Plan) -> str:
                 "pipeline_model_parallel_size": plan.pp,
                 "virtual_pipeline_model_parallel_size": plan.vp if plan.vp > 1 else None,
                 # MegatronStrategy's names for Megatron-Core's uneven split
-                **({"num_layers_in_first_pipeline_stage": plan.first_stage_layers or None,
+                **({"pipeline_model_parallel_layout": plan.pipeline_layout}
+                   if plan.pipeline_layout else
+                   {"num_layers_in_first_pipeline_stage": plan.first_stage_layers or None,
                     "num_layers_in_last_pipeline_stage": plan.last_stage_layers or None,
                     "account_for_embedding_in_pipeline_split": plan.account_for_embedding,
                     "account_for_loss_in_pipeline_split": plan.account_for_loss}

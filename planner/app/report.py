@@ -95,8 +95,9 @@ def plan_table(rep: StepReport, inst: Instance) -> Table:
               f"{'on' if p.distributed_optimizer else 'off'}")
     on = [k for k in OVERLAP_KNOBS if getattr(p, k)]
     t.add_row("overlap", ", ".join(on) if on else "none (every collective exposed)")
-    if p.stage_layers and len(set(p.stage_layers)) > 1:
-        how = ("embedding / loss counted as layers" if p.account_for_embedding
+    if p.stage_layers and (len(set(p.stage_layers)) > 1 or p.pipeline_layout):
+        how = (f"layout {p.pipeline_layout}" if p.pipeline_layout else
+               "embedding / loss counted as layers" if p.account_for_embedding
                or p.account_for_loss else f"first {p.first_stage_layers or 'even'}, last "
                f"{p.last_stage_layers or 'even'}")
         t.add_row("pipeline layout", f"{' '.join(str(n) for n in p.stage_layers)} decoder layers "

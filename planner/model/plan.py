@@ -34,6 +34,7 @@ from planner.model.errors import InfeasibleError, InputError
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_of, optimizer_offload_refusal,
                                       sharding_refusal)
 from planner.model.instance import Instance
+from planner.model.pipeline_layout import check_layout, layout_stages, shortfalls
 from planner.model.rules import violations
 from planner.model.schema import KNOB_DEFAULTS, PIN_CAPS, PlanSpec, overlap_refusal
 
@@ -77,6 +78,10 @@ class Knobs:
     last_short: Any = 0
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    #: a ``[plan] pipeline_layout`` string (Megatron-Core's, :mod:`planner.model.
+    #: pipeline_layout`): the shortfalls above are its first and last virtual stages', as
+    #: with the account flags (never a choice of the search)
+    pipeline_layout: str = ""
     #: set by the search when one of its layouts has a short last stage: the symbolic model
     #: then carries the maximum that decides whether the last stage (with the output layer) or
     #: a middle one is the slowest (not a choice: ignored when comparing knobs)
@@ -147,8 +152,17 @@ class Knobs:
     @property
     def explicit_layout(self) -> bool:
         """First/last counts given as numbers (Megatron ``--decoder-first/last-pipeline-num-
-        layers``), not by counting the embedding / loss as layers."""
-        return self.uneven and not (self.account_for_embedding or self.account_for_loss)
+        layers``), not by counting the embedding / loss as layers nor by a layout string."""
+        return self.uneven and not (self.account_for_embedding or self.account_for_loss
+                                    or self.pipeline_layout)
+
+    @property
+    def chunk_shortfall(self) -> bool:
+        """The first / last rank's shortfall sits in one virtual stage (its first / last
+        chunk: the account flags, a layout string), not spread over the rank's chunks as
+        Megatron's first / last stage counts spread it: the memory of those ranks follows
+        (docs/model.md, "In-flight micro-batches")."""
+        return self.uneven and not self.explicit_layout
 
 
 def plan_label(plan: Mapping[str, Any]) -> str:
@@ -378,6 +392,9 @@ class Plan:
     last_stage_layers: int = 0
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    #: Megatron-Core's layout string (``--pipeline-model-parallel-layout``), exclusive with
+    #: the four above; "" none (:mod:`planner.model.pipeline_layout`)
+    pipeline_layout: str = ""
     #: with recompute = "full": decoder layers of each virtual stage recomputed (Megatron-LM
     #: --recompute-method block --recompute-num-layers); 0: all (Megatron's uniform method)
     recompute_layers: int = 0
@@ -459,7 +476,9 @@ class Plan:
     @property
     def knobs(self) -> Knobs:
         sf, sl = 0, 0
-        if self.first_stage_layers or self.last_stage_layers or self.account_for_embedding \
+        if self.pipeline_layout:
+            sf, sl = shortfalls(self.pipeline_layout)
+        elif self.first_stage_layers or self.last_stage_layers or self.account_for_embedding \
                 or self.account_for_loss:
             if not self.layers:
                 raise ValueError("a plan with a pipeline layout needs its model's layers")
@@ -472,6 +491,7 @@ class Plan:
                      first_short=sf, last_short=sl,
                      account_for_embedding=self.account_for_embedding,
                      account_for_loss=self.account_for_loss,
+                     pipeline_layout=self.pipeline_layout,
                      **{o: getattr(self, o) for o in OVERLAP_KNOBS},
                      recompute_layers=self.recompute_layers,
                      optimizer_offload=self.optimizer_offload,
@@ -530,7 +550,8 @@ class Plan:
         spec["dp_shard_size"] = self.dp_shard_size
         spec["micro_batches"] = self.micro_batches
         spec.pop("distributed_optimizer", None)
-        for k in ("first_stage_layers", "last_stage_layers", "recompute_layers"):
+        for k in ("first_stage_layers", "last_stage_layers", "recompute_layers",
+                  "pipeline_layout"):
             if not spec[k]:
                 del spec[k]
         return spec
@@ -566,6 +587,8 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     f = spec.model_dump()
     f.update({k: v for k, v in overrides.items() if v is not None})
     tp, pp, cp = f["tp"], f["pp"], f["cp"]
+    if f.get("pipeline_layout"):
+        f["vp"] = _layout_vp(inst, spec, f, overrides)
     gpus = inst.gpus
     dp = f["dp"] or max(1, gpus // (tp * pp * cp))
     tb = inst.spec.training.global_batch
@@ -626,10 +649,30 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 last_stage_layers=f["last_stage_layers"] or 0,
                 account_for_embedding=f["account_for_embedding"],
                 account_for_loss=f["account_for_loss"], layers=inst.model.layers,
+                pipeline_layout=f.get("pipeline_layout") or "",
                 **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS},
                 recompute_layers=f["recompute_layers"] or 0,
                 optimizer_offload=_offload_knob(inst, f, "optimizer_offload", False),
                 offload_layers=_offload_knob(inst, f, "offload_layers", 0))
+
+
+def _layout_vp(inst: Instance, spec: PlanSpec, f: dict[str, Any],
+               overrides: dict[str, Any]) -> int:
+    """The virtual pipeline degree of a ``[plan] pipeline_layout``: its stages over ``pp``
+    (Megatron-LM derives it so), which a ``vp`` given beside it must equal. A layout that
+    breaks the rules (:func:`layout_violations`) keeps the ``vp`` given."""
+    text, pp = f["pipeline_layout"], f["pp"]
+    bad = check_layout(text, pp, inst.model.layers, inst.model.mtp_layers)
+    if bad:
+        raise InputError("plan.pipeline_layout: not a layout the model costs", bad)
+    vp = len(layout_stages(text)) // pp
+    flag = overrides.get("vp") is not None
+    given = overrides["vp"] if flag else (spec.vp if "vp" in spec.model_fields_set else None)
+    if given is not None and given != vp:
+        raise InputError(f"{'--vp' if flag else 'plan.vp ='} {given}, but plan.pipeline_layout has "
+                         f"{len(layout_stages(text))} stages over pp = {pp}: vp = {vp} "
+                         "(leave vp out: the layout gives it)")
+    return vp
 
 
 def _offload_knob(inst: Instance, fields: dict[str, Any], name: str, off: Any) -> Any:
@@ -760,6 +803,11 @@ def layout_violations(inst: Instance, plan: Plan) -> list[str]:
     """The pipeline-layout rules a plan breaks (``[plan] first_stage_layers`` ... an input
     error of ``plan evaluate``): the exclusive ways of setting the layout, then the layout rules
     of the rule table (those that read the knobs)."""
+    if plan.pipeline_layout and (plan.account_for_embedding or plan.account_for_loss
+                                 or plan.first_stage_layers or plan.last_stage_layers):
+        return ["plan.pipeline_layout cannot be combined with first_stage_layers / "
+                "last_stage_layers / account_for_embedding / account_for_loss (Megatron-LM: "
+                "the layout string sets the whole split)"]
     if (plan.account_for_embedding or plan.account_for_loss) and (
             plan.first_stage_layers or plan.last_stage_layers):
         return [f"plan.first_stage_layers={plan.first_stage_layers} / last_stage_layers="

@@ -219,7 +219,8 @@ RULES: tuple[Rule, ...] = (
          lambda v, k, kn: (v.pp - 1 if kn is not None and kn.uneven else 1,),
          "an uneven layout needs pp > 1",
          lambda v, k, kn: "an uneven pipeline layout (first_stage_layers / last_stage_layers / "
-                          "account_for_embedding / account_for_loss) needs pp > 1",
+                          "account_for_embedding / account_for_loss / pipeline_layout) needs "
+                          "pp > 1",
          on_knobs=True),
     Rule("layout_ends", "integer", _ends, "explicit first / last counts: positive multiples of vp",
          _ends_message, on_knobs=True, requires=("layers", "layout_pp")),

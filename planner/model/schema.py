@@ -1072,6 +1072,12 @@ class PlanSpec(_Strict):
     account_for_loss: bool = Field(
         default=False, description="the loss / output layer counts as one layer of the pipeline "
         "split (Megatron-LM --account-for-loss-in-pipeline-split)")
+    pipeline_layout: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        default=None, description="Megatron-Core's layout string (Megatron-LM "
+        "--pipeline-model-parallel-layout, e.g. \"Et*4|(t*4|)*14tmL\"): the virtual stages in "
+        "order, | between them, E embedding, t decoder layer, m prediction depth, L loss; "
+        "every stage holds the same decoder layers but the first and the last; vp follows "
+        "from it; exclusive with the four keys above")
     recompute_layers: upto(MAX_LAYERS) | None = Field(
         default=None, description="with recompute = \"full\": layers of each virtual stage "
         "recomputed, the rest keep their activations (Megatron-LM --recompute-method block "

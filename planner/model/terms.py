@@ -1221,6 +1221,19 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                         + eq1(p) * (L - k.offload_layers) * stored + working
                         + (embed_mask if stage == "first" else 0.0))
                 held = gt1(p) * p * flight + eq1(p) * (L - k.offload_layers) / n_layers
+            # an interleaved last rank whose shortfall sits in its last chunk (the account-for-
+            # loss split, a layout string) peaks as if that chunk were whole: past the first p
+            # micro-batches its steady phase runs the next round's first-chunk forward before
+            # the previous round's backward, so the peak holds p micro-batches of every chunk
+            # but the last and one of the first (Megatron-Core's schedule, simulated in
+            # tests/test_pipeline_layout.py; with m = p an upper bound). The even spread above
+            # counts the shortfall out of every chunk: the layers short come back at the
+            # last stage's flight (docs/model.md, "Pipeline layout"). A short first
+            # chunk on the first rank is over-counted by the spread, an upper bound kept
+            chunk = (gt1(v) * k.last_short * p * last_flight
+                     if stage == "last" and k.chunk_shortfall else 0.0)
+            acts = acts + chunk * stored
+            layer_info[f"chunk_{name}"] = chunk
             # the prediction depths' layers, held as the stage's own
             mtp_acts = 0.0
             if mtp_here:
@@ -1476,9 +1489,12 @@ def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             r = np.minimum(k.recompute_layers * x.v, m - s)
             kept = m - s - r
         layers = kept * none.layer[f"stored_{name}"] + r * full.layer[f"stored_{name}"]
+        # (a short last chunk's layers counted as kept, an upper bound: step_terms)
         memory[name]["activations"] = (full.layer[f"held_{name}"] * layers
                                        + full.layer[f"working_{name}"]
-                                       + full.layer[f"extra_{name}"])
+                                       + full.layer[f"extra_{name}"]
+                                       + full.layer[f"chunk_{name}"]
+                                       * none.layer[f"stored_{name}"])
     return Terms(time=time, memory=memory, layer=full.layer)
 
 
