@@ -36,6 +36,7 @@ from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
 from planner.model.instance import (Instance, key_path, unknown_key_words, parse_instance,
                                      read_toml)
+from planner.model.pipeline_layout import shortfalls
 from planner.model.plan import Plan, plan_from_spec, structural_violations
 from planner.model.schema import PlanSpec, Precision
 from planner.model.words import toml_value
@@ -249,7 +250,7 @@ def run_error_problems(exc: InputError, run: dict[str, Any]) -> list[str]:
 
 #: the [plan] keys of an uneven pipeline layout (planner/model/schema.py PlanSpec)
 LAYOUT_KEYS = {"first_stage_layers", "last_stage_layers", "account_for_embedding",
-               "account_for_loss"}
+               "account_for_loss", "pipeline_layout"}
 
 
 def run_instance(data: dict[str, Any], run: dict[str, Any],
@@ -301,15 +302,23 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         parsed = parse_instance(inst, f"run {rid}")
     except InputError as exc:            # (in the runs file's keys, not the instance's)
         raise InputError(f"run {rid}: invalid run", run_error_problems(exc, run)) from None
-    if plan["pp"] > 2 and {"first_stage_layers", "last_stage_layers"} <= set(plan):
+    short = 0
+    if isinstance(plan.get("pipeline_layout"), str):
+        # (a layout string: its first and last virtual stages' shortfalls; one that does not
+        # parse is reported with the plan's other errors)
+        try:
+            short = max(shortfalls(plan["pipeline_layout"]))
+        except ValueError:
+            short = 0
+    elif plan["pp"] > 2 and {"first_stage_layers", "last_stage_layers"} <= set(plan):
         # an uneven split is searched with stages as short as the run's own (DeepSeek-V3's 61
         # layers on 16 stages: 3, 14 x 4, 2), not only the default's one layer short
         middle = (parsed.model.layers - plan["first_stage_layers"]
                   - plan["last_stage_layers"]) / (plan["pp"] - 2)
         short = max(middle - plan["first_stage_layers"], middle - plan["last_stage_layers"])
-        if short > parsed.spec.constraints.max_stage_shortfall and float(short).is_integer():
-            inst["constraints"] = {**inst["constraints"], "max_stage_shortfall": int(short)}
-            parsed = parse_instance(inst, f"run {rid}")
+    if short > parsed.spec.constraints.max_stage_shortfall and float(short).is_integer():
+        inst["constraints"] = {**inst["constraints"], "max_stage_shortfall": int(short)}
+        parsed = parse_instance(inst, f"run {rid}")
     return parsed
 
 
