@@ -40,7 +40,8 @@ def decode_plan(space: SearchSpace, choice: dict[str, int], knobs) -> Plan:
     from planner.model.frameworks import framework_of
     return Plan.from_base(choice, knobs, inst.gpus, inst.nodes, inst.node_size,
                           layers=inst.model.layers, reshard_default=framework_of(
-                              inst.spec.constraints.framework).reshard_after_forward)
+                              inst.spec.constraints.framework).reshard_after_forward,
+                          mtp_layers=inst.model.mtp_layers)
 
 
 def objective_value(report, kind: str) -> float:

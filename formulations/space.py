@@ -257,7 +257,7 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
     alone, any_broken = set(), set()
     for lay in layouts:
         kn = Knobs(first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
-                   account_for_loss=lay[3])
+                   account_for_loss=lay[3], layout_string=lay[4])
         ok = set()
         for p in P:
             for v in V:
@@ -268,6 +268,10 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                     # model's search form (planner/model/terms.py) relies on it
                     continue
                 m = Fraction(sizes.layers + kn.padded_layers, p)
+                if lay[4] and (v == 1 or m / v < max(lay[0], lay[1])):
+                    # a layout string at vp = 1 is the first / last counts' layout, kept
+                    # there; its short stage holds no fewer than zero layers
+                    continue
                 if c.first_stage_layers is not None and m - lay[0] != c.first_stage_layers:
                     continue
                 if c.last_stage_layers is not None and m - lay[1] != c.last_stage_layers:
@@ -278,11 +282,20 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                     # the pins breaks alone, else every one such a candidate breaks)
                     (alone if len(broken) == 1 else any_broken).update(broken)
                     continue
-                if lay[4] and not _recompute_fits(lay, p, v, sizes.layers, c):
+                if lay[5] and not _recompute_fits(lay, p, v, sizes.layers, c):
                     continue
                 ok.add((p, v))
         if ok:
             out[lay] = frozenset(ok)
+    # a layout string where the first / last counts allow the same shortfalls spreads them
+    # less evenly and holds no less on the last stage (the same time, memory no lower:
+    # planner/model/terms.py): it adds plans only at the (P, V) pairs the counts leave out
+    for lay in [lay for lay in out if lay[4]]:
+        spread = out.get(lay[:2] + (False, False, False) + lay[5:], frozenset())
+        if out[lay] - spread:
+            out[lay] = out[lay] - spread
+        else:
+            del out[lay]
     # the model reads only the shortfalls: of two layouts with the same shortfalls, one whose
     # pairs the other also allows adds no plan (explicit 1 / 1 is the account-for-embedding-
     # and-loss layout at vp = 1)
@@ -402,16 +415,18 @@ def _layouts_of(inst: Instance) -> tuple[list[tuple], list[int]]:
 
 
 def _recompute_fits(lay: tuple, p: int, v: int, layers: int, c) -> bool:
-    """Whether the partial-recompute share ``lay[4]`` of a layout holds at ``(p, v)``: the
+    """Whether the partial-recompute share ``lay[5]`` of a layout holds at ``(p, v)``: the
     share of a middle virtual stage is a whole count ``N`` (``recompute_layers``) of at least
     one layer, within ``constraints.max_recompute_layers`` (equal to the pin
     ``recompute_layers``), and the ``N v`` layers each stage recomputes are no more than a
     short first / last stage holds (so every stage recomputes ``N v``: the model's search
     form, planner/model/terms.py)."""
     m = Fraction(layers + lay[0] + lay[1], p)
-    n = lay[4] * m / v
+    n = lay[5] * m / v
     if n.denominator != 1 or n < 1 or n * v > m - max(lay[0], lay[1]):
         return False
+    if lay[4] and n > m / v - max(lay[0], lay[1]):
+        return False                # (a layout string's short stage recomputes n as well)
     if c.recompute_layers is not None and n != c.recompute_layers:
         return False
     return c.max_recompute_layers is None or n <= c.max_recompute_layers
@@ -869,7 +884,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
         shard_choices = [sc for sc in shard_choices if sc[0] != "optim_grads"]
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
-    partial = any(lay[4] for lay in lays)
+    partial = any(lay[5] for lay in lays)
     # Host offload (docs/model.md, "Host offload"; docs/encoding.md): optimizer offload on /
     # off and the offloaded layer count from a small set (plan.offload_choices), kept where
     # the framework runs them (the optimizer with its offload modes, Megatron-Core's
@@ -897,15 +912,16 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
         return [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
                       reshard_after_forward=rf,
                       first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
-                      account_for_loss=lay[3], paced=paced, optimizer_offload=oo,
-                      offload_layers=on, offload_maxes=any(layer_vals), recompute_share=lay[4],
+                      account_for_loss=lay[3], layout_string=lay[4], paced=paced,
+                      optimizer_offload=oo, offload_layers=on, offload_maxes=any(layer_vals),
+                      recompute_share=lay[5],
                       recompute_maxes=partial)
                 for r, s, (mode, rf), lay, (oo, on), *ov in itertools.product(
                     modes, sps, choices, lays, offloads, *overlaps.values())
                 if not (oo and mode not in fw_off.optimizer_offload_modes)
                 and not (on and not fw_off.activation_offload)
-                and not (on and (r != "none" or lay[:4] != (0, 0, False, False)))
-                and not (lay[4] and r != "full")]
+                and not (on and (r != "none" or lay[:5] != (0, 0, False, False, False)))
+                and not (lay[5] and r != "full")]
     combos = knob_combos(sp_vals, shard_choices)
     # what solver.space counts: the same combinations with the values the search leaves out
     # (sequence parallelism off where it is free; plain data parallelism, ZeRO-2), each mode
@@ -924,9 +940,9 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
             f"runs it under {', '.join(pins)}"])
     dims = {"recompute": modes, "sequence_parallel": sp_vals,
             "sharding_choice": tuple(shard_choices),
-            # one dimension: its four fields vary together
-            "layout": tuple(dict.fromkeys(lay[:4] for lay in lays)),
-            "recompute_share": tuple(dict.fromkeys(lay[4] for lay in lays)),
+            # one dimension: its five fields vary together
+            "layout": tuple(dict.fromkeys(lay[:5] for lay in lays)),
+            "recompute_share": tuple(dict.fromkeys(lay[5] for lay in lays)),
             "offload": tuple(dict.fromkeys(k.offload for k in combos)),
             **overlaps}
     caps_on_forms = []

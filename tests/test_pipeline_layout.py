@@ -183,3 +183,33 @@ def test_the_cli_names_what_conflicts(tmp_path):
     path.write_text(BASE + "first_stage_layers = 6\n")
     run = CliRunner().invoke(app, ["evaluate", str(path)])
     assert run.exit_code == 2 and "cannot be combined" in run.output
+
+
+def test_the_search_chooses_nvidias_deepseek_layout_on_every_backend():
+    """DeepSeek-V3 (61 layers, one prediction depth) at MXFP8 on 256 GB200 at PP4 EP64, the
+    layouts up to 3 layers short: the three backends prove the same optimum and plan, at vp = 4
+    with the last stage 3 layers short in its last chunk, NVIDIA's recipe layout (Megatron-
+    Bridge's DeepSeek-V3 (4, 4) map), which no first / last count expresses; the evaluator
+    reproduces the objective, and the plan's [plan] table evaluates to the same step."""
+    from formulations.solve import solve
+    doc = {"model": {"preset": "deepseek-v3", "mtp_layers": 1, "seq_len": 4096},
+           "training": {"global_batch": 4096, "precision": "fp8", "fp8_recipe": "mxfp8",
+                        "fp8_param_gather": True, "grad_reduce_dtype": "bf16",
+                        "moe_token_dispatcher": "hybridep", "optimizer_dtype": "bf16",
+                        "main_params_dtype": "fp32", "selective_recompute": "mla_up_proj"},
+           "cluster": {"gpu": "gb200", "gpus": 256},
+           "constraints": {"framework": "nemo", "max_stage_shortfall": 3, "pp": 4, "ep": 64,
+                           "recompute": "selective"}}
+    inst = parse_instance(doc)
+    got = {s: solve(inst, solver=s) for s in ("cpsat", "highs", "enumerate")}
+    plans = {s: r.report.plan for s, r in got.items()}
+    assert plans["cpsat"] == plans["highs"] == plans["enumerate"]
+    plan = plans["cpsat"]
+    assert plan.vp == 4 and plan.pipeline_layout == "Et*4|(t*4|)*14t*1mL"
+    assert plan.stage_layers == [16, 16, 16, 13]
+    steps = {s: r.report.step_time_s for s, r in got.items()}
+    assert steps["highs"] == pytest.approx(steps["cpsat"], rel=1e-9)
+    assert steps["enumerate"] == pytest.approx(steps["cpsat"], rel=1e-9)
+    again = parse_instance({**doc, "plan": plan.to_spec()})
+    rep = evaluate(again, plan_from_spec(again, again.spec.plan), spec=again.spec.plan)
+    assert rep.step_time_s == pytest.approx(steps["cpsat"], rel=1e-12)

@@ -71,6 +71,19 @@ def _full(per: list[int]) -> int:
     return inner[0] if inner else max(per)
 
 
+def layout_text(layers: int, mtp_layers: int, pp: int, vp: int, first_short: int,
+                last_short: int) -> str:
+    """The layout string of the model's family: ``pp * vp`` stages of
+    ``c = (layers + first_short + last_short) / (pp vp)`` decoder layers, the first
+    ``first_short`` and the last ``last_short`` fewer, the embedding in the first and the
+    prediction depths and the loss in the last (``Et*4|(t*4|)*14t*1mL`` for 61 layers and one
+    depth at 16 stages, shortfalls 0 and 3: NVIDIA's DeepSeek-V3 layout)."""
+    n = pp * vp
+    c = (layers + first_short + last_short) // n
+    middle = f"(t*{c}|)*{n - 2}" if n > 2 else ""
+    return f"Et*{c - first_short}|{middle}t*{c - last_short}{'m' * mtp_layers}L"
+
+
 def check_layout(text: str, pp: int, layers: int, mtp_layers: int) -> list[str]:
     """The rules a ``[plan] pipeline_layout`` breaks, as sentences naming the numbers: the
     grammar, Megatron-Core's checks (the stage count a multiple of ``pp``; the embedding first

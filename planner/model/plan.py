@@ -34,7 +34,7 @@ from planner.model.errors import InfeasibleError, InputError
 from planner.model.frameworks import (OVERLAP_KNOBS, framework_of, optimizer_offload_refusal,
                                       sharding_refusal)
 from planner.model.instance import Instance
-from planner.model.pipeline_layout import check_layout, layout_stages, shortfalls
+from planner.model.pipeline_layout import check_layout, layout_stages, layout_text, shortfalls
 from planner.model.rules import violations
 from planner.model.schema import KNOB_DEFAULTS, PIN_CAPS, PlanSpec, overlap_refusal
 
@@ -78,10 +78,11 @@ class Knobs:
     last_short: Any = 0
     account_for_embedding: bool = False
     account_for_loss: bool = False
-    #: a ``[plan] pipeline_layout`` string (Megatron-Core's, :mod:`planner.model.
-    #: pipeline_layout`): the shortfalls above are its first and last virtual stages', as
-    #: with the account flags (never a choice of the search)
-    pipeline_layout: str = ""
+    #: the shortfalls above sit in the first / last virtual stage and the plan writes its
+    #: split as Megatron-Core's layout string (:mod:`planner.model.pipeline_layout`): a
+    #: ``[plan] pipeline_layout``, or a layout of the search (shortfalls of 2 or more, at
+    #: vp > 1; the account flags are the shortfalls of 1)
+    layout_string: bool = False
     #: set by the search when one of its layouts has a short last stage: the symbolic model
     #: then carries the maximum that decides whether the last stage (with the output layer) or
     #: a middle one is the slowest (not a choice: ignored when comparing knobs)
@@ -136,9 +137,9 @@ class Knobs:
 
     @property
     def layout(self) -> tuple:
-        """The four layout fields, one categorical dimension of the search."""
+        """The five layout fields, one categorical dimension of the search."""
         return (self.first_short, self.last_short, self.account_for_embedding,
-                self.account_for_loss)
+                self.account_for_loss, self.layout_string)
 
     @property
     def padded_layers(self) -> Any:
@@ -154,7 +155,7 @@ class Knobs:
         """First/last counts given as numbers (Megatron ``--decoder-first/last-pipeline-num-
         layers``), not by counting the embedding / loss as layers nor by a layout string."""
         return self.uneven and not (self.account_for_embedding or self.account_for_loss
-                                    or self.pipeline_layout)
+                                    or self.layout_string)
 
     @property
     def chunk_shortfall(self) -> bool:
@@ -177,11 +178,13 @@ def plan_label(plan: Mapping[str, Any]) -> str:
     return s + f" mb{plan['micro_batch']}"
 
 
-def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool]]:
+def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool, bool]]:
     """The pipeline layouts the search considers, as ``(first_short, last_short,
-    account_for_embedding, account_for_loss)``: the even split; each first / last shortfall up
-    to ``constraints.max_stage_shortfall`` (Megatron-LM's first / last stage counts); and the
-    embedding and / or loss counted as a layer. The ``[constraints]`` pins on the account flags
+    account_for_embedding, account_for_loss, layout_string)``: the even split; each first /
+    last shortfall up to ``constraints.max_stage_shortfall`` (Megatron-LM's first / last stage
+    counts); the embedding and / or loss counted as a layer; and shortfalls of 2 or more in
+    the first / last virtual stage alone, a layout string (the search keeps these at vp > 1,
+    where they differ from the first / last counts). The ``[constraints]`` pins on the account flags
     keep or drop those; pins on the first / last counts are checked per pipeline degree by the
     search (they depend on it)."""
     c = inst.spec.constraints
@@ -195,9 +198,14 @@ def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool]]:
                 continue
             if ae or al:
                 if k >= 1 and c.first_stage_layers is None and c.last_stage_layers is None:
-                    out.append((int(ae), int(al), ae, al))
+                    out.append((int(ae), int(al), ae, al, False))
                 continue
-            out += [(sf, sl, False, False) for sf in range(k + 1) for sl in range(k + 1)]
+            out += [(sf, sl, False, False, False) for sf in range(k + 1) for sl in range(k + 1)]
+    if not (c.account_for_embedding or c.account_for_loss):
+        # the same shortfalls in the first / last virtual stage alone, written as a layout
+        # string (the account flags are the shortfalls of one)
+        out += [(sf, sl, False, False, True) for sf in range(k + 1) for sl in range(k + 1)
+                if max(sf, sl) >= 2]
     return out
 
 
@@ -443,7 +451,8 @@ class Plan:
 
     @staticmethod
     def from_base(x, knobs: Knobs, gpus: int, nodes: int, node_size: int,
-                  layers: int = 0, reshard_default: tuple[bool, bool] = (True, False)) -> Plan:
+                  layers: int = 0, reshard_default: tuple[bool, bool] = (True, False),
+                  mtp_layers: int = 0) -> Plan:
         """Decode an assignment of the base variables (a solver's answer) into a plan on
         ``nodes`` hosts whose NVLink segments hold ``node_size`` GPUs."""
         g = Grid.from_base(x, gpus, node_size)
@@ -455,7 +464,11 @@ class Plan:
         if reshard is None:          # the framework's policy: (without pipelining, with it)
             reshard = reshard_default[grid["pp"] > 1]
         first = last = 0
-        if knobs.explicit_layout:          # Megatron's counts from the search's shortfalls
+        text = ""
+        if knobs.layout_string:            # the layout string of the search's shortfalls
+            text = layout_text(layers, mtp_layers, grid["pp"], grid["vp"],
+                               int(knobs.first_short), int(knobs.last_short))
+        elif knobs.explicit_layout:        # Megatron's counts from the search's shortfalls
             m = (layers + knobs.padded_layers) // grid["pp"]
             first = m - knobs.first_short if knobs.first_short else 0
             last = m - knobs.last_short if knobs.last_short else 0
@@ -465,6 +478,7 @@ class Plan:
                     first_stage_layers=first, last_stage_layers=last,
                     account_for_embedding=knobs.account_for_embedding,
                     account_for_loss=knobs.account_for_loss, layers=layers,
+                    pipeline_layout=text,
                     recompute_layers=knobs.recompute_layers or int(
                         knobs.recompute_share * (layers + knobs.padded_layers)
                         / (grid["pp"] * grid["vp"])), dp_sharding=knobs.dp_sharding,
@@ -491,7 +505,7 @@ class Plan:
                      first_short=sf, last_short=sl,
                      account_for_embedding=self.account_for_embedding,
                      account_for_loss=self.account_for_loss,
-                     pipeline_layout=self.pipeline_layout,
+                     layout_string=bool(self.pipeline_layout),
                      **{o: getattr(self, o) for o in OVERLAP_KNOBS},
                      recompute_layers=self.recompute_layers,
                      optimizer_offload=self.optimizer_offload,
