@@ -143,6 +143,7 @@ def test_exports_write_the_layout_string():
     ("Et|(tt|)*6ttL", "15 decoder layers (t), but the model has layers=14"),
     ("t|E(tt|)*6L", "the embedding (E) comes once, first"),
     ("Et|tt|t|ttt|(tt|)*3tL", "the model costs layouts whose stages hold the same number"),
+    ("Et|(tt|)*999999999tL", "repeats more than 100000 times"),
 ])
 def test_a_layout_the_model_does_not_cost_is_an_input_error(text, words):
     with pytest.raises(InputError) as exc:

@@ -23,6 +23,10 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+#: the largest repeat count read (a model has far fewer layers; a larger one is refused
+#: before it is unrolled)
+MAX_REPEAT = 100_000
+
 #: the layer characters of Megatron-Core's layout strings
 LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 
@@ -34,6 +38,9 @@ def layout_stages(text: str) -> tuple[str, ...]:
     dropped). Raises ValueError naming the first character that is not a layer."""
     s = text.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        for x in re.finditer(pattern, s):
+            if int(x.group(2)) > MAX_REPEAT:
+                raise ValueError(f"{x.group(0)!r} repeats more than {MAX_REPEAT} times")
         s = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), s)
     stages = tuple(s.split("|"))
     for st in stages:

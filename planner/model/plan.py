@@ -161,8 +161,8 @@ class Knobs:
     def chunk_shortfall(self) -> bool:
         """The first / last rank's shortfall sits in one virtual stage (its first / last
         chunk: the account flags, a layout string), not spread over the rank's chunks as
-        Megatron's first / last stage counts spread it: the memory of those ranks follows
-        (docs/model.md, "In-flight micro-batches")."""
+        Megatron's first / last stage counts spread it: the memory of the last rank follows
+        (docs/model.md, "Pipeline layout")."""
         return self.uneven and not self.explicit_layout
 
 
@@ -673,8 +673,9 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
 def _layout_vp(inst: Instance, spec: PlanSpec, f: dict[str, Any],
                overrides: dict[str, Any]) -> int:
     """The virtual pipeline degree of a ``[plan] pipeline_layout``: its stages over ``pp``
-    (Megatron-LM derives it so), which a ``vp`` given beside it must equal. A layout that
-    breaks the rules (:func:`layout_violations`) keeps the ``vp`` given."""
+    (Megatron-LM derives it so), which a ``vp`` given beside it (in ``[plan]`` or ``--vp``)
+    must equal. A string that breaks a rule of :func:`~planner.model.pipeline_layout.
+    check_layout` is an input error naming each."""
     text, pp = f["pipeline_layout"], f["pp"]
     bad = check_layout(text, pp, inst.model.layers, inst.model.mtp_layers)
     if bad:
