@@ -214,3 +214,5 @@ def test_the_search_chooses_nvidias_deepseek_layout_on_every_backend():
     again = parse_instance({**doc, "plan": plan.to_spec()})
     rep = evaluate(again, plan_from_spec(again, again.spec.plan), spec=again.spec.plan)
     assert rep.step_time_s == pytest.approx(steps["cpsat"], rel=1e-12)
+    # the launch carries the string the search chose
+    assert "pipeline_model_parallel_layout: Et*4|(t*4|)*14t*1mL" in emit(inst, plan, "nemo")
