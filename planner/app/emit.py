@@ -193,7 +193,8 @@ from collections.abc import Callable
 from planner.model.errors import InputError
 from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, compiled_loss,
                                       cp_exchange, framework_violations, offload_violations,
-                                      sharding_refusal, te_holds_master, torchao_float8)
+                                      on_megatron_core, sharding_refusal, te_holds_master,
+                                      torchao_float8)
 from planner.model.terms import (LOW_PRECISIONS, keeps_remainders, reduce_dtype,
                                   selective_recompute)
 from planner.model.instance import Instance
@@ -235,7 +236,7 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
     if refused:
         problems.append(refused)
     m = inst.model
-    if fmt in ("megatron", "nemo") and m.moe and m.shared_experts and m.linear_bias:
+    if on_megatron_core(fmt) and m.moe and m.shared_experts and m.linear_bias:
         problems.append("shared_experts with linear_bias = true: Megatron-Core builds shared "
                         "experts without biases (SharedExpertMLP asserts add_bias_linear is "
                         "false, moe/shared_experts.py); set [model] linear_bias = false")
@@ -1181,7 +1182,7 @@ def _fp8_library_note(inst: Instance, fmt: str) -> str | None:
                 "torchao's float8); the plan costs Transformer Engine's, which hold other "
                 "weight copies and linear inputs (docs/model.md, \"FP8\"): expect the memory "
                 "to differ from the plan's")
-    if fmt in ("megatron", "nemo") and torchao:
+    if on_megatron_core(fmt) and torchao:
         return ("fp8_library torchao: cannot express (Megatron-Core's FP8 linears are "
                 "Transformer Engine's); the plan costs torchao's float8, which holds other "
                 "weight copies and linear inputs (docs/model.md, \"FP8\"): expect the memory "

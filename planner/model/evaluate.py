@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.model.catalog import GiB
-from planner.model.frameworks import DEFAULT_FRAMEWORK
+from planner.model.frameworks import DEFAULT_FRAMEWORK, on_megatron_core
 from planner.model.instance import Instance
 from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
@@ -267,7 +267,7 @@ def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = No
     if gpu.caveat:
         out.append(f"{gpu.key}: {gpu.caveat}")
     if plan is not None and pp_step is not None and step_s and \
-            (inst.spec.constraints.framework or DEFAULT_FRAMEWORK) in ("megatron", "nemo"):
+            on_megatron_core(inst.spec.constraints.framework):
         newer = p2p_since_4047_caveat(plan, pp_step, inst.hw.overlap_slowdown, step_s)
         if newer:
             out.append(newer)

@@ -30,6 +30,9 @@ class Framework:
 
     name: str
     label: str                      # as the user reads it
+    #: it builds the model from Megatron-Core (Transformer Engine's layers, its recompute
+    #: modules, context-parallel exchanges and pipeline schedules): Megatron-LM and NeMo
+    megatron_core: bool = False
     #: the overlap switches it turns on when the user does not say (docs/model.md, "Overlap")
     overlap_defaults: tuple[tuple[str, bool], ...] = ()
     #: the overlap switches its configuration can turn on (the others it cannot run)
@@ -293,7 +296,7 @@ BF16_MOMENTS_SOURCE = ("Megatron-Core's precision-aware optimizer (--use-precisi
                        "OptimizerConfig")
 
 FRAMEWORKS: dict[str, Framework] = {
-    "megatron": Framework("megatron", "Megatron-LM",
+    "megatron": Framework("megatron", "Megatron-LM", megatron_core=True,
                           overlap_defaults=(("overlap_p2p_comm", True),),
                           reduce_every_microbatch=(True, True), chunked_grad_sync=True,
                           overlaps_expressible=OVERLAP_KNOBS, grad_bucket_params=40_000_000,
@@ -306,7 +309,7 @@ FRAMEWORKS: dict[str, Framework] = {
                           fp8_param_gather_modes=("optim", "optim_grads", "optim_grads_params"),
                           param_remainders_source=_MEGATRON_REMAINDERS,
                           validate_args_overlaps=True),
-    "nemo": Framework("nemo", "NeMo", reduce_every_microbatch=(True, True),
+    "nemo": Framework("nemo", "NeMo", megatron_core=True, reduce_every_microbatch=(True, True),
                       chunked_grad_sync=True,
                       overlap_defaults=(("overlap_grad_reduce", True),
                                         ("overlap_param_gather", True),
@@ -412,6 +415,12 @@ DEFAULT_FRAMEWORK = "megatron"
 def framework_of(name: str | None) -> Framework:
     """The framework an instance names, or the default one."""
     return FRAMEWORKS[name or DEFAULT_FRAMEWORK]
+
+
+def on_megatron_core(name: str | None) -> bool:
+    """Whether the framework an instance names (None: the default, Megatron-LM) builds its
+    model from Megatron-Core (:attr:`Framework.megatron_core`)."""
+    return framework_of(name).megatron_core
 
 
 def grad_reduce_dtype(name: str | None, precision: str) -> str:
@@ -524,7 +533,7 @@ def cp_exchange(training, framework: str | None) -> str:
     torchtitan's and DeepSpeed's plans run their own, costed as the p2p ring (a pinned
     framework with another exchange is an input error; ``plan solve --emit`` searches under
     that framework's rules, this one among them)."""
-    return training.cp_comm_type if framework in (None, "megatron", "nemo") else "p2p"
+    return training.cp_comm_type if on_megatron_core(framework) else "p2p"
 
 
 def torchao_float8(training, framework: str | None) -> bool:
@@ -726,7 +735,7 @@ def optimizer_offload_refusal(training, name: str | None) -> str | None:
     asserts "When `--fp8-param-gather` is enabled, the optimizer cpu offload must be used in
     conjunction with `--fp8-recipe delayed`" (its default recipe; the planner's None)."""
     fw = framework_of(name)
-    if (fw.name in ("megatron", "nemo") and training.fp8_param_gather
+    if (fw.megatron_core and training.fp8_param_gather
             and not delayed_scaling(training)):
         return (f"optimizer_offload = true with training.fp8_param_gather = true needs "
                 f"fp8_recipe = \"delayed\", not \"{training.fp8_recipe}\" (Megatron-LM "

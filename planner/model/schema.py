@@ -16,7 +16,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, WrapValidat
                       field_validator, model_validator)
 
 from planner.model.frameworks import (FRAMEWORKS, OVERLAP_KNOBS, SHARDING_MODES, FrameworkName,
-                                      delayed_scaling, param_gather_refusal, te_holds_master)
+                                      delayed_scaling, on_megatron_core, param_gather_refusal,
+                                      te_holds_master)
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 Recompute = Literal["none", "selective", "full"]
@@ -1170,7 +1171,7 @@ class InstanceSpec(_Strict):
                              "models only (how tokens reach their experts), and model.experts "
                              "= 0 is a dense model: set model.experts, or remove it")
         if (self.training.cp_comm_type != "p2p"
-                and self.constraints.framework not in (None, "megatron", "nemo")):
+                and not on_megatron_core(self.constraints.framework)):
             raise ValueError(f"training.cp_comm_type \"{self.training.cp_comm_type}\" is "
                              "Megatron-Core's (Transformer Engine's) exchange; constraints."
                              f"framework = \"{self.constraints.framework}\" runs its own "
@@ -1207,7 +1208,7 @@ class InstanceSpec(_Strict):
                              "its default recipe (TransformerConfig); set training.fp8_recipe "
                              "= \"tensorwise\" or \"mxfp8\", or other modules")
         if ((isinstance(sel, list) or "mla_up_proj" in modules)
-                and self.constraints.framework not in (None, "megatron", "nemo")):
+                and not on_megatron_core(self.constraints.framework)):
             raise ValueError(f"{said} names Megatron-Core recompute modules; constraints."
                              f"framework = \"{self.constraints.framework}\" has none: use "
                              "its own selective recompute")
