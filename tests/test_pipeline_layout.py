@@ -137,17 +137,19 @@ def test_exports_write_the_layout_string():
     assert "cannot express: torchtitan splits" not in titan
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("Et|(tt|)*6tX", "'X' is not a layer character"),
-    ("Et|(tt|)*5tL", "7 stages, not a multiple of pp=2"),
-    ("Et|(tt|)*6ttL", "15 decoder layers (t), but the model has layers=14"),
-    ("t|E(tt|)*6L", "the embedding (E) comes once, first"),
-    ("Et|tt|t|ttt|(tt|)*3tL", "the model costs layouts whose stages hold the same number"),
-    ("Et|(tt|)*999999999tL", "repeats more than 100000 times"),
+@pytest.mark.parametrize(("text", "layers", "words"), [
+    ("Et|(tt|)*6tX", 14, "'X' is not a layer character"),
+    ("Et|(tt|)*5tL", 14, "7 stages, not a multiple of pp=2"),
+    ("Et|(tt|)*6ttL", 14, "15 decoder layers (t), but the model has layers=14"),
+    ("t|E(tt|)*6L", 14, "the embedding (E) comes once, first"),
+    ("Et|tt|t|ttt|(tt|)*3tL", 14, "the model costs layouts whose stages hold the same number"),
+    ("Et|(tt|)*999999999tL", 14, "repeats more than 100000 times"),
+    ("E(t*99999|)*99999L", 14, "unrolls to more than 1000000 characters"),
+    ("Et*4|(tt|)*6ttL", 18, "its first and last stages hold 4 and 2 decoder layers, the others 2"),
 ])
-def test_a_layout_the_model_does_not_cost_is_an_input_error(text, words):
+def test_a_layout_the_model_does_not_cost_is_an_input_error(text, layers, words):
     with pytest.raises(InputError) as exc:
-        inst = _inst({"pipeline_layout": text})
+        inst = _inst({"pipeline_layout": text}, layers=layers)
         plan_from_spec(inst, inst.spec.plan)
     assert words in " ".join([str(exc.value), *exc.value.problems])
 
@@ -206,7 +208,8 @@ def test_the_search_chooses_nvidias_deepseek_layout_on_every_backend():
     plans = {s: r.report.plan for s, r in got.items()}
     assert plans["cpsat"] == plans["highs"] == plans["enumerate"]
     plan = plans["cpsat"]
-    assert plan.vp == 4 and plan.pipeline_layout == "Et*4|(t*4|)*14t*1mL"
+    # (the string as NVIDIA's recipes write it)
+    assert plan.vp == 4 and plan.pipeline_layout == "Et*4|(t*4|)*14tmL"
     assert plan.stage_layers == [16, 16, 16, 13]
     steps = {s: r.report.step_time_s for s, r in got.items()}
     assert steps["highs"] == pytest.approx(steps["cpsat"], rel=1e-9)
@@ -215,4 +218,39 @@ def test_the_search_chooses_nvidias_deepseek_layout_on_every_backend():
     rep = evaluate(again, plan_from_spec(again, again.spec.plan), spec=again.spec.plan)
     assert rep.step_time_s == pytest.approx(steps["cpsat"], rel=1e-12)
     # the launch carries the string the search chose
-    assert "pipeline_model_parallel_layout: Et*4|(t*4|)*14t*1mL" in emit(inst, plan, "nemo")
+    assert "pipeline_model_parallel_layout: Et*4|(t*4|)*14tmL" in emit(inst, plan, "nemo")
+    # a pinned last stage count is Megatron's flag: the search then writes no string
+    from planner.model.plan import layout_choices
+    assert any(lay[4] for lay in layout_choices(inst))
+    pinned = parse_instance({**doc, "constraints": {**doc["constraints"],
+                                                   "last_stage_layers": 16}})
+    assert not any(lay[4] for lay in layout_choices(pinned))
+
+
+def test_several_stages_at_pp1_is_an_input_error():
+    with pytest.raises(InputError) as exc:
+        inst = _inst({"pipeline_layout": "Et*7|t*7L", "pp": 1})
+        plan_from_spec(inst, inst.spec.plan)
+    assert "2 stages at pp=1" in " ".join(exc.value.problems)
+
+
+def test_a_partial_recompute_fits_a_strings_short_stage_on_every_backend():
+    """62 layers at PP4 VP4 with full recompute of part of each virtual stage: the string with
+    a last stage 2 layers short holds the count only where that stage holds it too (Megatron's
+    block method recomputes the first N layers of every stage); the backends agree."""
+    from formulations.solve import solve
+    doc = json.loads(json.dumps(DENSE))
+    doc["model"].update(layers=62, hidden=1024, heads=8)
+    doc["cluster"]["gpus"] = 16
+    doc["constraints"] = {"pp": 4, "vp": 4, "recompute": "full", "max_stage_shortfall": 2,
+                          "tp": 1, "memory_reserve_GiB": 2.0}
+    inst = parse_instance(doc)
+    got = {s: solve(inst, solver=s).report for s in ("cpsat", "highs", "enumerate")}
+    plans = {s: r.plan for s, r in got.items()}
+    assert plans["cpsat"] == plans["highs"] == plans["enumerate"]
+    plan = plans["cpsat"]
+    stages = [st.count("t") for st in layout_stages(plan.pipeline_layout)] \
+        if plan.pipeline_layout else []
+    assert not stages or plan.recompute_layers <= min(stages)
+    assert got["highs"].step_time_s == pytest.approx(got["cpsat"].step_time_s, rel=1e-9)
+    assert got["enumerate"].step_time_s == pytest.approx(got["cpsat"].step_time_s, rel=1e-9)

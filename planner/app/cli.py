@@ -327,7 +327,8 @@ def evaluate(
         if bad_layout:
             raise InputError("[plan]: " + "; ".join(bad_layout) + " (the flags --first-stage-"
                              "layers, --last-stage-layers, --account-for-embedding, "
-                             "--account-for-loss and --recompute-layers override [plan])")
+                             "--account-for-loss and --recompute-layers override [plan]"
+                             + (f"; {dropped}" if dropped else "") + ")")
         rep = run_evaluate(inst, plan, spec=spec)
         best = None
         if vs_optimum:

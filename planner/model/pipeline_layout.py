@@ -14,7 +14,7 @@ The grammar and Megatron-Core's own checks follow megatron/core/transformer/
 pipeline_parallel_layer_layout.py (``parse_str_to_list``, ``validate_layer_layout``; since
 Megatron-LM 77732c3628, June 2025). The model costs the layouts of one family
 (:func:`check_layout`): every stage holds the same number of decoder layers but the first
-(with the embedding) and the last (with the loss), which may hold fewer. That is the family of
+(with the embedding) and the last (with the loss), which may hold fewer (never more). That is the family of
 Megatron-LM's ``account_for_embedding`` / ``account_for_loss`` split, where the short stage is
 one layer short, with any shortfall (docs/model.md, "Pipeline layout")."""
 
@@ -26,6 +26,8 @@ from functools import lru_cache
 #: the largest repeat count read (a model has far fewer layers; a larger one is refused
 #: before it is unrolled)
 MAX_REPEAT = 100_000
+#: the longest unrolled string read (a million stages or layers)
+MAX_UNROLLED = 1_000_000
 
 #: the layer characters of Megatron-Core's layout strings
 LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
@@ -38,9 +40,14 @@ def layout_stages(text: str) -> tuple[str, ...]:
     dropped). Raises ValueError naming the first character that is not a layer."""
     s = text.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        grown = len(s)
         for x in re.finditer(pattern, s):
             if int(x.group(2)) > MAX_REPEAT:
                 raise ValueError(f"{x.group(0)!r} repeats more than {MAX_REPEAT} times")
+            grown += len(x.group(1)) * int(x.group(2)) - len(x.group(0))
+        if grown > MAX_UNROLLED:
+            # (a group of repeats repeated: each count small, their product not)
+            raise ValueError(f"it unrolls to more than {MAX_UNROLLED} characters")
         s = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), s)
     stages = tuple(s.split("|"))
     for st in stages:
@@ -83,12 +90,17 @@ def layout_text(layers: int, mtp_layers: int, pp: int, vp: int, first_short: int
     """The layout string of the model's family: ``pp * vp`` stages of
     ``c = (layers + first_short + last_short) / (pp vp)`` decoder layers, the first
     ``first_short`` and the last ``last_short`` fewer, the embedding in the first and the
-    prediction depths and the loss in the last (``Et*4|(t*4|)*14t*1mL`` for 61 layers and one
+    prediction depths and the loss in the last (``Et*4|(t*4|)*14tmL`` for 61 layers and one
     depth at 16 stages, shortfalls 0 and 3: NVIDIA's DeepSeek-V3 layout)."""
     n = pp * vp
     c = (layers + first_short + last_short) // n
-    middle = f"(t*{c}|)*{n - 2}" if n > 2 else ""
-    return f"Et*{c - first_short}|{middle}t*{c - last_short}{'m' * mtp_layers}L"
+    middle = f"({_ts(c)}|)*{n - 2}" if n > 2 else ""
+    return f"E{_ts(c - first_short)}|{middle}{_ts(c - last_short)}{'m' * mtp_layers}L"
+
+
+def _ts(n: int) -> str:
+    """``n`` decoder layers as the recipes write them: ``t*4``, ``t``, nothing."""
+    return f"t*{n}" if n > 1 else "t" * n
 
 
 def check_layout(text: str, pp: int, layers: int, mtp_layers: int) -> list[str]:
@@ -126,9 +138,15 @@ def check_layout(text: str, pp: int, layers: int, mtp_layers: int) -> list[str]:
         return out
     per = [st.count("t") for st in stages]
     full = _full(per)
-    odd = sorted({n for n in per[1:-1] if n != full})
-    if odd:
+    if any(n != full for n in per[1:-1]):
         out.append(f"{said}: its stages hold {', '.join(map(str, sorted(set(per[1:-1]))))} "
                    "decoder layers; the model costs layouts whose stages hold the same number "
                    "but the first and the last (docs/model.md, \"Pipeline layout\")")
+    elif max(per[0], per[-1]) > full:
+        out.append(f"{said}: its first and last stages hold {per[0]} and {per[-1]} decoder "
+                   f"layers, the others {full}; the model costs end stages that hold no more "
+                   "than the others (docs/model.md, \"Pipeline layout\")")
+    if pp == 1 and len(stages) > 1:
+        out.append(f"{said}: {len(stages)} stages at pp=1 would interleave one pipeline rank "
+                   "(vp > 1 needs pp > 1); give pp, or one stage")
     return out

@@ -201,9 +201,11 @@ def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool, bool]]:
                     out.append((int(ae), int(al), ae, al, False))
                 continue
             out += [(sf, sl, False, False, False) for sf in range(k + 1) for sl in range(k + 1)]
-    if not (c.account_for_embedding or c.account_for_loss):
+    if not (c.account_for_embedding or c.account_for_loss) and c.first_stage_layers is None \
+            and c.last_stage_layers is None:
         # the same shortfalls in the first / last virtual stage alone, written as a layout
-        # string (the account flags are the shortfalls of one)
+        # string (the account flags are the shortfalls of one; a pinned first / last count is
+        # Megatron's flag, which a string replaces)
         out += [(sf, sl, False, False, True) for sf in range(k + 1) for sl in range(k + 1)
                 if max(sf, sl) >= 2]
     return out
