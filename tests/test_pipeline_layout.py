@@ -188,6 +188,27 @@ def test_the_cli_names_what_conflicts(tmp_path):
     assert run.exit_code == 2 and "cannot be combined" in run.output
 
 
+def test_the_pipeline_layout_flag_replaces_the_plans_layout(tmp_path):
+    """--pipeline-layout on a [plan] with the account flags and vp: the same split, the same
+    report, and a note of what it replaced; beside a layout flag it is an input error."""
+    flags = BASE.replace('pipeline_layout = "Et|(tt|)*6tL"\n',
+                         "vp = 4\naccount_for_embedding = true\naccount_for_loss = true\n")
+    path = tmp_path / "flags.toml"
+    path.write_text(flags)
+    a = CliRunner().invoke(app, ["evaluate", str(path), "--json"])
+    b = CliRunner().invoke(app, ["evaluate", str(path), "--json",
+                                 "--pipeline-layout", "Et|(tt|)*6tL"])
+    assert a.exit_code == b.exit_code == 0, (a.output, b.output)
+    da, db = json.loads(a.stdout), json.loads(b.stdout)
+    assert db["plan"]["pipeline_layout"] == "Et|(tt|)*6tL" and db["plan"]["vp"] == 4
+    assert db["step_time_s"] == pytest.approx(da["step_time_s"], rel=1e-12)
+    said = CliRunner().invoke(app, ["evaluate", str(path), "--pipeline-layout", "Et|(tt|)*6tL"])
+    assert "drops [plan] account_for_embedding, account_for_loss, vp" in said.output
+    both = CliRunner().invoke(app, ["evaluate", str(path), "--pipeline-layout", "Et|(tt|)*6tL",
+                                    "--first-stage-layers", "6"])
+    assert both.exit_code == 2 and "--pipeline-layout and --first-stage-layers" in both.output
+
+
 def test_the_search_chooses_nvidias_deepseek_layout_on_every_backend():
     """DeepSeek-V3 (61 layers, one prediction depth) at MXFP8 on 256 GB200 at PP4 EP64, the
     layouts up to 3 layers short: the three backends prove the same optimum and plan, at vp = 4

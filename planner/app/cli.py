@@ -236,6 +236,9 @@ def evaluate(
     recompute_layers: Annotated[int | None, typer.Option(
         min=0, help="with --recompute full: layers of each virtual stage recomputed (0: all)")
     ] = None,
+    pipeline_layout: Annotated[str | None, typer.Option(
+        help="Megatron-Core's layout string, e.g. 'Et*4|(t*4|)*14tmL' (vp follows from it; "
+        "replaces [plan]'s first / last stage counts and account flags)")] = None,
     nodes: NodesOpt = None,
     vs_optimum: Annotated[bool, typer.Option(
         "--vs-optimum", help="also solve for the optimum and print how far this plan is")
@@ -297,7 +300,28 @@ def evaluate(
                                        ("--last-stage-layers", last_stage_layers),
                                        ("--account-for-embedding", account_for_embedding),
                                        ("--account-for-loss", account_for_loss)) if v]
-        if layout_flags and spec.pipeline_layout:
+        if pipeline_layout is not None:
+            # the string sets the whole split: it replaces [plan]'s other layout keys (and its
+            # own string), as Megatron-LM refuses the two side by side
+            if layout_flags:
+                raise InputError(f"--pipeline-layout and {' '.join(layout_flags)}: the layout "
+                                 "string sets the whole split (Megatron-LM refuses the two side "
+                                 "by side); give one")
+            keys = [k for k in ("first_stage_layers", "last_stage_layers",
+                                "account_for_embedding", "account_for_loss", "vp")
+                    if getattr(spec, k) and k in spec.model_fields_set
+                    and not (k == "vp" and vp is not None)]
+            if keys:
+                said = (f"--pipeline-layout drops [plan] {', '.join(keys)} (the string sets "
+                        "the split and the virtual stages)")
+                dropped = f"{dropped}; {said}" if dropped else said
+            if not 0 < len(pipeline_layout) <= 4096:
+                raise InputError("--pipeline-layout: expected a layout string of 1 to 4096 "
+                                 f"characters, got {len(pipeline_layout)}")
+            kept = {k: v for k, v in spec.model_dump(exclude_unset=True).items()
+                    if k not in keys and k != "pipeline_layout"}
+            spec = PlanSpec(**kept, pipeline_layout=pipeline_layout)
+        elif layout_flags and spec.pipeline_layout:
             # a layout string sets the whole split: the flags replace it, as Megatron-LM
             # refuses the two side by side
             said = (f"{' '.join(layout_flags)} drops [plan] pipeline_layout = "
