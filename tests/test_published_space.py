@@ -55,16 +55,15 @@ def test_published_plan_is_in_the_search_space(run):
 def _one_per_setting(runs):
     """The first run of each source, model, GPU type and precision: the scaling rows of one
     table (the same plan at more data-parallel ranks) test the search the same way, and so do
-    the rows of a later release of the same summaries that repeat a run's model, GPU,
-    precision and degrees (Megatron-Bridge's tables release after release; the release's
-    software keys change the costs, not what the search must find)."""
+    the rows of a later release of the same summaries with a run's model, GPU and precision
+    (Megatron-Bridge's tables release after release; the release's software keys and tuned
+    degrees change the costs, not what the search must find; every run's optimum is proven no
+    slower than its plan by tests/test_ranking.py, with CP-SAT)."""
     seen, same, out = set(), set(), []
     for r in runs:
         key = (source_of(r), r["model"], r["gpu"], r["precision"])
         family = re.sub(r" \d[\d.]* ", " ", source_of(r))
-        twin = (family, r["model"], r["gpu"], r["precision"], run_framework(r),
-                tuple(r["plan"].get(k) for k in ("tp", "pp", "dp", "cp", "ep", "vp",
-                                                 "micro_batch", "global_batch")))
+        twin = (family, r["model"], r["gpu"], r["precision"], run_framework(r))
         if key not in seen and twin not in same:
             out.append(r)
         seen.add(key)
