@@ -1437,6 +1437,28 @@ def activation_offload_time(inst: Instance, k: Knobs, m, stored: dict, dense_sha
     return m * k.offload_layers * vmax(0.0, x - f, 2 * x - 3 * f)
 
 
+#: the full- and no-recompute terms the last partial recomputes mixed, by the identity of
+#: their instance and degrees and by the knobs (the shares of one combination's layout and
+#: sharding mix the same two: the enumerator and the encoders ask for each share on the same
+#: degrees); the entries hold their instance and degrees, so an id is not reused while cached
+_MIXED: dict[tuple, tuple] = {}
+_MIXED_MAX = 16
+
+
+def _mixed_terms(inst: Instance, x: Degrees, base: Knobs) -> tuple[Terms, Terms]:
+    """``step_terms`` under full recompute and without it, for :func:`_partial_recompute`."""
+    key = (id(inst), id(x), base)
+    hit = _MIXED.get(key)
+    if hit is not None and hit[0] is inst and hit[1] is x:
+        return hit[2], hit[3]
+    full = step_terms(inst, x, base)
+    none = step_terms(inst, x, replace(base, recompute="none"))
+    if len(_MIXED) >= _MIXED_MAX:
+        _MIXED.pop(next(iter(_MIXED)))
+    _MIXED[key] = (inst, x, full, none)
+    return full, none
+
+
 def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     """Full recompute of ``N = k.recompute_layers`` layers of each virtual stage (Megatron-LM's
     block method), the others keeping their activations (docs/model.md, "Recompute"). Each
@@ -1454,8 +1476,7 @@ def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     full-recompute one times a constant (a maximum is scaled apart: ``(1 - f) max(none) + f
     max(full)``), every memory term >= 0 on an even layout."""
     base = replace(k, recompute_layers=0, recompute_share=0, recompute_maxes=False)
-    full = step_terms(inst, x, base)
-    none = step_terms(inst, x, replace(base, recompute="none"))
+    full, none = _mixed_terms(inst, x, base)
     padded = inst.model.layers + k.padded_layers
     m = padded / x.p                           # layers of a middle stage
     share = k.recompute_share
