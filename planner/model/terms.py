@@ -21,6 +21,7 @@ violates (never an exception for a plan that does not fit).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1443,19 +1444,23 @@ def activation_offload_time(inst: Instance, k: Knobs, m, stored: dict, dense_sha
 #: degrees); the entries hold their instance and degrees, so an id is not reused while cached
 _MIXED: dict[tuple, tuple] = {}
 _MIXED_MAX = 16
+#: (the solver encodes parts in two threads)
+_MIXED_LOCK = threading.Lock()
 
 
 def _mixed_terms(inst: Instance, x: Degrees, base: Knobs) -> tuple[Terms, Terms]:
     """``step_terms`` under full recompute and without it, for :func:`_partial_recompute`."""
     key = (id(inst), id(x), base)
-    hit = _MIXED.get(key)
+    with _MIXED_LOCK:
+        hit = _MIXED.get(key)
     if hit is not None and hit[0] is inst and hit[1] is x:
         return hit[2], hit[3]
     full = step_terms(inst, x, base)
     none = step_terms(inst, x, replace(base, recompute="none"))
-    if len(_MIXED) >= _MIXED_MAX:
-        _MIXED.pop(next(iter(_MIXED)))
-    _MIXED[key] = (inst, x, full, none)
+    with _MIXED_LOCK:
+        while len(_MIXED) >= _MIXED_MAX:
+            _MIXED.pop(next(iter(_MIXED)))
+        _MIXED[key] = (inst, x, full, none)
     return full, none
 
 
