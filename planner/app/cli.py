@@ -285,16 +285,17 @@ def evaluate(
                                 "micro_batch": micro_batch, "global_batch": global_batch,
                                 "dp_shard_size": dp_shard_size,
                                 "offload_layers": offload_layers,
+                                "pipeline_layout": pipeline_layout,
                                 **{k: v or None for k, v in counts.items()}})
         inst = _load(file, nodes)
         spec = _plan_section(inst, given=(tp, pp, dp, cp, ep))
-        dropped = None
+        drops = []              # the [plan] keys a flag replaces, each with a note
         if (recompute not in (None, "full") and recompute_layers is None
                 and spec.recompute_layers):
             # a count of fully recomputed layers means nothing under another mode: the flag
             # replaces the [plan] mode, so it replaces the count with it
-            dropped = (f"--recompute {recompute} drops [plan] recompute_layers = "
-                       f"{spec.recompute_layers} (a count of layers recomputed in full)")
+            drops.append(f"--recompute {recompute} drops [plan] recompute_layers = "
+                         f"{spec.recompute_layers} (a count of layers recomputed in full)")
             recompute_layers = 0
         layout_flags = [f for f, v in (("--first-stage-layers", first_stage_layers),
                                        ("--last-stage-layers", last_stage_layers),
@@ -312,23 +313,19 @@ def evaluate(
                     if getattr(spec, k) and k in spec.model_fields_set
                     and not (k == "vp" and vp is not None)]
             if keys:
-                said = (f"--pipeline-layout drops [plan] {', '.join(keys)} (the string sets "
-                        "the split and the virtual stages)")
-                dropped = f"{dropped}; {said}" if dropped else said
-            if not 0 < len(pipeline_layout) <= 4096:
-                raise InputError("--pipeline-layout: expected a layout string of 1 to 4096 "
-                                 f"characters, got {len(pipeline_layout)}")
+                drops.append(f"--pipeline-layout drops [plan] {', '.join(keys)} (the string "
+                             "sets the split and the virtual stages)")
             kept = {k: v for k, v in spec.model_dump(exclude_unset=True).items()
                     if k not in keys and k != "pipeline_layout"}
             spec = PlanSpec(**kept, pipeline_layout=pipeline_layout)
         elif layout_flags and spec.pipeline_layout:
             # a layout string sets the whole split: the flags replace it, as Megatron-LM
             # refuses the two side by side
-            said = (f"{' '.join(layout_flags)} drops [plan] pipeline_layout = "
-                    f"'{spec.pipeline_layout}' (the flags set the split; vp is [plan] vp or "
-                    "--vp)")
-            dropped = f"{dropped}; {said}" if dropped else said
+            drops.append(f"{' '.join(layout_flags)} drops [plan] pipeline_layout = "
+                         f"'{spec.pipeline_layout}' (the flags set the split; vp is [plan] vp "
+                         "or --vp)")
             spec = spec.model_copy(update={"pipeline_layout": None})
+        dropped = "; ".join(drops) or None
         spec, rederived = _rederive_dp(spec, inst, {"tp": tp, "pp": pp, "cp": cp, "ep": ep},
                                        dp, nodes, batch_flags=(micro_batch, global_batch))
         plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp,
