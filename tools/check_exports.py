@@ -128,6 +128,16 @@ def _dtype(name: str | None):
 
 # ----------------------------------------------------------------------------------- checks
 
+def te_installed() -> bool:
+    """Whether Transformer Engine imports here: without it the checks set aside, and name,
+    what tests the environment rather than the export."""
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def check_megatron(text: str, inst: Instance, plan: Plan, mlm: Path | None) -> str:
     if mlm is None:
         raise Skip("no Megatron-LM checkout (--megatron-lm PATH): Megatron-LM is not on PyPI")
@@ -150,13 +160,9 @@ def check_megatron(text: str, inst: Instance, plan: Plan, mlm: Path | None) -> s
     # without Transformer Engine installed, its version checks read as the recent Transformer
     # Engine the exports ask for (--delay-wgrad-compute beside --overlap-grad-reduce asserts
     # TE >= 2.8): they test the environment, not the export
-    te_aside = False
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        if hasattr(margs, "is_te_min_version"):
-            margs.is_te_min_version = lambda *a, **k: True
-            te_aside = True
+    te_aside = not te_installed() and hasattr(margs, "is_te_min_version")
+    if te_aside:
+        margs.is_te_min_version = lambda *a, **k: True
     # the run's other required arguments (data, tokenizer, schedule), none of which the plan sets
     extra = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(inst.model.vocab),
              "--mock-data", "--train-iters", "10", "--lr", "1e-4"]
@@ -204,9 +210,7 @@ def core_config(args) -> tuple[str, object]:
     from megatron.training.argument_utils import core_transformer_config_from_args
 
     aside = []
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
+    if not te_installed():
         if getattr(args, "apply_rope_fusion", False):
             args.apply_rope_fusion = False
             aside.append("rope fusion")
