@@ -136,7 +136,7 @@ def check_layout(text: str, pp: int, layers: int, mtp_layers: int) -> list[str]:
                    "stage are not costed)")
     if out:
         return out
-    per = [st.count("t") for st in stages]
+    per = stage_decoders(text)
     full = _full(per)
     if any(n != full for n in per[1:-1]):
         out.append(f"{said}: its stages hold {', '.join(map(str, sorted(set(per[1:-1]))))} "
