@@ -132,31 +132,43 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
 
 def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: str,
                    internode: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Per (combination, point): the objective (+inf where memory does not fit), the memory of
-    the most loaded stage and (``internode``; else None) the bytes sent across nodes (the goals
-    of :mod:`formulations.ties`)."""
+    """Per (combination, point): the objective (+inf where memory does not fit or the
+    combination's pipeline layout does not allow the point's (pp, vp)), the memory of the most
+    loaded stage (0 where the layout does not allow the point) and (``internode``; else None) the
+    bytes sent across nodes (the goals of :mod:`formulations.ties`).
+
+    The evaluator runs on the points each layout allows, not on all of them: the uneven layouts
+    (and the layout strings above all) allow few (pp, vp) pairs, and a published DeepSeek-V3
+    space evaluated every point for every combination, three times the work."""
+    from formulations.space import layout_key
     inst = space.inst
-    deg = degrees_of(space, cols)
     n = len(next(iter(cols.values())))
     limit = memory_limit_bytes(inst)
     shape = (len(space.combos), n)
     obj, memory = np.full(shape, np.inf), np.zeros(shape)
-    from formulations.space import layout_key
     pv = cols["P"].astype(np.int64) * (1 << 32) + cols["V"].astype(np.int64)
+    by_layout: dict = {}
     for k, knobs in enumerate(space.combos):
-        t = step_terms(inst, deg, knobs)
-        pairs = space.layout_pairs[layout_key(knobs)]
-        laid = np.isin(pv, [p * (1 << 32) + v for p, v in pairs])      # the layout rules
-        step = np.broadcast_to(np.asarray(t.step_time, dtype=float), (n,))
-        if objective == "time_per_sample":
-            step = step / deg.B
-        mem = np.zeros(n)
-        for stage in t.memory_stages():
-            mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float), (n,)))
-        obj[k] = np.where((mem <= limit) & laid, step, np.inf)
-        memory[k] = mem
-    return obj, memory, (internode_goal(space, deg, range(len(space.combos)), n) if internode
-                         else None)
+        by_layout.setdefault(layout_key(knobs), []).append(k)
+    for key, rows in by_layout.items():
+        laid = np.isin(pv, [p * (1 << 32) + v for p, v in space.layout_pairs[key]])
+        m = int(laid.sum())
+        if m == 0:
+            continue
+        deg = degrees_of(space, {name: c[laid] for name, c in cols.items()})
+        for k in rows:
+            t = step_terms(inst, deg, space.combos[k])
+            step = np.broadcast_to(np.asarray(t.step_time, dtype=float), (m,))
+            if objective == "time_per_sample":
+                step = step / deg.B
+            mem = np.zeros(m)
+            for stage in t.memory_stages():
+                mem = np.maximum(mem, np.broadcast_to(np.asarray(t.memory_total(stage), float),
+                                                      (m,)))
+            obj[k, laid] = np.where(mem <= limit, step, np.inf)
+            memory[k, laid] = mem
+    return obj, memory, (internode_goal(space, degrees_of(space, cols),
+                                        range(len(space.combos)), n) if internode else None)
 
 
 def internode_goal(space: SearchSpace, deg: Degrees, rows, n: int) -> np.ndarray:
