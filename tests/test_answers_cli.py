@@ -594,6 +594,15 @@ def test_capacity_checks_the_solver_name_before_the_bound_skips_every_size(runne
     assert r.exit_code == 2 and '--solver: unknown solver "foo"' in r.stderr
 
 
+def test_validate_checks_the_solver_name_before_any_run(runner):
+    r = runner.invoke(app, ["validate", "--solver", "foo"])
+    assert r.exit_code == 2 and '--solver: unknown solver "foo"' in r.stderr
+    assert "Predicted vs measured" not in r.stdout
+    # without the ranking no solver runs, so the name is not read
+    assert runner.invoke(app, ["validate", "--solver", "foo", "--no-ranking",
+                               "--json"]).exit_code == 0
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_capacity_exit_3_writes_an_error_line(runner, tmp_path, as_json):
     f = _small(tmp_path)

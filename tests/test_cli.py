@@ -326,8 +326,8 @@ plans = [
     assert result.exit_code == 2 and "plans[0].colour: unknown key" in all_text(result)
 
 def test_validate_human(runner):
-    # the ranking's 30 solves are left out here (tests/test_ranking.py has them, and .ci/run
-    # runs `plan validate` with them before the tests)
+    # the ranking is left out here (tests/test_ranking.py has it, and .ci/run
+    # runs `plan validate` with it before the tests)
     result = runner.invoke(app, ["validate", "--no-ranking"])
     assert result.exit_code == 0, all_text(result)
     text = all_text(result)

@@ -85,6 +85,22 @@ def test_ranking_ratchet_runs_within_target_and_worst_dense_ratio(data, ranks):
     assert max(dense) <= RATCHET_WORST_DENSE
 
 
+def test_cpsat_ranks_as_the_enumerator_does(data, ranks):
+    """`plan validate` ranks with the enumerator by default (`--solver`); the MIP ranks the same
+    runs the same: the same optimum plan and ratio, on a dense run split into the two spaces of
+    its old code (Narayanan et al.), a small TP-only run, a NeMo interleaved plan, an MoE run,
+    an NVFP4 plan and a Blackwell plan with the embedding and loss counted as layers."""
+    ids = ["narayanan21-145.6b", "korthikanti22-22b-full", "nemo2407-nemotron3-22b-64",
+           "mbridge2604-h100-qwen3-30b-a3b-fp8-16", "mbridge2602-gb200-llama3-70b-nvfp4-64",
+           "dgxc2505-gb200-llama31-405b-fp8-128"]
+    mip = ranking({**data, "runs": [r for r in data["runs"] if r["id"] in ids]}, solver="cpsat")
+    assert set(mip) == set(ids)
+    for rid in ids:
+        assert mip[rid]["status"] == "optimal", (rid, mip[rid])
+        assert mip[rid]["optimum_plan"] == ranks[rid]["optimum_plan"], rid
+        assert mip[rid]["ratio"] == pytest.approx(ranks[rid]["ratio"], rel=1e-9), rid
+
+
 def test_the_moe_caveat_states_how_far_the_moe_ranking_is_off(data, ranks):
     """Every MoE plan carries MOE_CAVEAT; the ranking figure it quotes is the worst ratio of
     the shipped MoE runs (published plan over the model's optimum), so a change of the model

@@ -235,8 +235,9 @@ def order_figures(predicted: list[float], measured: list[float]
     return tau, regret, rank
 
 
-def evaluate_set(s: dict[str, Any], optimum: bool = True) -> SetResult:
-    """How the model orders one set's plans (and, with ``optimum``, what it would pick)."""
+def evaluate_set(s: dict[str, Any], optimum: bool = True, solver: str = "cpsat") -> SetResult:
+    """How the model orders one set's plans (and, with ``optimum``, what it would pick, solved
+    by ``solver``)."""
     rows = []
     for i, pl in enumerate(s["plans"]):
         try:
@@ -264,11 +265,11 @@ def evaluate_set(s: dict[str, Any], optimum: bool = True) -> SetResult:
                     sum(1 for r in rows if r.oom and not r.fits), sum(r.oom for r in rows),
                     sum(1 for r in timed if r.fits), len(timed))
     if optimum:
-        res.optimum = _optimum(s, rows)
+        res.optimum = _optimum(s, rows, solver)
     return res
 
 
-def _optimum(s: dict[str, Any], rows: list[PlanResult]) -> dict[str, Any]:
+def _optimum(s: dict[str, Any], rows: list[PlanResult], solver: str = "cpsat") -> dict[str, Any]:
     """The model's optimum over the set's cluster for the set's own model (not a plan's
     changed shape), at the largest global batch of its timed plans, in the knob space its
     plans share (validate.run_pins): its plan, seconds per sequence, and whether that plan
@@ -280,8 +281,8 @@ def _optimum(s: dict[str, Any], rows: list[PlanResult]) -> dict[str, Any]:
         return {"plan": None, "note": "no timed plan of the set's own model"}
     lead = max(timed, key=lambda pl: pl["global_batch"])
     inst = _instance(s, lead)
-    res, why = solve_pinned(inst.with_spec(plan=None), run_pins(plan_from_spec(inst,
-                                                                              inst.spec.plan)))
+    res, why = solve_pinned(inst.with_spec(plan=None),
+                            run_pins(plan_from_spec(inst, inst.spec.plan)), solver)
     if res is None:
         return {"plan": None, "note": why}
     if res.report is None:
@@ -293,5 +294,6 @@ def _optimum(s: dict[str, Any], rows: list[PlanResult]) -> dict[str, Any]:
                                      for r in rows)}
 
 
-def evaluate_sets(sets: list[dict[str, Any]], optimum: bool = True) -> list[SetResult]:
-    return [evaluate_set(s, optimum) for s in sets]
+def evaluate_sets(sets: list[dict[str, Any]], optimum: bool = True,
+                  solver: str = "cpsat") -> list[SetResult]:
+    return [evaluate_set(s, optimum, solver) for s in sets]
