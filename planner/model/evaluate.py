@@ -91,9 +91,9 @@ MFU_FORMULA = ("MFU = model FLOPs per step / (step time * GPUs * dense 16-bit pe
 #: figures are ``plan validate``'s on the shipped MoE runs, errors and ranking (tests keep them
 #: so: test_validation.py, test_ranking.py).
 MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token permutation, "
-              "all-to-all) are not validated: the 44 measured MoE runs in the shipped set "
+              "all-to-all) are not validated: the 45 measured MoE runs in the shipped set "
               "(DeepSeek-V3, Qwen3-235B-A22B, Qwen3-30B-A3B and gpt-oss-120b on H100, B200, "
-              "GB200 and GB300) took 0.8x to 2.9x the step time this model predicts, 15 of "
+              "GB200 and GB300) took 0.8x to 2.9x the step time this model predicts, 16 of "
               "them longer, "
               "so read the step time, days and cost as uncertain by that much either way; and "
               "the model ranks plans that keep expert parallelism inside a node up to 1.7x "
