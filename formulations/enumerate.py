@@ -130,32 +130,40 @@ def evaluate_all(space: SearchSpace, cols: dict[str, np.ndarray], objective: str
     return obj, np.isfinite(obj)
 
 
+def by_layout(space: SearchSpace, cols: dict[str, np.ndarray]):
+    """Per pipeline layout of the space's combinations (:func:`formulations.space.layout_key`):
+    the indices of its combinations, the mask of the points whose (pp, vp) the layout allows,
+    those points' columns and their degrees; layouts that allow none of the points are left
+    out. Every walk that evaluates the combinations on points goes through it, so that none
+    evaluates (or reports) a point under a layout that does not allow it, and none pays for
+    it: the uneven layouts, the layout strings above all, allow few (pp, vp) pairs (a
+    published DeepSeek-V3 space evaluated every point for every combination, three times the
+    work)."""
+    from formulations.space import layout_key
+    pv = cols["P"].astype(np.int64) * (1 << 32) + cols["V"].astype(np.int64)
+    groups: dict = {}
+    for k, knobs in enumerate(space.combos):
+        groups.setdefault(layout_key(knobs), []).append(k)
+    for key, rows in groups.items():
+        laid = np.isin(pv, [p * (1 << 32) + v for p, v in space.layout_pairs[key]])
+        if laid.any():
+            sub = {name: c[laid] for name, c in cols.items()}
+            yield rows, laid, sub, degrees_of(space, sub)
+
+
 def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: str,
                    internode: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Per (combination, point): the objective (+inf where memory does not fit or the
     combination's pipeline layout does not allow the point's (pp, vp)), the memory of the most
     loaded stage (0 where the layout does not allow the point) and (``internode``; else None) the
-    bytes sent across nodes (the goals of :mod:`formulations.ties`).
-
-    The evaluator runs on the points each layout allows, not on all of them: the uneven layouts
-    (and the layout strings above all) allow few (pp, vp) pairs, and a published DeepSeek-V3
-    space evaluated every point for every combination, three times the work."""
-    from formulations.space import layout_key
+    bytes sent across nodes (the goals of :mod:`formulations.ties`)."""
     inst = space.inst
     n = len(next(iter(cols.values())))
     limit = memory_limit_bytes(inst)
     shape = (len(space.combos), n)
     obj, memory = np.full(shape, np.inf), np.zeros(shape)
-    pv = cols["P"].astype(np.int64) * (1 << 32) + cols["V"].astype(np.int64)
-    by_layout: dict = {}
-    for k, knobs in enumerate(space.combos):
-        by_layout.setdefault(layout_key(knobs), []).append(k)
-    for key, rows in by_layout.items():
-        laid = np.isin(pv, [p * (1 << 32) + v for p, v in space.layout_pairs[key]])
+    for rows, laid, _, deg in by_layout(space, cols):
         m = int(laid.sum())
-        if m == 0:
-            continue
-        deg = degrees_of(space, {name: c[laid] for name, c in cols.items()})
         for k in rows:
             t = step_terms(inst, deg, space.combos[k])
             step = np.broadcast_to(np.asarray(t.step_time, dtype=float), (m,))

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from formulations.enumerate import degrees_of, feasible_points
+from formulations.enumerate import by_layout, feasible_points
 from formulations.space import (LABELS, Admits, SearchSpace, build_space, count_points,
                                 divisors)
 from planner.model.plan import layout_choices
@@ -197,15 +197,15 @@ def _binding_rules(space: SearchSpace) -> list[str]:
             f"{'; '.join(out)}"]
 
 
-def _points(space: SearchSpace) -> tuple[dict, object] | None:
-    """The assignments that keep the structural rules, as columns, and their degrees; None
-    when there are none."""
+def _points(space: SearchSpace) -> dict | None:
+    """The assignments that keep the structural rules, as columns; None when there are
+    none."""
     if not count_points(space):                  # structural: counted, not listed
         return None
     cols = feasible_points(space)
     if not cols or len(next(iter(cols.values()))) == 0:
         return None
-    return cols, degrees_of(space, cols)
+    return cols
 
 
 def _stage_memory(t, n: int) -> dict[str, np.ndarray]:
@@ -219,28 +219,32 @@ def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
 
 
 def _min_memory_at(space: SearchSpace, points) -> tuple | None:
-    """The least per-GPU need over the ``points`` (:func:`_points`) and every combination:
-    (bytes, the point, its knobs, the terms of its most loaded GPU row, the name of its most
-    loaded row (a ``host`` row when the host's share binds: its bytes are scaled to the GPU
-    limit, :func:`~planner.model.terms.host_memory_row`), the bytes of that GPU row)."""
+    """The least per-GPU need over the ``points`` (:func:`_points`) and every combination, each
+    at the points its pipeline layout allows: (bytes, the point, its knobs, the terms of its
+    most loaded GPU row, the name of its most loaded row (a ``host`` row when the host's share
+    binds: its bytes are scaled to the GPU limit,
+    :func:`~planner.model.terms.host_memory_row`), the bytes of that GPU row). Of equal needs,
+    the first combination's."""
     if points is None:
         return None
-    cols, deg = points
-    n = len(cols["T"])
-    best = None
-    for knobs in space.combos:
-        t = step_terms(space.inst, deg, knobs)
-        per_stage = _stage_memory(t, n)
-        mem = np.max(np.stack(list(per_stage.values())), axis=0)
-        i = int(np.argmin(mem))
-        if best is None or mem[i] < best[0]:
-            worst = max(per_stage, key=lambda st: per_stage[st][i])
-            gpu = max((st for st in per_stage if not st.startswith("host")),
-                      key=lambda st: per_stage[st][i])
-            parts = {name: float(np.broadcast_to(np.asarray(v, float), (n,))[i])
-                     for name, v in t.memory[gpu].items()}
-            best = (float(mem[i]), {k: int(c[i]) for k, c in cols.items()}, knobs, parts,
-                    worst, float(per_stage[gpu][i]))
+    best, best_k = None, None
+    for rows, _, cols, deg in by_layout(space, points):
+        n = len(cols["T"])
+        for k in rows:
+            knobs = space.combos[k]
+            t = step_terms(space.inst, deg, knobs)
+            per_stage = _stage_memory(t, n)
+            mem = np.max(np.stack(list(per_stage.values())), axis=0)
+            i = int(np.argmin(mem))
+            if best is None or (mem[i], k) < (best[0], best_k):
+                worst = max(per_stage, key=lambda st: per_stage[st][i])
+                gpu = max((st for st in per_stage if not st.startswith("host")),
+                          key=lambda st: per_stage[st][i])
+                parts = {name: float(np.broadcast_to(np.asarray(v, float), (n,))[i])
+                         for name, v in t.memory[gpu].items()}
+                best = (float(mem[i]), {k2: int(c[i]) for k2, c in cols.items()}, knobs, parts,
+                        worst, float(per_stage[gpu][i]))
+                best_k = k
     return best
 
 
@@ -350,18 +354,18 @@ def _host_binds(space: SearchSpace, points) -> str | None:
     offloading = [k for k in space.combos if k.offloads]
     if not offloading or points is None:
         return None
-    cols, deg = points
-    n = len(cols["T"])
     limit, host_limit = memory_limit_bytes(inst), host_memory_limit_bytes(inst)
     need = None
-    for knobs in offloading:
-        rows = _stage_memory(step_terms(inst, deg, knobs), n)
-        gpu = np.max([v for st, v in rows.items() if not st.startswith("host")], axis=0)
-        host = np.max([v for st, v in rows.items() if st.startswith("host")], axis=0)
-        fits = gpu <= limit
-        if fits.any():
-            low = float(np.min(host[fits])) * host_limit / limit
-            need = low if need is None else min(need, low)
+    for combos, _, cols, deg in by_layout(space, points):
+        n = len(cols["T"])
+        for knobs in (space.combos[k] for k in combos if space.combos[k].offloads):
+            rows = _stage_memory(step_terms(inst, deg, knobs), n)
+            gpu = np.max([v for st, v in rows.items() if not st.startswith("host")], axis=0)
+            host = np.max([v for st, v in rows.items() if st.startswith("host")], axis=0)
+            fits = gpu <= limit
+            if fits.any():
+                low = float(np.min(host[fits])) * host_limit / limit
+                need = low if need is None else min(need, low)
     if need is None:
         return None
     hs, total = inst.hw.gpus_per_host, inst.hw.host_mem_bytes / GiB

@@ -245,6 +245,34 @@ def layout_key(k: Knobs) -> tuple:
     return k.layout + (k.recompute_share,)
 
 
+#: the layout rules a (pp, vp, layout) breaks, per (rule names, model sizes, knobs) and then
+#: per (pp, vp): the rules read nothing else (``Rule.on_knobs``), and pareto, capacity and
+#: sweeps ask the same pairs at every size (pareto's 512 sizes of Llama 3 70B asked them 2.5
+#: million times); bounded, cleared when full
+_LAYOUT_BROKEN: dict[tuple, dict[tuple[int, int], tuple[str, ...]]] = {}
+_LAYOUT_BROKEN_MAX = 1 << 12
+
+
+def _layout_rule_memo(names: tuple[str, ...], sizes: Sizes, kn: Knobs
+                      ) -> dict[tuple[int, int], tuple[str, ...]]:
+    key = (names, sizes, kn)
+    memo = _LAYOUT_BROKEN.get(key)
+    if memo is None:
+        if len(_LAYOUT_BROKEN) >= _LAYOUT_BROKEN_MAX:
+            _LAYOUT_BROKEN.clear()
+        memo = _LAYOUT_BROKEN[key] = {}
+    return memo
+
+
+def _broken_layout_rules(rules: list[Rule], memo: dict, p: int, v: int, sizes: Sizes,
+                         kn: Knobs) -> tuple[str, ...]:
+    got = memo.get((p, v))
+    if got is None:
+        g = SimpleNamespace(pp=p, vp=v)
+        got = memo[(p, v)] = tuple(r.name for r in rules if not r.holds(g, sizes, kn))
+    return got
+
+
 def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: list[int],
                   suggest: bool = True) -> tuple[dict[tuple, frozenset], list[str]]:
     """Per layout (with its partial-recompute share, :func:`layout_key`), the (P, V) pairs that
@@ -253,15 +281,16 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
     counts; and, when no pair is left, why (with ``suggest``, and ``vp`` pinned, the nearest
     ``vp`` that has a layout)."""
     sizes, c = Sizes.of(inst), inst.spec.constraints
+    names = tuple(r.name for r in rules)
     out, why = {}, []
     alone, any_broken = set(), set()
     for lay in layouts:
         kn = Knobs(first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
                    account_for_loss=lay[3], layout_string=lay[4])
+        memo = _layout_rule_memo(names, sizes, kn)
         ok = set()
         for p in P:
             for v in V:
-                g = SimpleNamespace(pp=p, vp=v)
                 if p == 2 and lay[0] and lay[1]:
                     # two stages both short of m: the same stages as a layout with one
                     # shortfall 0 (m is a free reference there), which the search keeps; the
@@ -276,7 +305,7 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                     continue
                 if c.last_stage_layers is not None and m - lay[1] != c.last_stage_layers:
                     continue
-                broken = [r.name for r in rules if not r.holds(g, sizes, kn)]
+                broken = _broken_layout_rules(rules, memo, p, v, sizes, kn)
                 if broken:
                     # (the rules named when no layout is left: those a candidate that keeps
                     # the pins breaks alone, else every one such a candidate breaks)

@@ -390,3 +390,24 @@ def test_an_empty_degree_names_the_cap_the_search_applied(monkeypatch):
         space.build_space(parse_instance(doc))
     (line,) = [ln for ln in info.value.explanation if ln.startswith("no tensor-parallel degree")]
     assert line.endswith(" within constraints.max_tp = 8")
+
+
+@pytest.mark.parametrize("preset, gpus", [("deepseek-v3", 8), ("llama3-405b", 16)])
+def test_the_least_memory_named_is_a_plan_whose_layout_holds(preset, gpus):
+    """What a memory explanation quotes ("the least any allowed plan needs") is the memory of a
+    plan the structural rules allow: each combination is evaluated at the (pp, vp) its pipeline
+    layout allows. DeepSeek-V3's 61 layers on 8 H100 once quoted an even split at pp = 2
+    (565.5 GiB), which breaks "pp*vp = 2 must divide layers=61", below the least an allowed
+    plan needs (574.4 GiB)."""
+    from formulations.explain import _min_memory
+    from formulations.solve import decode_plan
+    from formulations.space import build_space
+    from planner.model.evaluate import evaluate
+
+    inst = parse_instance({"model": {"preset": preset}, "training": {"global_batch": 64},
+                           "cluster": {"gpu": "h100-sxm", "gpus": gpus}})
+    space = build_space(inst)
+    need, point, knobs = _min_memory(space)[:3]
+    rep = evaluate(inst, decode_plan(space, point, knobs))
+    assert not rep.fits
+    assert all(v.startswith(("memory", "host memory")) for v in rep.violations), rep.violations
