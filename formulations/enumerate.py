@@ -3,8 +3,8 @@
 It walks exactly the space the MIP backends see (:func:`formulations.space.build_space`):
 the cartesian product of the base variables, filtered by the same per-prime rules, then the
 evaluator (:func:`planner.model.terms.step_terms`) runs once per categorical combination on numpy
-arrays holding the surviving plans its pipeline layout allows (:func:`by_layout`). No encoding, no solver: if the encoders and this disagree,
-one of them is wrong.
+arrays holding the surviving plans its pipeline layout allows (:func:`by_layout`). No encoding,
+no solver: if the encoders and this disagree, one of them is wrong.
 """
 
 from __future__ import annotations
