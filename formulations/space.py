@@ -245,10 +245,11 @@ def layout_key(k: Knobs) -> tuple:
     return k.layout + (k.recompute_share,)
 
 
-#: the layout rules a (pp, vp, layout) breaks, per (rule names, model sizes, knobs) and then
-#: per (pp, vp): the rules read nothing else (``Rule.on_knobs``), and pareto, capacity and
-#: sweeps ask the same pairs at every size (pareto's 512 sizes of Llama 3 70B asked them 2.5
-#: million times); bounded, cleared when full
+#: the layout rules a (pp, vp, layout) breaks, per (rule names, instance sizes, knobs) and then
+#: per (pp, vp): the rules read nothing else (``Rule.on_knobs``), and a size's spaces are built
+#: again and again (the solve, an explanation's relaxed spaces, capacity's and sweeps' revisits:
+#: pareto's 512 sizes of Llama 3 70B checked 2.5 million pairs in 981 builds); bounded,
+#: cleared when full
 _LAYOUT_BROKEN: dict[tuple, dict[tuple[int, int], tuple[str, ...]]] = {}
 _LAYOUT_BROKEN_MAX = 1 << 12
 
