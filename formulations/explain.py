@@ -146,10 +146,11 @@ def _memory_beside(inst, training_change: dict) -> list[str]:
             training=inst.spec.training.model_copy(update=training_change)))
     except InfeasibleError:
         return []
-    found = _min_memory(changed)
     limit = memory_limit_bytes(inst)
-    if found is None or found[0] <= limit:
-        return []
+    points = _points(changed)
+    if points is None or _some_plan_fits(changed, points, limit):
+        return []            # (the usual case: one combination that fits ends the walk)
+    found = _min_memory_at(changed, points)
     key, value = next(iter(training_change.items()))
     return [f"memory binds too: with training.{key} = {value} the least any allowed plan "
             f"needs is {found[0] / GiB:.1f} GiB per GPU, over the {limit / GiB:.1f} GiB limit "
@@ -212,6 +213,18 @@ def _stage_memory(t, n: int) -> dict[str, np.ndarray]:
     """Each memory row of the terms ``t`` (GPU stages and host rows) over the ``n`` points."""
     return {st: np.broadcast_to(np.asarray(t.memory_total(st), float), (n,))
             for st in t.memory_stages()}
+
+
+def _some_plan_fits(space: SearchSpace, points: dict, limit: float) -> bool:
+    """Whether some combination fits within ``limit`` at some of the ``points`` its layout
+    allows (what :func:`_min_memory_at` would say, without walking every combination)."""
+    for rows, _, cols, deg in by_layout(space, points):
+        n = len(cols["T"])
+        for k in rows:
+            per_stage = _stage_memory(step_terms(space.inst, deg, space.combos[k]), n)
+            if np.min(np.max(np.stack(list(per_stage.values())), axis=0)) <= limit:
+                return True
+    return False
 
 
 def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
