@@ -87,6 +87,19 @@ def test_ranking_ratchet_runs_within_target_and_worst_dense_ratio(data, ranks):
     assert max(dense) <= RATCHET_WORST_DENSE
 
 
+def test_the_ranking_says_how_close_to_the_limit_each_plan_runs(data, ranks):
+    """``optimum_headroom_gib`` / ``published_headroom_gib``: the optimum fits, so its headroom
+    is never negative; a published plan's is negative exactly when the model says it does not
+    fit (tests/test_memory_megatron.py's three misfits)."""
+    short = []
+    for run in data["runs"]:
+        r = ranks[run["id"]]
+        assert r["optimum_headroom_gib"] >= 0, (run["id"], r)
+        assert (r["published_headroom_gib"] >= 0) == _fits(data, run), (run["id"], r)
+        short += [run["id"]] if r["published_headroom_gib"] < 0 else []
+    assert len(short) == 3, short
+
+
 def test_cpsat_ranks_as_the_enumerator_does(data, ranks):
     """`plan validate` ranks with the enumerator by default (`--solver`); the MIP ranks the same
     runs the same: the same optimum plan and ratio, on a dense run split into the two spaces of

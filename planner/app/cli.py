@@ -571,7 +571,9 @@ def validate(
                 terms = ", ".join(f"{k} {x:+.3f} s" for k, x in rk["gap_by_term_s"].items())
                 out.print(f"  {r.id} ({rk['ratio']:.3f}): published {rk['published_s']:.3f} s "
                           f"against {rk['optimum_plan']} {rk['optimum_s']:.3f} s; "
-                          f"published minus optimum by term: {terms}")
+                          f"published minus optimum by term: {terms}; memory headroom "
+                          f"{rk['published_headroom_gib']:.1f} GiB published, "
+                          f"{rk['optimum_headroom_gib']:.1f} GiB optimum")
     missing = [v.unstated(run) for run in data["runs"]]
     if any(missing):
         counts = {k: sum(k in m for m in missing) for k in v.UNSTATED_KEYS}
