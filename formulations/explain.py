@@ -147,10 +147,10 @@ def _memory_beside(inst, training_change: dict) -> list[str]:
     except InfeasibleError:
         return []
     limit = memory_limit_bytes(inst)
-    points = _points(changed)
-    if points is None or _some_plan_fits(changed, points, limit):
-        return []            # (the usual case: one combination that fits ends the walk)
-    found = _min_memory_at(changed, points)
+    # (the usual case: the first combination that fits ends the walk)
+    found = _min_memory_at(changed, _points(changed), enough=limit)
+    if found is None or found[0] <= limit:
+        return []
     key, value = next(iter(training_change.items()))
     return [f"memory binds too: with training.{key} = {value} the least any allowed plan "
             f"needs is {found[0] / GiB:.1f} GiB per GPU, over the {limit / GiB:.1f} GiB limit "
@@ -215,49 +215,48 @@ def _stage_memory(t, n: int) -> dict[str, np.ndarray]:
             for st in t.memory_stages()}
 
 
-def _some_plan_fits(space: SearchSpace, points: dict, limit: float) -> bool:
-    """Whether some combination fits within ``limit`` at some of the ``points`` its layout
-    allows (what :func:`_min_memory_at` would say, without walking every combination)."""
-    for rows, _, cols, deg in by_layout(space, points):
-        n = len(cols["T"])
-        for k in rows:
-            per_stage = _stage_memory(step_terms(space.inst, deg, space.combos[k]), n)
-            if np.min(np.max(np.stack(list(per_stage.values())), axis=0)) <= limit:
-                return True
-    return False
-
-
 def _min_memory(space: SearchSpace) -> tuple[float, dict, object] | None:
     return _min_memory_at(space, _points(space))
 
 
-def _min_memory_at(space: SearchSpace, points) -> tuple | None:
+def _combo_memory(space: SearchSpace, points, keep=None):
+    """Per combination (those ``keep`` accepts), at the ``points`` (:func:`_points`) its
+    pipeline layout allows: its index, knobs, terms, those points' columns and each memory row
+    over them (:func:`_stage_memory`)."""
+    for rows, _, cols, deg in by_layout(space, points):
+        n = len(cols["T"])
+        for k in rows:
+            knobs = space.combos[k]
+            if keep is None or keep(knobs):
+                t = step_terms(space.inst, deg, knobs)
+                yield k, knobs, t, cols, _stage_memory(t, n)
+
+
+def _min_memory_at(space: SearchSpace, points, enough: float | None = None) -> tuple | None:
     """The least per-GPU need over the ``points`` (:func:`_points`) and every combination, each
     at the points its pipeline layout allows: (bytes, the point, its knobs, the terms of its
     most loaded GPU row, the name of its most loaded row (a ``host`` row when the host's share
     binds: its bytes are scaled to the GPU limit,
     :func:`~planner.model.terms.host_memory_row`), the bytes of that GPU row). Of equal needs,
-    the first combination's."""
+    the first combination's. With ``enough``, the walk stops at the first need at or below it
+    (a question of whether anything fits, not of the least)."""
     if points is None:
         return None
     best, best_k = None, None
-    for rows, _, cols, deg in by_layout(space, points):
-        n = len(cols["T"])
-        for k in rows:
-            knobs = space.combos[k]
-            t = step_terms(space.inst, deg, knobs)
-            per_stage = _stage_memory(t, n)
-            mem = np.max(np.stack(list(per_stage.values())), axis=0)
-            i = int(np.argmin(mem))
-            if best is None or (mem[i], k) < (best[0], best_k):
-                worst = max(per_stage, key=lambda st: per_stage[st][i])
-                gpu = max((st for st in per_stage if not st.startswith("host")),
-                          key=lambda st: per_stage[st][i])
-                parts = {name: float(np.broadcast_to(np.asarray(v, float), (n,))[i])
-                         for name, v in t.memory[gpu].items()}
-                best = (float(mem[i]), {k2: int(c[i]) for k2, c in cols.items()}, knobs, parts,
-                        worst, float(per_stage[gpu][i]))
-                best_k = k
+    for k, knobs, t, cols, per_stage in _combo_memory(space, points):
+        mem = np.max(np.stack(list(per_stage.values())), axis=0)
+        i = int(np.argmin(mem))
+        if best is None or (mem[i], k) < (best[0], best_k):
+            worst = max(per_stage, key=lambda st: per_stage[st][i])
+            gpu = max((st for st in per_stage if not st.startswith("host")),
+                      key=lambda st: per_stage[st][i])
+            parts = {name: float(np.broadcast_to(np.asarray(v, float), mem.shape)[i])
+                     for name, v in t.memory[gpu].items()}
+            best = (float(mem[i]), {k2: int(c[i]) for k2, c in cols.items()}, knobs, parts,
+                    worst, float(per_stage[gpu][i]))
+            best_k = k
+            if enough is not None and best[0] <= enough:
+                break
     return best
 
 
@@ -364,21 +363,17 @@ def _host_binds(space: SearchSpace, points) -> str | None:
     (:func:`_points`) fits on the GPU but none in its share of the host, the sentence saying
     so (naming the keys), else None."""
     inst = space.inst
-    offloading = [k for k in space.combos if k.offloads]
-    if not offloading or points is None:
+    if points is None or not any(k.offloads for k in space.combos):
         return None
     limit, host_limit = memory_limit_bytes(inst), host_memory_limit_bytes(inst)
     need = None
-    for combos, _, cols, deg in by_layout(space, points):
-        n = len(cols["T"])
-        for knobs in (space.combos[k] for k in combos if space.combos[k].offloads):
-            rows = _stage_memory(step_terms(inst, deg, knobs), n)
-            gpu = np.max([v for st, v in rows.items() if not st.startswith("host")], axis=0)
-            host = np.max([v for st, v in rows.items() if st.startswith("host")], axis=0)
-            fits = gpu <= limit
-            if fits.any():
-                low = float(np.min(host[fits])) * host_limit / limit
-                need = low if need is None else min(need, low)
+    for *_, rows in _combo_memory(space, points, keep=lambda knobs: knobs.offloads):
+        gpu = np.max([v for st, v in rows.items() if not st.startswith("host")], axis=0)
+        host = np.max([v for st, v in rows.items() if st.startswith("host")], axis=0)
+        fits = gpu <= limit
+        if fits.any():
+            low = float(np.min(host[fits])) * host_limit / limit
+            need = low if need is None else min(need, low)
     if need is None:
         return None
     hs, total = inst.hw.gpus_per_host, inst.hw.host_mem_bytes / GiB
