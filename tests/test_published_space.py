@@ -58,7 +58,7 @@ def _one_per_setting(runs):
     the rows of a later release of the same summaries with a run's model, GPU and precision
     (Megatron-Bridge's tables release after release; the release's software keys and tuned
     degrees change the costs, not what the search must find; every run's optimum is proven no
-    slower than its plan by tests/test_ranking.py, with CP-SAT)."""
+    slower than its plan by tests/test_ranking.py, with the enumerator)."""
     seen, same, out = set(), set(), []
     for r in runs:
         key = (source_of(r), r["model"], r["gpu"], r["precision"])
