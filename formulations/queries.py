@@ -22,6 +22,7 @@ from planner.model.terms import gemm_rate
 from planner.model.words import plural
 from planner.model.workload import Shape
 
+from formulations import pool
 from formulations.result import SolveResult, Status
 from formulations.solve import default_objective, solve
 
@@ -86,7 +87,7 @@ MAX_PARETO_SIZES = 512      # about 0.3 s each: a few minutes at most
 
 
 def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
-           node_options: list[int] | None = None) -> list[ParetoPoint]:
+           node_options: list[int] | None = None, workers: int = 1) -> list[ParetoPoint]:
     """Proven optimum at each node count, with ``on_front`` marking the non-dominated ones.
 
     A size is on the front unless another size is at least as fast *and* at least as cheap,
@@ -97,6 +98,9 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     and cheaper (a smaller one that needs far more memory-saving recompute, or a worse batch
     split) dominates the smaller one. For a fixed batch, days, step time and time per sequence
     order the sizes alike.
+
+    With ``workers`` > 1 the sizes are solved side by side in a process pool
+    (:mod:`formulations.pool`): each size is its own proof, so the answer is the same.
     """
     from formulations.solve import check_backend
 
@@ -104,22 +108,25 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     if len(options) > MAX_PARETO_SIZES:
         raise InputError(f"{inst.source}: {too_many_sizes(inst, len(options))}")
     check_backend(solver)        # (before any size: one may be infeasible before a backend runs)
-    points = []
-    for n in options:
-        sized = inst.at_size(n)
-        try:
-            res = solve(sized, solver=solver, time_limit=time_limit, explain="brief")
-            if res.report:
-                points.append(ParetoPoint(n, res, res.note))
-            else:
-                points.append(ParetoPoint(n, None, _stop_reason(res), status=res.status.value))
-        except InfeasibleError as exc:
-            points.append(ParetoPoint(n, None, exc.args[0], list(exc.explanation)))
+    tasks = [(inst.at_size(n), n, solver, time_limit) for n in options]
+    points = list(pool.imap(_pareto_size, tasks, workers))
     feasible = [p for p in points if p.result is not None]
     for p in feasible:
         p.on_front = not any(_dominates(front_key(q), front_key(p))
                              for q in feasible if q is not p)
     return points
+
+
+def _pareto_size(task: tuple[Instance, int, str, float | None]) -> ParetoPoint:
+    """One size of a front: its proven optimum, or why it has none (a pool's task)."""
+    sized, n, solver, time_limit = task
+    try:
+        res = solve(sized, solver=solver, time_limit=time_limit, explain="brief")
+    except InfeasibleError as exc:
+        return ParetoPoint(n, None, exc.args[0], list(exc.explanation))
+    if res.report:
+        return ParetoPoint(n, res, res.note)
+    return ParetoPoint(n, None, _stop_reason(res), status=res.status.value)
 
 
 def too_many_sizes(inst: Instance, count: int) -> str:

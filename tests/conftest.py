@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import typer.testing
 
 # typer's CliRunner rebuilds the click command from the app's signatures on every invoke
@@ -20,6 +21,17 @@ import typer.testing
 # still runs the CLI from the start.
 if hasattr(typer.testing, "_get_command"):
     typer.testing._get_command = functools.lru_cache(maxsize=None)(typer.testing._get_command)
+
+
+@pytest.fixture(autouse=True)
+def _one_process_per_query(monkeypatch):
+    """``plan pareto`` solves its sizes in a pool of one process per core by default
+    (formulations/pool.py). The suite already keeps every core busy with its own workers, so a
+    pool inside a test only adds its start (about a second, measured over the pareto tests) and
+    competes with them: here the default is one process. Tests of the pool pass ``workers``
+    (or ``--workers``) themselves."""
+    monkeypatch.setattr("formulations.pool.default_workers", lambda: 1)
+
 
 #: node-id prefixes of the longest tests, longest first
 LONGEST = (

@@ -436,6 +436,14 @@ def test_pareto_and_capacity_json(runner, tmp_path):
     for p in front["points"]:
         check_plan_result(p)
     assert [p["nodes"] for p in front["all"]] == [1, 2, 3]
+    # sizes solved side by side, one process each: the same answers (the solver's clocks aside)
+    pooled = run_json(runner, ["pareto", str(path), "--json", "--workers", "2"])
+
+    def untimed(doc):
+        return [{**p, "solver": {k: v for k, v in p["solver"].items() if not k.endswith("_s")}}
+                for p in doc["all"]]
+
+    assert untimed(pooled) == untimed(front)
     best = min(p["total_days"] for p in front["points"])
     cap = run_json(runner, ["capacity", str(path), "--deadline-days", str(best * 1.01),
                             "--json"])

@@ -63,6 +63,27 @@ def test_pareto_front_is_non_dominated_and_reproducible():
                        for q in front)
 
 
+def _untimed(point: queries.ParetoPoint) -> dict:
+    """A size's answer without the solver's wall-clock figures (they differ run to run)."""
+    d = point.to_dict()
+    if "solver" in d:
+        d["solver"] = {k: v for k, v in d["solver"].items() if not k.endswith("_s")}
+    return d
+
+
+def test_pareto_in_a_process_pool_gives_the_answer_of_one_process():
+    """Sizes solved side by side (formulations/pool.py) give each size's answer, in the
+    range's order, as one process does: plans, front marks and, for 7 nodes (56 GPUs, whose
+    data-parallel degree divides no split of the batch of 64), the reason and what binds."""
+    inst = parse_instance(doc(cluster={"nodes": [6, 8]}))
+    alone = queries.pareto(inst, workers=1)
+    pooled = queries.pareto(inst, workers=2)
+    assert [p.nodes for p in pooled] == [6, 7, 8]
+    assert pooled[1].result is None and pooled[1].detail
+    assert any(p.on_front for p in pooled)
+    assert [_untimed(p) for p in pooled] == [_untimed(p) for p in alone]
+
+
 def test_capacity_answer_is_minimal():
     inst = parse_instance(doc(cluster={"nodes": [1, 8]}))
     # the deadline sits between the 2-node and the 1-node optimum

@@ -699,12 +699,15 @@ def pareto(
     solver: SolverOpt = "cpsat",
     time_limit: TimeOpt = None,
     plot: Annotated[Path | None, typer.Option(help="write a PNG of the front")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="sizes solved side by side, one process each (default: the cores)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Proven optimum at every node count of [cluster] nodes = [lo, hi] (or node_counts), and
     the front: the sizes no other size beats on both training days and dollars (time per
     sequence without training.tokens, GPU-seconds per sequence without a price)."""
     from formulations import queries
+    from formulations.pool import default_workers
     from planner.app.report import caveat_lines, front_basis_lines, pareto_table, sizes_text
 
     try:
@@ -713,7 +716,8 @@ def pareto(
 
             check_plot_path(plot)
         inst = _load(file)
-        points = queries.pareto(inst, solver=solver, time_limit=time_limit)
+        points = queries.pareto(inst, solver=solver, time_limit=time_limit,
+                                workers=workers or default_workers())
         docs = [p.to_dict() for p in points]
         if plot and any(d.get("plan") for d in docs):
             from planner.app.plot import plot_front

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -42,6 +41,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from formulations import pool
 from planner.model.words import plural, toml_value
 from planner.model.errors import InfeasibleError, InputError, PlanError
 from planner.model.instance import parse_instance, read_toml
@@ -642,57 +642,12 @@ def _run_query(task: dict[str, Any]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:      # not Linux
-        return os.cpu_count() or 1
-
-
-def _ignore_sigint() -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
-
-
-#: imported once by the fork server, so that each worker starts with the solver stack loaded
-_PRELOAD = ["planner.app.sweep", "formulations.solve", "formulations.queries", "formulations.cpsat",
-            "formulations.pyomo_backend"]
-
-
-def _context():
-    """The process start method: ``forkserver`` where there is one (workers forked from a clean
-    server process that has imported the solver stack, not from this process, whose solver
-    thread pools, e.g. HiGHS's after an in-process solve, would deadlock a forked child),
-    else ``spawn``."""
-    import multiprocessing as mp
-
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
-        return ctx
-    return mp.get_context("spawn")
-
-
 def run_local(tasks: list[dict], workers: int, on_rows: Callable[[list[dict]], None]) -> None:
-    """Run tasks in this process (one worker) or a process pool, calling ``on_rows`` in this
-    process as each point finishes. Ctrl-C terminates the pool and re-raises. As with any
-    non-fork multiprocessing, a script calling this needs the ``if __name__ == "__main__":``
-    guard (the ``plan`` command has it)."""
-    if workers <= 1 or len(tasks) <= 1:
-        for t in tasks:
-            on_rows(run_point(t))
-        return
-    pool = _context().Pool(min(workers, len(tasks)), initializer=_ignore_sigint)
-    try:
-        for rows in pool.imap_unordered(run_point, tasks, chunksize=1):
-            on_rows(rows)
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
+    """Run tasks in this process (one worker) or a process pool (:mod:`formulations.pool`),
+    calling ``on_rows`` in this process as each point finishes, in the order they finish."""
+    for rows in pool.imap(run_point, tasks, workers, ordered=False,
+                          preload=("planner.app.sweep",)):
+        on_rows(rows)
 
 
 def ray_available() -> bool:
@@ -727,7 +682,7 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
                     # it, as ray.init() would, but without num_cpus, which Ray refuses then
                     ray.init(address="auto", **kw)
                 except ConnectionError:     # none running: a local Ray of the workers' CPUs
-                    ray.init(num_cpus=workers or default_workers(), **kw)
+                    ray.init(num_cpus=workers or pool.default_workers(), **kw)
         except Exception as exc:     # a cluster that is not there is the user's input
             raise InputError(f"--address {address or '(local)'}: cannot start or reach Ray: "
                              f"{exc}") from None
@@ -830,7 +785,7 @@ def run_sweep(sw: Sweep, engine: str = "local", workers: int | None = None,
         elif engine == "ray":
             run_ray(tasks, workers, address, on_rows)
         else:
-            run_local(tasks, workers or default_workers(), on_rows)
+            run_local(tasks, workers or pool.default_workers(), on_rows)
     except KeyboardInterrupt:
         interrupted = True
     finally:
