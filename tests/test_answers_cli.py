@@ -493,20 +493,20 @@ def test_pareto_and_capacity_answer_a_partial_host_for_its_own_gpus(runner, tmp_
 
 
 def test_capacity_without_an_answer_names_the_fastest_size_not_the_largest(runner, tmp_path):
-    """Llama-3-70B on 80-81 nodes at 30 days: 81 nodes needs 39.7 days, 80 nodes 39.2; the
-    answer named only the largest size's 39.7 as if it were the range's best."""
-    f = tmp_path / "l70.toml"
-    f.write_text((ROOT / "instances" / "llama3-70b-capacity.toml").read_text()
-                 .replace("nodes = [1, 512]", "nodes = [80, 81]"))
-    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30", "--json"])
+    """Found on Llama-3-70B at 80-81 nodes and 30 days (instances/llama3-70b-capacity.toml: 81
+    nodes needs 39.7 days, 80 nodes 39.2): the answer named only the largest size's days as if
+    they were the range's best. The small model has the same shape at 4-5 nodes (its batch of
+    64 splits worse over 40 GPUs than over 32), in a fifth of the time."""
+    f = _small(tmp_path, size="nodes = [4, 5]", tokens="2e12")
+    r = runner.invoke(app, ["capacity", str(f), "--deadline-days", "2", "--json"])
     assert r.exit_code == 3, r.output
     d = json.loads(r.stdout)
     days = {c["nodes"]: c["days"] for c in d["checked"]}
-    assert days[80] < days[81]
-    assert d["fastest"]["nodes"] == 80 and d["fastest"]["days"] == days[80]
-    assert f"the fastest found, 80 nodes, needs {days[80]:.1f} days" in d["error"]
-    text = runner.invoke(app, ["capacity", str(f), "--deadline-days", "30"])
-    assert f"The fastest size solved, 80 nodes, needs {days[80]:.1f} days" in _flat(text.stdout)
+    assert days[4] < days[5] and f"{days[4]:.1f}" != f"{days[5]:.1f}"
+    assert d["fastest"]["nodes"] == 4 and d["fastest"]["days"] == days[4]
+    assert f"the fastest found, 4 nodes, needs {days[4]:.1f} days" in d["error"]
+    text = runner.invoke(app, ["capacity", str(f), "--deadline-days", "2"])
+    assert f"The fastest size solved, 4 nodes, needs {days[4]:.1f} days" in _flat(text.stdout)
 
 
 def test_capacity_without_any_plan_says_what_binds_not_the_deadline(runner, tmp_path):

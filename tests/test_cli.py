@@ -91,10 +91,11 @@ def test_emit_torchtitan_solves_on_torchtitans_kernels(runner, tmp_path):
     base = (ROOT / "instances" / "llama3-70b-h100.toml").read_text()
     named = tmp_path / "titan.toml"
     named.write_text(base.replace("[constraints]\n", '[constraints]\nframework = "torchtitan"\n', 1))
+    # (the enumerator: which rules the search runs under is the question, not the backend)
     emitted = run_json(runner, ["solve", str(ROOT / "instances" / "llama3-70b-h100.toml"),
                                 "--emit", "torchtitan", "--emit-to", str(tmp_path / "t.toml"),
-                                "--json"])
-    direct = run_json(runner, ["solve", str(named), "--json"])
+                                "--solver", "enumerate", "--json"])
+    direct = run_json(runner, ["solve", str(named), "--solver", "enumerate", "--json"])
     assert emitted["step_time_s"] == direct["step_time_s"]
     assert emitted["plan_spec"] == direct["plan_spec"]
     # the JSON says whose rules and kernels costed it
