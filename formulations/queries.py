@@ -354,7 +354,8 @@ def _objective_for_days(sized: Instance, days: float) -> float:
 
 
 def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
-             time_limit: float | None = None, budget_usd: float | None = None) -> CapacityAnswer:
+             time_limit: float | None = None, budget_usd: float | None = None,
+             workers: int = 1) -> CapacityAnswer:
     """The fewest nodes in the instance's range whose optimal plan trains the token budget
     within ``deadline_days``, and that plan.
 
@@ -366,6 +367,12 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
     cheapest plan meeting the deadline among the sizes from the answer up to the end of the
     range, and whether it fits the budget. Without an answer, ``fastest`` is the fastest size
     solved, and sizes without any plan say why (``checked[].reason`` and ``detail``).
+
+    With ``workers`` > 1 the sizes are solved ahead, side by side, in a process pool
+    (:mod:`formulations.pool`) and read in increasing order as here: the answer and the sizes
+    checked are the same; the pool stops at the answer, having spent at most ``workers - 1``
+    solves on larger sizes. (The cheapest plan's walk stays in order: each size's cap is the
+    best cost before it.)
     """
     from formulations.solve import check_backend
 
@@ -380,34 +387,36 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
     ans = CapacityAnswer(deadline_days, None, None,
                          partial_gpus=inst.gpus if inst.partial_host else None)
     last_miss: dict[str, Any] | None = None
-    for n in options:
-        lb = days_lower_bound(inst, n)
-        if lb > deadline_days:
-            last_miss = {"nodes": n, "days_lower_bound": lb, "proof": "compute lower bound"}
-            ans.bound_skipped.append(n)
-            ans.skipped_days_lower_bound = lb
-            continue
-        sized = inst.at_size(n)
-        try:
-            res = solve(sized, solver=solver, time_limit=time_limit, explain="limits")
-        except InfeasibleError as exc:
-            entry = _infeasible(n, exc)
-            ans.checked.append(entry)
-            last_miss = {"nodes": n, "feasible": False, "proof": NO_PLAN,
-                         "reason": exc.args[0], "detail": entry["detail"]}
-            continue
-        res = _within_deadline(sized, res, deadline_days, solver, time_limit)
-        days = res.report.total_days if res.report else None
-        ans.checked.append({"nodes": n, "days": days, "status": res.status.value})
-        # a plan that meets the deadline shows the size suffices, proven optimal there or not
-        # (a solve stopped at the time limit with a plan: Status.FEASIBLE; the answer then
-        # says its plan is not proven the fastest at that size)
-        if days is not None and days <= deadline_days and res.status in (Status.OPTIMAL,
-                                                                          Status.FEASIBLE):
-            ans.nodes, ans.result = n, res
-            break
-        last_miss = {"nodes": n, "days": days, "status": res.status.value,
-                     "proof": _proof(res.status.value)}
+    bounds = {n: days_lower_bound(inst, n) for n in options}
+    solved = pool.imap(_capacity_size, [(inst.at_size(n), n, deadline_days, solver, time_limit)
+                                        for n in options if bounds[n] <= deadline_days], workers)
+    try:
+        for n in options:
+            lb = bounds[n]
+            if lb > deadline_days:
+                last_miss = {"nodes": n, "days_lower_bound": lb, "proof": "compute lower bound"}
+                ans.bound_skipped.append(n)
+                ans.skipped_days_lower_bound = lb
+                continue
+            res = next(solved)
+            if isinstance(res, dict):                   # no plan at this size
+                ans.checked.append(res)
+                last_miss = {"nodes": n, "feasible": False, "proof": NO_PLAN,
+                             "reason": res["reason"], "detail": res["detail"]}
+                continue
+            days = res.report.total_days if res.report else None
+            ans.checked.append({"nodes": n, "days": days, "status": res.status.value})
+            # a plan that meets the deadline shows the size suffices, proven optimal there or not
+            # (a solve stopped at the time limit with a plan: Status.FEASIBLE; the answer then
+            # says its plan is not proven the fastest at that size)
+            if days is not None and days <= deadline_days and res.status in (Status.OPTIMAL,
+                                                                              Status.FEASIBLE):
+                ans.nodes, ans.result = n, res
+                break
+            last_miss = {"nodes": n, "days": days, "status": res.status.value,
+                         "proof": _proof(res.status.value)}
+    finally:
+        solved.close()                        # (a pool stops its solves of larger sizes)
     if ans.nodes is None:
         ans.next_smaller = last_miss          # the largest size and why it misses
     elif last_miss is not None and last_miss["nodes"] == ans.nodes - 1:
@@ -422,6 +431,19 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
                                  budget_usd)
     ans.wall_s = time.perf_counter() - t0
     return ans
+
+
+def _capacity_size(task: tuple[Instance, int, float, str, float | None]
+                   ) -> SolveResult | dict[str, Any]:
+    """One size of a capacity search: its optimum (a plan within the deadline where only the
+    tie window misses it, :func:`_within_deadline`), or, without any plan, the size's entry
+    saying why (:func:`_infeasible`). A pool's task."""
+    sized, n, deadline, solver, time_limit = task
+    try:
+        res = solve(sized, solver=solver, time_limit=time_limit, explain="limits")
+    except InfeasibleError as exc:
+        return _infeasible(n, exc)
+    return _within_deadline(sized, res, deadline, solver, time_limit)
 
 
 def _within_deadline(sized: Instance, res: SolveResult, deadline: float, solver: str,

@@ -450,6 +450,9 @@ def test_pareto_and_capacity_json(runner, tmp_path):
                             "--json"])
     check_plan_result(cap)
     assert cap["nodes"] in (1, 2, 3) and cap["total_days"] <= best * 1.01
+    pooled = run_json(runner, ["capacity", str(path), "--deadline-days", str(best * 1.01),
+                               "--json", "--workers", "2"])
+    assert untimed({"all": [{**pooled, "wall_s": 0}]}) == untimed({"all": [{**cap, "wall_s": 0}]})
 
 
 def test_solve_on_a_node_range_needs_a_size(runner, tmp_path):

@@ -101,6 +101,27 @@ def test_capacity_answer_is_minimal():
     assert impossible.nodes is None
 
 
+def test_capacity_in_a_process_pool_gives_the_answer_of_one_process():
+    """Sizes solved ahead side by side (formulations/pool.py) and read in increasing order
+    give one process's answer: 6 nodes too slow, 7 without a plan (its data-parallel degree
+    divides no split of the batch), 8 the answer; the pool's solves of larger sizes are not
+    read."""
+    inst = parse_instance(doc(cluster={"nodes": [6, 12]}))
+    six, eight = (solve(inst.with_nodes(n)).report.total_days for n in (6, 8))
+    assert eight < six
+    deadline = (six + eight) / 2
+
+    def said(ans):
+        return (ans.nodes, ans.checked, ans.next_smaller, ans.bound_skipped,
+                ans.result.report.plan, ans.result.objective)
+
+    alone = queries.capacity(inst, deadline, workers=1)
+    pooled = queries.capacity(inst, deadline, workers=2)
+    assert pooled.nodes == 8 and [c["nodes"] for c in pooled.checked] == [6, 7, 8]
+    assert pooled.checked[1]["feasible"] is False and pooled.checked[1]["reason"]
+    assert said(pooled) == said(alone)
+
+
 def test_capacity_says_when_one_node_fewer_has_no_valid_degrees():
     """Three nodes (24 GPUs) of a model with 8 heads, 8 layers split evenly and a batch of 64
     leave no degrees: the 3 fits neither tp, pp nor dp. Capacity says that, not that the plans

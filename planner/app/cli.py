@@ -769,10 +769,14 @@ def capacity(
     ] = None,
     solver: SolverOpt = "cpsat",
     time_limit: TimeOpt = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="sizes solved ahead side by side, one process each, read in order "
+        "(default: the cores)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The fewest nodes (in the instance's range) whose optimal plan meets the deadline."""
     from formulations import queries
+    from formulations.pool import default_workers
     from formulations.result import Status
     from planner.app.report import capacity_panel, print_step, sizes_text
     from planner.model.words import plural
@@ -780,7 +784,7 @@ def capacity(
     try:
         inst = _load(file)
         ans = queries.capacity(inst, deadline_days, solver=solver, time_limit=time_limit,
-                               budget_usd=budget_usd)
+                               budget_usd=budget_usd, workers=workers or default_workers())
     except PlanError as exc:
         _fail(exc, as_json)
     over = bool(ans.cheapest and not ans.cheapest["within_budget"])
