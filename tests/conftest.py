@@ -25,11 +25,11 @@ if hasattr(typer.testing, "_get_command"):
 
 @pytest.fixture(autouse=True)
 def _one_process_per_query(monkeypatch):
-    """``plan pareto`` solves its sizes in a pool of one process per core by default
-    (formulations/pool.py). The suite already keeps every core busy with its own workers, so a
-    pool inside a test only adds its start (about a second, measured over the pareto tests) and
-    competes with them: here the default is one process. Tests of the pool pass ``workers``
-    (or ``--workers``) themselves."""
+    """``plan pareto`` and ``plan capacity`` solve their sizes in a pool of one process per
+    core by default (formulations/pool.py). The suite already keeps every core busy with its
+    own workers, so a pool inside a test only adds its start (about a second, measured over the
+    pareto tests) and competes with them: here the default is one process. Tests of the pool
+    pass ``workers`` (or ``--workers``) themselves."""
     monkeypatch.setattr("formulations.pool.default_workers", lambda: 1)
 
 
