@@ -368,12 +368,18 @@ def run_max(x, num: int, marks: tuple[int, ...]):
         def one(v, n_all=num, pre=prefix):
             run = min(max(math.ceil(n_all / float(v) - 1e-9), 1), len(pre) - 1)
             return float(np.max(pre[run:] - pre[:-run]))
-        def many(v, one=one):          # (a form takes few values: computed once each)
-            u, back = np.unique(np.asarray(v, dtype=float), return_inverse=True)
-            return np.array([one(x) for x in u])[back].reshape(np.shape(v))
         FUNCTIONS[name] = one
-        ARRAY_FUNCTIONS[name] = many
+        ARRAY_FUNCTIONS[name] = _per_value(one)
     return _apply(name, x)
+
+
+def _per_value(one):
+    """``one`` (a scalar function of a degree) over an array of points, computed once per
+    distinct value: a form takes few values, the enumerator's arrays hold thousands of points."""
+    def many(v):
+        u, back = np.unique(np.asarray(v, dtype=float), return_inverse=True)
+        return np.array([one(x) for x in u])[back].reshape(np.shape(v))
+    return many
 
 
 def remote_nodes(x, experts: int, top_k: int):
@@ -393,7 +399,7 @@ def remote_nodes(x, experts: int, top_k: int):
                 else 0.0
             return (v - 1.0) * (1.0 - miss)
         FUNCTIONS[name] = one
-        ARRAY_FUNCTIONS[name] = np.vectorize(one, otypes=[float])
+        ARRAY_FUNCTIONS[name] = _per_value(one)
     return _apply(name, x)
 
 
