@@ -54,8 +54,8 @@ def imap(fn: Callable[[Any], Any], items: list, workers: int, ordered: bool = Tr
     """``fn`` over ``items``: in this process with one worker (or one item), else in a pool of
     ``min(workers, len(items))`` processes, one item at a time, yielding each result as it
     arrives (in the items' order when ``ordered``). ``fn`` must be a module-level function
-    and the items picklable. Ctrl-C (or any error) terminates the pool and re-raises; so does
-    a caller that stops reading (closes the generator: capacity at its answer). As with
+    and the items picklable. Ctrl-C (or any error) terminates the pool and re-raises; a caller
+    that stops reading (closes the generator: capacity at its answer) terminates it too. As with
     any non-fork multiprocessing, a script calling this needs the ``if __name__ ==
     "__main__":`` guard (the ``plan`` command has it)."""
     if workers <= 1 or len(items) <= 1:
