@@ -175,20 +175,27 @@ def evaluate_goals(space: SearchSpace, cols: dict[str, np.ndarray], objective: s
                                                       (m,)))
             obj[k, laid] = np.where(mem <= limit, step, np.inf)
             memory[k, laid] = mem
-    return obj, memory, (internode_goal(space, degrees_of(space, cols),
-                                        range(len(space.combos)), n) if internode else None)
+    return obj, memory, (internode_goal(space, cols, range(len(space.combos)))
+                         if internode else None)
 
 
-def internode_goal(space: SearchSpace, deg: Degrees, rows, n: int) -> np.ndarray:
-    """Bytes sent across nodes per (combination, point), for the combinations ``rows`` (the
-    others 0). The tie-break reads them only among the plans that tie on the objective, and
-    each combination costs a second run of the evaluator: :func:`solve` asks for the
-    combinations holding a tie alone."""
+def internode_goal(space: SearchSpace, cols: dict[str, np.ndarray], rows,
+                   at: np.ndarray | None = None) -> np.ndarray:
+    """Bytes sent across nodes per (combination, point), for the combinations ``rows`` at the
+    points ``at`` (a mask; every point without it), 0 elsewhere. The tie-break reads them only
+    among the plans that tie on the objective, and each combination costs a second run of the
+    evaluator: :func:`solve` asks for the combinations holding a tie, at the points some tie
+    holds."""
+    n = len(next(iter(cols.values())))
     out = np.zeros((len(space.combos), n))
     if space.inst.segments > 1:                  # on one NVLink segment nothing crosses the NIC
+        if at is not None:
+            cols = {name: c[at] for name, c in cols.items()}
+        deg = degrees_of(space, cols)
+        m = len(next(iter(cols.values())))
         for k in rows:
-            out[k] = np.broadcast_to(np.asarray(
-                internode_bytes(space.inst, deg, space.combos[k]), dtype=float), (n,))
+            out[k, slice(None) if at is None else at] = np.broadcast_to(np.asarray(
+                internode_bytes(space.inst, deg, space.combos[k]), dtype=float), (m,))
     return out
 
 
@@ -227,9 +234,11 @@ def solve(space: SearchSpace, objective: str = "step_time", time_limit: float | 
         else:
             rank_of = dict(zip(values[name], ranks))
             keys.append(np.array([rank_of[v] for v in cols[name].tolist()])[None, :])
-    # the bytes across nodes of the combinations that hold a tie (the only ones ties.pick reads)
-    tied = np.nonzero(np.any(obj <= ties.objective_cap(float(np.min(obj))), axis=1))[0]
-    internode = internode_goal(space, degrees_of(space, cols), tied, n)
+    # the bytes across nodes of the combinations that hold a tie, at the points a tie holds
+    # (the only ones ties.pick reads)
+    near = obj <= ties.objective_cap(float(np.min(obj)))
+    internode = internode_goal(space, cols, np.nonzero(np.any(near, axis=1))[0],
+                               np.any(near, axis=0))
     k, i = ties.pick(obj, memory, internode, keys)
     solve_s = time.perf_counter() - t0 - build_s
     choice = {name: int(cols[name][i]) for name in ORDER}
