@@ -235,7 +235,8 @@ def test_an_moe_plan_carries_the_caveat_its_validation_earns(data, results):
     from planner.model.evaluate import MOE_CAVEAT, evaluate
     from planner.model.instance import load_instance
     from planner.model.plan import plan_from_spec
-    moe = [r for r in results if r.id in _moe_ids(data)]
+    ids = _moe_ids(data)
+    moe = [r for r in results if r.id in ids]
     ratios = sorted(r.measured_s / r.predicted_s for r in moe)
     assert f"the {len(moe)} measured MoE runs" in MOE_CAVEAT
     assert f"took {ratios[0]:.1f}x to {ratios[-1]:.1f}x" in MOE_CAVEAT, ratios
