@@ -534,7 +534,8 @@ def unconstrained_spec(c: ConstraintSpec) -> ConstraintSpec:
     return c.model_copy(update={k: lifted(c, k) for k in WHATIF_KEYS})
 
 
-def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None) -> Comparison:
+def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
+            constrained: SolveResult | None = None, workers: int = 1) -> Comparison:
     """The instance's constrained optimum next to the optimum without its what-if constraints
     (:func:`unconstrained_spec`: caps the instance raises stay raised, so the baseline's space
     holds the constrained one; only a ``recompute_layers`` pin on a count that is not a share
@@ -544,48 +545,69 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
 
     Every solve must return a plan (a stop at the time limit raises :class:`SolverError`): a
     missing optimum leaves nothing to compare, and a missing lifted one leaves open whether
-    that constraint binds."""
+    that constraint binds. ``constrained``: the instance's own solve, when the caller has it
+    (``plan solve --compare``), not solved again. The solves are independent: with ``workers``
+    > 1 they run side by side in a process pool (:mod:`formulations.pool`), read in the order
+    one process would solve them."""
     c = inst.spec.constraints
     lifted_all = unconstrained_spec(c)
-    free = inst.with_spec(constraints=lifted_all)
-    base = solve(free, solver=solver, time_limit=time_limit)
-    if base.report is None:
-        raise _no_plan("--compare, the optimum without the [constraints] what-ifs", base,
-                       time_limit)
-    try:
-        con = solve(inst, solver=solver, time_limit=time_limit)
-    except InfeasibleError:
-        con = None
-    if con is not None and con.report is None:
-        raise _no_plan("--compare, the optimum under the [constraints]", con, time_limit)
-    slow = (con.report.step_time_s / base.report.step_time_s - 1) if con and con.report else None
-    binding = []
     # (a reach key only follows its pin: lifted with it, never alone)
     set_keys = [k for k in WHATIF_KEYS
                 if getattr(c, k) != getattr(lifted_all, k) and k not in REACHES]
+    withouts = []
     for key in set_keys:
         update = {key: getattr(lifted_all, key)} | {
             reach: getattr(lifted_all, reach) for reach, pin in REACHES.items() if pin == key}
-        without = inst.with_spec(constraints=c.model_copy(update=update))
-        try:
-            alt = solve(without, solver=solver, time_limit=time_limit, explain=False)
-        except InfeasibleError:
-            continue
-        if alt.report is None:
-            raise _no_plan(f"--compare, the optimum with constraints.{key} lifted", alt,
+        withouts.append(inst.with_spec(constraints=c.model_copy(update=update)))
+    tasks = [(inst.with_spec(constraints=lifted_all), solver, time_limit, True)]
+    tasks += [(inst, solver, time_limit, True)] if constrained is None else []
+    tasks += [(without, solver, time_limit, False) for without in withouts]
+    solved = pool.imap(_compare_solve, tasks, workers)
+    try:
+        base = next(solved)
+        if isinstance(base, InfeasibleError):
+            raise base
+        if base.report is None:
+            raise _no_plan("--compare, the optimum without the [constraints] what-ifs", base,
                            time_limit)
-        if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
-            t_con = con.report.step_time_s if con else None
-            binding.append({"constraint": key, "value": getattr(c, key),
-                            "lifted_to": getattr(lifted_all, key),
-                            "step_time_without_s": alt.report.step_time_s,
-                            # > 0: the optimum is that much faster without it
-                            "speedup_if_lifted": (t_con / alt.report.step_time_s - 1)
-                            if con else None,
-                            # < 0: the step time falls by that share without it
-                            "step_time_change_if_lifted": (alt.report.step_time_s / t_con - 1)
-                            if con else None})
+        con = next(solved) if constrained is None else constrained
+        con = None if isinstance(con, InfeasibleError) else con
+        if con is not None and con.report is None:
+            raise _no_plan("--compare, the optimum under the [constraints]", con, time_limit)
+        slow = ((con.report.step_time_s / base.report.step_time_s - 1) if con and con.report
+                else None)
+        binding = []
+        for key, alt in zip(set_keys, solved):
+            if isinstance(alt, InfeasibleError):
+                continue
+            if alt.report is None:
+                raise _no_plan(f"--compare, the optimum with constraints.{key} lifted", alt,
+                               time_limit)
+            if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
+                t_con = con.report.step_time_s if con else None
+                binding.append({"constraint": key, "value": getattr(c, key),
+                                "lifted_to": getattr(lifted_all, key),
+                                "step_time_without_s": alt.report.step_time_s,
+                                # > 0: the optimum is that much faster without it
+                                "speedup_if_lifted": (t_con / alt.report.step_time_s - 1)
+                                if con else None,
+                                # < 0: the step time falls by that share without it
+                                "step_time_change_if_lifted": (alt.report.step_time_s / t_con - 1)
+                                if con else None})
+    finally:
+        solved.close()
     return Comparison(con, base, slow, binding)
+
+
+def _compare_solve(task: tuple[Instance, str, float | None, bool]
+                   ) -> SolveResult | InfeasibleError:
+    """One solve of :func:`compare` (a pool's task): its result, or the infeasibility it
+    proved, returned to be read in order rather than raised from the pool."""
+    sized, solver, time_limit, explain = task
+    try:
+        return solve(sized, solver=solver, time_limit=time_limit, explain=explain)
+    except InfeasibleError as exc:
+        return exc
 
 
 # ------------------------------------------------------------------------------------------

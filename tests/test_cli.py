@@ -236,13 +236,14 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "plot-suffix": (["pareto", str(ranged), "--plot", str(tmp / "front")], "ending in .png"),
         "plot-dir": (["pareto", str(ranged), "--plot", str(tmp / "no" / "f.png")], "does not exist"),
         "pareto-too-many": (["pareto", str(huge)], "node_counts"),
+        "workers-without-compare": (["solve", str(GPT3), "--workers", "2"], "--compare"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing-file", "unknown-key", "toml-syntax", "unknown-gpu",
                                   "bad-recompute", "zero-tp", "missing-runs",
                                   "runs-without-runs", "directory", "deep-nesting", "plot-suffix",
-                                  "plot-dir", "pareto-too-many"])
+                                  "plot-dir", "pareto-too-many", "workers-without-compare"])
 @pytest.mark.parametrize("as_json", [False, True])
 def test_bad_input_exits_2_without_traceback(runner, tmp_path, case, as_json):
     args, needle = _bad_files(tmp_path)[case]

@@ -356,6 +356,28 @@ def test_compare_names_the_binding_constraint():
         assert 0 < b["speedup_if_lifted"] <= cmp.slowdown * (1 + 1e-9)
 
 
+def test_compare_in_a_process_pool_and_from_a_given_solve_gives_one_process_answer():
+    """--compare's solves side by side (formulations/pool.py), and its constrained optimum
+    taken from the caller's own solve instead of solved again: the same comparison, the
+    solver clocks aside."""
+    inst = parse_instance(base_doc("big", {"max_tp": 1, "max_vp": 1, "max_dp": 16}))
+
+    def untimed(cmp):
+        d = cmp.to_dict()
+        for side in ("constrained", "unconstrained"):
+            d[side]["solver"] = {k: v for k, v in d[side]["solver"].items()
+                                 if not k.endswith("_s")}
+        return d
+
+    # (the enumerator: how the solves are run and read is the question, not the backend)
+    alone = untimed(queries.compare(inst, solver="enumerate", workers=1))
+    assert alone["binding"]
+    assert untimed(queries.compare(inst, solver="enumerate", workers=2)) == alone
+    given = solve(inst, solver="enumerate")
+    assert untimed(queries.compare(inst, solver="enumerate", constrained=given,
+                                   workers=2)) == alone
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_top_k_is_ordered_and_distinct(backend):
     inst = parse_instance(doc(cluster={"nodes": 1}))

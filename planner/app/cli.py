@@ -608,17 +608,25 @@ def solve(
     ] = False,
     top: Annotated[int, typer.Option(min=1, help="list the K best distinct plans (at most 100, "
                                                   "each a solve)")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="with --compare: its solves side by side, one process each (default: the "
+        "cores)")] = None,
     emit: EmitOpt = None,
     emit_to: EmitToOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The fastest plan under the model, with its optimality certificate."""
     from formulations import queries
+    from formulations.pool import default_workers
     from formulations.result import Status
     from formulations.solve import solve as run_solve
     from planner.app.report import compare_table, print_step, solver_panel, top_table
+    from planner.model.errors import InputError
 
     try:
+        if workers is not None and not compare:
+            raise InputError("--workers: only with --compare (its solves side by side); one "
+                             "solve runs in one process")
         _check_emit(emit, emit_to)
         inst = _load(file, nodes)
         _single_size(inst, nodes)
@@ -633,7 +641,10 @@ def solve(
         else:
             ranked = None
             res = run_solve(inst, solver=solver, time_limit=time_limit)
-        cmp = queries.compare(inst, solver=solver, time_limit=time_limit) if compare else None
+        # (the constrained optimum is the solve above, unless --top made it a list)
+        cmp = queries.compare(inst, solver=solver, time_limit=time_limit,
+                              constrained=res if top == 1 else None,
+                              workers=workers or default_workers()) if compare else None
         launch = _emit_text(inst, res.report.plan, emit) if (emit and res.report) else None
         if launch is not None and (emit_to is not None or not as_json):
             _write_launch(launch, emit_to)
