@@ -108,8 +108,9 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     if len(options) > MAX_PARETO_SIZES:
         raise InputError(f"{inst.source}: {too_many_sizes(inst, len(options))}")
     check_backend(solver)        # (before any size: one may be infeasible before a backend runs)
-    tasks = [(inst.at_size(n), n, solver, time_limit) for n in options]
-    points = list(pool.imap(_pareto_size, tasks, workers))
+    tasks = [(inst.at_size(n), solver, time_limit, "brief") for n in options]
+    points = [_pareto_point(n, res)
+              for n, res in zip(options, pool.imap(_solve_or_infeasible, tasks, workers))]
     feasible = [p for p in points if p.result is not None]
     for p in feasible:
         p.on_front = not any(_dominates(front_key(q), front_key(p))
@@ -117,16 +118,25 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
     return points
 
 
-def _pareto_size(task: tuple[Instance, int, str, float | None]) -> ParetoPoint:
-    """One size of a front: its proven optimum, or why it has none (a pool's task)."""
-    sized, n, solver, time_limit = task
-    try:
-        res = solve(sized, solver=solver, time_limit=time_limit, explain="brief")
-    except InfeasibleError as exc:
-        return ParetoPoint(n, None, exc.args[0], list(exc.explanation))
+def _pareto_point(n: int, res: SolveResult | InfeasibleError) -> ParetoPoint:
+    """One size of a front: its proven optimum, or why it has none."""
+    if isinstance(res, InfeasibleError):
+        return ParetoPoint(n, None, res.args[0], list(res.explanation))
     if res.report:
         return ParetoPoint(n, res, res.note)
     return ParetoPoint(n, None, _stop_reason(res), status=res.status.value)
+
+
+def _solve_or_infeasible(task: tuple[Instance, str, float | None, bool | str]
+                         ) -> SolveResult | InfeasibleError:
+    """One solve of a query that solves many (a pool's task: ``(instance, solver, time limit,
+    explain)``): its result, or the infeasibility it proved, returned to be read in order
+    rather than raised from the pool."""
+    inst, solver, time_limit, explain = task
+    try:
+        return solve(inst, solver=solver, time_limit=time_limit, explain=explain)
+    except InfeasibleError as exc:
+        return exc
 
 
 def too_many_sizes(inst: Instance, count: int) -> str:
@@ -388,7 +398,7 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
                          partial_gpus=inst.gpus if inst.partial_host else None)
     last_miss: dict[str, Any] | None = None
     bounds = {n: days_lower_bound(inst, n) for n in options}
-    solved = pool.imap(_capacity_size, [(inst.at_size(n), n, deadline_days, solver, time_limit)
+    solved = pool.imap(_capacity_size, [(inst.at_size(n), deadline_days, solver, time_limit)
                                         for n in options if bounds[n] <= deadline_days], workers)
     try:
         for n in options:
@@ -399,10 +409,11 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
                 ans.skipped_days_lower_bound = lb
                 continue
             res = next(solved)
-            if isinstance(res, dict):                   # no plan at this size
-                ans.checked.append(res)
+            if isinstance(res, InfeasibleError):        # no plan at this size
+                entry = _infeasible(n, res)
+                ans.checked.append(entry)
                 last_miss = {"nodes": n, "feasible": False, "proof": NO_PLAN,
-                             "reason": res["reason"], "detail": res["detail"]}
+                             "reason": entry["reason"], "detail": entry["detail"]}
                 continue
             days = res.report.total_days if res.report else None
             ans.checked.append({"nodes": n, "days": days, "status": res.status.value})
@@ -433,16 +444,15 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
     return ans
 
 
-def _capacity_size(task: tuple[Instance, int, float, str, float | None]
-                   ) -> SolveResult | dict[str, Any]:
-    """One size of a capacity search: its optimum (a plan within the deadline where only the
-    tie window misses it, :func:`_within_deadline`), or, without any plan, the size's entry
-    saying why (:func:`_infeasible`). A pool's task."""
-    sized, n, deadline, solver, time_limit = task
-    try:
-        res = solve(sized, solver=solver, time_limit=time_limit, explain="limits")
-    except InfeasibleError as exc:
-        return _infeasible(n, exc)
+def _capacity_size(task: tuple[Instance, float, str, float | None]
+                   ) -> SolveResult | InfeasibleError:
+    """One size of a capacity search (a pool's task): its optimum, or a plan within the
+    deadline where only the tie window misses it (:func:`_within_deadline`), or the
+    infeasibility it proved (:func:`_solve_or_infeasible`)."""
+    sized, deadline, solver, time_limit = task
+    res = _solve_or_infeasible((sized, solver, time_limit, "limits"))
+    if isinstance(res, InfeasibleError):
+        return res
     return _within_deadline(sized, res, deadline, solver, time_limit)
 
 
@@ -562,7 +572,7 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
     tasks = [(inst.with_spec(constraints=lifted_all), solver, time_limit, True)]
     tasks += [(inst, solver, time_limit, True)] if constrained is None else []
     tasks += [(without, solver, time_limit, False) for without in withouts]
-    solved = pool.imap(_compare_solve, tasks, workers)
+    solved = pool.imap(_solve_or_infeasible, tasks, workers)
     try:
         base = next(solved)
         if isinstance(base, InfeasibleError):
@@ -597,17 +607,6 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
     finally:
         solved.close()
     return Comparison(con, base, slow, binding)
-
-
-def _compare_solve(task: tuple[Instance, str, float | None, bool]
-                   ) -> SolveResult | InfeasibleError:
-    """One solve of :func:`compare` (a pool's task): its result, or the infeasibility it
-    proved, returned to be read in order rather than raised from the pool."""
-    sized, solver, time_limit, explain = task
-    try:
-        return solve(sized, solver=solver, time_limit=time_limit, explain=explain)
-    except InfeasibleError as exc:
-        return exc
 
 
 # ------------------------------------------------------------------------------------------
