@@ -135,3 +135,34 @@ def test_batch_models_presolve_to_their_dominant_assignments():
             narrower += reach < admitting
             assert exps(every, mono, batch) <= admitting
     assert narrower
+
+
+@pytest.mark.parametrize("inst", CASES + [load_instance("instances/deepseek-v3-h800.toml")],
+                         ids=["gpt3", "mixtral", "tiny-moe-range-dpcap", "deepseek-v3"])
+def test_form_values_read_off_the_walks_graph_equal_a_walk_per_form(inst):
+    """The presolve reads every form's values and counts off one walk of the rules kept as a
+    graph (``SearchSpace.form_reach``, ``_Diagram``); a walk of the rules per form
+    (``_count_points`` with ``form``, as before) gives the same counts, value for value; for
+    a batch range, so does one per form with the batch tracked and only each assignment's
+    largest batch kept, batch by batch."""
+    from formulations.encoding import encode
+    from formulations.solve import _batch_model
+    from formulations.space import _count_points
+
+    space = build_space(inst)
+    forms = encode(space, "step_time", ties=False).forms
+    batches = candidate_batches(space) if len(space.base["B"].values) > 1 else []
+    spread = 0
+    for mono in forms:
+        if not batches:
+            got = space.form_reach(mono)
+            assert got == _count_points(space, form=mono), mono
+            spread += len(got) > 1
+            continue
+        walked = _count_points(space, track=("B",), form=mono, dominant_batch=True)
+        for batch in batches:
+            index = space.base["B"].values.index(batch)
+            got = _batch_model(space, batch).form_reach(mono)
+            assert got == {k[1:]: n for k, n in walked.items() if k[0] == index}, (batch, mono)
+            spread += len(got) > 1
+    assert spread           # (forms that take several values: not a check of empty dicts)
