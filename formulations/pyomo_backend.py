@@ -102,7 +102,10 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
         return RawSolution(Status.INFEASIBLE, None, None, None, None, 0.0, build_s, solver,
                            note="violated: " + ", ".join(r.violated))
     name = SOLVER_NAMES.get(solver, solver)
-    opt = pyo.SolverFactory(name)
+    # APPSI's HiGHS, told that every variable of the model is one of its own (all are m.x),
+    # takes them in one call, not by a walk of each row for variables it has not met:
+    # set_instance of GPT-3 175B's 3,207 rows 0.16 -> 0.11 s
+    opt = pyo.SolverFactory(name, **({"only_child_vars": True} if name == "appsi_highs" else {}))
     if name in GAP_OPTION:
         opt.options[GAP_OPTION[name]] = 0.0
     if name == "appsi_highs":
