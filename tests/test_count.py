@@ -137,8 +137,7 @@ def test_batch_models_presolve_to_their_dominant_assignments():
     assert narrower
 
 
-@pytest.mark.parametrize("inst", CASES + [load_instance("instances/deepseek-v3-h800.toml")],
-                         ids=["gpt3", "mixtral", "tiny-moe-range-dpcap", "deepseek-v3"])
+@pytest.mark.parametrize("inst", [CASES[0], CASES[2]], ids=["gpt3", "tiny-moe-range-dpcap"])
 def test_form_values_read_off_the_walks_graph_equal_a_walk_per_form(inst):
     """The presolve reads every form's values and counts off one walk of the rules kept as a
     graph (``SearchSpace.form_reach``, ``_Diagram``); a walk of the rules per form
