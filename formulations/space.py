@@ -1235,8 +1235,9 @@ class _Diagram:
     Layer ``i`` holds the walk's states before its ``i``-th variable (``names[i]``); an edge
     (state, value, next state) is a value the rules keep from that state, so the paths from the
     one first state to the last layer are the assignments that keep the rules, one each. Only
-    edges on such a path are kept (``pruned``), and ``fwd`` / ``bwd`` count the paths into /
-    out of each state. A form's values (:func:`_form_counts`) then take one pass over the
+    edges on such a path are kept (``edges``: per layer, the values, next states, and each
+    state's first edge and edge count), and ``fwd`` / ``bwd`` count the paths into / out of
+    each state. A form's values (:func:`_form_counts`) then take one pass over the
     layers from its first variable to its last, with (state, partial exponents) pairs: the
     layers before and after it are summed up by ``fwd`` and ``bwd``. Per form that is a few
     array operations per layer it spans, where a walk of the rules judged every rule at every
