@@ -1248,6 +1248,11 @@ class _Diagram:
         import numpy as np
 
         self.names = _walk_order()
+        self.layer = {n: i for i, n in enumerate(self.names)}
+        nq = len(space.primes)
+        #: per variable, its values' exponent vectors (what a form's pass adds up)
+        self.exps = {n: np.array(space.base[n].exps, dtype=np.int64).reshape(-1, nq)
+                     for n in self.names}
         layers: list = []
         self.empty = not _count_points(space, dominant_batch=dominant_batch, diagram=layers)
         if self.empty:
@@ -1285,8 +1290,7 @@ def _form_counts(space: SearchSpace, diag: _Diagram, form: Mono, batch: bool = F
         return {}
     nq = len(space.primes)
     e_of = dict(form)
-    layer = {n: i for i, n in enumerate(diag.names)}
-    spans = [layer[v] for v in e_of] + ([layer["B"]] if batch else [])
+    spans = [diag.layer[v] for v in e_of] + ([diag.layer["B"]] if batch else [])
     if not spans:                                          # a constant form
         return {(): int(diag.bwd[0][0])} if int(diag.bwd[0][0]) else {}
     a, z = min(spans), max(spans)
@@ -1303,8 +1307,7 @@ def _form_counts(space: SearchSpace, diag: _Diagram, form: Mono, batch: bool = F
         j = val[at]
         code = code[rep]
         if name in e_of:
-            exps = np.array(space.base[name].exps, dtype=np.int64).reshape(-1, nq)
-            code[:, width - nq:] += e_of[name] * exps[j]
+            code[:, width - nq:] += e_of[name] * diag.exps[name][j]
         if batch and name == "B":
             code[:, 0] = j
         nodes, weight = dst[at], weight[rep]
