@@ -279,6 +279,42 @@ def _broken_layout_rules(rules: list[Rule], memo: dict, p: int, v: int, sizes: S
     return got
 
 
+def _layout_keeps(lay: tuple, rules: list[Rule], names: tuple[str, ...], sizes: Sizes, c,
+                  P: list[int], V: list[int], alone: set, any_broken: set
+                  ) -> list[tuple[int, int]]:
+    """The (P, V) pairs at which the layout ``lay`` (first / last shortfalls, the embedding
+    and loss flags, the layout string) keeps the layout rules and the first / last stage pins;
+    the rules broken on the way go to ``alone`` (broken alone) or ``any_broken``."""
+    kn = Knobs(first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
+               account_for_loss=lay[3], layout_string=lay[4])
+    memo = _layout_rule_memo(names, sizes, kn)
+    ok = []
+    for p in P:
+        if p == 2 and lay[0] and lay[1]:
+            # two stages both short of m: the same stages as a layout with one shortfall 0 (m
+            # is a free reference there), which the search keeps; the model's search form
+            # (planner/model/terms.py) relies on it
+            continue
+        m = Fraction(sizes.layers + kn.padded_layers, p)
+        if c.first_stage_layers is not None and m - lay[0] != c.first_stage_layers:
+            continue
+        if c.last_stage_layers is not None and m - lay[1] != c.last_stage_layers:
+            continue
+        for v in V:
+            if lay[4] and (v == 1 or m / v < max(lay[0], lay[1])):
+                # a layout string at vp = 1 is the first / last counts' layout, kept there;
+                # its short stage holds no fewer than zero layers
+                continue
+            broken = _broken_layout_rules(rules, memo, p, v, sizes, kn)
+            if broken:
+                # (the rules named when no layout is left: those a candidate that keeps the
+                # pins breaks alone, else every one such a candidate breaks)
+                (alone if len(broken) == 1 else any_broken).update(broken)
+                continue
+            ok.append((p, v))
+    return ok
+
+
 def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: list[int],
                   suggest: bool = True) -> tuple[dict[tuple, frozenset], list[str]]:
     """Per layout (with its partial-recompute share, :func:`layout_key`), the (P, V) pairs that
@@ -290,36 +326,15 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
     names = tuple(r.name for r in rules)
     out, why = {}, []
     alone, any_broken = set(), set()
+    # the pairs that keep a layout's rules and pins, per layout without its recompute share
+    # (the share is then one more test per pair: a layout has up to a dozen shares)
+    kept: dict[tuple, list[tuple[int, int]]] = {}
     for lay in layouts:
-        kn = Knobs(first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
-                   account_for_loss=lay[3], layout_string=lay[4])
-        memo = _layout_rule_memo(names, sizes, kn)
-        ok = set()
-        for p in P:
-            for v in V:
-                if p == 2 and lay[0] and lay[1]:
-                    # two stages both short of m: the same stages as a layout with one
-                    # shortfall 0 (m is a free reference there), which the search keeps; the
-                    # model's search form (planner/model/terms.py) relies on it
-                    continue
-                m = Fraction(sizes.layers + kn.padded_layers, p)
-                if lay[4] and (v == 1 or m / v < max(lay[0], lay[1])):
-                    # a layout string at vp = 1 is the first / last counts' layout, kept
-                    # there; its short stage holds no fewer than zero layers
-                    continue
-                if c.first_stage_layers is not None and m - lay[0] != c.first_stage_layers:
-                    continue
-                if c.last_stage_layers is not None and m - lay[1] != c.last_stage_layers:
-                    continue
-                broken = _broken_layout_rules(rules, memo, p, v, sizes, kn)
-                if broken:
-                    # (the rules named when no layout is left: those a candidate that keeps
-                    # the pins breaks alone, else every one such a candidate breaks)
-                    (alone if len(broken) == 1 else any_broken).update(broken)
-                    continue
-                if lay[5] and not _recompute_fits(lay, p, v, sizes.layers, c):
-                    continue
-                ok.add((p, v))
+        head = lay[:5]
+        if head not in kept:
+            kept[head] = _layout_keeps(head, rules, names, sizes, c, P, V, alone, any_broken)
+        ok = {(p, v) for p, v in kept[head]
+              if not lay[5] or _recompute_fits(lay, p, v, sizes.layers, c)}
         if ok:
             out[lay] = frozenset(ok)
     # a layout string where the first / last counts allow the same shortfalls spreads them
