@@ -59,6 +59,17 @@ class Form:
     def size(self) -> int:
         return len(self.tuples)
 
+    def position(self, exps: tuple[int, ...]) -> int:
+        """The index of the exponent vector ``exps`` in :attr:`tuples` (ValueError if the form
+        cannot take it)."""
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = self.__dict__["_index"] = {t: i for i, t in enumerate(self.tuples)}
+        try:
+            return index[exps]
+        except KeyError:
+            raise ValueError(f"{exps} is not a value of the form {self.mono}") from None
+
 
 def _reachable(space: SearchSpace, mono: Mono) -> set[tuple[int, ...]]:
     acc = {tuple(0 for _ in space.primes)}
@@ -704,15 +715,18 @@ def _undominated(tabulated: dict, n: int, forms: dict, combos) -> list[int]:
 def evaluate_encoding(enc: Encoding, choice: dict[str, int], combo: int) -> dict[str, float]:
     """Objective and memory of one point, computed from the encoding's tables (for checks)."""
     space = enc.space
+    # (each variable's exponents looked up once, each form's position once: the table checks
+    # of the tests read a few forms thousands of times per point)
+    ex = {v: space.base[v].exps[space.base[v].values.index(val)] for v, val in choice.items()
+          if v in space.base}
 
+    @lru_cache(maxsize=None)
     def form_pos(mono: Mono) -> int:
         exps = [0] * len(space.primes)
         for v, e in mono:
-            val = choice[v]
-            ex = space.base[v].exps[space.base[v].values.index(val)]
-            for q in range(len(exps)):
-                exps[q] += e * ex[q]
-        return enc.forms[mono].tuples.index(tuple(exps))
+            for q, x in enumerate(ex[v]):
+                exps[q] += e * x
+        return enc.forms[mono].position(tuple(exps))
 
     def value(expr: LinExpr) -> float:
         total = expr.constant_by_combo[combo]
