@@ -598,9 +598,20 @@ def _domains(rows: list[RuleRow], start: dict[str, list[int] | None], caps: dict
         for r in pairs:
             (a, ea), (b, eb) = r.mono
 
-            def ok(xa, xb, r=r, ea=ea, eb=eb) -> bool:
-                q = r.coef * Fraction(xa) ** ea * Fraction(xb) ** eb
-                return q == 1 if r.rule.kind == "one" else (q.denominator == 1 and q >= 1)
+            def ok(xa, xb, n=r.coef.numerator, d=r.coef.denominator, ea=ea, eb=eb,
+                   one=r.rule.kind == "one") -> bool:
+                # q = (n / d) xa^ea xb^eb as num / den in integers (d and the values are
+                # positive): a Fraction per pair was most of a build of a pinned space
+                num, den = n, d
+                if ea > 0:
+                    num *= xa ** ea
+                else:
+                    den *= xa ** -ea
+                if eb > 0:
+                    num *= xb ** eb
+                else:
+                    den *= xb ** -eb
+                return num == den if one else (num >= den and num % den == 0)
 
             for x, y, swap in ((a, b, False), (b, a, True)):
                 kept = [vx for vx in dom[x]
