@@ -288,6 +288,8 @@ def _layout_keeps(lay: tuple, rules: list[Rule], names: tuple[str, ...], sizes: 
     kn = Knobs(first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
                account_for_loss=lay[3], layout_string=lay[4])
     memo = _layout_rule_memo(names, sizes, kn)
+    # a middle stage holds m = n / p layers (the tests below are on n: integers, not Fractions)
+    n = sizes.layers + kn.padded_layers
     ok = []
     for p in P:
         if p == 2 and lay[0] and lay[1]:
@@ -295,13 +297,12 @@ def _layout_keeps(lay: tuple, rules: list[Rule], names: tuple[str, ...], sizes: 
             # is a free reference there), which the search keeps; the model's search form
             # (planner/model/terms.py) relies on it
             continue
-        m = Fraction(sizes.layers + kn.padded_layers, p)
-        if c.first_stage_layers is not None and m - lay[0] != c.first_stage_layers:
+        if c.first_stage_layers is not None and n != (c.first_stage_layers + lay[0]) * p:
             continue
-        if c.last_stage_layers is not None and m - lay[1] != c.last_stage_layers:
+        if c.last_stage_layers is not None and n != (c.last_stage_layers + lay[1]) * p:
             continue
         for v in V:
-            if lay[4] and (v == 1 or m / v < max(lay[0], lay[1])):
+            if lay[4] and (v == 1 or n < max(lay[0], lay[1]) * p * v):
                 # a layout string at vp = 1 is the first / last counts' layout, kept there;
                 # its short stage holds no fewer than zero layers
                 continue
