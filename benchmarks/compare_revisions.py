@@ -17,9 +17,11 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from solve_scaling import ROOT, host_info, plan_command, run_once, snapshot
@@ -32,20 +34,33 @@ def checkout(rev: str, tmp: Path) -> tuple[dict | None, str | None, str]:
     return snapshot(rev, tmp / rev.replace("/", "_").replace("~", "-") / "code")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def revision_args(ap: argparse.ArgumentParser) -> None:
+    """The two revisions to compare and the rounds, as every comparison script takes them."""
     ap.add_argument("base", help="git revision, or WORKTREE")
     ap.add_argument("new", help="git revision, or WORKTREE")
-    ap.add_argument("files", nargs="+", type=Path, help="instance TOML files")
     ap.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
+
+
+@contextlib.contextmanager
+def revisions(base: str, new: str) -> Iterator[dict[str, tuple[dict | None, str, str]]]:
+    """The host, then each revision's environment, directory and label (printed), for the
+    duration of the comparison (the snapshots are removed after it)."""
+    print(host_info(), flush=True)
+    with tempfile.TemporaryDirectory() as td:
+        revs = {r: checkout(r, Path(td)) for r in (base, new)}
+        for rev, (_, _, label) in revs.items():
+            print(f"{rev}: {label}", flush=True)
+        yield revs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    revision_args(ap)
+    ap.add_argument("files", nargs="+", type=Path, help="instance TOML files")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--solver", default="cpsat", help="plan solve --solver (default cpsat)")
     args = ap.parse_args()
-    print(host_info(), flush=True)
-    with tempfile.TemporaryDirectory() as td:
-        revs = {r: checkout(r, Path(td)) for r in (args.base, args.new)}
-        for rev, (_, _, label) in revs.items():
-            print(f"{rev}: {label}", flush=True)
+    with revisions(args.base, args.new) as revs:
         runs: dict[tuple[Path, str], list[dict]] = {}
         for _ in range(args.repeat):
             for f in args.files:

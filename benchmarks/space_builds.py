@@ -23,11 +23,9 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from compare_revisions import checkout
-from solve_scaling import ROOT, host_info
+from compare_revisions import revision_args, revisions
+from solve_scaling import ROOT
 
 #: pins that leave a run's space without a layout (or a value), so a build explains why
 PINNED = ({"first_stage_layers": 3}, {"last_stage_layers": 5, "vp": 3}, {"recompute_layers": 2},
@@ -87,15 +85,9 @@ def build_once(env: dict | None, cwd: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("base", help="git revision, or WORKTREE")
-    ap.add_argument("new", help="git revision, or WORKTREE")
-    ap.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
+    revision_args(ap)
     args = ap.parse_args()
-    print(host_info(), flush=True)
-    with tempfile.TemporaryDirectory() as td:
-        revs = {r: checkout(r, Path(td)) for r in (args.base, args.new)}
-        for rev, (_, _, label) in revs.items():
-            print(f"{rev}: {label}", flush=True)
+    with revisions(args.base, args.new) as revs:
         runs: dict[str, list[dict]] = {r: [] for r in revs}
         for _ in range(args.repeat):
             for rev, (env, cwd, _) in revs.items():
