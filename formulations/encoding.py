@@ -59,14 +59,15 @@ class Form:
     def size(self) -> int:
         return len(self.tuples)
 
+    @cached_property
+    def _index(self) -> dict[tuple[int, ...], int]:
+        return {t: i for i, t in enumerate(self.tuples)}
+
     def position(self, exps: tuple[int, ...]) -> int:
         """The index of the exponent vector ``exps`` in :attr:`tuples` (ValueError if the form
         cannot take it)."""
-        index = self.__dict__.get("_index")
-        if index is None:
-            index = self.__dict__["_index"] = {t: i for i, t in enumerate(self.tuples)}
         try:
-            return index[exps]
+            return self._index[exps]
         except KeyError:
             raise ValueError(f"{exps} is not a value of the form {self.mono}") from None
 
