@@ -3,8 +3,9 @@
 
 The spaces: each shipped instance (as written and without its ``[plan]``), each published
 run's ranking spaces (``planner.app.validate.ranking_spaces``: the run's GPU count and batch,
-its pins) and, per run, four pinned variants that leave no layout or no value and so walk the
-explanation's paths (a first / last stage count, a recompute count, an odd ``vp``). A space
+its pins) and, per run, four pinned variants (a first / last stage count, a recompute count,
+an odd ``vp``) that mostly leave no layout or no value, so that the build walks the
+explanation's paths (1,247 of the 1,708 on the shipped runs of 2026-12-06). A space
 that cannot be built counts with its error message. Each round builds them all once per
 revision, in a fresh process, the revisions alternating; the table gives the median CPU
 seconds and whether every build of both revisions produced the same spaces (the layouts'
@@ -27,7 +28,7 @@ import sys
 from compare_revisions import revision_args, revisions
 from solve_scaling import ROOT
 
-#: pins that leave a run's space without a layout (or a value), so a build explains why
+#: pins that often leave a run's space without a layout (or a value), so a build explains why
 PINNED = ({"first_stage_layers": 3}, {"last_stage_layers": 5, "vp": 3}, {"recompute_layers": 2},
           {"vp": 7})
 
