@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import replace
 
 from formulations import ties
@@ -163,7 +164,7 @@ def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, obj
     t0 = time.perf_counter()
     # dominated categorical choices are pruned, except when listing distinct plans (top-k)
     try:
-        enc = encode(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
+        enc = _encoding(space, objective, prune=not cuts.exclude, ties=cuts.break_ties)
     except Unencodable as exc:
         # the model's terms take a form the MIPs cannot hold: a planner bug, said as a solver
         # failure (exit 4) with the way around it, not a traceback
@@ -183,6 +184,54 @@ def _solve_model(space: SearchSpace, backend: str, time_limit: float | None, obj
 
         raw, q = pyomo_backend.solve(enc, cuts, time_limit, _pyomo_name(backend)), None
     return replace(raw, build_s=raw.build_s + enc_s), q
+
+
+def _encoding(space: SearchSpace, objective: str, prune: bool, ties: bool):
+    """:func:`~formulations.encoding.encode` of ``space``, kept on its root space
+    (:meth:`SearchSpace.shared`) for every later model of the same part: an encoding depends
+    on the instance and on the part's knob combinations (with the maxima flags ``_narrow``
+    sets, which the combinations' equality leaves out) and fixed batch, not on the query's
+    cuts or on the backend. So the MIP backends solving one space (:func:`space_of`) encode
+    each part once, and so do the k solves of a top-k list (which differ in their cuts).
+
+    Measured with ``time plan solve instances/gpt3-175b-a100.toml --top 8`` and on the
+    suite: see benchmarks/README.md, "One encoding per part"."""
+    key = ("encoding", objective, prune, ties, tuple(sorted(space.fixed.items())),
+           tuple((k, k.paced, k.offload_maxes, k.recompute_maxes) for k in space.combos))
+    return space.shared(key, lambda: encode(space, objective, prune=prune, ties=ties))
+
+
+#: the spaces of the last instances :func:`solve` was asked about, by the instance's identity
+#: (an :class:`Instance` is frozen; the entry holds it, so its id is not reused while cached)
+_SPACES: OrderedDict[int, tuple[Instance, SearchSpace]] = OrderedDict()
+_SPACES_MAX = 2
+_SPACES_LOCK = threading.Lock()
+
+
+def space_of(inst: Instance) -> SearchSpace:
+    """``build_space(inst)``, the same space object for the same instance object while it is
+    among the last :data:`_SPACES_MAX` asked for: the memos a space keeps (the presolve's
+    counts, the symbolic terms, the encodings of :func:`_encoding`) then serve every solve of
+    it, as the backends' agreement checks, ``compare`` and top-k make. A space is never
+    changed by a solve, only narrowed into new ones."""
+    with _SPACES_LOCK:
+        hit = _SPACES.get(id(inst))
+        if hit is not None and hit[0] is inst:
+            _SPACES.move_to_end(id(inst))
+            return hit[1]
+    space = build_space(inst)                    # raises InfeasibleError for empty domains
+    with _SPACES_LOCK:
+        _SPACES[id(inst)] = (inst, space)
+        while len(_SPACES) > _SPACES_MAX:
+            _SPACES.popitem(last=False)
+    return space
+
+
+def clear_spaces() -> None:
+    """Forget the spaces :func:`space_of` keeps (the tests start each from none, so that a
+    test patching the model's code cannot meet an encoding made before)."""
+    with _SPACES_LOCK:
+        _SPACES.clear()
 
 
 def _pyomo_name(backend: str) -> str:
@@ -457,7 +506,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     """
     t0 = time.perf_counter()
     kind = objective or default_objective(inst)
-    space = build_space(inst)                    # raises InfeasibleError for empty domains
+    space = space_of(inst)                       # raises InfeasibleError for empty domains
     caps = [c for c in (objective_cap(inst, kind), max_objective) if c is not None]
     cap = min(caps) if caps else None
     check_backend(solver)

@@ -33,6 +33,17 @@ def _one_process_per_query(monkeypatch):
     monkeypatch.setattr("formulations.pool.default_workers", lambda: 1)
 
 
+@pytest.fixture(autouse=True)
+def _no_space_from_an_earlier_test():
+    """``solve`` keeps the spaces (and their encodings) of the last instances it was given
+    (formulations/solve.py, ``space_of``); a test starts without them, so that one patching the
+    model or the encoding cannot be answered from an encoding made by an earlier test of the
+    same worker."""
+    from formulations.solve import clear_spaces
+
+    clear_spaces()
+
+
 #: node-id prefixes of the longest tests, longest first
 LONGEST = (
     "tests/test_solvers.py::test_three_backends_agree",

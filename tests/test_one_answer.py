@@ -34,9 +34,10 @@ def test_backends_return_the_same_plan_on_every_shipped_instance(name):
 
 def test_cpsat_returns_the_same_plan_run_after_run():
     """Five runs of the 1.3B instance gave micro-batches 16, 16, 16, 8, 1 before ties were
-    broken (CP-SAT's portfolio finds any of the tied plans first)."""
-    inst = load_instance(INSTANCES / "gpt-1.3b-1node.toml")
-    plans = {solve(inst, solver="cpsat").report.plan for _ in range(3)}
+    broken (CP-SAT's portfolio finds any of the tied plans first). The instance is loaded
+    for each run, so that each also builds and encodes its space anew."""
+    plans = {solve(load_instance(INSTANCES / "gpt-1.3b-1node.toml"), solver="cpsat").report.plan
+             for _ in range(3)}
     assert len(plans) == 1
 
 
