@@ -161,7 +161,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     goal is solved, before the tie goals."""
     from ortools.sat.python import cp_model_helper as cmh
 
-    from formulations.milp import INF, build_rows, decode, plan_objective
+    from formulations.milp import build_rows, decode, plan_objective
     from formulations.space import SMALL_SPACE, joint_size
 
     small = joint_size(enc.space) <= SMALL_SPACE
@@ -171,6 +171,99 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     r = build_rows(enc, cuts, memory_unit=1.0, time_unit=q_t, integral=True)
     if r.violated:
         return _infeasible(t0, "violated: " + ", ".join(r.violated))
+    base = _base_model(enc, cuts.break_ties, q_t)
+    if isinstance(base, str):                   # a row no variable is left in fails
+        return _infeasible(t0, base)
+    proto, xs, span, goals, n_rows = base
+    model = cmh.CpModelProto()
+    model.copy_from(proto)                      # (the session adds its caps and goals to it)
+    to_int = _IntRows(xs, span, q_t)
+    for coefs, lo, hi, name in r.rows[n_rows:]:     # the query's cuts
+        why = to_int.add(model, coefs, lo, hi, name)
+        if why:
+            return _infeasible(t0, why)
+    session = _Session(model, xs, goals, r, capped=cuts.max_objective is not None, small=small)
+    build_s = time.perf_counter() - t0
+    hook = None if on_optimum is None else (
+        lambda a: on_optimum((a.bound if a.proven else a.value) * q_t))
+    first, last, note = ties.run(session, time_limit, cuts.break_ties, hook, cuts.window)
+    if not first.ok:
+        return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
+                           "cpsat", note=first.note)
+    choice, combo = decode(enc, r, last.x)
+    objective = plan_objective(enc, choice, combo)
+    return RawSolution(Status.OPTIMAL if first.proven else Status.FEASIBLE, choice,
+                       enc.combos[combo], objective,
+                       # (the rounded model's bound may sit a few quanta above the exact
+                       # objective of a proven plan: each product is rounded up; no bound
+                       # when the caller gave the window, cuts.window)
+                       None if first.bound is None else min(first.bound * q_t, objective),
+                       session.solve_s, build_s,
+                       "cpsat", note=note, extra={"quantum_s": q_t})
+
+
+class _IntRows:
+    """Rows of :func:`formulations.milp.build_rows` (integral) as CP-SAT linear constraints:
+    ``xs`` maps each row variable to its CP-SAT index (-1: ruled out), ``span`` holds each
+    variable's ``|lo| + |hi|`` (a row's reach, checked against :data:`RANGE`)."""
+
+    def __init__(self, xs: list[int], span: list[int], q_t: float):
+        self.xs, self.span, self.q_t = xs, span, q_t
+
+    def expr(self, coefs: dict[int, float], name: str) -> tuple[list[int], list[int]]:
+        """The row's live terms as (CP-SAT variables, integer coefficients)."""
+        vs, cs, reach = [], [], 0
+        xs, span = self.xs, self.span
+        for i, c in coefs.items():               # one pass: the common case
+            if not -RANGE <= c <= RANGE:          # (True for NaN) names the coefficient
+                _fits(c, f"a coefficient of row {name}", self.q_t, RANGE)
+            c = int(round(c))
+            reach += abs(c) * span[i]
+            x = xs[i]
+            if c and x >= 0:
+                vs.append(x)
+                cs.append(c)
+        if reach > RANGE:
+            _fits(reach, f"the range of row {name}", self.q_t, RANGE)
+        return vs, cs
+
+    def side(self, x: float, rounding, name: str) -> int:
+        """A row's bound as an int (:func:`_fits`, its message formatted only when needed)."""
+        if -SAFE_INT <= x <= SAFE_INT:
+            return int(rounding(x))
+        return _fits(x, f"the bound of row {name}", self.q_t, rounding=rounding)
+
+    def add(self, model, coefs: dict[int, float], lo: float, hi: float, name: str
+            ) -> str | None:
+        """Add the row to ``model``; why the model is infeasible when the row has no live
+        variable left and its constant part breaks it, else None."""
+        from formulations.milp import INF
+
+        vs, cs = self.expr(coefs, name)
+        if not vs:                              # every variable of the row is ruled out
+            return None if lo - 1e-9 <= 0 <= hi + 1e-9 else f"violated: {name}"
+        if lo == hi:
+            dom = [self.side(lo, round, name)] * 2
+        else:
+            dom = [_INT_MIN if lo == -INF else self.side(lo - 1e-9, math.ceil, name),
+                   _INT_MAX if hi == INF else self.side(hi + 1e-9, math.floor, name)]
+        _add_linear(model, vs, cs, dom)
+        return None
+
+
+def _base_model(enc: Encoding, break_ties: bool, q_t: float):
+    """CP-SAT's model of the rows before any cut (:func:`formulations.milp.base_rows`), kept in
+    ``enc.derived`` for every query that asks the encoding again: (the model, the variables'
+    CP-SAT indices and spans, the goals as integer expressions, the count of rows it holds),
+    or why no plan is left (a row whose variables are all ruled out fails)."""
+    key = ("cpsat", break_ties, q_t)
+    if key in enc.derived:
+        return enc.derived[key]
+    from ortools.sat.python import cp_model_helper as cmh
+
+    from formulations.milp import INF, base_rows
+
+    r, _ = base_rows(enc, break_ties, 1.0, q_t, True)
     model = cmh.CpModelProto()
     big = 2**50
     xs = []                                     # per row variable: its CP-SAT index, or -1
@@ -192,60 +285,18 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
             v = variables.add()
             v.name = name
             v.domain.extend((lo, hi))
-
-    def int_expr(coefs: dict[int, float], name: str) -> tuple[list[int], list[int]]:
-        """The row's live terms as (CP-SAT variables, integer coefficients)."""
-        vs, cs, reach = [], [], 0
-        for i, c in coefs.items():               # one pass: the common case
-            if not -RANGE <= c <= RANGE:          # (True for NaN) names the coefficient
-                _fits(c, f"a coefficient of row {name}", q_t, RANGE)
-            c = int(round(c))
-            reach += abs(c) * span[i]
-            x = xs[i]
-            if c and x >= 0:
-                vs.append(x)
-                cs.append(c)
-        if reach > RANGE:
-            _fits(reach, f"the range of row {name}", q_t, RANGE)
-        return vs, cs
-
-    def side(x: float, rounding, name: str) -> int:
-        """A row's bound as an int (:func:`_fits`, its message formatted only when needed)."""
-        if -SAFE_INT <= x <= SAFE_INT:
-            return int(rounding(x))
-        return _fits(x, f"the bound of row {name}", q_t, rounding=rounding)
-
+    to_int = _IntRows(xs, span, q_t)
+    out = None
     for coefs, lo, hi, name in r.rows:
-        vs, cs = int_expr(coefs, name)
-        if not vs:                              # every variable of the row is ruled out
-            if not lo - 1e-9 <= 0 <= hi + 1e-9:
-                return _infeasible(t0, f"violated: {name}")
-            continue
-        if lo == hi:
-            dom = [side(lo, round, name)] * 2
-        else:
-            dom = [_INT_MIN if lo == -INF else side(lo - 1e-9, math.ceil, name),
-                   _INT_MAX if hi == INF else side(hi + 1e-9, math.floor, name)]
-        _add_linear(model, vs, cs, dom)
-    goals = {g: int_expr(c, f"goal {g}") for g, c in r.goals.items()}
-    session = _Session(model, xs, goals, r, capped=cuts.max_objective is not None, small=small)
-    build_s = time.perf_counter() - t0
-    hook = None if on_optimum is None else (
-        lambda a: on_optimum((a.bound if a.proven else a.value) * q_t))
-    first, last, note = ties.run(session, time_limit, cuts.break_ties, hook, cuts.window)
-    if not first.ok:
-        return RawSolution(first.status, None, None, None, None, session.solve_s, build_s,
-                           "cpsat", note=first.note)
-    choice, combo = decode(enc, r, last.x)
-    objective = plan_objective(enc, choice, combo)
-    return RawSolution(Status.OPTIMAL if first.proven else Status.FEASIBLE, choice,
-                       enc.combos[combo], objective,
-                       # (the rounded model's bound may sit a few quanta above the exact
-                       # objective of a proven plan: each product is rounded up; no bound
-                       # when the caller gave the window, cuts.window)
-                       None if first.bound is None else min(first.bound * q_t, objective),
-                       session.solve_s, build_s,
-                       "cpsat", note=note, extra={"quantum_s": q_t})
+        why = to_int.add(model, coefs, lo, hi, name)
+        if why:
+            out = why
+            break
+    if out is None:
+        goals = {g: to_int.expr(c, f"goal {g}") for g, c in r.goals.items()}
+        out = (model, xs, span, goals, len(r.rows))
+    enc.derived[key] = out
+    return out
 
 
 def _add_linear(model, vs: list[int], cs: list[int], domain: list[int]) -> None:

@@ -162,6 +162,10 @@ class Encoding:
     #: indices into ``combos`` whose plans at dp * cp = 1 their ZeRO-1 twin always beats or
     #: matches first (formulations/one_shard.py): the MIPs leave those plans out
     one_shard: tuple[int, ...] = ()
+    #: what the backends derive from the encoding alone, made once for every query that asks
+    #: (the rows before a query's cuts, formulations/milp.py; CP-SAT's model of them,
+    #: formulations/cpsat.py): an encoding is kept for later solves (formulations/solve.py)
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

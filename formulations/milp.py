@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -639,27 +639,46 @@ def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30
 
     Memory entries above the limit are capped (:func:`capped_memory`: the same plans fit), and
     entries that are not finite (or, integral, beyond :data:`SAFE_INT` units) raise a
-    :class:`SolverError` (:func:`check_units`)."""
+    :class:`SolverError` (:func:`check_units`).
+
+    Every step but the cuts depends on the encoding and the units alone: those rows are made
+    once (:func:`base_rows`) and each call adds its cuts to a copy of them, so the queries
+    that ask one encoding again (the k solves of top-k, the capped re-solves) skip them."""
     unit = time_unit or enc.scale or 1.0   # default: objective rows near 1
-    memory = capped_memory(enc)
-    check_units(enc, memory, unit, memory_unit, integral)
+    base, obj_upper = base_rows(enc, cuts.break_ties, memory_unit, unit, integral)
+    # the cuts only add rows (and may find one violated): the rest is shared, read-only
     rb = _RowBuilder(enc, _IntegerUnits() if integral else _RealUnits())
-    rb.r.time_unit, rb.r.integral = unit, integral
-    rb.base_variables()
-    rb.structural_rows()
-    rb.forms()
-    rb.combinations()
-    rb.layout_rows()
-    rb.one_shard_rows()
-    obj_upper = rb.objective(unit)
-    rb.memory(memory, memory_unit)
-    if cuts.break_ties:            # (a model asked only for its optimum needs no later goal)
-        rb.internode(internode_unit(enc, memory_unit, integral))
-        rb.lex()
+    rb.r = replace(base, rows=list(base.rows), violated=list(base.violated))
     rb.cuts(cuts, unit, obj_upper)
-    # a goal without variables cannot break a tie (a single plan, a fixed grid)
-    rb.r.goals = {g: c for g, c in rb.r.goals.items() if c or g == "objective"}
     return rb.r
+
+
+def base_rows(enc: Encoding, break_ties: bool, memory_unit: float, unit: float,
+              integral: bool) -> tuple[Rows, float]:
+    """The rows of :func:`build_rows` before any cut, and the objective's upper bound (which
+    the objective cap is compared with), kept in ``enc.derived``. Read-only: a query's rows
+    are a copy (:func:`build_rows`)."""
+    key = ("rows", break_ties, memory_unit, unit, integral)
+    if key not in enc.derived:
+        memory = capped_memory(enc)
+        check_units(enc, memory, unit, memory_unit, integral)
+        rb = _RowBuilder(enc, _IntegerUnits() if integral else _RealUnits())
+        rb.r.time_unit, rb.r.integral = unit, integral
+        rb.base_variables()
+        rb.structural_rows()
+        rb.forms()
+        rb.combinations()
+        rb.layout_rows()
+        rb.one_shard_rows()
+        obj_upper = rb.objective(unit)
+        rb.memory(memory, memory_unit)
+        if break_ties:             # (a model asked only for its optimum needs no later goal)
+            rb.internode(internode_unit(enc, memory_unit, integral))
+            rb.lex()
+        # a goal without variables cannot break a tie (a single plan, a fixed grid)
+        rb.r.goals = {g: c for g, c in rb.r.goals.items() if c or g == "objective"}
+        enc.derived[key] = (rb.r, obj_upper)
+    return enc.derived[key]
 
 
 def internode_unit(enc: Encoding, memory_unit: float, integral: bool) -> float:
