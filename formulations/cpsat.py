@@ -24,7 +24,7 @@ import numpy as np
 
 from formulations import ties
 from formulations.encoding import NO_CUTS, Cuts, Encoding
-from formulations.milp import SAFE_INT
+from formulations.milp import INF, SAFE_INT
 from formulations.result import RawSolution, Status
 from planner.model.errors import SolverError
 
@@ -237,8 +237,6 @@ class _IntRows:
             ) -> str | None:
         """Add the row to ``model``; why the model is infeasible when the row has no live
         variable left and its constant part breaks it, else None."""
-        from formulations.milp import INF
-
         vs, cs = self.expr(coefs, name)
         if not vs:                              # every variable of the row is ruled out
             return None if lo - 1e-9 <= 0 <= hi + 1e-9 else f"violated: {name}"
@@ -261,7 +259,7 @@ def _base_model(enc: Encoding, break_ties: bool, q_t: float):
         return enc.derived[key]
     from ortools.sat.python import cp_model_helper as cmh
 
-    from formulations.milp import INF, base_rows
+    from formulations.milp import base_rows
 
     r, _ = base_rows(enc, break_ties, 1.0, q_t, True)
     model = cmh.CpModelProto()
