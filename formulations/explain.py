@@ -188,7 +188,8 @@ def _binding_rules(space: SearchSpace) -> list[str]:
     out = []
     for name in names:
         rest = [con for con in space.constraints if con.name.split(" [")[0] != name]
-        relaxed = dataclasses.replace(space, constraints=rest)
+        # (its own reach memos: the space is kept for later solves, formulations/solve.py)
+        relaxed = dataclasses.replace(space, constraints=rest, _reach={})
         if count_points(relaxed):
             out.append(name)
     if not out:
