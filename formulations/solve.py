@@ -212,8 +212,10 @@ def space_of(inst: Instance) -> SearchSpace:
     """``build_space(inst)``, the same space object for the same instance object while it is
     among the last :data:`_SPACES_MAX` asked for: the memos a space keeps (the presolve's
     counts, the symbolic terms, the encodings of :func:`_encoding`) then serve every solve of
-    it, as the backends' agreement checks, ``compare`` and top-k make. A space is never
-    changed by a solve, only narrowed into new ones."""
+    it: the k solves of top-k, capacity's capped re-solve of a size, the backends of one
+    agreement check. A space is never changed by a solve, only narrowed into new ones (a
+    query on another instance object, such as ``compare``'s lifted constraints or another
+    size, builds its own)."""
     with _SPACES_LOCK:
         hit = _SPACES.get(id(inst))
         if hit is not None and hit[0] is inst:
