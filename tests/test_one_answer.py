@@ -74,3 +74,25 @@ def test_internode_bytes_count_only_what_crosses_the_nic():
     two = one.with_nodes(2)
     res2 = solve(two, solver="enumerate").report.plan
     assert internode_bytes(two, res2.grid.degrees(), res2.knobs) > 0
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "highs"])
+def test_a_kept_space_answers_as_a_fresh_one(backend):
+    """``solve`` keeps an instance object's space, its parts' encodings, their rows before the
+    cuts and CP-SAT's model of them for later solves (formulations/solve.py, ``space_of``;
+    formulations/milp.py, ``base_rows``). One query's cuts must not reach the next: after a
+    top-3 list (each solve excluding the plans before it), a plain solve of the same object
+    returns the optimum a fresh object returns, and a second list is the first again."""
+    from formulations.queries import top_k
+
+    doc = {"model": {"layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+           "training": {"global_batch": 16},
+           "cluster": {"gpu": "h100-sxm", "gpus": 8},
+           "constraints": {"max_micro_batch": 4, "max_recompute_layers": 0, "recompute": "none",
+                           "distributed_optimizer": True}}
+    inst = parse_instance(doc)
+    first = [r.report.plan for r in top_k(inst, 3, solver=backend)]
+    assert len(set(first)) == 3
+    fresh = solve(parse_instance(doc), solver=backend).report.plan
+    assert solve(inst, solver=backend).report.plan == fresh == first[0]
+    assert [r.report.plan for r in top_k(inst, 3, solver=backend)] == first
