@@ -171,14 +171,14 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     r = build_rows(enc, cuts, memory_unit=1.0, time_unit=q_t, integral=True)
     if r.violated:
         return _infeasible(t0, "violated: " + ", ".join(r.violated))
-    base = _base_model(enc, cuts.break_ties, q_t)
+    base = _base_model(enc, r, cuts.break_ties, q_t)
     if isinstance(base, str):                   # a row no variable is left in fails
         return _infeasible(t0, base)
-    proto, xs, span, goals, n_rows = base
+    proto, xs, span, goals = base
     model = cmh.CpModelProto()
     model.copy_from(proto)                      # (the session adds its caps and goals to it)
     to_int = _IntRows(xs, span, q_t)
-    for coefs, lo, hi, name in r.rows[n_rows:]:     # the query's cuts
+    for coefs, lo, hi, name in r.rows[r.cuts_from:]:    # the query's cuts
         why = to_int.add(model, coefs, lo, hi, name)
         if why:
             return _infeasible(t0, why)
@@ -249,19 +249,18 @@ class _IntRows:
         return None
 
 
-def _base_model(enc: Encoding, break_ties: bool, q_t: float):
-    """CP-SAT's model of the rows before any cut (:func:`formulations.milp.base_rows`), kept in
-    ``enc.derived`` for every query that asks the encoding again: (the model, the variables'
-    CP-SAT indices and spans, the goals as integer expressions, the count of rows it holds),
-    or why no plan is left (a row whose variables are all ruled out fails)."""
+def _base_model(enc: Encoding, r, break_ties: bool, q_t: float):
+    """CP-SAT's model of the encoding's rows in a query's rows ``r`` (built by
+    :func:`solve` with ``break_ties`` and the quantum ``q_t``: the rows before
+    ``r.cuts_from``, :func:`formulations.milp.base_rows`, are then the same for every query),
+    kept in ``enc.derived`` for every query that asks the encoding again: (the model, the
+    variables' CP-SAT indices and spans, the goals as integer expressions), or why no plan is
+    left (a row whose variables are all ruled out fails)."""
     key = ("cpsat", break_ties, q_t)
     if key in enc.derived:
         return enc.derived[key]
     from ortools.sat.python import cp_model_helper as cmh
 
-    from formulations.milp import base_rows
-
-    r, _ = base_rows(enc, break_ties, 1.0, q_t, True)
     model = cmh.CpModelProto()
     big = 2**50
     xs = []                                     # per row variable: its CP-SAT index, or -1
@@ -285,14 +284,14 @@ def _base_model(enc: Encoding, break_ties: bool, q_t: float):
             v.domain.extend((lo, hi))
     to_int = _IntRows(xs, span, q_t)
     out = None
-    for coefs, lo, hi, name in r.rows:
+    for coefs, lo, hi, name in r.rows[:r.cuts_from]:
         why = to_int.add(model, coefs, lo, hi, name)
         if why:
             out = why
             break
     if out is None:
         goals = {g: to_int.expr(c, f"goal {g}") for g, c in r.goals.items()}
-        out = (model, xs, span, goals, len(r.rows))
+        out = (model, xs, span, goals)
     enc.derived[key] = out
     return out
 

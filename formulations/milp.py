@@ -47,6 +47,9 @@ class Rows:
     goal_parts: dict[str, tuple[dict[int, float], list[list[dict[int, float]]]]] = field(
         default_factory=dict)
     integral: bool = False
+    #: ``rows[:cuts_from]`` are the encoding's rows (:func:`base_rows`, shared by every query
+    #: of the encoding), the rest the query's cuts
+    cuts_from: int = 0
 
     def value(self, goal: str, x: list[float]) -> float:
         """A goal's value at a solution, in its unit: each maximum at its largest argument
@@ -648,7 +651,8 @@ def build_rows(enc: Encoding, cuts: Cuts = NO_CUTS, memory_unit: float = 2.0**30
     base, obj_upper = base_rows(enc, cuts.break_ties, memory_unit, unit, integral)
     # the cuts only add rows (and may find one violated): the rest is shared, read-only
     rb = _RowBuilder(enc, _IntegerUnits() if integral else _RealUnits())
-    rb.r = replace(base, rows=list(base.rows), violated=list(base.violated))
+    rb.r = replace(base, rows=list(base.rows), violated=list(base.violated),
+                   cuts_from=len(base.rows))
     rb.cuts(cuts, unit, obj_upper)
     return rb.r
 
