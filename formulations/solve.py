@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import replace
 
 from formulations import ties
@@ -23,6 +22,7 @@ from planner.model.algebra import Unencodable
 from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
+from planner.model.memo import IdentityCache
 from planner.model.plan import Knobs, Plan
 
 BACKENDS = ("highs", "cpsat", "enumerate")
@@ -202,38 +202,25 @@ def _encoding(space: SearchSpace, objective: str, prune: bool, ties: bool):
 
 
 #: the spaces of the last instances :func:`solve` was asked about, by the instance's identity
-#: (an :class:`Instance` is frozen; the entry holds it, so its id is not reused while cached)
-_SPACES: OrderedDict[int, tuple[Instance, SearchSpace]] = OrderedDict()
-_SPACES_MAX = 2
-_SPACES_LOCK = threading.Lock()
+#: (an :class:`Instance` is frozen; the cache holds it, so its id is not reused while cached)
+_SPACES = IdentityCache(maxsize=2)
 
 
 def space_of(inst: Instance) -> SearchSpace:
     """``build_space(inst)``, the same space object for the same instance object while it is
-    among the last :data:`_SPACES_MAX` asked for: the memos a space keeps (the presolve's
-    counts, the symbolic terms, the encodings of :func:`_encoding`) then serve every solve of
-    it: the k solves of top-k, capacity's capped re-solve of a size, the backends of one
-    agreement check. A space is never changed by a solve, only narrowed into new ones (a
-    query on another instance object, such as ``compare``'s lifted constraints or another
-    size, builds its own)."""
-    with _SPACES_LOCK:
-        hit = _SPACES.get(id(inst))
-        if hit is not None and hit[0] is inst:
-            _SPACES.move_to_end(id(inst))
-            return hit[1]
-    space = build_space(inst)                    # raises InfeasibleError for empty domains
-    with _SPACES_LOCK:
-        _SPACES[id(inst)] = (inst, space)
-        while len(_SPACES) > _SPACES_MAX:
-            _SPACES.popitem(last=False)
-    return space
+    among the last two asked for: the memos a space keeps (the presolve's counts, the
+    symbolic terms, the encodings of :func:`_encoding`) then serve every solve of it: the k
+    solves of top-k, capacity's capped re-solve of a size, the backends of one agreement
+    check. A space is never changed by a solve, only narrowed into new ones (a query on
+    another instance object, such as ``compare``'s lifted constraints or another size, builds
+    its own). ``build_space`` raises InfeasibleError for empty domains, and nothing is kept."""
+    return _SPACES.get((inst,), None, lambda: build_space(inst))
 
 
 def clear_spaces() -> None:
     """Forget the spaces :func:`space_of` keeps (the tests start each from none, so that a
     test patching the model's code cannot meet an encoding made before)."""
-    with _SPACES_LOCK:
-        _SPACES.clear()
+    _SPACES.clear()
 
 
 def _pyomo_name(backend: str) -> str:

@@ -21,7 +21,6 @@ violates (never an exception for a plan that does not fit).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +35,7 @@ from planner.model.frameworks import (OVERLAP_KNOBS, compiled_loss, cp_exchange,
                                       grad_reduce_dtype, logit_bytes, selective_recompute_of,
                                       torchao_float8)
 from planner.model.instance import FP8_COPY_BYTES, Hardware, Instance, narrow_bytes
+from planner.model.memo import IdentityCache
 from planner.model.plan import Degrees, Knobs
 from planner.model.schema import default_reserve_GiB, recompute_module_set
 from planner.model.workload import Shape
@@ -1441,27 +1441,14 @@ def activation_offload_time(inst: Instance, k: Knobs, m, stored: dict, dense_sha
 #: the full- and no-recompute terms the last partial recomputes mixed, by the identity of
 #: their instance and degrees and by the knobs (the shares of one combination's layout and
 #: sharding mix the same two: the enumerator and the encoders ask for each share on the same
-#: degrees); the entries hold their instance and degrees, so an id is not reused while cached
-_MIXED: dict[tuple, tuple] = {}
-_MIXED_MAX = 16
-#: (the solver encodes parts in two threads)
-_MIXED_LOCK = threading.Lock()
+#: degrees)
+_MIXED = IdentityCache(maxsize=16)
 
 
 def _mixed_terms(inst: Instance, x: Degrees, base: Knobs) -> tuple[Terms, Terms]:
     """``step_terms`` under full recompute and without it, for :func:`_partial_recompute`."""
-    key = (id(inst), id(x), base)
-    with _MIXED_LOCK:
-        hit = _MIXED.get(key)
-    if hit is not None and hit[0] is inst and hit[1] is x:
-        return hit[2], hit[3]
-    full = step_terms(inst, x, base)
-    none = step_terms(inst, x, replace(base, recompute="none"))
-    with _MIXED_LOCK:
-        while len(_MIXED) >= _MIXED_MAX:
-            _MIXED.pop(next(iter(_MIXED)))
-        _MIXED[key] = (inst, x, full, none)
-    return full, none
+    return _MIXED.get((inst, x), base, lambda: (
+        step_terms(inst, x, base), step_terms(inst, x, replace(base, recompute="none"))))
 
 
 def _partial_recompute(inst: Instance, x: Degrees, k: Knobs) -> Terms:
