@@ -29,6 +29,12 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+def workers_or_default(workers: int | None) -> int:
+    """The processes a command asked for (``--workers N``), else :func:`default_workers`: the
+    commands run one process per core unless told otherwise."""
+    return workers or default_workers()
+
+
 def _ignore_sigint() -> None:
     import signal
 

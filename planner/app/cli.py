@@ -617,7 +617,7 @@ def solve(
 ) -> None:
     """The fastest plan under the model, with its optimality certificate."""
     from formulations import queries
-    from formulations.pool import default_workers
+    from formulations.pool import workers_or_default
     from formulations.result import Status
     from formulations.solve import solve as run_solve
     from planner.app.report import compare_table, print_step, solver_panel, top_table
@@ -644,7 +644,7 @@ def solve(
         # (the constrained optimum is the solve above, unless --top made it a list)
         cmp = queries.compare(inst, solver=solver, time_limit=time_limit,
                               constrained=res if top == 1 else None,
-                              workers=workers or default_workers()) if compare else None
+                              workers=workers_or_default(workers)) if compare else None
         launch = _emit_text(inst, res.report.plan, emit) if (emit and res.report) else None
         if launch is not None and (emit_to is not None or not as_json):
             _write_launch(launch, emit_to)
@@ -718,7 +718,7 @@ def pareto(
     the front: the sizes no other size beats on both training days and dollars (time per
     sequence without training.tokens, GPU-seconds per sequence without a price)."""
     from formulations import queries
-    from formulations.pool import default_workers
+    from formulations.pool import workers_or_default
     from planner.app.report import caveat_lines, front_basis_lines, pareto_table, sizes_text
 
     try:
@@ -728,7 +728,7 @@ def pareto(
             check_plot_path(plot)
         inst = _load(file)
         points = queries.pareto(inst, solver=solver, time_limit=time_limit,
-                                workers=workers or default_workers())
+                                workers=workers_or_default(workers))
         docs = [p.to_dict() for p in points]
         if plot and any(d.get("plan") for d in docs):
             from planner.app.plot import plot_front
@@ -787,7 +787,7 @@ def capacity(
 ) -> None:
     """The fewest nodes (in the instance's range) whose optimal plan meets the deadline."""
     from formulations import queries
-    from formulations.pool import default_workers
+    from formulations.pool import workers_or_default
     from formulations.result import Status
     from planner.app.report import capacity_panel, print_step, sizes_text
     from planner.model.words import plural
@@ -795,7 +795,7 @@ def capacity(
     try:
         inst = _load(file)
         ans = queries.capacity(inst, deadline_days, solver=solver, time_limit=time_limit,
-                               budget_usd=budget_usd, workers=workers or default_workers())
+                               budget_usd=budget_usd, workers=workers_or_default(workers))
     except PlanError as exc:
         _fail(exc, as_json)
     over = bool(ans.cheapest and not ans.cheapest["within_budget"])

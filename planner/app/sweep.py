@@ -682,7 +682,7 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
                     # it, as ray.init() would, but without num_cpus, which Ray refuses then
                     ray.init(address="auto", **kw)
                 except ConnectionError:     # none running: a local Ray of the workers' CPUs
-                    ray.init(num_cpus=workers or pool.default_workers(), **kw)
+                    ray.init(num_cpus=pool.workers_or_default(workers), **kw)
         except Exception as exc:     # a cluster that is not there is the user's input
             raise InputError(f"--address {address or '(local)'}: cannot start or reach Ray: "
                              f"{exc}") from None
@@ -785,7 +785,7 @@ def run_sweep(sw: Sweep, engine: str = "local", workers: int | None = None,
         elif engine == "ray":
             run_ray(tasks, workers, address, on_rows)
         else:
-            run_local(tasks, workers or pool.default_workers(), on_rows)
+            run_local(tasks, pool.workers_or_default(workers), on_rows)
     except KeyboardInterrupt:
         interrupted = True
     finally:
