@@ -1441,13 +1441,15 @@ def activation_offload_time(inst: Instance, k: Knobs, m, stored: dict, dense_sha
 #: the full- and no-recompute terms the last partial recomputes mixed, by the identity of
 #: their instance and degrees and by the knobs (the shares of one combination's layout and
 #: sharding mix the same two: the enumerator and the encoders ask for each share on the same
-#: degrees)
+#: degrees); the maxima flags, which knobs' equality leaves out, are part of the key, as they
+#: change the terms
 _MIXED = IdentityCache(maxsize=16)
 
 
 def _mixed_terms(inst: Instance, x: Degrees, base: Knobs) -> tuple[Terms, Terms]:
     """``step_terms`` under full recompute and without it, for :func:`_partial_recompute`."""
-    return _MIXED.get((inst, x), base, lambda: (
+    key = (base, base.paced, base.offload_maxes, base.recompute_maxes)
+    return _MIXED.get((inst, x), key, lambda: (
         step_terms(inst, x, base), step_terms(inst, x, replace(base, recompute="none"))))
 
 
