@@ -354,7 +354,7 @@ def _combo_terms(space: SearchSpace, deg, sym, knobs, objective: str, ties: bool
     summed build 2.25 -> 1.86 s and 2.41 -> 2.11 s (medians of 3, in-process ``solve``, load
     0.2-1.8), the same answers to the last bit."""
     # (the maxima flags do not take part in comparing knobs, but they change the terms)
-    key = (knobs, knobs.paced, knobs.offload_maxes, knobs.recompute_maxes, objective, ties)
+    key = (knobs.terms_key, objective, ties)
     if key in space.terms_cache:
         return space.terms_cache[key]
     root = space.root()

@@ -197,7 +197,7 @@ def _encoding(space: SearchSpace, objective: str, prune: bool, ties: bool):
     Measured with ``time plan solve instances/gpt3-175b-a100.toml --top 8`` and on the
     suite: see benchmarks/README.md, "One encoding per part"."""
     key = ("encoding", objective, prune, ties, tuple(sorted(space.fixed.items())),
-           tuple((k, k.paced, k.offload_maxes, k.recompute_maxes) for k in space.combos))
+           tuple(k.terms_key for k in space.combos))
     return space.shared(key, lambda: encode(space, objective, prune=prune, ties=ties))
 
 

@@ -121,6 +121,14 @@ class Knobs:
         object.__setattr__(self, "reshard_after_forward", reshard)
 
     @property
+    def terms_key(self) -> tuple:
+        """The knobs with the search's flags that their equality leaves out (the fields with
+        ``compare=False``: ``paced`` and the maxima flags): not choices, but they change the
+        terms :func:`planner.model.terms.step_terms` writes, so a memo of terms or of an
+        encoding keys on this, not on the knobs alone."""
+        return (self, *(getattr(self, name) for name in _SEARCH_FLAGS))
+
+    @property
     def sharding_choice(self) -> tuple[str, bool]:
         """The sharding mode with its reshard policy: one categorical choice of the search."""
         return (self.dp_sharding, self.reshard_after_forward)
@@ -164,6 +172,10 @@ class Knobs:
         Megatron's first / last stage counts spread it: the memory of the last rank follows
         (docs/model.md, "Pipeline layout")."""
         return self.uneven and not self.explicit_layout
+
+
+#: the fields of :class:`Knobs` that its equality leaves out (:attr:`Knobs.terms_key`)
+_SEARCH_FLAGS = tuple(f.name for f in fields(Knobs) if not f.compare)
 
 
 def plan_label(plan: Mapping[str, Any]) -> str:

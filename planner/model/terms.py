@@ -1448,8 +1448,7 @@ _MIXED = IdentityCache(maxsize=16)
 
 def _mixed_terms(inst: Instance, x: Degrees, base: Knobs) -> tuple[Terms, Terms]:
     """``step_terms`` under full recompute and without it, for :func:`_partial_recompute`."""
-    key = (base, base.paced, base.offload_maxes, base.recompute_maxes)
-    return _MIXED.get((inst, x), key, lambda: (
+    return _MIXED.get((inst, x), base.terms_key, lambda: (
         step_terms(inst, x, base), step_terms(inst, x, replace(base, recompute="none"))))
 
 
