@@ -5,18 +5,23 @@
 For each instance: ``formulations.solve.solve`` is run once with CP-SAT while every model it
 hands to CP-SAT (each goal of each part, with its caps and hint) is copied; then each copy is
 re-solved with every variant, the variants interleaved, ``--repeat`` times, and the medians are
-printed per model and summed. A line says MISMATCH when the variants end in different statuses
+printed per model and summed (the TOTAL line: wall seconds, then the process's CPU seconds
+over every CP-SAT thread). A line says MISMATCH when the variants end in different statuses
 or objectives. ``shipped`` is each model's own search (workers and subsolvers as
 formulations/cpsat.py chose them, probing off), ``portfolio4`` the four-worker default
 portfolio with probing off (the rule before ``search_workers``), ``probe4`` the same with
 probing on; ``--variant
 NAME=param:value;param:value`` adds one (CP-SAT ``SatParameters`` fields; a comma list, or
 any ``subsolvers`` value, fills a repeated field); a variant that sets ``num_workers``
-replaces the model's own workers and subsolvers.
+replaces the model's own workers and subsolvers. ``--goals objective`` re-solves only the
+models of those goals (``objective!``: the uncapped objective solves alone, the first of
+each instance or batch range); ``--only`` runs ``shipped`` and the given variants, not the other two.
 
 Example::
 
     python benchmarks/cpsat_params.py instances/gpt3-175b-a100.toml --repeat 3
+    python benchmarks/cpsat_params.py instances/gpt-1.3b-1node.toml --goals 'objective!' --only \
+        --variant "nolp=num_workers:1;subsolvers:no_lp;cp_model_probing_level:0"
 """
 
 from __future__ import annotations
@@ -42,14 +47,16 @@ def record(path: str) -> list[dict]:
     fsolve.PARTS_BESIDE_TIES = False
 
     def spy_minimize(self, name, time_limit, hint):
-        goal["name"] = name
+        goal["name"], goal["capped"] = name, self.capped
         return minimize(self, name, time_limit, hint)
 
     def spy_run(model, time_limit, workers, *args, **kwargs):
         out = run(model, time_limit, workers, *args, **kwargs)
         seen.append({"model": copy.deepcopy(model), "goal": goal["name"], "workers": workers,
+                     "capped": goal["capped"],
                      "status": out[3], "presolve": kwargs.get("presolve", True),
-                     "subsolvers": list(kwargs.get("subsolvers", ()))})
+                     "subsolvers": list(kwargs.get("subsolvers", ())),
+                     "full": kwargs.get("full", False)})
         return out
     cpsat._Session.minimize, cpsat._run = spy_minimize, spy_run
     try:
@@ -61,7 +68,8 @@ def record(path: str) -> list[dict]:
 
 
 def solve_with(model, workers: int, extra: dict, presolve: bool = True
-               ) -> tuple[float, str, float]:
+               ) -> tuple[float, float, str, float]:
+    """Wall seconds, CPU seconds (every thread of the process), status and objective."""
     from ortools.sat.python import cp_model_helper as cmh
 
     params = cmh.SatParameters()
@@ -76,9 +84,10 @@ def solve_with(model, workers: int, extra: dict, presolve: bool = True
             setattr(params, key, value)
     wrapper = cmh.SolveWrapper()
     wrapper.set_parameters(params)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     response = wrapper.solve(model)
-    return time.perf_counter() - t, response.status.name, response.objective_value
+    return (time.perf_counter() - t, time.process_time() - c, response.status.name,
+            response.objective_value)
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -90,7 +99,7 @@ def parse_variant(spec: str) -> tuple[str, dict]:
             out[key] = value.split(",")
             continue
         out[key] = int(value) if value.lstrip("-").isdigit() else (
-            value == "True" if value in ("True", "False") else float(value))
+            value.lower() == "true" if value.lower() in ("true", "false") else float(value))
     return name, out
 
 
@@ -99,33 +108,47 @@ def main() -> None:
     ap.add_argument("instances", nargs="+")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--variant", action="append", default=[])
+    ap.add_argument("--goals", default="", help="comma list of goals to re-solve (default all)")
+    ap.add_argument("--only", action="store_true", help="shipped and --variant only")
     args = ap.parse_args()
-    variants = {"shipped": {"cp_model_probing_level": 0},
-                "portfolio4": {"cp_model_probing_level": 0, "num_workers": 4},
-                "probe4": {"num_workers": 4}}
+    variants = {"shipped": {"cp_model_probing_level": 0}}
+    if not args.only:
+        variants.update({"portfolio4": {"cp_model_probing_level": 0, "num_workers": 4},
+                         "probe4": {"num_workers": 4}})
     variants.update(parse_variant(v) for v in args.variant)
+    goals = set(filter(None, args.goals.split(",")))
     for path in args.instances:
         models = record(path)
+        if goals:
+            models = [m for m in models if m["goal"] in goals
+                      or ("objective!" in goals and m["goal"] == "objective"
+                          and not m["capped"])]
         print(path, len(models), "models", flush=True)
-        total = dict.fromkeys(variants, 0.0)
+        total, cpu = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
         for i, m in enumerate(models):
             times = {n: [] for n in variants}
+            cpus = {n: [] for n in variants}
             ends = {}
             for _ in range(args.repeat):
                 for n, extra in variants.items():
                     own = {} if "num_workers" in extra else (
                         {"subsolvers": m["subsolvers"]} if m["subsolvers"] else {})
-                    t, status, obj = solve_with(m["model"], m["workers"], {**own, **extra},
-                                                m["presolve"])
+                    if m["full"] and "num_workers" not in extra:    # (the first objective)
+                        own["num_full_subsolvers"] = len(m["subsolvers"])
+                    t, c, status, obj = solve_with(m["model"], m["workers"], {**own, **extra},
+                                                   m["presolve"])
                     times[n].append(t)
+                    cpus[n].append(c)
                     ends[n] = (status, round(obj))
             med = {n: statistics.median(v) for n, v in times.items()}
             for n, v in med.items():
                 total[n] += v
+                cpu[n] += statistics.median(cpus[n])
             same = len(set(ends.values())) == 1
             print(i, m["goal"], m["status"], " ".join(f"{n}={v:.3f}" for n, v in med.items()),
                   "" if same else f"MISMATCH {ends}", flush=True)
-        print("TOTAL", " ".join(f"{n}={v:.2f}" for n, v in total.items()), flush=True)
+        print("TOTAL", " ".join(f"{n}={v:.2f}" for n, v in total.items()),
+              "CPU", " ".join(f"{n}={v:.2f}" for n, v in cpu.items()), flush=True)
 
 
 if __name__ == "__main__":
