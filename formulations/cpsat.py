@@ -71,7 +71,7 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 def _run(model, time_limit: float | None, workers: int, probing: bool = False,
-         presolve: bool = True, subsolvers: tuple[str, ...] = ()):
+         presolve: bool = True, subsolvers: tuple[str, ...] = (), full: bool = False):
     """Solve a CP-SAT model (a ``CpModelProto``): the response, its status in our terms, the
     seconds it took and CP-SAT's own status name.
 
@@ -108,6 +108,8 @@ def _run(model, time_limit: float | None, workers: int, probing: bool = False,
     params = cmh.SatParameters()
     params.num_workers = workers
     params.subsolvers.extend(subsolvers)
+    if full:                    # every worker one of the named full-problem searches
+        params.num_full_subsolvers = len(subsolvers)
     # OR-Tools 9.15: the inclusion-detection presolve can certify a wrong optimum on linear
     # models (google/or-tools issue #5293; the parameter below is the workaround found there).
     # Seen here on a one-hot model whose optimum HiGHS, the enumerator and CP-SAT without
@@ -307,23 +309,49 @@ def _add_linear(model, vs: list[int], cs: list[int], domain: list[int]) -> None:
 #: The search of a goal that finds and proves an optimum: one worker, CP-SAT's ``no_lp``
 #: subsolver (the default search without the linear relaxation).
 SEARCH = (1, ("no_lp",))
-#: The search of a capped objective solve on a space above SMALL_SPACE: three workers, the
-#: LP-free, core-based and LP-based full-problem subsolvers.
+#: The search of a capped objective solve on a space above SMALL_SPACE: three workers named
+#: for the LP-free, core-based and LP-based searches (CP-SAT runs the first two and its
+#: helpers: :func:`search_workers`).
 CAPPED_SEARCH = (3, ("no_lp", "core", "default_lp"))
+#: The search of the first objective solve (uncapped): two workers, both full-problem
+#: searches, ``no_lp`` and ``max_lp`` (CP-SAT's search with its full linear relaxation),
+#: racing and sharing their bounds and solutions.
+FIRST_SEARCH = (2, ("no_lp", "max_lp"))
 
 
-def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str, ...]]:
-    """CP-SAT workers and subsolvers of one goal's solve.
+def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str, ...], bool]:
+    """CP-SAT workers and subsolvers of one goal's solve, and whether every worker runs one of
+    the named full-problem searches (CP-SAT's ``num_full_subsolvers``, :func:`_run`'s ``full``).
 
     The models are small (a few thousand binaries) and a proof takes a few hundred conflicts;
     the time goes to propagation, which the linear relaxation makes several times dearer. So
-    an optimum (the first objective solve, the memory, internode and lexicographic tie goals)
-    is searched by one worker without the LP, which is also deterministic. A capped objective
-    solve (a part or a batch model asked only whether it beats the incumbent, nearly always
-    proven infeasible) is where the LP's bound pays: there three workers run LP-free, core and
-    LP searches; on a small space (:data:`formulations.space.SMALL_SPACE`) one default worker,
-    as before (the 40 instances tests/test_solvers.py's agreement test then drew took 24.9 s
-    of CPU with one worker, 31.4 s with two or four).
+    the tie goals (memory, internode, lexicographic) are searched by one worker without the LP
+    (``no_lp``), which is also deterministic.
+
+    The first objective solve (uncapped) races two full-problem workers, ``no_lp`` and
+    ``max_lp`` (the search with CP-SAT's full linear relaxation), which share bounds and
+    solutions; the first proof ends the solve. On most models ``no_lp`` proves first and the
+    race costs its second thread; on some the relaxation is exact and ``no_lp`` alone stalls
+    after a poor first solution (GPT 1.3B on two DGX A100 nodes: 45% above the optimum at
+    0.07 s, nothing better until 0.71 s, where ``max_lp``'s first bound was the optimum).
+    Re-solved as recorded (``benchmarks/cpsat_params.py --goals 'objective!'``, medians of 3):
+    0.71 -> 0.13 s on instances/gpt-1.3b-1node.toml, 0.77 -> 0.11 s on two nodes, 0.27 ->
+    0.16 s for Llama 3 8B on one H100 node; on the shipped large instances and the issue-10
+    scaling ones -0.03 to +0.14 s, at up to twice the CPU (benchmarks/README.md, "The first
+    objective solve: a race"). Without ``num_full_subsolvers`` CP-SAT gives the second worker
+    to its neighbourhood-search helpers, not to ``max_lp``. The race may return another
+    solution of the proven optimum from run to run; the tie goals after it decide the plan
+    (the last has one optimum), so the answer does not change. The test suite, whose workers
+    already fill every core, runs this solve with one worker (tests/conftest.py).
+
+    A capped objective solve (a part or a batch model asked only whether it beats the
+    incumbent, nearly always proven infeasible) runs three workers named ``no_lp``, ``core``
+    and ``default_lp``: CP-SAT 9.15 runs the first two as full-problem searches and gives the
+    third worker to its first-solution and neighbourhood-search helpers (its log: "2 full
+    problem subsolvers: [core, no_lp]"), so ``default_lp`` does not run; the figures below
+    measured that search. On a small space (:data:`formulations.space.SMALL_SPACE`) one default
+    worker, as before (the 40 instances tests/test_solvers.py's agreement test then drew took
+    24.9 s of CPU with one worker, 31.4 s with two or four).
 
     Before this rule every goal ran CP-SAT's default portfolio of four workers even on two
     cores (measured about 3x faster than two), one worker on a small space.
@@ -336,9 +364,11 @@ def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str
     over 18 models) where the three workers above took 5.2 s. End to end, ``plan solve FILE
     --json`` on the 14 instances of benchmarks/README.md's issue-10 section, two rounds: 181.7 s
     of wall time as before, 157.5 s with this rule, the same objective and plan on all 28."""
-    if capped and goal == "objective":
-        return (1, ()) if small else CAPPED_SEARCH
-    return SEARCH
+    if goal != "objective":
+        return (*SEARCH, False)
+    if capped:
+        return (1, (), False) if small else (*CAPPED_SEARCH, False)
+    return (*FIRST_SEARCH, True)
 
 
 class _Session:
@@ -369,10 +399,11 @@ class _Session:
             live = [(v, int(val)) for v, val in zip(self.xs, hint) if v >= 0]
             self.model.solution_hint.vars.extend([v for v, _ in live])
             self.model.solution_hint.values.extend([val for _, val in live])
-        workers, subs = search_workers(goal, self.capped, self.small)
+        workers, subs, full = search_workers(goal, self.capped, self.small)
         response, status, solve_s, name = _run(
             self.model, time_limit, workers,
-            presolve=not (goal == "memory" or goal.startswith("lex")), subsolvers=subs)
+            presolve=not (goal == "memory" or goal.startswith("lex")), subsolvers=subs,
+            full=full)
         self.solve_s += solve_s
         if status not in (Status.OPTIMAL, Status.FEASIBLE):
             return ties.Answer(False, False, None, None, None, status, name)

@@ -41,6 +41,32 @@ def test_cpsat_returns_the_same_plan_run_after_run():
     assert len(plans) == 1
 
 
+@pytest.mark.shipped_search
+@pytest.mark.parametrize("name", ["gpt-1.3b-1node.toml", "gpt3-175b-a100.toml"])
+def test_the_first_objective_race_gives_the_one_worker_answer(name, monkeypatch):
+    """The first objective solve races no_lp against max_lp (formulations/cpsat.py,
+    FIRST_SEARCH); either may prove first and return another solution of the optimum. The
+    plan and objective are the ones the enumerator and one no_lp worker give, on the instance
+    where max_lp proves first (GPT 1.3B on one node) and on one where no_lp does."""
+    from formulations import cpsat
+
+    runs = []
+    real = cpsat._run
+
+    def spy(model, time_limit, workers, *args, **kwargs):
+        runs.append((workers, kwargs.get("subsolvers"), kwargs.get("full")))
+        return real(model, time_limit, workers, *args, **kwargs)
+
+    monkeypatch.setattr(cpsat, "_run", spy)
+    raced = solve(load_instance(INSTANCES / name), solver="cpsat")
+    assert (2, ("no_lp", "max_lp"), True) in runs          # the race ran
+    monkeypatch.setattr(cpsat, "FIRST_SEARCH", cpsat.SEARCH)
+    alone = solve(load_instance(INSTANCES / name), solver="cpsat")
+    ref = solve(load_instance(INSTANCES / name), solver="enumerate")
+    assert raced.report.plan == alone.report.plan == ref.report.plan
+    assert raced.objective == pytest.approx(ref.objective, rel=1e-6)
+
+
 def _tied_instance():
     """One GPU, a batch of 8 and the flat GEMM model (no size curve): with no pipeline and no
     collective, the step time does not depend on how the batch is split into micro-batches, so
