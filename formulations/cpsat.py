@@ -331,9 +331,10 @@ def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str
     The first objective solve (uncapped) races two full-problem workers, ``no_lp`` and
     ``max_lp`` (the search with CP-SAT's full linear relaxation), which share bounds and
     solutions; the first proof ends the solve. On most models ``no_lp`` proves first and the
-    race costs its second thread; on some the relaxation is exact and ``no_lp`` alone stalls
-    after a poor first solution (GPT 1.3B on two DGX A100 nodes: 45% above the optimum at
-    0.07 s, nothing better until 0.71 s, where ``max_lp``'s first bound was the optimum).
+    race costs its second thread; on some the relaxation's bound meets the optimum and
+    ``no_lp`` alone stalls after a poor first solution (GPT 1.3B on two DGX A100 nodes: 45%
+    above the optimum at 0.07 s, nothing better until 0.71 s, where ``max_lp``'s first bound
+    was the optimum).
     Re-solved as recorded (``benchmarks/cpsat_params.py --goals 'objective!'``, medians of 3):
     0.71 -> 0.13 s on instances/gpt-1.3b-1node.toml, 0.77 -> 0.11 s on two nodes, 0.27 ->
     0.16 s for Llama 3 8B on one H100 node; on the shipped large instances and the issue-10
