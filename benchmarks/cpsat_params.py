@@ -14,8 +14,9 @@ probing on; ``--variant
 NAME=param:value;param:value`` adds one (CP-SAT ``SatParameters`` fields; a comma list, or
 any ``subsolvers`` value, fills a repeated field); a variant that sets ``num_workers``
 replaces the model's own workers and subsolvers. ``--goals objective`` re-solves only the
-models of those goals (``objective!``: the uncapped objective solves alone, the first of
-each instance or batch range); ``--only`` runs ``shipped`` and the given variants, not the other two.
+models of those goals (``objective!``: the objective solves no incumbent caps, the first
+part's and any part's solved before it has one); ``--only`` runs ``shipped`` and the given
+variants, not the other two.
 
 Example::
 

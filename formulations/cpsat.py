@@ -306,22 +306,26 @@ def _add_linear(model, vs: list[int], cs: list[int], domain: list[int]) -> None:
     lin.domain.extend(domain)
 
 
+#: A search: (workers, named subsolvers, whether every worker runs one of the named
+#: full-problem searches: CP-SAT's ``num_full_subsolvers``, :func:`_run`'s ``full``).
 #: The search of a goal that finds and proves an optimum: one worker, CP-SAT's ``no_lp``
 #: subsolver (the default search without the linear relaxation).
-SEARCH = (1, ("no_lp",))
+SEARCH = (1, ("no_lp",), False)
 #: The search of a capped objective solve on a space above SMALL_SPACE: three workers named
 #: for the LP-free, core-based and LP-based searches (CP-SAT runs the first two and its
 #: helpers: :func:`search_workers`).
-CAPPED_SEARCH = (3, ("no_lp", "core", "default_lp"))
+CAPPED_SEARCH = (3, ("no_lp", "core", "default_lp"), False)
+#: The search of a capped objective solve on a small space: one default worker.
+SMALL_CAPPED_SEARCH = (1, (), False)
 #: The search of the first objective solve (uncapped): two workers, both full-problem
 #: searches, ``no_lp`` and ``max_lp`` (CP-SAT's search with its full linear relaxation),
 #: racing and sharing their bounds and solutions.
-FIRST_SEARCH = (2, ("no_lp", "max_lp"))
+FIRST_SEARCH = (2, ("no_lp", "max_lp"), True)
 
 
 def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str, ...], bool]:
-    """CP-SAT workers and subsolvers of one goal's solve, and whether every worker runs one of
-    the named full-problem searches (CP-SAT's ``num_full_subsolvers``, :func:`_run`'s ``full``).
+    """The search of one goal's solve (:data:`SEARCH`'s form: workers, subsolvers, whether all
+    are full-problem searches).
 
     The models are small (a few thousand binaries) and a proof takes a few hundred conflicts;
     the time goes to propagation, which the linear relaxation makes several times dearer. So
@@ -366,10 +370,10 @@ def search_workers(goal: str, capped: bool, small: bool) -> tuple[int, tuple[str
     --json`` on the 14 instances of benchmarks/README.md's issue-10 section, two rounds: 181.7 s
     of wall time as before, 157.5 s with this rule, the same objective and plan on all 28."""
     if goal != "objective":
-        return (*SEARCH, False)
+        return SEARCH
     if capped:
-        return (1, (), False) if small else (*CAPPED_SEARCH, False)
-    return (*FIRST_SEARCH, True)
+        return SMALL_CAPPED_SEARCH if small else CAPPED_SEARCH
+    return FIRST_SEARCH
 
 
 class _Session:
