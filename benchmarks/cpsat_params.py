@@ -15,7 +15,8 @@ NAME=param:value;param:value`` adds one (CP-SAT ``SatParameters`` fields; a comm
 any ``subsolvers`` value, fills a repeated field); a variant that sets ``num_workers``
 replaces the model's own workers and subsolvers. ``--goals objective`` re-solves only the
 models of those goals (``objective!``: the objective solves no incumbent caps, the first
-part's and any part's solved before it has one); ``--only`` runs ``shipped`` and the given
+part's and any part's solved before it has one; ``objective^``: the capped ones, the parts and
+batch models asked only whether they beat the incumbent); ``--only`` runs ``shipped`` and the given
 variants, not the other two.
 
 Example::
@@ -122,8 +123,8 @@ def main() -> None:
         models = record(path)
         if goals:
             models = [m for m in models if m["goal"] in goals
-                      or ("objective!" in goals and m["goal"] == "objective"
-                          and not m["capped"])]
+                      or (m["goal"] == "objective"
+                          and ("objective^" if m["capped"] else "objective!") in goals)]
         print(path, len(models), "models", flush=True)
         total, cpu = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
         for i, m in enumerate(models):
