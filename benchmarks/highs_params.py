@@ -7,7 +7,8 @@ passes to HiGHS (each goal of each part, with its caps) is written out with
 ``Highs.writeModel``; then each model is read back into a fresh ``highspy.Highs`` and solved
 with the shipped options (``shipped``: formulations/pyomo_backend.py's) and with every
 ``--variant NAME=option:value;option:value`` on top of them, the variants interleaved,
-``--repeat`` times. The medians are printed per model and summed (the TOTAL line). A line says
+``--repeat`` times (``--time-limit`` bounds the recording solve and each re-solve; ``--first``
+re-solves only the first models). The medians are printed per model and summed (the TOTAL line). A line says
 MISMATCH when the variants end in different statuses or objectives (to 1e-7).
 
 Example::
@@ -28,12 +29,11 @@ from formulations import pyomo_backend
 from formulations import solve as fsolve
 from planner.model.instance import load_instance
 
-#: the options formulations/pyomo_backend.py sets on HiGHS (the gap and the tolerances)
-SHIPPED = {"mip_rel_gap": 0.0, "mip_abs_gap": 1e-9, "mip_feasibility_tolerance": 1e-9,
-           "primal_feasibility_tolerance": 1e-9}
+#: the options formulations/pyomo_backend.py sets on HiGHS
+SHIPPED = {"mip_rel_gap": 0.0, **pyomo_backend.HIGHS_OPTIONS}
 
 
-def record(path: str, out: Path) -> list[tuple[Path, str]]:
+def record(path: str, out: Path, time_limit: float | None = None) -> list[tuple[Path, str]]:
     """The models HiGHS solves for one instance, in order, written to ``out``, with their goal.
     The parts are solved in one thread (``PARTS_BESIDE_TIES`` off) so the files keep order."""
     seen: list[tuple[Path, str]] = []
@@ -50,7 +50,7 @@ def record(path: str, out: Path) -> list[tuple[Path, str]]:
     pyomo_backend._Session.minimize = spy
     try:
         with pyomo_backend._stdout_to_stderr():         # (writeModel reports on stdout)
-            fsolve.solve(load_instance(path), "highs")
+            fsolve.solve(load_instance(path), "highs", time_limit=time_limit)
     finally:
         pyomo_backend._Session.minimize = minimize
         fsolve.PARTS_BESIDE_TIES = beside
@@ -58,7 +58,8 @@ def record(path: str, out: Path) -> list[tuple[Path, str]]:
     return seen
 
 
-def solve_with(model: Path, options: dict) -> tuple[float, str, float]:
+def solve_with(model: Path, options: dict, time_limit: float | None = None
+               ) -> tuple[float, str, float]:
     """Wall seconds of ``Highs.run``, the model status and the objective."""
     import highspy
 
@@ -66,6 +67,8 @@ def solve_with(model: Path, options: dict) -> tuple[float, str, float]:
     h.setOptionValue("output_flag", False)
     for key, value in {**SHIPPED, **options}.items():
         h.setOptionValue(key, value)
+    if time_limit:
+        h.setOptionValue("time_limit", float(time_limit))
     h.readModel(str(model))
     t = time.perf_counter()
     h.run()
@@ -96,12 +99,15 @@ def main() -> None:
     ap.add_argument("instances", nargs="+")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--variant", action="append", default=[])
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds for the recording solve and for each re-solve")
+    ap.add_argument("--first", type=int, default=None, help="re-solve only the first N models")
     args = ap.parse_args()
     variants = {"shipped": {}}
     variants.update(parse_variant(v) for v in args.variant)
     for path in args.instances:
         with tempfile.TemporaryDirectory() as tmp:
-            models = record(path, Path(tmp))
+            models = record(path, Path(tmp), args.time_limit)[:args.first]
             print(path, len(models), "models", flush=True)
             total = dict.fromkeys(variants, 0.0)
             for f, goal in models:
@@ -109,7 +115,7 @@ def main() -> None:
                 ends = {}
                 for _ in range(args.repeat):
                     for n, opts in variants.items():
-                        wall, status, obj = solve_with(f, opts)
+                        wall, status, obj = solve_with(f, opts, args.time_limit)
                         times[n].append(wall)
                         ends[n] = (status, round(obj, 7) if status == "Optimal" else None)
                 med = {n: statistics.median(v) for n, v in times.items()}

@@ -28,6 +28,15 @@ GAP_OPTION = {"appsi_highs": "mip_rel_gap", "gurobi": "MIPGap", "cbc": "ratioGap
 TIME_OPTION = {"appsi_highs": "time_limit", "gurobi": "TimeLimit", "cbc": "seconds",
                "scip": "limits/time", "glpk": "tmlim", "cplex": "timelimit"}
 
+#: HiGHS's options beyond the zero relative gap (docs/encoding.md, "HiGHS through Pyomo")
+HIGHS_OPTIONS = {
+    "mip_abs_gap": 1e-9,                      # rows are scaled: the objective is near 1
+    # tight feasibility so a near-zero binary cannot carry a visible share of a product term
+    "mip_feasibility_tolerance": 1e-9,
+    "primal_feasibility_tolerance": 1e-9,
+}
+# (tried and not adopted: mip_pscost_minreliable = 0, benchmarks/README.md, "HiGHS branching")
+
 
 @functools.lru_cache(maxsize=None)
 def available(name: str = "highs") -> bool:
@@ -109,10 +118,7 @@ def solve(enc: Encoding, cuts: Cuts = NO_CUTS, time_limit: float | None = None,
     if name in GAP_OPTION:
         opt.options[GAP_OPTION[name]] = 0.0
     if name == "appsi_highs":
-        opt.options["mip_abs_gap"] = 1e-9     # rows are scaled: the objective is near 1
-        # tight feasibility so a near-zero binary cannot carry a visible share of a product term
-        opt.options["mip_feasibility_tolerance"] = 1e-9
-        opt.options["primal_feasibility_tolerance"] = 1e-9
+        opt.options.update(HIGHS_OPTIONS)
     session = _Session(m, r, opt, name)
     first, last, note = ties.run(session, time_limit, cuts.break_ties, window=cuts.window)
     if not first.ok:
