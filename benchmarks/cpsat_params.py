@@ -93,15 +93,25 @@ def solve_with(model, workers: int, extra: dict, presolve: bool = True
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
+    """``NAME=key:value;key:value`` as (NAME, {key: value}): an integer, a float, true / false
+    (any case), a comma list (or any ``subsolvers`` value: CP-SAT's repeated field), else the
+    string itself (HiGHS's string options, benchmarks/highs_params.py)."""
     name, body = spec.split("=", 1)
-    out = {}
+    out: dict = {}
     for item in body.split(";"):
         key, value = item.split(":")
+        low = value.lower()
         if "," in value or key == "subsolvers":
             out[key] = value.split(",")
-            continue
-        out[key] = int(value) if value.lstrip("-").isdigit() else (
-            value.lower() == "true" if value.lower() in ("true", "false") else float(value))
+        elif low in ("true", "false"):
+            out[key] = low == "true"
+        elif value.lstrip("-").isdigit():
+            out[key] = int(value)
+        else:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
     return name, out
 
 

@@ -6,10 +6,11 @@ For each instance: ``formulations.solve.solve`` is run once with HiGHS while eve
 passes to HiGHS (each goal of each part, with its caps) is written out with
 ``Highs.writeModel``; then each model is read back into a fresh ``highspy.Highs`` and solved
 with the shipped options (``shipped``: formulations/pyomo_backend.py's) and with every
-``--variant NAME=option:value;option:value`` on top of them, the variants interleaved,
-``--repeat`` times (``--time-limit`` bounds the recording solve and each re-solve; ``--first``
-re-solves only the first models). The medians are printed per model and summed (the TOTAL line). A line says
-MISMATCH when the variants end in different statuses or objectives (to 1e-7).
+``--variant NAME=option:value;option:value`` on top of them (parsed as cpsat_params.py's),
+the variants interleaved, ``--repeat`` times (``--time-limit`` bounds the recording solve and
+each re-solve; ``--first`` re-solves only the first models). The medians are printed per model
+and summed (the TOTAL line). A line says MISMATCH when the variants end in different statuses
+or objectives (to 1e-7).
 
 Example::
 
@@ -25,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cpsat_params import parse_variant
 from formulations import pyomo_backend
 from formulations import solve as fsolve
 from planner.model.instance import load_instance
@@ -74,24 +76,6 @@ def solve_with(model: Path, options: dict, time_limit: float | None = None
     h.run()
     wall = time.perf_counter() - t
     return wall, h.modelStatusToString(h.getModelStatus()), h.getInfo().objective_function_value
-
-
-def parse_variant(spec: str) -> tuple[str, dict]:
-    name, body = spec.split("=", 1)
-    out = {}
-    for item in body.split(";"):
-        key, value = item.split(":")
-        low = value.lower()
-        if low in ("true", "false"):
-            out[key] = low == "true"
-        elif value.lstrip("-").isdigit():
-            out[key] = int(value)
-        else:
-            try:
-                out[key] = float(value)
-            except ValueError:
-                out[key] = value                        # a string option ("off", "choose")
-    return name, out
 
 
 def main() -> None:
