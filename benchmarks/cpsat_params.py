@@ -92,6 +92,17 @@ def solve_with(model, workers: int, extra: dict, presolve: bool = True
             response.objective_value)
 
 
+def run_recorded(m: dict, extra: dict) -> tuple[float, float, tuple]:
+    """One recorded model (:func:`record`) under a variant: its own search (workers,
+    subsolvers, full-problem flag) unless the variant sets ``num_workers``."""
+    own = {} if "num_workers" in extra else (
+        {"subsolvers": m["subsolvers"]} if m["subsolvers"] else {})
+    if m["full"] and "num_workers" not in extra:        # (the first objective)
+        own["num_full_subsolvers"] = len(m["subsolvers"])
+    t, c, status, obj = solve_with(m["model"], m["workers"], {**own, **extra}, m["presolve"])
+    return t, c, (status, round(obj))
+
+
 def parse_variant(spec: str) -> tuple[str, dict]:
     """``NAME=key:value;key:value`` as (NAME, {key: value}): an integer, a float, true / false
     (any case), a comma list (or any ``subsolvers`` value: CP-SAT's repeated field), else the
@@ -115,6 +126,33 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name, out
 
 
+def re_solve(models: list, variants: dict, repeat: int, run) -> None:
+    """Each of ``models`` (label, model) re-solved under every variant, the variants
+    interleaved, ``repeat`` times: ``run(model, extra)`` gives wall seconds, CPU seconds and
+    how the solve ended. Prints a line per model (medians, MISMATCH when the variants end
+    differently) and the TOTAL line (summed medians, wall then CPU). Shared by
+    benchmarks/highs_params.py."""
+    total, cpu = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
+    for label, model in models:
+        times: dict[str, list[float]] = {n: [] for n in variants}
+        cpus: dict[str, list[float]] = {n: [] for n in variants}
+        ends = {}
+        for _ in range(repeat):
+            for n, extra in variants.items():
+                t, c, ends[n] = run(model, extra)
+                times[n].append(t)
+                cpus[n].append(c)
+        med = {n: statistics.median(v) for n, v in times.items()}
+        for n, v in med.items():
+            total[n] += v
+            cpu[n] += statistics.median(cpus[n])
+        same = len(set(ends.values())) == 1
+        print(label, " ".join(f"{n}={v:.3f}" for n, v in med.items()),
+              "" if same else f"MISMATCH {ends}", flush=True)
+    print("TOTAL", " ".join(f"{n}={v:.2f}" for n, v in total.items()),
+          "CPU", " ".join(f"{n}={v:.2f}" for n, v in cpu.items()), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("instances", nargs="+")
@@ -136,31 +174,8 @@ def main() -> None:
                       or (m["goal"] == "objective"
                           and ("objective^" if m["capped"] else "objective!") in goals)]
         print(path, len(models), "models", flush=True)
-        total, cpu = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
-        for i, m in enumerate(models):
-            times = {n: [] for n in variants}
-            cpus = {n: [] for n in variants}
-            ends = {}
-            for _ in range(args.repeat):
-                for n, extra in variants.items():
-                    own = {} if "num_workers" in extra else (
-                        {"subsolvers": m["subsolvers"]} if m["subsolvers"] else {})
-                    if m["full"] and "num_workers" not in extra:    # (the first objective)
-                        own["num_full_subsolvers"] = len(m["subsolvers"])
-                    t, c, status, obj = solve_with(m["model"], m["workers"], {**own, **extra},
-                                                   m["presolve"])
-                    times[n].append(t)
-                    cpus[n].append(c)
-                    ends[n] = (status, round(obj))
-            med = {n: statistics.median(v) for n, v in times.items()}
-            for n, v in med.items():
-                total[n] += v
-                cpu[n] += statistics.median(cpus[n])
-            same = len(set(ends.values())) == 1
-            print(i, m["goal"], m["status"], " ".join(f"{n}={v:.3f}" for n, v in med.items()),
-                  "" if same else f"MISMATCH {ends}", flush=True)
-        print("TOTAL", " ".join(f"{n}={v:.2f}" for n, v in total.items()),
-              "CPU", " ".join(f"{n}={v:.2f}" for n, v in cpu.items()), flush=True)
+        re_solve([(f"{i} {m['goal']} {m['status']}", m) for i, m in enumerate(models)],
+                 variants, args.repeat, run_recorded)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ with the shipped options (``shipped``: formulations/pyomo_backend.py's) and with
 ``--variant NAME=option:value;option:value`` on top of them (parsed as cpsat_params.py's),
 the variants interleaved, ``--repeat`` times (``--time-limit`` bounds the recording solve and
 each re-solve; ``--first`` re-solves only the first models). The medians are printed per model
-and summed (the TOTAL line). A line says MISMATCH when the variants end in different statuses
+and summed (the TOTAL line: wall, then CPU). A line says MISMATCH when the variants end in different statuses
 or objectives (to 1e-7).
 
 Example::
@@ -21,12 +21,11 @@ Example::
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from cpsat_params import parse_variant
+from cpsat_params import parse_variant, re_solve
 from formulations import pyomo_backend
 from formulations import solve as fsolve
 from planner.model.instance import load_instance
@@ -35,19 +34,21 @@ from planner.model.instance import load_instance
 SHIPPED = {"mip_rel_gap": 0.0, **pyomo_backend.HIGHS_OPTIONS}
 
 
-def record(path: str, out: Path, time_limit: float | None = None) -> list[tuple[Path, str]]:
-    """The models HiGHS solves for one instance, in order, written to ``out``, with their goal.
+def record(path: str, out: Path, time_limit: float | None = None
+           ) -> list[tuple[Path, str, str]]:
+    """The models HiGHS solves for one instance, in order, written to ``out``, with their goal
+    and how the solve ended.
     The parts are solved in one thread (``PARTS_BESIDE_TIES`` off) so the files keep order."""
-    seen: list[tuple[Path, str]] = []
+    seen: list[tuple[Path, str, str]] = []
     minimize = pyomo_backend._Session.minimize
     beside = fsolve.PARTS_BESIDE_TIES
     fsolve.PARTS_BESIDE_TIES = False
 
-    def spy(self, goal, time_limit, hint):
-        answer = minimize(self, goal, time_limit, hint)
+    def spy(self, goal, limit, hint):
+        answer = minimize(self, goal, limit, hint)
         f = out / f"{len(seen):03d}-{goal}.mps"
         self.opt._solver_model.writeModel(str(f))       # the model as HiGHS held it
-        seen.append((f, goal))
+        seen.append((f, goal, answer.note))
         return answer
     pyomo_backend._Session.minimize = spy
     try:
@@ -61,8 +62,8 @@ def record(path: str, out: Path, time_limit: float | None = None) -> list[tuple[
 
 
 def solve_with(model: Path, options: dict, time_limit: float | None = None
-               ) -> tuple[float, str, float]:
-    """Wall seconds of ``Highs.run``, the model status and the objective."""
+               ) -> tuple[float, float, str, float]:
+    """Wall and CPU seconds of ``Highs.run``, the model status and the objective."""
     import highspy
 
     h = highspy.Highs()
@@ -72,10 +73,11 @@ def solve_with(model: Path, options: dict, time_limit: float | None = None
     if time_limit:
         h.setOptionValue("time_limit", float(time_limit))
     h.readModel(str(model))
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     h.run()
-    wall = time.perf_counter() - t
-    return wall, h.modelStatusToString(h.getModelStatus()), h.getInfo().objective_function_value
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    return (wall, cpu, h.modelStatusToString(h.getModelStatus()),
+            h.getInfo().objective_function_value)
 
 
 def main() -> None:
@@ -89,27 +91,16 @@ def main() -> None:
     args = ap.parse_args()
     variants = {"shipped": {}}
     variants.update(parse_variant(v) for v in args.variant)
+
+    def run(f, extra):
+        wall, cpu, status, obj = solve_with(f, extra, args.time_limit)
+        return wall, cpu, (status, round(obj, 7) if status == "Optimal" else None)
     for path in args.instances:
         with tempfile.TemporaryDirectory() as tmp:
             models = record(path, Path(tmp), args.time_limit)[:args.first]
             print(path, len(models), "models", flush=True)
-            total = dict.fromkeys(variants, 0.0)
-            for f, goal in models:
-                times: dict[str, list[float]] = {n: [] for n in variants}
-                ends = {}
-                for _ in range(args.repeat):
-                    for n, opts in variants.items():
-                        wall, status, obj = solve_with(f, opts, args.time_limit)
-                        times[n].append(wall)
-                        ends[n] = (status, round(obj, 7) if status == "Optimal" else None)
-                med = {n: statistics.median(v) for n, v in times.items()}
-                for n, v in med.items():
-                    total[n] += v
-                same = len(set(ends.values())) == 1
-                print(f.stem, goal, ends["shipped"][0],
-                      " ".join(f"{n}={v:.3f}" for n, v in med.items()),
-                      "" if same else f"MISMATCH {ends}", flush=True)
-            print("TOTAL", " ".join(f"{n}={v:.2f}" for n, v in total.items()), flush=True)
+            re_solve([(f"{f.stem} {goal} {note}", f) for f, goal, note in models], variants, args.repeat,
+                     run)
 
 
 if __name__ == "__main__":
