@@ -518,15 +518,23 @@ def _cheapest(inst, ans, options, deadline, solver, time_limit, budget):
 
 @dataclass
 class Comparison:
+    """What :func:`compare` found. ``proven``: every solve it read proved its optimum, so the
+    slowdown is exact and ``binding`` names every constraint that binds alone; a solve stopped
+    at the time limit with a plan (``--time-limit``) leaves it False. ``undecided``: the
+    constraints whose lifted solve stopped with a plan no faster than the constrained optimum,
+    so whether they bind is open (a faster plan, proven or not, shows that one binds)."""
+
     constrained: SolveResult | None
     unconstrained: SolveResult
     slowdown: float | None            # constrained / unconstrained - 1
     binding: list[dict[str, Any]]
+    proven: bool = True
+    undecided: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"constrained": self.constrained.to_dict() if self.constrained else None,
                 "unconstrained": self.unconstrained.to_dict(), "slowdown": self.slowdown,
-                "binding": self.binding}
+                "binding": self.binding, "proven": self.proven, "undecided": self.undecided}
 
 
 #: the ``[constraints]`` keys that restrict the space, the what-ifs, in the file's order:
@@ -553,9 +561,12 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
     the constrained plan may then be the faster), and each constraint that binds on its own
     (lifting it alone speeds the optimum up).
 
-    Every solve must return a plan (a stop at the time limit raises :class:`SolverError`): a
-    missing optimum leaves nothing to compare, and a missing lifted one leaves open whether
-    that constraint binds. ``constrained``: the instance's own solve, when the caller has it
+    Every solve must return a plan (a stop at the time limit without one raises
+    :class:`SolverError`): a missing optimum leaves nothing to compare, and a missing lifted
+    one leaves open whether that constraint binds. A solve stopped with a plan is read as the
+    best it found: the comparison is then not ``proven`` (its slowdown compares a plan that may
+    not be the optimum; ``Comparison.undecided`` lists the constraints it cannot say bind or
+    not). ``constrained``: the instance's own solve, when the caller has it
     (``plan solve --compare``), not solved again. The solves are independent: with ``workers``
     > 1 they run side by side in a process pool (:mod:`formulations.pool`), read in the order
     one process would solve them."""
@@ -586,27 +597,41 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
             raise _no_plan("--compare, the optimum under the [constraints]", con, time_limit)
         slow = ((con.report.step_time_s / base.report.step_time_s - 1) if con and con.report
                 else None)
-        binding = []
+        binding, undecided = [], []
         for key, alt in zip(set_keys, solved):
             if isinstance(alt, InfeasibleError):
                 continue
             if alt.report is None:
                 raise _no_plan(f"--compare, the optimum with constraints.{key} lifted", alt,
                                time_limit)
+            entry = {"constraint": key, "value": getattr(c, key),
+                     "lifted_to": getattr(lifted_all, key),
+                     "step_time_without_s": alt.report.step_time_s}
             if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
                 t_con = con.report.step_time_s if con else None
-                binding.append({"constraint": key, "value": getattr(c, key),
-                                "lifted_to": getattr(lifted_all, key),
-                                "step_time_without_s": alt.report.step_time_s,
+                binding.append({**entry,
                                 # > 0: the optimum is that much faster without it
                                 "speedup_if_lifted": (t_con / alt.report.step_time_s - 1)
                                 if con else None,
                                 # < 0: the step time falls by that share without it
                                 "step_time_change_if_lifted": (alt.report.step_time_s / t_con - 1)
-                                if con else None})
+                                if con else None,
+                                # (a lifted plan faster than the constrained optimum binds
+                                # for certain; exact figures need both optima proven)
+                                "proven": _proven(alt) and (con is None or _proven(con))})
+            elif not _proven(alt):
+                # no faster plan found, but none ruled out: the lifted optimum may still be
+                undecided.append({**entry, "status": alt.status.value})
     finally:
         solved.close()
-    return Comparison(con, base, slow, binding)
+    proven = (_proven(base) and (con is None or _proven(con)) and not undecided
+              and all(b["proven"] for b in binding))
+    return Comparison(con, base, slow, binding, proven, undecided)
+
+
+def _proven(res: SolveResult) -> bool:
+    """Whether a solve with a plan proved it optimal (not stopped at the time limit)."""
+    return res.status == Status.OPTIMAL
 
 
 # ------------------------------------------------------------------------------------------

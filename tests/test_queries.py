@@ -372,6 +372,72 @@ def test_compare_in_a_process_pool_and_from_a_given_solve_gives_one_process_answ
                                     workers=2).to_dict()) == alone
 
 
+def _stopped_with(monkeypatch, plans: list) -> None:
+    """``queries.solve`` as it is, except that an instance with the ``[constraints]`` of the
+    first of a pair in ``plans`` gets a solve stopped at the time limit with a plan: the
+    optimum of the pair's second instance, marked ``feasible`` (no bound), as CP-SAT returns
+    its incumbent at ``--time-limit`` (timing-free, unlike a tiny time limit)."""
+    from dataclasses import replace
+
+    from formulations.result import Status
+
+    def key(inst):
+        return tuple(sorted((k, v) for k, v in inst.spec.constraints.model_dump().items()))
+
+    stopped = {key(asked): given for asked, given in plans}
+
+    def stopping_solve(inst, *args, **kwargs):
+        if key(inst) not in stopped:
+            return solve(inst, *args, **kwargs)
+        found = solve(stopped[key(inst)], *args, **kwargs)
+        return replace(found, status=Status.FEASIBLE, bound=None)
+
+    monkeypatch.setattr(queries, "solve", stopping_solve)
+
+
+def test_compare_read_from_solves_stopped_at_the_time_limit_is_not_proven(monkeypatch):
+    """Under --time-limit a solve may stop with the best plan it has, not its optimum.
+    --compare then says its comparison is not proven: here the unconstrained solve stops with
+    the constrained optimum (a plan of its space, slower than its optimum), the max_tp-lifted
+    one with a plan no faster than the constrained optimum (whether max_tp binds is open:
+    ``undecided``, not silently "does not bind"), and the max_vp-lifted one with its optimum,
+    unproven (max_vp binds, as a faster plan shows, but the figure is not proven)."""
+    caps = {"max_tp": 1, "max_vp": 1, "max_dp": 16}
+    inst = parse_instance(base_doc("big", caps))
+    exact = queries.compare(inst)
+    assert exact.proven and exact.undecided == []
+    assert {b["constraint"] for b in exact.binding} == {"max_tp", "max_vp"}
+    assert all(b["proven"] for b in exact.binding)
+    c = inst.spec.constraints
+
+    def lifted(**update):
+        return inst.with_spec(constraints=c.model_copy(update=update))
+
+    free = inst.with_spec(constraints=queries.unconstrained_spec(c))
+    no_tp, no_vp = lifted(max_tp=None), lifted(max_vp=None)
+    _stopped_with(monkeypatch, [(free, inst), (no_tp, inst), (no_vp, no_vp)])
+    cmp = queries.compare(inst)
+    assert not cmp.proven
+    assert cmp.unconstrained.status.value == "feasible"
+    assert cmp.slowdown == pytest.approx(0.0, abs=1e-12)        # the plans it compares
+    assert [b["constraint"] for b in cmp.binding] == ["max_vp"]
+    assert cmp.binding[0]["proven"] is False
+    assert [(u["constraint"], u["status"]) for u in cmp.undecided] == [("max_tp", "feasible")]
+    doc_ = cmp.to_dict()
+    assert doc_["proven"] is False and doc_["undecided"][0]["lifted_to"] is None
+
+    from rich.console import Console
+
+    from planner.app.report import compare_table
+
+    console = Console(width=200, record=True)
+    console.print(compare_table(cmp))
+    text = console.export_text()
+    assert "(feasible, not proven)" in text and "undecided: max_tp = 1" in text
+    assert "not proven:" in text and "raise --time-limit" in text
+    assert "no single constraint binds" not in text
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_top_k_is_ordered_and_distinct(backend):
     inst = parse_instance(doc(cluster={"nodes": 1}))

@@ -278,17 +278,25 @@ def top_table(results) -> Table:
 
 
 def compare_table(cmp) -> Table:
-    """Constrained vs unconstrained optimum, and what binds."""
+    """Constrained vs unconstrained optimum, and what binds; under a time limit, which of them
+    a solve stopped at left unproven (the caption says what that leaves open)."""
+    from formulations.result import Status
+
     t = Table(title=escape("What-if: with and without the [constraints]"))
     t.add_column("")
     t.add_column("plan")
     t.add_column("step s", justify="right")
     t.add_column("vs unconstrained", justify="right")
-    u = cmp.unconstrained.report
-    t.add_row("unconstrained", u.plan.label(), f"{u.step_time_s:.4f}", "")
+    def unproven(res) -> str:                # a solve stopped at the time limit with a plan
+        return "" if res.status == Status.OPTIMAL else f" ({res.status.value}, not proven)"
+
+    u = cmp.unconstrained
+    t.add_row("unconstrained", u.report.plan.label() + unproven(u), f"{u.report.step_time_s:.4f}",
+              "")
     if cmp.constrained and cmp.constrained.report:
         c = cmp.constrained.report
-        t.add_row("constrained", c.plan.label(), f"{c.step_time_s:.4f}",
+        t.add_row("constrained", c.plan.label() + unproven(cmp.constrained),
+                  f"{c.step_time_s:.4f}",
                   f"{100 * cmp.slowdown:+.2f}% slower" if cmp.slowdown >= 5e-5 else
                   f"{-100 * cmp.slowdown:.2f}% faster" if cmp.slowdown <= -5e-5 else "as fast")
     else:
@@ -296,11 +304,21 @@ def compare_table(cmp) -> Table:
     for b in cmp.binding:
         change = b.get("step_time_change_if_lifted")
         t.add_row(f"binds: {b['constraint']} = {toml_value(b['value'])}",
-                  f"lifted alone ({b['constraint']} = {toml_value(b['lifted_to'])})",
+                  f"lifted alone ({b['constraint']} = {toml_value(b['lifted_to'])})"
+                  + ("" if b.get("proven", True) else " (not proven)"),
                   f"{b['step_time_without_s']:.4f}",
                   f"step time {100 * change:+.2f}%" if change is not None else "")
-    if not cmp.binding:
+    for b in cmp.undecided:
+        t.add_row(f"undecided: {b['constraint']} = {toml_value(b['value'])}",
+                  f"lifted alone ({b['constraint']} = {toml_value(b['lifted_to'])}): "
+                  f"{b['status']}, no faster plan found", f"{b['step_time_without_s']:.4f}", "")
+    if not cmp.binding and not cmp.undecided:
         t.add_row("binds", "no single constraint binds", "", "")
+    if not cmp.proven:
+        t.caption = escape(
+            "not proven: a solve stopped at the time limit with the best plan it had found, "
+            "not its optimum, so the percentages compare those plans and an undecided "
+            "constraint may bind; raise --time-limit for a proven comparison")
     return t
 
 
