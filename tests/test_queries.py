@@ -531,6 +531,52 @@ def test_top_k_says_why_a_later_solve_ended_the_list(monkeypatch):
     assert "plan 3" in ranked.ended and "raise --time-limit (it was 5 s)" in ranked.ended
 
 
+def test_a_top_list_with_a_solve_stopped_at_the_time_limit_says_it_is_not_proven(monkeypatch):
+    """--top K under --time-limit: a solve that stops with a plan (``feasible``) leaves the
+    list in the order solved, not proven best (a later plan may be faster). The table's title
+    and a status column say so, and the JSON's ``top_proven``; a proven list says it is."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from formulations.result import Status
+    from planner.app.cli import app
+    from planner.app.report import top_table
+
+    def table_text(ranked) -> str:
+        console = Console(width=250, record=True)
+        console.print(top_table(ranked))
+        return console.export_text()
+
+    inst = parse_instance(doc(cluster={"nodes": 1}))
+    proven = queries.top_k(inst, 3)
+    assert "each proven optimal" in table_text(proven) and "feasible" not in table_text(proven)
+
+    def first_stopped(*args, **kwargs):       # the first solve stops with its plan, unproven
+        res = solve(*args, **kwargs)
+        calls.append(None)
+        return replace(res, status=Status.FEASIBLE, bound=None) if len(calls) == 1 else res
+
+    calls: list = []
+    monkeypatch.setattr(queries, "solve", first_stopped)
+    ranked = queries.top_k(inst, 3, time_limit=5)
+    text = table_text(ranked)
+    assert "not proven best" in text and "each proven optimal" not in text
+    assert text.count("feasible") == 1 and text.count("optimal") == 2    # the status column
+
+    calls.clear()
+    path = Path(__file__).resolve().parents[1] / "instances" / "gpt-1.3b-1node.toml"
+    r = CliRunner().invoke(app, ["solve", str(path), "--top", "3", "--time-limit", "5",
+                                 "--json"])
+    assert r.exit_code == 0, r.stdout
+    out = json.loads(r.stdout)
+    assert out["top_proven"] is False
+    assert [t["solver"]["status"] for t in out["top"]] == ["feasible", "optimal", "optimal"]
+
+
 def test_top_k_says_when_the_space_has_fewer_plans_than_asked():
     inst = parse_instance(doc(cluster={"nodes": 1}, constraints={
         "max_tp": 1, "max_pp": 1, "recompute": ["none"], "micro_batch": 1}))

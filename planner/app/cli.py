@@ -661,6 +661,9 @@ def solve(
         doc = res.to_dict()
         if ranked and not failed:
             doc["top"] = [dict(r.to_dict(), gap_to_optimum=_gap(r, ranked[0])) for r in ranked]
+            # (false: a solve stopped at the time limit with a plan; the list is in solve
+            # order, its gaps are to the first plan found)
+            doc["top_proven"] = all(r.status == Status.OPTIMAL for r in ranked)
             if ranked.ended:
                 doc["top_ended"] = ranked.ended
         if cmp:

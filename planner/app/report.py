@@ -262,10 +262,18 @@ def _differs(plan, first) -> str:
 
 
 def top_table(results) -> Table:
-    """The K best distinct plans with their gap to the optimum."""
-    t = Table(title="Best distinct plans (each proven optimal once the better ones are excluded)")
-    for col in ("rank", "plan", "in a node TP/CP/DP/PP", "recompute", "SP", "dist-opt",
-                "also differs (vs 1) in", "step s", "gap"):
+    """The K best distinct plans with their gap to the optimum. Under a time limit a solve may
+    stop with the best plan it has (``feasible``): the list is then the plans in the order
+    solved, not proven best, and the table says so, with each row's status."""
+    from formulations.result import Status
+
+    proven = all(r.status == Status.OPTIMAL for r in results)
+    t = Table(title="Best distinct plans (each proven optimal once the better ones are excluded)"
+              if proven else "Distinct plans in the order solved: not proven best (a solve "
+              "stopped at the time limit; a later row may be faster, a better plan missing)")
+    cols = ("rank", "plan", "in a node TP/CP/DP/PP", "recompute", "SP", "dist-opt",
+            "also differs (vs 1) in", "step s", "gap") + (() if proven else ("status",))
+    for col in cols:
         t.add_column(col, no_wrap=col in ("plan", "step s", "gap"))
     best, first = results[0].objective, results[0].report.plan
     for i, r in enumerate(results, 1):
@@ -273,7 +281,8 @@ def top_table(results) -> Table:
         t.add_row(str(i), p.label(), f"{p.tp_intra}/{p.cp_intra}/{p.dp_intra}/{p.pp_intra}",
                   p.recompute, "on" if p.sequence_parallel else "off",
                   "on" if p.distributed_optimizer else "off", _differs(p, first),
-                  f"{r.report.step_time_s:.4f}", f"{100 * (r.objective / best - 1):+.3f}%")
+                  f"{r.report.step_time_s:.4f}", f"{100 * (r.objective / best - 1):+.3f}%",
+                  *(() if proven else (r.status.value,)))
     return t
 
 
