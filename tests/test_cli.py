@@ -435,6 +435,7 @@ def test_pareto_and_capacity_json(runner, tmp_path):
                     'price_per_gpu_hour = 2.0\n[constraints]\nmax_recompute_layers = 0\n')
     front = run_json(runner, ["pareto", str(path), "--json"])
     assert front["points"] and all(p["on_front"] for p in front["points"])
+    assert front["proven"] is True
     for p in front["points"]:
         check_plan_result(p)
     assert [p["nodes"] for p in front["all"]] == [1, 2, 3]
@@ -478,6 +479,38 @@ def test_markup_in_a_model_name_is_printed_as_is(runner, tmp_path):
     result = runner.invoke(app, ["evaluate", str(path)])
     assert result.exit_code == 0, all_text(result)
     assert "[bold]x[/] [/nope]" in stdout_of(result)
+
+
+def test_a_front_drawn_from_a_solve_stopped_at_the_time_limit_says_so(runner, tmp_path,
+                                                                       monkeypatch):
+    """Under --time-limit a size's solve may stop with the best plan it has (``feasible``): the
+    table is then not titled "Proven optimum", a note names that size, and the JSON's
+    ``proven`` is false (the front is drawn from plans that may not be the sizes' optima)."""
+    from dataclasses import replace
+
+    from formulations import queries
+    from formulations.result import Status
+
+    path = tmp_path / "range.toml"
+    path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 256\n'
+                    'tokens = 2e10\n[cluster]\ngpu = "h100-sxm"\nnodes = [1, 2]\n'
+                    'price_per_gpu_hour = 2.0\n[constraints]\nmax_recompute_layers = 0\n')
+    solve = queries.solve
+
+    def second_size_stopped(inst, *args, **kwargs):
+        res = solve(inst, *args, **kwargs)
+        return replace(res, status=Status.FEASIBLE, bound=None) if inst.hw.nodes == 2 else res
+
+    monkeypatch.setattr(queries, "solve", second_size_stopped)
+    front = run_json(runner, ["pareto", str(path), "--json", "--time-limit", "60"])
+    assert front["proven"] is False
+    assert [p["solver"]["status"] for p in front["all"]] == ["optimal", "feasible"]
+    result = runner.invoke(app, ["pareto", str(path), "--time-limit", "60"])
+    assert result.exit_code == 0, all_text(result)
+    text = " ".join(all_text(result).split())
+    assert "Proven optimum" not in text and "Best plan found (not all proven)" in text
+    assert "at 2 nodes the solver stopped at the time limit with a plan, not proven" in text
+    assert "raise --time-limit (it was 60 s)" in text
 
 
 def test_pareto_with_no_feasible_size_exits_3(runner, tmp_path):

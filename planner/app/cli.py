@@ -722,6 +722,7 @@ def pareto(
     sequence without training.tokens, GPU-seconds per sequence without a price)."""
     from formulations import queries
     from formulations.pool import workers_or_default
+    from formulations.result import Status
     from planner.app.report import caveat_lines, front_basis_lines, pareto_table, sizes_text
 
     try:
@@ -744,13 +745,18 @@ def pareto(
     stopped = [p.nodes for p in points if p.stopped]
     stop_msg = (f"at {sizes_text(stopped)} the solver stopped at the time limit without a plan; "
                 + queries.time_limit_advice(time_limit)) if stopped else ""
+    # sizes whose solve stopped with a plan: the best found there, not a proven optimum
+    unproven = [p.nodes for p in points if p.result is not None
+                and p.result.status != Status.OPTIMAL]
     # without any plan, the sizes that stopped are why there is no answer (exit 4); the others
     # are proven infeasible (exit 3, each size's reason in its row)
     none_msg, none_code = (
         (f"no size in the range has a plan: {stop_msg}", 4) if stopped else
         ("no size in the range admits a plan (each size's reason is in its row)", 3))
     if as_json:
-        doc = {"points": [d for d in docs if d.get("on_front")], "all": docs}
+        doc = {"points": [d for d in docs if d.get("on_front")], "all": docs,
+               # (false: a size's plan or a size's absence is the time limit's, not a proof)
+               "proven": not stopped and not unproven}
         if none_fits:
             doc.update(error=none_msg, exit_code=none_code)
         _emit_json(doc)
@@ -768,6 +774,11 @@ def pareto(
         raise typer.Exit(none_code)
     if stopped:        # a front without those sizes: any of them might have been on it
         err.print(f"note: the front leaves out {stop_msg}", markup=False, highlight=False)
+    if unproven:       # a front of the plans found: a size's optimum may be faster
+        err.print(f"note: at {sizes_text(unproven)} the solver stopped at the time limit with "
+                  "a plan, not proven optimal: those rows are the best plans it found and the "
+                  "front is drawn from them; " + queries.time_limit_advice(time_limit),
+                  markup=False, highlight=False)
     if plot and not as_json:
         out.print(f"plot written to {plot}", markup=False, highlight=False)
 

@@ -334,8 +334,14 @@ def compare_table(cmp) -> Table:
 def pareto_table(points, batch_range: bool = False) -> Table:
     """One row per size; ``*`` marks the sizes no other size beats on both training time and
     cost. With a global-batch range each row shows the batch its optimum chose."""
-    t = Table(title="Proven optimum per cluster size (* = on the Pareto front: no other size "
-              "is both faster and cheaper)")
+    from formulations.result import Status
+
+    # (a size solved to a plan but not proven: the best plan found there, said in the title,
+    # its status column and a note)
+    proven = all(p.result is None or p.result.status == Status.OPTIMAL for p in points)
+    t = Table(title=("Proven optimum" if proven else "Best plan found (not all proven)")
+              + " per cluster size (* = on the Pareto front: no other size is both faster and "
+              "cheaper)")
     cols = ["", "nodes", "GPUs", "plan"] + (["batch"] if batch_range else []) + [
         "step s", "days", "cost $", "MFU", "status"]
     for col in cols:
