@@ -499,7 +499,7 @@ def test_a_front_drawn_from_a_solve_stopped_at_the_time_limit_says_so(runner, tm
 
     def second_size_stopped(inst, *args, **kwargs):
         res = solve(inst, *args, **kwargs)
-        return replace(res, status=Status.FEASIBLE, bound=None) if inst.hw.nodes == 2 else res
+        return replace(res, status=Status.FEASIBLE, bound=None) if inst.nodes == 2 else res
 
     monkeypatch.setattr(queries, "solve", second_size_stopped)
     front = run_json(runner, ["pareto", str(path), "--json", "--time-limit", "60"])
