@@ -372,6 +372,36 @@ def test_compare_in_a_process_pool_and_from_a_given_solve_gives_one_process_answ
                                     workers=2).to_dict()) == alone
 
 
+@pytest.mark.parametrize("backend", ["cpsat", "highs"])
+def test_compare_capped_at_the_given_constrained_optimum_gives_the_uncapped_answer(backend):
+    """Given the constrained optimum (``plan solve --compare``), the baseline and the lifted
+    solves are capped at its tie window, since its plan lies in their spaces: the same
+    baseline plan, slowdown and binding constraints as the uncapped solves, on each MIP."""
+    inst = parse_instance(base_doc("big", {"max_tp": 1, "max_vp": 1, "max_dp": 16}))
+    uncapped = queries.compare(inst, solver=backend)
+    capped = queries.compare(inst, solver=backend, constrained=solve(inst, solver=backend))
+    assert capped.unconstrained.report.plan == uncapped.unconstrained.report.plan
+    assert capped.slowdown == pytest.approx(uncapped.slowdown, rel=1e-9, abs=1e-12)
+    assert [(b["constraint"], b["step_time_without_s"]) for b in capped.binding] == \
+        pytest.approx([(b["constraint"], b["step_time_without_s"]) for b in uncapped.binding])
+    assert capped.proven and uncapped.proven
+
+
+def test_a_baseline_with_no_plan_under_the_cap_is_solved_again_without_it():
+    """A given constrained plan outside the baseline's space (a recompute_layers pin on a
+    count the search does not try) can be faster than any plan there: the capped baseline has
+    none, and is solved again uncapped; no lifted solve then shows a constraint binding.
+    Here a constrained result claiming half the true optimum stands in for such a plan."""
+    from dataclasses import replace
+
+    inst = parse_instance(base_doc("big", {"max_tp": 1, "max_vp": 1, "max_dp": 16}))
+    true = solve(inst)
+    cmp = queries.compare(inst, constrained=replace(true, objective=true.objective / 2))
+    free = solve(inst.with_spec(constraints=queries.unconstrained_spec(inst.spec.constraints)))
+    assert cmp.unconstrained.report.plan == free.report.plan
+    assert cmp.binding == [] and cmp.undecided == []
+
+
 def _stopped_with(monkeypatch, plans: list) -> None:
     """``queries.solve`` as it is, except that an instance with the ``[constraints]`` of the
     first of a pair in ``plans`` gets a solve stopped at the time limit with a plan: the
