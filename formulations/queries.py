@@ -568,9 +568,9 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
     best it found: the comparison is then not ``proven`` (its slowdown compares a plan that may
     not be the optimum; ``Comparison.undecided`` lists the constraints it cannot say bind or
     not). ``constrained``: the instance's own solve, when the caller has it
-    (``plan solve --compare``), not solved again. The solves are independent: with ``workers``
-    > 1 they run side by side in a process pool (:mod:`formulations.pool`), read in the order
-    one process would solve them."""
+    (``plan solve --compare``), not solved again, and the cap of the other solves (below). The
+    solves are independent: with ``workers`` > 1 they run side by side in a process pool
+    (:mod:`formulations.pool`), read in the order one process would solve them."""
     c = inst.spec.constraints
     lifted_all = unconstrained_spec(c)
     # (a reach key only follows its pin: lifted with it, never alone)
