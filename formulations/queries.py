@@ -127,15 +127,42 @@ def _pareto_point(n: int, res: SolveResult | InfeasibleError) -> ParetoPoint:
     return ParetoPoint(n, None, _stop_reason(res), status=res.status.value)
 
 
+def solve_below(inst: Instance, known: float | None, solver: str = "cpsat",
+                time_limit: float | None = None, explain: bool | str = True,
+                fallback: bool = True) -> SolveResult:
+    """:func:`solve` of an instance whose space holds, as far as the caller knows, a plan of
+    objective ``known`` (the constrained optimum, for ``--compare``'s baseline and lifted
+    solves): capped at that value's tie window (formulations/ties.py), which keeps every tie
+    of the optimum, so the answer is the uncapped one, and the MIPs need only find a plan as
+    fast or faster, which they prove sooner when the known plan is close to the optimum
+    (docs/encoding.md, "Queries"). With no plan under the cap the known plan was not in the
+    space after all: solved again uncapped (``fallback``), or the :class:`InfeasibleError` of
+    the cap (nothing in the space is as fast).
+
+    (Not used by ``evaluate --vs-optimum``: capped at the shipped instances' own plans, 10% to
+    116% slower than their optima, the solve took as long or longer: Llama 3.1 405B 5.64 ->
+    5.46 s, GPT-3 175B 2.66 -> 3.11 s, DeepSeek-V3 4.60 -> 5.07 s, BLOOM 2.74 -> 2.93 s,
+    one run each.)"""
+    if known is None:
+        return solve(inst, solver=solver, time_limit=time_limit, explain=explain)
+    try:
+        return solve(inst, solver=solver, time_limit=time_limit,
+                     explain=False if fallback else explain,
+                     max_objective=ties.objective_cap(known))
+    except InfeasibleError:
+        if not fallback:
+            raise
+    return solve(inst, solver=solver, time_limit=time_limit, explain=explain)
+
+
 def _solve_or_infeasible(task: tuple) -> SolveResult | InfeasibleError:
     """One solve of a query that solves many (a pool's task: ``(instance, solver, time limit,
-    explain)``, and optionally an objective cap, :func:`solve`'s ``max_objective``): its
-    result, or the infeasibility it proved, returned to be read in order rather than raised
-    from the pool."""
-    inst, solver, time_limit, explain, *cap = task
+    explain)``, or with ``(known, fallback)`` after it, :func:`solve_below`'s): its result,
+    or the infeasibility it proved, returned to be read in order rather than raised from the
+    pool."""
+    inst, solver, time_limit, explain, known, fallback = (*task, None, True)[:6]
     try:
-        return solve(inst, solver=solver, time_limit=time_limit, explain=explain,
-                     max_objective=cap[0] if cap else None)
+        return solve_below(inst, known, solver, time_limit, explain, fallback)
     except InfeasibleError as exc:
         return exc
 
@@ -582,23 +609,17 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
             reach: getattr(lifted_all, reach) for reach, pin in REACHES.items() if pin == key}
         withouts.append(inst.with_spec(constraints=c.model_copy(update=update)))
     # A given constrained plan lies in the baseline's and in every lifted space (but for the
-    # recompute_layers case above), so those solves need only find a plan as fast or faster:
-    # each is capped at its tie window (formulations/ties.py), which keeps every tie of their
-    # optimum, so the answers are the uncapped ones, proven sooner (Llama 3.1 405B's
-    # baseline 14.5 -> 8.2 s, DeepSeek-V3's 195 -> 160 s, one run each on 2 cores). A lifted
-    # space with no plan under the cap is one where the constraint does not bind; a baseline
-    # with none (that recompute_layers case) is solved again without the cap.
-    cap = (ties.objective_cap(constrained.objective)
-           if constrained is not None and constrained.report is not None else None)
-    baseline = inst.with_spec(constraints=lifted_all)
-    tasks = [(baseline, solver, time_limit, cap is None, cap)]
+    # recompute_layers case above): those solves are capped at it (solve_below; Llama 3.1
+    # 405B's compare 37.6 -> 25.4 s, DeepSeek-V3's 197 -> 152 s, one run each on 2 cores). A
+    # lifted space with no plan under the cap is one where the constraint does not bind.
+    known = (constrained.objective
+             if constrained is not None and constrained.report is not None else None)
+    tasks = [(inst.with_spec(constraints=lifted_all), solver, time_limit, True, known, True)]
     tasks += [(inst, solver, time_limit, True)] if constrained is None else []
-    tasks += [(without, solver, time_limit, False, cap) for without in withouts]
+    tasks += [(without, solver, time_limit, False, known, False) for without in withouts]
     solved = pool.imap(_solve_or_infeasible, tasks, workers)
     try:
         base = next(solved)
-        if isinstance(base, InfeasibleError) and cap is not None:
-            base = _solve_or_infeasible((baseline, solver, time_limit, True))
         if isinstance(base, InfeasibleError):
             raise base
         if base.report is None:
