@@ -635,12 +635,16 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
         for key, alt in zip(set_keys, solved):
             if isinstance(alt, InfeasibleError):
                 continue
-            if alt.report is None:
-                raise _no_plan(f"--compare, the optimum with constraints.{key} lifted", alt,
-                               time_limit)
             entry = {"constraint": key, "value": getattr(c, key),
-                     "lifted_to": getattr(lifted_all, key),
-                     "step_time_without_s": alt.report.step_time_s}
+                     "lifted_to": getattr(lifted_all, key), "step_time_without_s": None}
+            if alt.report is None:
+                if known is None:
+                    raise _no_plan(f"--compare, the optimum with constraints.{key} lifted", alt,
+                                   time_limit)
+                # capped at the constrained optimum, it found no faster plan and ruled none out
+                undecided.append({**entry, "status": alt.status.value})
+                continue
+            entry["step_time_without_s"] = alt.report.step_time_s
             if con is None or alt.report.step_time_s < con.report.step_time_s * (1 - 1e-9):
                 t_con = con.report.step_time_s if con else None
                 binding.append({**entry,
@@ -652,20 +656,15 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
                                 if con else None,
                                 # (a lifted plan faster than the constrained optimum binds
                                 # for certain; exact figures need both optima proven)
-                                "proven": _proven(alt) and (con is None or _proven(con))})
-            elif not _proven(alt):
-                # no faster plan found, but none ruled out: the lifted optimum may still be
+                                "proven": alt.proven and (con is None or con.proven)})
+            elif not alt.proven:
+                # no faster plan found, but none ruled out: the lifted optimum may be faster
                 undecided.append({**entry, "status": alt.status.value})
     finally:
         solved.close()
-    proven = (_proven(base) and (con is None or _proven(con)) and not undecided
+    proven = (base.proven and (con is None or con.proven) and not undecided
               and all(b["proven"] for b in binding))
     return Comparison(con, base, slow, binding, proven, undecided)
-
-
-def _proven(res: SolveResult) -> bool:
-    """Whether a solve with a plan proved it optimal (not stopped at the time limit)."""
-    return res.status == Status.OPTIMAL
 
 
 # ------------------------------------------------------------------------------------------

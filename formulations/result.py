@@ -60,6 +60,12 @@ class SolveResult:
     space_plans: int | None = None                # plans: assignments x the combos each admits
 
     @property
+    def proven(self) -> bool:
+        """A plan proven optimal, not the best one found when the solve stopped at its time
+        limit (``feasible``): what the queries' answers say of themselves."""
+        return self.status == Status.OPTIMAL and self.report is not None
+
+    @property
     def gap(self) -> float | None:
         if self.objective is None or self.bound is None:
             return None

@@ -402,6 +402,32 @@ def test_a_baseline_with_no_plan_under_the_cap_is_solved_again_without_it():
     assert cmp.binding == [] and cmp.undecided == []
 
 
+def test_a_capped_lifted_solve_stopped_without_a_plan_leaves_its_constraint_undecided(
+        monkeypatch):
+    """Capped at the constrained optimum, a lifted solve stopped at the time limit without a
+    plan found nothing faster and ruled nothing out: its constraint is undecided (it may
+    bind), not a solver failure as an uncapped solve without a plan is."""
+    from dataclasses import replace
+
+    from formulations.result import Status
+
+    inst = parse_instance(base_doc("big", {"max_tp": 1, "max_vp": 1, "max_dp": 16}))
+    given = solve(inst)
+
+    def stopped_without_tp_cap(inst_, *args, **kwargs):
+        res = solve(inst_, *args, **kwargs)
+        if inst_.spec.constraints.max_tp is None and inst_.spec.constraints.max_vp == 1:
+            return replace(res, status=Status.NO_SOLUTION_IN_LIMIT, report=None)
+        return res
+
+    monkeypatch.setattr(queries, "solve", stopped_without_tp_cap)
+    cmp = queries.compare(inst, constrained=given, time_limit=30)
+    assert not cmp.proven
+    assert cmp.undecided == [{"constraint": "max_tp", "value": 1, "lifted_to": None,
+                              "step_time_without_s": None, "status": "no_solution_in_limit"}]
+    assert [b["constraint"] for b in cmp.binding] == ["max_vp"] and cmp.binding[0]["proven"]
+
+
 def _stopped_with(monkeypatch, plans: list) -> None:
     """``queries.solve`` as it is, except that an instance with the ``[constraints]`` of the
     first of a pair in ``plans`` gets a solve stopped at the time limit with a plan: the

@@ -14,7 +14,6 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from formulations.result import Status
 from formulations.solve import not_installed
 from planner.app.cli import app
 from planner.app.report import top_table
@@ -237,7 +236,7 @@ def test_the_top_list_says_what_sets_equal_looking_plans_apart():
     p = plan_from_spec(inst, inst.spec.plan)
     q = replace(p, dp_replicate=2)
     rows = [SimpleNamespace(objective=t, report=SimpleNamespace(plan=x, step_time_s=t),
-                            status=Status.OPTIMAL) for x, t in ((p, 17.8), (q, 17.9))]
+                            proven=True) for x, t in ((p, 17.8), (q, 17.9))]
     console = Console(width=200, record=True)
     console.print(top_table(rows))
     text = console.export_text()

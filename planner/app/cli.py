@@ -663,7 +663,7 @@ def solve(
             doc["top"] = [dict(r.to_dict(), gap_to_optimum=_gap(r, ranked[0])) for r in ranked]
             # (false: a solve stopped at the time limit with a plan; the list is in solve
             # order, its gaps are to the first plan found)
-            doc["top_proven"] = all(r.status == Status.OPTIMAL for r in ranked)
+            doc["top_proven"] = all(r.proven for r in ranked)
             if ranked.ended:
                 doc["top_ended"] = ranked.ended
         if cmp:
@@ -722,7 +722,6 @@ def pareto(
     sequence without training.tokens, GPU-seconds per sequence without a price)."""
     from formulations import queries
     from formulations.pool import workers_or_default
-    from formulations.result import Status
     from planner.app.report import caveat_lines, front_basis_lines, pareto_table, sizes_text
 
     try:
@@ -746,8 +745,7 @@ def pareto(
     stop_msg = (f"at {sizes_text(stopped)} the solver stopped at the time limit without a plan; "
                 + queries.time_limit_advice(time_limit)) if stopped else ""
     # sizes whose solve stopped with a plan: the best found there, not a proven optimum
-    unproven = [p.nodes for p in points if p.result is not None
-                and p.result.status != Status.OPTIMAL]
+    unproven = [p.nodes for p in points if p.result is not None and not p.result.proven]
     # without any plan, the sizes that stopped are why there is no answer (exit 4); the others
     # are proven infeasible (exit 3, each size's reason in its row)
     none_msg, none_code = (

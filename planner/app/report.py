@@ -265,9 +265,7 @@ def top_table(results) -> Table:
     """The K best distinct plans with their gap to the optimum. Under a time limit a solve may
     stop with the best plan it has (``feasible``): the list is then the plans in the order
     solved, not proven best, and the table says so, with each row's status."""
-    from formulations.result import Status
-
-    proven = all(r.status == Status.OPTIMAL for r in results)
+    proven = all(r.proven for r in results)
     t = Table(title="Best distinct plans (each proven optimal once the better ones are excluded)"
               if proven else "Distinct plans in the order solved: not proven best (a solve "
               "stopped at the time limit; a later row may be faster, a better plan missing)")
@@ -289,15 +287,14 @@ def top_table(results) -> Table:
 def compare_table(cmp) -> Table:
     """Constrained vs unconstrained optimum, and what binds; under a time limit, which of them
     a solve stopped at left unproven (the caption says what that leaves open)."""
-    from formulations.result import Status
-
     t = Table(title=escape("What-if: with and without the [constraints]"))
     t.add_column("")
     t.add_column("plan")
     t.add_column("step s", justify="right")
     t.add_column("vs unconstrained", justify="right")
+
     def unproven(res) -> str:                # a solve stopped at the time limit with a plan
-        return "" if res.status == Status.OPTIMAL else f" ({res.status.value}, not proven)"
+        return "" if res.proven else f" ({res.status.value}, not proven)"
 
     u = cmp.unconstrained
     t.add_row("unconstrained", u.report.plan.label() + unproven(u), f"{u.report.step_time_s:.4f}",
@@ -320,7 +317,9 @@ def compare_table(cmp) -> Table:
     for b in cmp.undecided:
         t.add_row(f"undecided: {b['constraint']} = {toml_value(b['value'])}",
                   f"lifted alone ({b['constraint']} = {toml_value(b['lifted_to'])}): "
-                  f"{b['status']}, no faster plan found", f"{b['step_time_without_s']:.4f}", "")
+                  f"{b['status']}, no faster plan found",
+                  "" if b["step_time_without_s"] is None else f"{b['step_time_without_s']:.4f}",
+                  "")
     if not cmp.binding and not cmp.undecided:
         t.add_row("binds", "no single constraint binds", "", "")
     if not cmp.proven:
@@ -334,11 +333,9 @@ def compare_table(cmp) -> Table:
 def pareto_table(points, batch_range: bool = False) -> Table:
     """One row per size; ``*`` marks the sizes no other size beats on both training time and
     cost. With a global-batch range each row shows the batch its optimum chose."""
-    from formulations.result import Status
-
     # (a size solved to a plan but not proven: the best plan found there, said in the title,
     # its status column and a note)
-    proven = all(p.result is None or p.result.status == Status.OPTIMAL for p in points)
+    proven = all(p.result is None or p.result.proven for p in points)
     t = Table(title=("Proven optimum" if proven else "Best plan found (not all proven)")
               + " per cluster size (* = on the Pareto front: no other size is both faster and "
               "cheaper)")
