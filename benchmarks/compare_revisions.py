@@ -9,9 +9,14 @@ the objective and the plan (the degrees, micro-batch, recompute, sequence parall
 distributed optimizer ``solve_scaling.run_once`` reads). A change
 that should only make solving faster must print ``same`` on every line.
 
+``--extra`` appends flags to every command: ``--extra=--compare`` times ``plan solve --compare``
+(the answers column then still reads the constrained plan).
+
 Example::
 
     python benchmarks/compare_revisions.py HEAD~1 WORKTREE instances/*.toml --repeat 3
+    python benchmarks/compare_revisions.py 44fb6ad WORKTREE instances/gpt3-175b-a100.toml \
+        --extra=--compare --repeat 3
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def main() -> None:
     ap.add_argument("files", nargs="+", type=Path, help="instance TOML files")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--solver", default="cpsat", help="plan solve --solver (default cpsat)")
+    ap.add_argument("--extra", default="", help="more plan solve flags, space-separated")
     args = ap.parse_args()
     with revisions(args.base, args.new) as revs:
         runs: dict[tuple[Path, str], list[dict]] = {}
@@ -66,7 +72,8 @@ def main() -> None:
             for f in args.files:
                 for rev, (env, cwd, _) in revs.items():
                     cmd = plan_command() + ["solve", str(f.resolve()), "--json", "--solver",
-                                            args.solver, "--time-limit", str(args.time_limit)]
+                                            args.solver, "--time-limit", str(args.time_limit)
+                                            ] + args.extra.split()
                     runs.setdefault((f, rev), []).append(
                         run_once(cmd, args.time_limit, 30.0, env=env, cwd=cwd))
     totals = dict.fromkeys(revs, 0.0)
