@@ -549,8 +549,9 @@ class Comparison:
     """What :func:`compare` found. ``proven``: every solve it read proved its optimum, so the
     slowdown is exact and ``binding`` names every constraint that binds alone; a solve stopped
     at the time limit with a plan (``--time-limit``) leaves it False. ``undecided``: the
-    constraints whose lifted solve stopped with a plan no faster than the constrained optimum,
-    so whether they bind is open (a faster plan, proven or not, shows that one binds)."""
+    constraints whose lifted solve stopped with a plan no faster than the constrained optimum
+    (or, capped at it, with no plan), so whether they bind is open (a faster plan, proven or
+    not, shows that one binds)."""
 
     constrained: SolveResult | None
     unconstrained: SolveResult
