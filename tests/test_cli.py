@@ -513,6 +513,48 @@ def test_a_front_drawn_from_a_solve_stopped_at_the_time_limit_says_so(runner, tm
     assert "raise --time-limit (it was 60 s)" in text
 
 
+def test_vs_optimum_sets_the_plan_against_the_proven_optimum(runner):
+    """``evaluate --vs-optimum``: the optimum under the instance's constraints (``plan
+    solve``'s), proven, and how much slower the evaluated plan is; no faster than it."""
+    path = ROOT / "instances" / "gpt-1.3b-1node.toml"
+    ev = run_json(runner, ["evaluate", str(path), "--vs-optimum", "--json"])
+    best = run_json(runner, ["solve", str(path), "--json"])
+    assert ev["optimum_proven"] is True
+    assert ev["optimum"]["plan_spec"] == best["plan_spec"]
+    assert ev["slower_than_optimum_by"] == pytest.approx(
+        ev["step_time_s"] / best["step_time_s"] - 1)
+    assert ev["slower_than_optimum_by"] >= -1e-9
+    text = " ".join(all_text(runner.invoke(app, ["evaluate", str(path), "--vs-optimum"])).split())
+    assert "The optimum under the same constraints is" in text
+
+
+def test_vs_optimum_under_a_time_limit_says_the_optimum_is_not_proven(runner, monkeypatch):
+    """With --time-limit the optimum's solve may stop with the best plan it has: the text
+    calls it the best plan found, not the optimum, and the JSON's ``optimum_proven`` is false;
+    --time-limit without --vs-optimum is a bad flag (nothing is solved)."""
+    from dataclasses import replace
+
+    from formulations import solve as solve_module
+    from formulations.result import Status
+
+    path = ROOT / "instances" / "gpt-1.3b-1node.toml"
+    solve = solve_module.solve
+
+    def stopped(*args, **kwargs):
+        return replace(solve(*args, **kwargs), status=Status.FEASIBLE, bound=None)
+
+    monkeypatch.setattr(solve_module, "solve", stopped)
+    ev = run_json(runner, ["evaluate", str(path), "--vs-optimum", "--time-limit", "9", "--json"])
+    assert ev["optimum_proven"] is False and ev["optimum"]["solver"]["status"] == "feasible"
+    text = " ".join(all_text(runner.invoke(
+        app, ["evaluate", str(path), "--vs-optimum", "--time-limit", "9"])).split())
+    assert "The best plan found under the same constraints is" in text
+    assert "not proven optimal; raise --time-limit (it was 9 s)" in text
+    assert "The optimum under" not in text
+    bad = runner.invoke(app, ["evaluate", str(path), "--time-limit", "9"])
+    assert bad.exit_code == 2 and "--time-limit: only with --vs-optimum" in all_text(bad)
+
+
 def test_pareto_with_no_feasible_size_exits_3(runner, tmp_path):
     path = tmp_path / "small.toml"
     path.write_text(GPT3.read_text().replace("nodes = 128", "nodes = [1, 2]")

@@ -244,6 +244,7 @@ def evaluate(
         "--vs-optimum", help="also solve for the optimum and print how far this plan is")
     ] = False,
     solver: SolverOpt = "cpsat",
+    time_limit: TimeOpt = None,
     emit: EmitOpt = None,
     emit_to: EmitToOpt = None,
     as_json: JsonOpt = False,
@@ -258,6 +259,9 @@ def evaluate(
 
     try:
         _check_emit(emit, emit_to)
+        if time_limit is not None and not vs_optimum:
+            raise InputError("--time-limit: only with --vs-optimum (the solve of the optimum); "
+                             "evaluating a plan solves nothing")
         if recompute is not None and recompute not in RECOMPUTE_MODES:
             raise InputError(f"--recompute: expected one of {', '.join(RECOMPUTE_MODES)}, "
                              f"got \"{recompute}\"")
@@ -355,7 +359,7 @@ def evaluate(
         if vs_optimum:
             from formulations.solve import solve as run_solve
 
-            best = run_solve(inst, solver=solver)
+            best = run_solve(inst, solver=solver, time_limit=time_limit)
         # a plan that breaks a rule or does not fit gets no launch configuration: it would not
         # run as written (a fractional replica count, an out-of-memory job)
         launch = _emit_text(inst, plan, emit) if emit and not rep.violations else None
@@ -369,6 +373,8 @@ def evaluate(
         if best:
             doc["optimum"] = best.to_dict()
             doc["slower_than_optimum_by"] = gap
+            # (false: the solve stopped at --time-limit; "optimum" is the best plan it found)
+            doc["optimum_proven"] = best.proven
         if launch:
             doc["launch"] = {"format": emit, "text": launch}
         if rep.violations:
@@ -382,12 +388,26 @@ def evaluate(
             if said:
                 err.print(f"note: {said}", markup=False, highlight=False)
         if best and not best.report:
+            from formulations.queries import time_limit_advice
+            from formulations.result import Status
+
             err.print(f"note: the optimum could not be computed ({best.status.value}"
-                      + (f": {best.note}" if best.note else "") + ")", markup=False, highlight=False)
-        if best and best.report:
+                      + (f": {best.note}" if best.note else "") + ")"
+                      + (f"; {time_limit_advice(time_limit)}"
+                         if best.status == Status.NO_SOLUTION_IN_LIMIT else ""),
+                      markup=False, highlight=False)
+        if best and best.report and best.proven:
             console.print(f"The optimum under the same constraints is {best.report.plan.label()} "
                           f"at {best.report.step_time_s:.4g} s per step ({best.status.value}); "
                           f"this plan is {100 * gap:+.2f}% slower.", markup=False, highlight=False)
+        elif best and best.report:
+            from formulations.queries import time_limit_advice
+
+            console.print(f"The best plan found under the same constraints is "
+                          f"{best.report.plan.label()} at {best.report.step_time_s:.4g} s per "
+                          f"step ({best.status.value}: the solver stopped at the time limit, "
+                          f"not proven optimal; {time_limit_advice(time_limit)}); this plan is "
+                          f"{100 * gap:+.2f}% slower than it.", markup=False, highlight=False)
         if emit_to is not None and launch is not None:
             console.print(f"launch configuration ({emit}) written to {emit_to}", markup=False,
                           highlight=False)
