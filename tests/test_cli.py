@@ -513,6 +513,28 @@ def test_a_front_drawn_from_a_solve_stopped_at_the_time_limit_says_so(runner, tm
     assert "raise --time-limit (it was 60 s)" in text
 
 
+def test_top_with_compare_compares_the_lists_first_plan(runner, monkeypatch, tmp_path):
+    """``--top K --compare``: the comparison's constrained optimum is the list's first plan,
+    the plan the report shows, not a second solve of the same space (which could break a tie
+    otherwise): one solve of the constrained instance per listed plan, none more."""
+    from formulations import queries
+
+    path = tmp_path / "gpt13.toml"
+    path.write_text((ROOT / "instances" / "gpt-1.3b-1node.toml").read_text()
+                    + "\n[constraints]\nmax_tp = 2\n")
+    solve, asked = queries.solve, []
+
+    def counting(inst, *args, **kwargs):
+        asked.append(inst.spec.constraints)
+        return solve(inst, *args, **kwargs)
+
+    monkeypatch.setattr(queries, "solve", counting)
+    out = run_json(runner, ["solve", str(path), "--top", "2", "--compare", "--json"])
+    assert out["compare"]["constrained"]["plan_spec"] == out["top"][0]["plan_spec"]
+    own = [c for c in asked if c == asked[0]]
+    assert len(own) == 2                    # the two listed plans' solves
+
+
 def test_vs_optimum_sets_the_plan_against_the_proven_optimum(runner):
     """``evaluate --vs-optimum``: the optimum under the instance's constraints (``plan
     solve``'s), proven, and how much slower the evaluated plan is; no faster than it."""

@@ -661,9 +661,9 @@ def solve(
         else:
             ranked = None
             res = run_solve(inst, solver=solver, time_limit=time_limit)
-        # (the constrained optimum is the solve above, unless --top made it a list)
-        cmp = queries.compare(inst, solver=solver, time_limit=time_limit,
-                              constrained=res if top == 1 else None,
+        # (the constrained optimum is the solve above, or the list's first plan under --top:
+        # the plan the report shows, not solved again, and the cap of compare's other solves)
+        cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=res,
                               workers=workers_or_default(workers)) if compare else None
         launch = _emit_text(inst, res.report.plan, emit) if (emit and res.report) else None
         if launch is not None and (emit_to is not None or not as_json):
