@@ -34,14 +34,19 @@ def time_limit_advice(time_limit: float | None) -> str:
             else "give it more time with --time-limit S")
 
 
+def no_plan_words(res: SolveResult, time_limit: float | None) -> str:
+    """How a solve ended without a usable plan, as messages say it after their own opening:
+    ``(status: note)``, and the advice to raise ``--time-limit`` when it stopped there."""
+    words = f"({res.status.value}" + (f": {res.note}" if res.note else "") + ")"
+    if res.status == Status.NO_SOLUTION_IN_LIMIT:
+        words += f"; {time_limit_advice(time_limit)}"
+    return words
+
+
 def _no_plan(what: str, res: SolveResult, time_limit: float | None) -> SolverError:
     """The error of a query that needs a plan from ``res`` and got none: a solver that stopped
     proved nothing, so the query has no answer to give (exit 4), not an infeasible one."""
-    why = f"{what}: the solver returned no plan ({res.status.value}" + (
-        f": {res.note}" if res.note else "") + ")"
-    if res.status == Status.NO_SOLUTION_IN_LIMIT:
-        why += f"; {time_limit_advice(time_limit)}"
-    return SolverError(why)
+    return SolverError(f"{what}: the solver returned no plan {no_plan_words(res, time_limit)}")
 
 
 # ------------------------------------------------------------------------------------------

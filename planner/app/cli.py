@@ -387,27 +387,25 @@ def evaluate(
         for said in (rederived, dropped):
             if said:
                 err.print(f"note: {said}", markup=False, highlight=False)
-        if best and not best.report:
-            from formulations.queries import time_limit_advice
+        if best:                 # (the queries' words, loaded only when an optimum was asked)
+            from formulations.queries import no_plan_words, time_limit_advice
             from formulations.result import Status
 
-            err.print(f"note: the optimum could not be computed ({best.status.value}"
-                      + (f": {best.note}" if best.note else "") + ")"
-                      + (f"; {time_limit_advice(time_limit)}"
-                         if best.status == Status.NO_SOLUTION_IN_LIMIT else ""),
-                      markup=False, highlight=False)
-        if best and best.report and best.proven:
-            console.print(f"The optimum under the same constraints is {best.report.plan.label()} "
-                          f"at {best.report.step_time_s:.4g} s per step ({best.status.value}); "
-                          f"this plan is {100 * gap:+.2f}% slower.", markup=False, highlight=False)
-        elif best and best.report:
-            from formulations.queries import time_limit_advice
-
-            console.print(f"The best plan found under the same constraints is "
-                          f"{best.report.plan.label()} at {best.report.step_time_s:.4g} s per "
-                          f"step ({best.status.value}: the solver stopped at the time limit, "
-                          f"not proven optimal; {time_limit_advice(time_limit)}); this plan is "
-                          f"{100 * gap:+.2f}% slower than it.", markup=False, highlight=False)
+            if not best.report:
+                err.print(f"note: the optimum could not be computed "
+                          f"{no_plan_words(best, time_limit)}", markup=False, highlight=False)
+            elif best.status != Status.FEASIBLE:
+                console.print(f"The optimum under the same constraints is "
+                              f"{best.report.plan.label()} at {best.report.step_time_s:.4g} s "
+                              f"per step ({best.status.value}); this plan is "
+                              f"{100 * gap:+.2f}% slower.", markup=False, highlight=False)
+            else:                # stopped at the time limit with a plan, not proven
+                console.print(f"The best plan found under the same constraints is "
+                              f"{best.report.plan.label()} at {best.report.step_time_s:.4g} s "
+                              f"per step ({best.status.value}: the solver stopped at the time "
+                              f"limit, not proven optimal; {time_limit_advice(time_limit)}); "
+                              f"this plan is {100 * gap:+.2f}% slower than it.", markup=False,
+                              highlight=False)
         if emit_to is not None and launch is not None:
             console.print(f"launch configuration ({emit}) written to {emit_to}", markup=False,
                           highlight=False)
@@ -672,10 +670,7 @@ def solve(
         _fail(exc, as_json)
     failed = res.report is None or res.status == Status.ERROR
     if failed:
-        why = (f"the solver returned no usable plan ({res.status.value}"
-               + (f": {res.note}" if res.note else "") + ")")
-        if res.status == Status.NO_SOLUTION_IN_LIMIT:
-            why += f"; {queries.time_limit_advice(time_limit)}"
+        why = f"the solver returned no usable plan {queries.no_plan_words(res, time_limit)}"
         err.print(f"error: {why}", markup=False, highlight=False)
     if as_json:
         doc = res.to_dict()

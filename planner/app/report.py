@@ -311,7 +311,7 @@ def compare_table(cmp) -> Table:
         change = b.get("step_time_change_if_lifted")
         t.add_row(f"binds: {b['constraint']} = {toml_value(b['value'])}",
                   f"lifted alone ({b['constraint']} = {toml_value(b['lifted_to'])})"
-                  + ("" if b.get("proven", True) else " (not proven)"),
+                  + ("" if b["proven"] else " (not proven)"),
                   f"{b['step_time_without_s']:.4f}",
                   f"step time {100 * change:+.2f}%" if change is not None else "")
     for b in cmp.undecided:
