@@ -433,14 +433,17 @@ def test_pareto_and_capacity_json(runner, tmp_path):
     path.write_text('[model]\npreset = "gpt-1.3b"\n[training]\nglobal_batch = 256\n'
                     'tokens = 2e10\n[cluster]\ngpu = "h100-sxm"\nnodes = [1, 3]\n'
                     'price_per_gpu_hour = 2.0\n[constraints]\nmax_recompute_layers = 0\n')
-    front = run_json(runner, ["pareto", str(path), "--json"])
+    # (the enumerator's solves: the queries' JSON and their pool are what is checked here;
+    # the backends' agreement has tests of its own)
+    en = ["--solver", "enumerate"]
+    front = run_json(runner, ["pareto", str(path), "--json", *en])
     assert front["points"] and all(p["on_front"] for p in front["points"])
     assert front["proven"] is True
     for p in front["points"]:
         check_plan_result(p)
     assert [p["nodes"] for p in front["all"]] == [1, 2, 3]
     # sizes solved side by side, one process each: the same answers (the solver's clocks aside)
-    pooled = run_json(runner, ["pareto", str(path), "--json", "--workers", "2"])
+    pooled = run_json(runner, ["pareto", str(path), "--json", "--workers", "2", *en])
 
     def untimed(doc):
         return [{**p, "solver": {k: v for k, v in p["solver"].items() if not k.endswith("_s")}}
@@ -449,11 +452,11 @@ def test_pareto_and_capacity_json(runner, tmp_path):
     assert untimed(pooled) == untimed(front)
     best = min(p["total_days"] for p in front["points"])
     cap = run_json(runner, ["capacity", str(path), "--deadline-days", str(best * 1.01),
-                            "--json"])
+                            "--json", *en])
     check_plan_result(cap)
     assert cap["nodes"] in (1, 2, 3) and cap["total_days"] <= best * 1.01
     pooled = run_json(runner, ["capacity", str(path), "--deadline-days", str(best * 1.01),
-                               "--json", "--workers", "2"])
+                               "--json", "--workers", "2", *en])
     assert untimed({"all": [{**pooled, "wall_s": 0}]}) == untimed({"all": [{**cap, "wall_s": 0}]})
 
 
@@ -502,10 +505,13 @@ def test_a_front_drawn_from_a_solve_stopped_at_the_time_limit_says_so(runner, tm
         return replace(res, status=Status.FEASIBLE, bound=None) if inst.nodes == 2 else res
 
     monkeypatch.setattr(queries, "solve", second_size_stopped)
-    front = run_json(runner, ["pareto", str(path), "--json", "--time-limit", "60"])
+    # (the enumerator's solves, stopped by the stand-in: the wording is the query's)
+    front = run_json(runner, ["pareto", str(path), "--json", "--time-limit", "60",
+                              "--solver", "enumerate"])
     assert front["proven"] is False
     assert [p["solver"]["status"] for p in front["all"]] == ["optimal", "feasible"]
-    result = runner.invoke(app, ["pareto", str(path), "--time-limit", "60"])
+    result = runner.invoke(app, ["pareto", str(path), "--time-limit", "60",
+                                 "--solver", "enumerate"])
     assert result.exit_code == 0, all_text(result)
     text = " ".join(all_text(result).split())
     assert "Proven optimum" not in text and "Best plan found (not all proven)" in text
@@ -529,7 +535,8 @@ def test_top_with_compare_compares_the_lists_first_plan(runner, monkeypatch, tmp
         return solve(inst, *args, **kwargs)
 
     monkeypatch.setattr(queries, "solve", counting)
-    out = run_json(runner, ["solve", str(path), "--top", "2", "--compare", "--json"])
+    out = run_json(runner, ["solve", str(path), "--top", "2", "--compare", "--solver",
+                            "enumerate", "--json"])
     assert out["compare"]["constrained"]["plan_spec"] == out["top"][0]["plan_spec"]
     own = [c for c in asked if c == asked[0]]
     assert len(own) == 2                    # the two listed plans' solves
@@ -566,10 +573,13 @@ def test_vs_optimum_under_a_time_limit_says_the_optimum_is_not_proven(runner, mo
         return replace(solve(*args, **kwargs), status=Status.FEASIBLE, bound=None)
 
     monkeypatch.setattr(solve_module, "solve", stopped)
-    ev = run_json(runner, ["evaluate", str(path), "--vs-optimum", "--time-limit", "9", "--json"])
+    # (the enumerator's solve, stopped by the stand-in above: the cheapest solve to stop)
+    ev = run_json(runner, ["evaluate", str(path), "--vs-optimum", "--time-limit", "9",
+                           "--solver", "enumerate", "--json"])
     assert ev["optimum_proven"] is False and ev["optimum"]["solver"]["status"] == "feasible"
     text = " ".join(all_text(runner.invoke(
-        app, ["evaluate", str(path), "--vs-optimum", "--time-limit", "9"])).split())
+        app, ["evaluate", str(path), "--vs-optimum", "--time-limit", "9",
+              "--solver", "enumerate"])).split())
     assert "The best plan found under the same constraints is" in text
     assert "not proven optimal; raise --time-limit (it was 9 s)" in text
     assert "The optimum under" not in text

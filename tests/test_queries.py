@@ -78,8 +78,9 @@ def test_pareto_in_a_process_pool_gives_the_answer_of_one_process():
     range's order, as one process does: plans, front marks and, for 7 nodes (56 GPUs, whose
     data-parallel degree divides no split of the batch of 64), the reason and what binds."""
     inst = parse_instance(doc(cluster={"nodes": [6, 8]}))
-    alone = queries.pareto(inst, workers=1)
-    pooled = queries.pareto(inst, workers=2)
+    # (the enumerator's solves: the pool is what is checked)
+    alone = queries.pareto(inst, solver="enumerate", workers=1)
+    pooled = queries.pareto(inst, solver="enumerate", workers=2)
     assert [p.nodes for p in pooled] == [6, 7, 8]
     assert pooled[1].result is None and pooled[1].detail
     assert any(p.on_front for p in pooled)
@@ -109,7 +110,9 @@ def test_capacity_in_a_process_pool_gives_the_answer_of_one_process():
     divides no split of the batch), 8 the answer; the pool's solves of larger sizes are not
     read."""
     inst = parse_instance(doc(cluster={"nodes": [6, 12]}))
-    six, eight = (solve(inst.with_nodes(n)).report.total_days for n in (6, 8))
+    # (the enumerator's solves: the pool is what is checked)
+    six, eight = (solve(inst.with_nodes(n), solver="enumerate").report.total_days
+                  for n in (6, 8))
     assert eight < six
     deadline = (six + eight) / 2
 
@@ -117,8 +120,8 @@ def test_capacity_in_a_process_pool_gives_the_answer_of_one_process():
         return (ans.nodes, ans.checked, ans.next_smaller, ans.bound_skipped,
                 ans.result.report.plan, ans.result.objective)
 
-    alone = queries.capacity(inst, deadline, workers=1)
-    pooled = queries.capacity(inst, deadline, workers=2)
+    alone = queries.capacity(inst, deadline, solver="enumerate", workers=1)
+    pooled = queries.capacity(inst, deadline, solver="enumerate", workers=2)
     assert pooled.nodes == 8 and [c["nodes"] for c in pooled.checked] == [6, 7, 8]
     assert pooled.checked[1]["feasible"] is False and pooled.checked[1]["reason"]
     assert said(pooled) == said(alone)
@@ -375,10 +378,11 @@ def test_compare_in_a_process_pool_and_from_a_given_solve_gives_one_process_answ
 @pytest.mark.parametrize("backend", ["cpsat", "highs"])
 def test_compare_capped_at_the_given_constrained_optimum_gives_the_uncapped_answer(backend):
     """Given the constrained optimum (``plan solve --compare``), the baseline and the lifted
-    solves are capped at its tie window, since its plan lies in their spaces: the same
-    baseline plan, slowdown and binding constraints as the uncapped solves, on each MIP."""
+    solves are capped at its tie window, since its plan lies in their spaces: each MIP gives
+    the same baseline plan, slowdown and binding constraints as the uncapped solves (the
+    enumerator's, the oracle: the MIPs' own uncapped compare cost 10 s of the suite)."""
     inst = parse_instance(base_doc("big", {"max_tp": 1, "max_vp": 1, "max_dp": 16}))
-    uncapped = queries.compare(inst, solver=backend)
+    uncapped = queries.compare(inst, solver="enumerate")
     capped = queries.compare(inst, solver=backend, constrained=solve(inst, solver=backend))
     assert capped.unconstrained.report.plan == uncapped.unconstrained.report.plan
     assert capped.slowdown == pytest.approx(uncapped.slowdown, rel=1e-9, abs=1e-12)
@@ -396,9 +400,11 @@ def test_a_baseline_with_no_plan_under_the_cap_is_solved_again_without_it():
     from dataclasses import replace
 
     inst = parse_instance(base_doc("big", {"max_tp": 1, "max_vp": 1, "max_dp": 16}))
-    true = solve(inst)
-    cmp = queries.compare(inst, constrained=replace(true, objective=true.objective / 2))
-    free = solve(inst.with_spec(constraints=queries.unconstrained_spec(inst.spec.constraints)))
+    en = "enumerate"        # (the fallback is the query's, whichever backend: the cheapest)
+    true = solve(inst, solver=en)
+    cmp = queries.compare(inst, solver=en, constrained=replace(true, objective=true.objective / 2))
+    free = solve(inst.with_spec(constraints=queries.unconstrained_spec(inst.spec.constraints)),
+                 solver=en)
     assert cmp.unconstrained.report.plan == free.report.plan
     assert cmp.binding == [] and cmp.undecided == []
 
@@ -413,7 +419,7 @@ def test_a_capped_lifted_solve_stopped_without_a_plan_leaves_its_constraint_unde
     from formulations.result import Status
 
     inst = parse_instance(base_doc("big", {"max_tp": 1, "max_vp": 1, "max_dp": 16}))
-    given = solve(inst)
+    given = solve(inst, solver="enumerate")     # (the query's rule, whichever backend)
 
     def stopped_without_tp_cap(inst_, *args, **kwargs):
         res = solve(inst_, *args, **kwargs)
@@ -422,7 +428,7 @@ def test_a_capped_lifted_solve_stopped_without_a_plan_leaves_its_constraint_unde
         return res
 
     monkeypatch.setattr(queries, "solve", stopped_without_tp_cap)
-    cmp = queries.compare(inst, constrained=given, time_limit=30)
+    cmp = queries.compare(inst, solver="enumerate", constrained=given, time_limit=30)
     assert not cmp.proven
     assert cmp.undecided == [{"constraint": "max_tp", "value": 1, "lifted_to": None,
                               "step_time_without_s": None, "status": "no_solution_in_limit"}]
@@ -461,7 +467,8 @@ def test_compare_read_from_solves_stopped_at_the_time_limit_is_not_proven(monkey
     unproven (max_vp binds, as a faster plan shows, but the figure is not proven)."""
     caps = {"max_tp": 1, "max_vp": 1, "max_dp": 16}
     inst = parse_instance(base_doc("big", caps))
-    exact = queries.compare(inst)
+    # (the enumerator's solves: what is read from them is the query's, whichever backend)
+    exact = queries.compare(inst, solver="enumerate")
     assert exact.proven and exact.undecided == []
     assert {b["constraint"] for b in exact.binding} == {"max_tp", "max_vp"}
     assert all(b["proven"] for b in exact.binding)
@@ -473,7 +480,7 @@ def test_compare_read_from_solves_stopped_at_the_time_limit_is_not_proven(monkey
     free = inst.with_spec(constraints=queries.unconstrained_spec(c))
     no_tp, no_vp = lifted(max_tp=None), lifted(max_vp=None)
     _stopped_with(monkeypatch, [(free, inst), (no_tp, inst), (no_vp, no_vp)])
-    cmp = queries.compare(inst)
+    cmp = queries.compare(inst, solver="enumerate")
     assert not cmp.proven
     assert cmp.unconstrained.status.value == "feasible"
     assert cmp.slowdown == pytest.approx(0.0, abs=1e-12)        # the plans it compares
@@ -609,7 +616,8 @@ def test_a_top_list_with_a_solve_stopped_at_the_time_limit_says_it_is_not_proven
         return console.export_text()
 
     inst = parse_instance(doc(cluster={"nodes": 1}))
-    proven = queries.top_k(inst, 3)
+    # (the enumerator's solves: the list's wording is the query's, whichever backend)
+    proven = queries.top_k(inst, 3, solver="enumerate")
     assert "each proven optimal" in table_text(proven) and "feasible" not in table_text(proven)
 
     def first_stopped(*args, **kwargs):       # the first solve stops with its plan, unproven
@@ -619,7 +627,7 @@ def test_a_top_list_with_a_solve_stopped_at_the_time_limit_says_it_is_not_proven
 
     calls: list = []
     monkeypatch.setattr(queries, "solve", first_stopped)
-    ranked = queries.top_k(inst, 3, time_limit=5)
+    ranked = queries.top_k(inst, 3, solver="enumerate", time_limit=5)
     text = table_text(ranked)
     assert "not proven best" in text and "each proven optimal" not in text
     assert text.count("feasible") == 1 and text.count("optimal") == 2    # the status column
@@ -627,7 +635,7 @@ def test_a_top_list_with_a_solve_stopped_at_the_time_limit_says_it_is_not_proven
     calls.clear()
     path = Path(__file__).resolve().parents[1] / "instances" / "gpt-1.3b-1node.toml"
     r = CliRunner().invoke(app, ["solve", str(path), "--top", "3", "--time-limit", "5",
-                                 "--json"])
+                                 "--solver", "enumerate", "--json"])
     assert r.exit_code == 0, r.stdout
     out = json.loads(r.stdout)
     assert out["top_proven"] is False
