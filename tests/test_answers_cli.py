@@ -598,9 +598,13 @@ def test_validate_checks_the_solver_name_before_any_run(runner):
     r = runner.invoke(app, ["validate", "--solver", "foo"])
     assert r.exit_code == 2 and '--solver: unknown solver "foo"' in r.stderr
     assert "Predicted vs measured" not in r.stdout
-    # without the ranking no solver runs, so the name is not read
-    assert runner.invoke(app, ["validate", "--solver", "foo", "--no-ranking",
-                               "--json"]).exit_code == 0
+    # without the ranking no solver runs, but the name is still bad input (a typo would
+    # otherwise pass unseen), as it is for evaluate without --vs-optimum
+    r = runner.invoke(app, ["validate", "--solver", "foo", "--no-ranking", "--json"])
+    assert r.exit_code == 2 and json.loads(r.stdout)["exit_code"] == 2
+    r = runner.invoke(app, ["evaluate", str(ROOT / "instances" / "gpt-1.3b-1node.toml"),
+                            "--solver", "foo"])
+    assert r.exit_code == 2 and '--solver: unknown solver "foo"' in r.stderr
 
 
 @pytest.mark.parametrize("as_json", [False, True])

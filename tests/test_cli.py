@@ -707,3 +707,23 @@ def test_another_recompute_mode_drops_the_plan_s_recomputed_layer_count(runner, 
     one = evaluated(runner, [path, "--recompute-layers", "1"])
     assert one["memory_gib"]["activations"] > two["memory_gib"]["activations"]
     assert one["step_time_s"] < two["step_time_s"]
+
+
+def test_zero_counts_in_plan_are_the_keys_left_out(runner, tmp_path):
+    """``[plan] first_stage_layers = 0``, ``last_stage_layers = 0`` and ``recompute_layers =
+    0`` read as the flags read 0 and as a result's ``plan`` writes them: an even share and
+    every layer, the same plan and step time as without the keys (they were refused)."""
+    base = (ROOT / "instances" / "llama3-70b-h100.toml").read_text().replace(
+        'recompute = "none"', 'recompute = "full"')
+    plain, zeros = tmp_path / "plain.toml", tmp_path / "zeros.toml"
+    plain.write_text(base)
+    zeros.write_text(base + "first_stage_layers = 0\nlast_stage_layers = 0\n"
+                     "recompute_layers = 0\n")
+    a = run_json(runner, ["evaluate", str(plain), "--json"])
+    b = run_json(runner, ["evaluate", str(zeros), "--json"])
+    assert b["plan"] == a["plan"] and b["step_time_s"] == a["step_time_s"]
+    assert b["plan"]["recompute"] == "full" and b["plan"]["recompute_layers"] == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base + "recompute_layers = -1\n")
+    r = runner.invoke(app, ["evaluate", str(bad)])
+    assert r.exit_code == 2 and "plan.recompute_layers" in all_text(r)

@@ -259,6 +259,8 @@ def evaluate(
 
     try:
         _check_emit(emit, emit_to)
+        from formulations.solve import check_backend
+        check_backend(solver)           # a bad name is bad input, whether or not it solves
         if time_limit is not None and not vs_optimum:
             raise InputError("--time-limit: only with --vs-optimum (the solve of the optimum); "
                              "evaluating a plan solves nothing")
@@ -492,8 +494,7 @@ def validate(
     from planner.app.report import alternatives_summary, alternatives_table
 
     try:
-        if rank:
-            check_backend(solver)
+        check_backend(solver)           # a bad name is bad input, whether or not it solves
         data = v.load_runs(runs)
         cal = v.Calibrator(data)
         alone = v.calibration_only_keys(data, cal)

@@ -257,7 +257,7 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
     extra = [k for k in data if k not in ("base", "sweep", "plot", "plan", *SECTIONS)]
     for k in extra:
         problems.append(f"{k}: unknown top-level key; expected base, [sweep], [plot] or an "
-                        f"instance section ({', '.join(SECTIONS)})")
+                        f"instance section ({', '.join((*SECTIONS, 'plan'))})")
     # the base instance, then the inline sections over it, key by key
     base: dict[str, Any] = {}
     if "base" in data:

@@ -1112,6 +1112,15 @@ class PlanSpec(_Strict):
         default=None, description=OVERLAP_DESCRIPTIONS["overlap_moe_expert_parallel_comm"]
         + "; default: the [constraints] pin, else the framework's")
 
+    @field_validator("first_stage_layers", "last_stage_layers", "recompute_layers",
+                     mode="before")
+    @classmethod
+    def _zero_is_the_default(cls, v):
+        """0 is the key left out, as the flags read it (``--first-stage-layers 0``: an even
+        share; ``--recompute-layers 0``: every layer) and as a result's ``plan`` writes it, so
+        that a plan copied from the JSON evaluates as it came."""
+        return None if v == 0 and not isinstance(v, bool) else v
+
     @model_validator(mode="after")
     def _sharding(self) -> PlanSpec:
         if (self.dp_sharding is not None and self.distributed_optimizer is not None
