@@ -1119,7 +1119,7 @@ class PlanSpec(_Strict):
         """0 is the key left out, as the flags read it (``--first-stage-layers 0``: an even
         share; ``--recompute-layers 0``: every layer) and as a result's ``plan`` writes it, so
         that a plan copied from the JSON evaluates as it came."""
-        return None if v == 0 and not isinstance(v, bool) else v
+        return None if type(v) is int and v == 0 else v        # (not false, not 0.0)
 
     @model_validator(mode="after")
     def _sharding(self) -> PlanSpec:
