@@ -727,3 +727,29 @@ def test_zero_counts_in_plan_are_the_keys_left_out(runner, tmp_path):
     bad.write_text(base + "recompute_layers = -1\n")
     r = runner.invoke(app, ["evaluate", str(bad)])
     assert r.exit_code == 2 and "plan.recompute_layers" in all_text(r)
+
+
+def test_reshard_after_forward_flag_and_where_it_means_nothing(runner, tmp_path):
+    """``evaluate --reshard-after-forward / --no-...`` sets FSDP's switch: resharding frees the
+    gathered parameters after the forward (less memory) and gathers them again in the
+    backward (more data-parallel traffic). Under a mode that never gathers parameters the
+    switch on is an input error, in ``[plan]`` as from the flag (it was echoed false)."""
+    path = tmp_path / "fsdp.toml"
+    path.write_text('[model]\npreset = "llama3-8b"\n[training]\nglobal_batch = 64\n'
+                    '[cluster]\ngpu = "h100-sxm"\nnodes = 2\n[constraints]\n'
+                    'framework = "torchtitan"\n[plan]\ntp = 1\npp = 1\ndp = 16\n'
+                    'micro_batch = 1\ndp_sharding = "optim_grads_params"\n')
+    on = run_json(runner, ["evaluate", str(path), "--reshard-after-forward", "--json"])
+    off = run_json(runner, ["evaluate", str(path), "--no-reshard-after-forward", "--json"])
+    assert on["plan"]["reshard_after_forward"] is True
+    assert off["plan"]["reshard_after_forward"] is False
+    assert on["memory_gib"]["total"] < off["memory_gib"]["total"]
+    assert on["breakdown_s"]["dp_comm"] > off["breakdown_s"]["dp_comm"]
+    r = runner.invoke(app, ["evaluate", str(path), "--dp-sharding", "optim",
+                            "--reshard-after-forward"])
+    assert r.exit_code == 2 and "plan.reshard_after_forward = true" in all_text(r)
+    zero1 = tmp_path / "zero1.toml"
+    zero1.write_text(path.read_text().replace('"optim_grads_params"', '"optim"')
+                     + "reshard_after_forward = true\n")
+    r = runner.invoke(app, ["evaluate", str(zero1)])
+    assert r.exit_code == 2 and "(FSDP) only" in all_text(r)

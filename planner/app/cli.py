@@ -207,6 +207,10 @@ def evaluate(
         help="none | optim | optim_grads | optim_grads_params")] = None,
     dp_shard_size: Annotated[int | None, typer.Option(
         min=1, help="HSDP shard group size (a divisor of dp)")] = None,
+    reshard_after_forward: Annotated[bool | None, typer.Option(
+        "--reshard-after-forward/--no-reshard-after-forward",
+        help="FSDP (dp_sharding optim_grads_params): free the gathered parameters after the "
+        "forward and gather them again in the backward")] = None,
     overlap_grad_reduce: Annotated[bool | None, typer.Option(
         "--overlap-grad-reduce/--no-overlap-grad-reduce")] = None,
     overlap_param_gather: Annotated[bool | None, typer.Option(
@@ -343,6 +347,7 @@ def evaluate(
                               tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm,
                               overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
                               dp_sharding=dp_sharding, dp_shard_size=dp_shard_size,
+                              reshard_after_forward=reshard_after_forward,
                               optimizer_offload=optimizer_offload,
                               offload_layers=offload_layers,
                               first_stage_layers=first_stage_layers,

@@ -645,6 +645,12 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
             raise InputError(f"plan.overlap_moe_expert_parallel_comm = true {why}; set "
                              "overlap_moe_expert_parallel_comm = false")
     mode = _sharding(inst, f)
+    if f.get("reshard_after_forward") and mode != "optim_grads_params":
+        # (only FSDP's full sharding gathers parameters for the forward; elsewhere the switch
+        # would be echoed false and costed so, a silent drop)
+        raise InputError(f"plan.reshard_after_forward = true: dp_sharding = \"{mode}\" keeps "
+                         "whole parameters on every rank, nothing to reshard; it applies to "
+                         "dp_sharding = \"optim_grads_params\" (FSDP) only")
     if mode == "none" and f.get("dp_shard_size") not in (None, dp):
         # (the search refuses the same pair in [constraints]; here it was dropped silently)
         raise InputError(f"plan.dp_shard_size = {f['dp_shard_size']}: dp_sharding = \"none\" "
