@@ -753,3 +753,12 @@ def test_reshard_after_forward_flag_and_where_it_means_nothing(runner, tmp_path)
                      + "reshard_after_forward = true\n")
     r = runner.invoke(app, ["evaluate", str(zero1)])
     assert r.exit_code == 2 and "(FSDP) only" in all_text(r)
+    # a sharding flag that leaves FSDP drops a [plan]'s switch with a note, as --recompute
+    # drops a count of fully recomputed layers
+    fsdp_on = tmp_path / "fsdp_on.toml"
+    fsdp_on.write_text(path.read_text() + "reshard_after_forward = true\n")
+    r = runner.invoke(app, ["evaluate", str(fsdp_on), "--no-distributed-optimizer", "--json"])
+    assert r.exit_code == 0, all_text(r)
+    assert json.loads(r.stdout)["plan"]["dp_sharding"] == "none"
+    assert "--no-distributed-optimizer drops [plan] reshard_after_forward = true" in \
+        " ".join(r.stderr.split())

@@ -283,8 +283,10 @@ def evaluate(
             raise InputError(f"--{'' if distributed_optimizer else 'no-'}distributed-optimizer "
                              f"contradicts --dp-sharding {dp_sharding} (the distributed "
                              "optimizer is any dp_sharding but none); give one of the two")
+        sharding_flag = f"--dp-sharding {dp_sharding}"         # (the flag given, for notes)
         if distributed_optimizer is not None and dp_sharding is None:
             dp_sharding = "optim" if distributed_optimizer else "none"
+            sharding_flag = f"--{'' if distributed_optimizer else 'no-'}distributed-optimizer"
         from planner.model.schema import PlanSpec
 
         # (0 for a stage count or the recomputed layers is the [plan] default, the key left
@@ -307,6 +309,13 @@ def evaluate(
             drops.append(f"--recompute {recompute} drops [plan] recompute_layers = "
                          f"{spec.recompute_layers} (a count of layers recomputed in full)")
             recompute_layers = 0
+        if (dp_sharding not in (None, "optim_grads_params") and reshard_after_forward is None
+                and spec.reshard_after_forward):
+            # likewise FSDP's reshard switch under a mode the flag sets that gathers no
+            # parameters
+            drops.append(f"{sharding_flag} drops [plan] reshard_after_forward = true (FSDP's, "
+                         "optim_grads_params only)")
+            reshard_after_forward = False
         layout_flags = [f for f, v in (("--first-stage-layers", first_stage_layers),
                                        ("--last-stage-layers", last_stage_layers),
                                        ("--account-for-embedding", account_for_embedding),
