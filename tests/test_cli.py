@@ -756,9 +756,12 @@ def test_reshard_after_forward_flag_and_where_it_means_nothing(runner, tmp_path)
     # a sharding flag that leaves FSDP drops a [plan]'s switch with a note, as --recompute
     # drops a count of fully recomputed layers
     fsdp_on = tmp_path / "fsdp_on.toml"
-    fsdp_on.write_text(path.read_text() + "reshard_after_forward = true\n")
-    r = runner.invoke(app, ["evaluate", str(fsdp_on), "--no-distributed-optimizer", "--json"])
+    fsdp_on.write_text(path.read_text().replace('framework = "torchtitan"\n', "")
+                       + "reshard_after_forward = true\n")
+    flags = ["--distributed-optimizer", "--recompute", "full"]     # (full: ZeRO-1 fits then)
+    done = run_json(runner, ["evaluate", str(fsdp_on), *flags, "--json"])
+    assert done["plan"]["dp_sharding"] == "optim"
+    r = runner.invoke(app, ["evaluate", str(fsdp_on), *flags])
     assert r.exit_code == 0, all_text(r)
-    assert json.loads(r.stdout)["plan"]["dp_sharding"] == "none"
-    assert "--no-distributed-optimizer drops [plan] reshard_after_forward = true" in \
+    assert "--distributed-optimizer drops [plan] reshard_after_forward = true" in \
         " ".join(r.stderr.split())
