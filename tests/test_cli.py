@@ -761,6 +761,8 @@ def test_reshard_after_forward_flag_and_where_it_means_nothing(runner, tmp_path)
     flags = ["--distributed-optimizer", "--recompute", "full"]     # (full: ZeRO-1 fits then)
     done = run_json(runner, ["evaluate", str(fsdp_on), *flags, "--json"])
     assert done["plan"]["dp_sharding"] == "optim"
+    assert any("drops [plan] reshard_after_forward = true" in n for n in done["notes"])
+    assert "notes" not in on                     # (no key re-derived or dropped)
     r = runner.invoke(app, ["evaluate", str(fsdp_on), *flags])
     assert r.exit_code == 0, all_text(r)
     assert "--distributed-optimizer drops [plan] reshard_after_forward = true" in \

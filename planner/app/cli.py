@@ -393,6 +393,9 @@ def evaluate(
             doc["optimum_proven"] = best.proven
         if launch:
             doc["launch"] = {"format": emit, "text": launch}
+        notes = [said for said in (rederived, dropped) if said]
+        if notes:               # (the text report's "note:" lines on stderr)
+            doc["notes"] = notes
         if rep.violations:
             doc.update(error="the plan breaks a structural rule or does not fit (see violations)",
                        exit_code=3)
