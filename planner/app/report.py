@@ -213,7 +213,7 @@ def solver_panel(res) -> Panel:
         t.add_row("bound", f"{res.bound:.9g} {unit}")
     if res.gap is not None:
         tie = (" (a tie: the plan the tie-break goals chose, within 0.01% of the proven "
-               "optimum, the bound)" if res.status.value == "optimal" and res.gap > 1e-6 else "")
+               "optimum, the bound)" if ok and res.gap > 1e-6 else "")
         t.add_row("gap", f"{100 * res.gap:.4f}%{tie}")
     # the solve and build times are sums over the solve's models (parts, tie goals, batch
     # models); CP-SAT solves two parts at once, so the sums can exceed the wall time
@@ -436,8 +436,6 @@ def sizes_text(nodes: list[int], shown: int = 8) -> str:
 
 
 def capacity_panel(ans) -> Panel:
-    from formulations.result import Status
-
     lines = []
     deadline = plural(ans.deadline_days, "day")
     partial = ans.partial_gpus
@@ -491,7 +489,7 @@ def capacity_panel(ans) -> Panel:
                          "(each size's reason: --json checked[].reason).")
     else:
         ns = ans.next_smaller or {}
-        proven = ans.result.status == Status.OPTIMAL
+        proven = ans.result.proven
         status = ("proven optimal plan" if proven else
                   "plan not proven optimal: the solver stopped at the time limit")
         took = f"{days(ans.result.report.total_days)} days, {status}"

@@ -874,7 +874,7 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
             continue
         res = min(found, key=lambda r: r.report.step_time_s)
         best = res.report.step_time_s
-        status = ("optimal" if all(r.status.value == "optimal" for r in found)
+        status = ("optimal" if all(r.proven for r in found)
                   else res.status.value)
         out[run["id"]] = {"optimum_s": best, "published_s": published,
                           "ratio": published / best if best else None,
