@@ -4,7 +4,6 @@ is ordered and distinct; a minimum MFU is honoured."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -62,6 +61,17 @@ def test_pareto_front_is_non_dominated_and_reproducible():
         if not p.on_front:
             assert any(all(x <= y for x, y in zip(queries.front_key(q), queries.front_key(p)))
                        for q in front)
+
+
+def _rendered(renderable) -> str:
+    """The text a report table or panel prints (wide, so no cell wraps), not shown."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
 
 
 def _untimed(doc):
@@ -148,14 +158,10 @@ def test_capacity_at_the_bottom_of_the_range_says_fewer_may_suffice():
     """A range that starts at a size meeting the deadline, where the compute bound does not
     rule out one node fewer: the answer is the fewest of the range, and the panel says so and
     how to search below it; where the range does reach below, it keeps its plain words."""
-    from rich.console import Console
-
     from planner.app.report import capacity_panel
 
     def shown(answer):
-        console = Console(width=400, record=True, file=open(os.devnull, "w"))
-        console.print(capacity_panel(answer))
-        return console.export_text()
+        return _rendered(capacity_panel(answer))
 
     inst = parse_instance(doc(cluster={"nodes": [2, 4]}))
     ans = queries.capacity(inst, solve(inst.with_nodes(2)).report.total_days * 1.5)
@@ -493,13 +499,9 @@ def test_compare_read_from_solves_stopped_at_the_time_limit_is_not_proven(monkey
     doc_ = cmp.to_dict()
     assert doc_["proven"] is False and doc_["undecided"][0]["lifted_to"] is None
 
-    from rich.console import Console
-
     from planner.app.report import compare_table
 
-    console = Console(width=200, record=True)
-    console.print(compare_table(cmp))
-    text = console.export_text()
+    text = _rendered(compare_table(cmp))
     assert "(feasible, not proven)" in text and "undecided: max_tp = 1" in text
     assert "not proven:" in text and "raise --time-limit" in text
     assert "no single constraint binds" not in text
@@ -606,7 +608,6 @@ def test_a_top_list_with_a_solve_stopped_at_the_time_limit_says_it_is_not_proven
     from dataclasses import replace
     from pathlib import Path
 
-    from rich.console import Console
     from typer.testing import CliRunner
 
     from formulations.result import Status
@@ -614,9 +615,7 @@ def test_a_top_list_with_a_solve_stopped_at_the_time_limit_says_it_is_not_proven
     from planner.app.report import top_table
 
     def table_text(ranked) -> str:
-        console = Console(width=250, record=True)
-        console.print(top_table(ranked))
-        return console.export_text()
+        return _rendered(top_table(ranked))
 
     inst = parse_instance(doc(cluster={"nodes": 1}))
     # (the enumerator's solves: the list's wording is the query's, whichever backend)
