@@ -358,6 +358,54 @@ def test_settings_a_run_leaves_unstated_are_reported(tmp_path):
     assert "1 of 2 runs leave settings that change the cost unstated" in " ".join(text.split())
 
 
+def test_a_run_naming_no_framework_takes_the_one_its_source_names(tmp_path):
+    """A run without ``framework`` whose source is a framework's own publication (NVIDIA's NeMo
+    and Megatron-Bridge summaries, dgxc-benchmarking, NVIDIA-GPU MLPerf) is costed exactly as
+    the same run naming that framework: NeMo's overlaps hide the gradient reduction, so the
+    step is shorter than under Megatron-LM's defaults, which a run citing another source (or
+    MLPerf on an AMD GPU) keeps. A framework the run names wins over its source."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.app.cli import app
+
+    head = '[models.m]\nlayers = 8\nhidden = 2048\nheads = 16\nvocab = 32000\nseq_len = 2048\n'
+
+    def run(rid, gpu="h100-sxm", source=None, framework=None):
+        return (f'[[runs]]\nid = "{rid}"\nmodel = "m"\ngpu = "{gpu}"\nprecision = "bf16"\n'
+                'measured_step_time_s = 1.0\n'
+                + (f'source = "{source}"\n' if source else "")
+                + (f'framework = "{framework}"\n' if framework else "")
+                + 'plan = { tp = 1, pp = 1, dp = 64, micro_batch = 1, global_batch = 64, '
+                'distributed_optimizer = true }\n')
+
+    runs = [run("named", framework="nemo"), run("nemo", source="NeMo 24.07 performance summary"),
+            run("bridge", source="Megatron-Bridge 26.02 performance summary"),
+            run("dgxc", source="dgxc-benchmarking v25.04 (741c886)"),
+            run("mlperf", source="MLPerf Training v3.1 n512"),
+            run("paper", source="Some et al. 2024 Table 2"), run("none"),
+            run("mlperf-amd", gpu="mi300x", source="MLPerf Training v4.1"),
+            run("stated", source="NeMo 24.07 performance summary", framework="megatron")]
+    path = tmp_path / "runs.toml"
+    path.write_text(head + "".join(runs))
+    result = CliRunner().invoke(app, ["validate", str(path), "--no-ranking", "--json"])
+    assert result.exit_code == 0, result.output
+    got = {r["id"]: r for r in json.loads(result.stdout)["runs"]}
+    step = {k: r["predicted_s"] for k, r in got.items()}
+    for rid in ("nemo", "bridge", "dgxc", "mlperf"):
+        assert (got[rid]["framework"], got[rid]["framework_from"]) == ("nemo", "source")
+        assert step[rid] == step["named"]
+        assert "framework" in got[rid]["unstated"]      # inferred, not stated
+    for rid in ("paper", "none", "mlperf-amd"):
+        assert (got[rid]["framework"], got[rid]["framework_from"]) == (None, None)
+    assert step["paper"] == step["none"] > step["named"]
+    assert (got["stated"]["framework"], got["stated"]["framework_from"]) == ("megatron", "run")
+    assert step["stated"] == step["none"]
+    text = " ".join(CliRunner().invoke(app, ["validate", str(path), "--no-ranking"]).output.split())
+    assert "by its source: 4 runs" in text
+
+
 #: Korthikanti et al. 2022 (arXiv 2205.05198), Table 4: forward + backward time of one layer of
 #: the 22B model (TP8, micro-batch 4, sequence 2048, A100), ms, by recompute mode and sequence
 #: parallelism. The paper ascribes the full-recompute overhead of 39% (not 33%) to the backward

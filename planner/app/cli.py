@@ -546,6 +546,8 @@ def validate(
                               "memory_headroom_gib": r.report.memory_gib["headroom"],
                               "held_out": r.held_out, "source": r.source,
                               "calibration_only": r.calibration_only is not None,
+                              "framework": v.run_framework(run),
+                              "framework_from": v.framework_origin(run),
                               "unstated": v.unstated(run)}
                              for r, run in zip(results, data["runs"])],
                     "summary": summ, "calibration": fitted,
@@ -613,11 +615,13 @@ def validate(
     missing = [v.unstated(run) for run in data["runs"]]
     if any(missing):
         counts = {k: sum(k in m for m in missing) for k in v.UNSTATED_KEYS}
+        by_source = sum(v.framework_origin(run) == "source" for run in data["runs"])
         out.print(f"{sum(map(bool, missing))} of {len(missing)} runs leave settings that change "
-                  "the cost unstated, taken from the run's framework or, with none, Megatron-LM's "
+                  "the cost unstated, taken from the run's framework (named by the run, or by "
+                  f"its source: {by_source} runs) or, with none, Megatron-LM's "
                   "command-line defaults (overlaps off but p2p, fp32 gradient reduction, fp32 "
                   "optimizer states): " + ", ".join(f"{k} {n}" for k, n in counts.items() if n)
-                  + " (per run: --json, \"unstated\")")
+                  + " (per run: --json, \"unstated\", \"framework\", \"framework_from\")")
     misfits = [r for r in results if not r.report.fits]
     for r in misfits:
         out.print(f"[yellow]{r.id}: the model says this plan does not fit: "
