@@ -618,7 +618,8 @@ def validate(
         by_source = sum(v.framework_origin(run) == "source" for run in data["runs"])
         out.print(f"{sum(map(bool, missing))} of {len(missing)} runs leave settings that change "
                   "the cost unstated, taken from the run's framework (named by the run, or by "
-                  f"its source: {by_source} runs) or, with none, Megatron-LM's "
+                  f"its source: {by_source} run{'' if by_source == 1 else 's'}) or, with none, "
+                  "Megatron-LM's "
                   "command-line defaults (overlaps off but p2p, fp32 gradient reduction, fp32 "
                   "optimizer states): " + ", ".join(f"{k} {n}" for k, n in counts.items() if n)
                   + " (per run: --json, \"unstated\", \"framework\", \"framework_from\")")
