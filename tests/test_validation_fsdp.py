@@ -331,3 +331,38 @@ def test_an_fsdp_run_is_ranked_in_its_own_sharding_mode(data):
         got = ranked[run["id"]]
         assert got["ratio"] is not None and got["ratio"] >= 1 - 1e-9, got
         assert got["optimum_s"] <= got["published_s"] * (1 + 1e-9)
+
+
+def test_the_shared_copy_of_the_llm_foundry_runs_reads_as_the_shipped_one(tmp_path, results):
+    """The shared runs file writes llm-foundry's six SHARD_GRAD_OP runs ``dp_sharding =
+    "optim_grads"`` (ZeRO-2's name) and none of its runs' training settings; the shipped copy
+    writes what PyTorch FSDP runs (``optim_grads_params``, ``reshard_after_forward = false``)
+    and the settings read off llm-foundry's code and each run's ``config``. Written the shared
+    way, every llm-foundry run reads the same: the same predicted step and memory. The name
+    keeps this model's meaning (whole parameters, none gathered) under every other framework."""
+    shipped = RUNS.read_text()
+    as_shared = shipped.replace('dp_sharding = "optim_grads_params", reshard_after_forward = false }',
+                                'dp_sharding = "optim_grads" }')
+    assert as_shared.count('dp_sharding = "optim_grads" }') == 6
+    lines = [line for line in as_shared.splitlines()
+             if not (line.startswith("training = {") and "fused_cross_entropy" in line)]
+    assert len(lines) == len(as_shared.splitlines()) - 216
+    path = tmp_path / "fsdp_runs.toml"
+    path.write_text("\n".join(lines) + "\n")
+    shared = {r.id: r for r in validate_runs(load_runs(path))}
+    renamed = 0
+    for r in results:
+        if r.id.startswith("llmf-"):
+            assert shared[r.id].predicted_s == r.predicted_s, r.id
+            assert shared[r.id].report.memory_gib == r.report.memory_gib, r.id
+            renamed += r.report.plan.reshard_after_forward is False
+    assert renamed == 6
+
+    ddp = ('[models.m]\nlayers = 4\nhidden = 1024\nheads = 8\nvocab = 32000\nseq_len = 2048\n'
+           '[[runs]]\nid = "zero2"\nmodel = "m"\ngpu = "h100-sxm"\nprecision = "bf16"\n'
+           'framework = "megatron"\nmeasured_step_time_s = 1.0\n'
+           'plan = { tp = 1, pp = 1, dp = 16, micro_batch = 1, global_batch = 16, '
+           'dp_sharding = "optim_grads" }\n')
+    path.write_text(ddp)
+    (zero2,) = validate_runs(load_runs(path))
+    assert zero2.report.plan.dp_sharding == "optim_grads"

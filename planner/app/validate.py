@@ -49,6 +49,25 @@ PRECISIONS = get_args(Precision)
 #: with PyTorch FSDP, the data parallelism of torchtitan (sharding over dp, reduce-scatter after
 #: every backward, the fp32 master as the shard)
 RUN_FRAMEWORKS = {"llm-foundry": "torchtitan"}
+#: a run's training code -> the ``plan.dp_sharding`` names it uses for a mode of this model:
+#: llm-foundry's PyTorch FSDP ``SHARD_GRAD_OP``, ZeRO-2 by name ("optim_grads" in a runs file),
+#: "unshards [the parameters] before the forward, does not reshard them after the forward, and
+#: only reshards them after the backward computation" (torch.distributed.fsdp.ShardingStrategy):
+#: parameters sharded at rest and gathered once per micro-batch, FSDP2's ``reshard_after_forward
+#: = false``; this model's "optim_grads" keeps whole parameters and gathers none
+RUN_SHARDING_NAMES = {"llm-foundry": {"optim_grads": {"dp_sharding": "optim_grads_params",
+                                                      "reshard_after_forward": False}}}
+#: a run's training code -> the ``[training]`` settings it runs with where the run states none:
+#: llm-foundry's MPT computes its loss with flash-attn's fused cross-entropy (``loss_fn``
+#: defaults to ``fused_crossentropy``: llmfoundry/models/mpt/modeling_mpt.py @b2a43a1 and
+#: @5e85bd6), and Composer's ``amp_fp8`` precision runs Transformer Engine's ``fp8_autocast``
+#: over its FP8 linears (torchtitan's rules would take torchao's float8)
+RUN_TRAINING_DEFAULTS = {"llm-foundry": {"fused_cross_entropy": True,
+                                         "fp8_library": ("transformer_engine", "fp8")}}
+#: llm-foundry's ``fsdp_config.mixed_precision`` (a run's ``config.fsdp_mixed_precision``) ->
+#: the gradient reduction dtype: DEFAULT reduces in fp32, PURE in the 16-bit dtype
+#: (llmfoundry's FSDP mixed-precision presets; Composer's ``get_mixed_precision``)
+LLM_FOUNDRY_REDUCE_DTYPE = {"DEFAULT": "fp32", "PURE": "bf16", "FULL": "fp32"}
 #: what a run's ``framework`` may name: a framework whose rules the planner applies, or training
 #: code that runs under one (:data:`RUN_FRAMEWORKS`)
 RUN_FRAMEWORK_NAMES = (*FRAMEWORKS, *RUN_FRAMEWORKS)
@@ -153,10 +172,38 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     # the keys first; then, with every key readable, each run's instance and plan (what the
     # run's keys say, checked as an instance file's are), so that no figure is computed from
     # a file with a bad run, and each problem names the file, the run and its key
-    problems = run_problems(data) or instance_problems(data)
+    problems = run_problems(data)
+    if not problems:
+        data = {**data, "runs": [in_model_names(run) for run in data["runs"]]}
+        problems = instance_problems(data)
     if problems:
         raise InputError(f"{p}: invalid runs file", problems)
     return data
+
+
+def in_model_names(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` as its training code ran it, in this model's keys: its plan's sharding named as
+    this model names the mode (:data:`RUN_SHARDING_NAMES`: llm-foundry's SHARD_GRAD_OP, which a
+    runs file may write ``dp_sharding = "optim_grads"``) unless the run says how the
+    parameters are resharded itself, and the code's own settings where the run states none
+    (:data:`RUN_TRAINING_DEFAULTS`; llm-foundry's gradient dtype from the run's
+    ``config.fsdp_mixed_precision``). Any other run as it is; a stated key always wins."""
+    code = run.get("framework")
+    plan = run.get("plan")
+    names = RUN_SHARDING_NAMES.get(code, {})
+    if isinstance(plan, dict) and plan.get("dp_sharding") in names \
+            and "reshard_after_forward" not in plan:
+        run = {**run, "plan": {**plan, **names[plan["dp_sharding"]]}}
+    training = run.get("training", {})
+    added = {}
+    for key, value in RUN_TRAINING_DEFAULTS.get(code, {}).items():
+        value, precision = value if isinstance(value, tuple) else (value, None)
+        if key not in training and precision in (None, run.get("precision")):
+            added[key] = value
+    mixed = run.get("config", {}).get("fsdp_mixed_precision") if code == "llm-foundry" else None
+    if mixed in LLM_FOUNDRY_REDUCE_DTYPE and "grad_reduce_dtype" not in training:
+        added["grad_reduce_dtype"] = LLM_FOUNDRY_REDUCE_DTYPE[mixed]
+    return {**run, "training": {**training, **added}} if added else run
 
 
 def instance_problems(data: dict[str, Any]) -> list[str]:
