@@ -627,3 +627,28 @@ def test_the_blackwell_caveat_states_what_the_2026_releases_measured(data, resul
                            "training": {"global_batch": 64, "precision": "fp8"},
                            "cluster": {"gpu": gpu, "gpus": 8}})
     assert any(c.startswith(f"{gpu}: ") and text in c for c in caveats(inst))
+
+
+def test_a_run_may_name_a_shipped_preset_as_its_model(tmp_path):
+    """A run's ``model`` may name a preset of planner/data/presets.toml with no ``[models]``
+    table, as an instance's ``preset`` does: costed as the table ``{preset = name}`` is. A name
+    that is neither is an error listing the presets; a table of the file wins over a preset."""
+    from planner.model.errors import InputError
+
+    def runs(model, table=""):
+        return (table + '[[runs]]\nid = "r"\nmodel = "' + model + '"\ngpu = "h100-sxm"\n'
+                'precision = "bf16"\nmeasured_step_time_s = 9.0\n'
+                'plan = { tp = 4, pp = 4, dp = 4, vp = 5, micro_batch = 1, global_batch = 128 }\n')
+
+    def predicted(text):
+        path = tmp_path / "runs.toml"
+        path.write_text(text)
+        return validate_runs(load_runs(path))[0].predicted_s
+
+    by_name = predicted(runs("llama3-70b", "[models]\n"))
+    assert by_name == predicted(runs("x", '[models.x]\npreset = "llama3-70b"\n'))
+    own = predicted(runs("llama3-70b", '[models.llama3-70b]\npreset = "llama3-70b"\nseq_len = 4096\n'))
+    assert own < by_name                     # the file's table (half the sequence) is the one used
+    with pytest.raises(InputError) as err:
+        predicted(runs("llama9", "[models]\n"))
+    assert "llama9" in str(err.value) and "llama3-70b" in str(err.value)

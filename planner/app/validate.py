@@ -35,7 +35,7 @@ from planner.model.errors import InfeasibleError, InputError
 from planner.model.evaluate import StepReport, evaluate
 from planner.model.frameworks import FRAMEWORKS, OVERLAP_KNOBS, kernel_stack
 from planner.model.instance import (Instance, key_path, unknown_key_words, parse_instance,
-                                     read_toml)
+                                     presets, read_toml)
 from planner.model.pipeline_layout import shortfalls
 from planner.model.plan import Plan, plan_from_spec, structural_violations
 from planner.model.schema import PlanSpec, Precision
@@ -169,6 +169,7 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     data = read_toml(p, "runs file")
     if "runs" not in data or "models" not in data:
         raise InputError(f"{p}: expected [models.*] tables and [[runs]] entries")
+    data = with_preset_models(data)
     # the keys first; then, with every key readable, each run's instance and plan (what the
     # run's keys say, checked as an instance file's are), so that no figure is computed from
     # a file with a bad run, and each problem names the file, the run and its key
@@ -179,6 +180,19 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     if problems:
         raise InputError(f"{p}: invalid runs file", problems)
     return data
+
+
+def with_preset_models(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with a ``[models.<name>]`` table ``{preset = name}`` for every preset of the
+    catalog (planner/data/presets.toml) a run names as its ``model`` and the file defines no
+    table for: a run may name a shipped model as an instance's ``preset`` does. A table of
+    the file always wins; a file whose tables are malformed is left to :func:`run_problems`."""
+    models, runs = data.get("models"), data.get("runs")
+    if not isinstance(models, dict) or not isinstance(runs, list):
+        return data
+    named = {r.get("model") for r in runs if isinstance(r, dict)}
+    extra = {n: {"preset": n} for n in sorted(named - set(models), key=str) if n in presets()}
+    return {**data, "models": {**models, **extra}} if extra else data
 
 
 def in_model_names(run: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +324,7 @@ def run_problems(data: dict[str, Any]) -> list[str]:
         model = run.get("model")
         if model is not None and model not in data["models"]:
             out.append(f"run {rid}: model = {model!r} is not one of the file's [models.*] "
-                       f"tables")
+                       f"tables nor a shipped preset ({', '.join(sorted(presets()))})")
     return out
 
 
