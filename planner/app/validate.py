@@ -190,7 +190,7 @@ def with_preset_models(data: dict[str, Any]) -> dict[str, Any]:
     models, runs = data.get("models"), data.get("runs")
     if not isinstance(models, dict) or not isinstance(runs, list):
         return data
-    named = {r.get("model") for r in runs if isinstance(r, dict)}
+    named = {r["model"] for r in runs if isinstance(r, dict) and isinstance(r.get("model"), str)}
     extra = {n: {"preset": n} for n in sorted(named - set(models), key=str) if n in presets()}
     return {**data, "models": {**models, **extra}} if extra else data
 
