@@ -66,7 +66,7 @@ RUN_TRAINING_DEFAULTS = {"llm-foundry": {"fused_cross_entropy": True,
                                          "fp8_library": ("transformer_engine", "fp8")}}
 #: llm-foundry's ``fsdp_config.mixed_precision`` (a run's ``config.fsdp_mixed_precision``) ->
 #: the gradient reduction dtype: DEFAULT reduces in fp32, PURE in the 16-bit dtype
-#: (llmfoundry's FSDP mixed-precision presets; Composer's ``get_mixed_precision``)
+#: (Composer's FSDP utilities, ``get_mixed_precision``, which llm-foundry's trainer calls)
 LLM_FOUNDRY_REDUCE_DTYPE = {"DEFAULT": "fp32", "PURE": "bf16", "FULL": "fp32"}
 #: what a run's ``framework`` may name: a framework whose rules the planner applies, or training
 #: code that runs under one (:data:`RUN_FRAMEWORKS`)
@@ -175,7 +175,7 @@ def load_runs(path: str | Path | None = None) -> dict[str, Any]:
     # a file with a bad run, and each problem names the file, the run and its key
     problems = run_problems(data)
     if not problems:
-        data = {**data, "runs": [in_model_names(run) for run in data["runs"]]}
+        data = {**data, "runs": [as_its_code_ran(run) for run in data["runs"]]}
         problems = instance_problems(data)
     if problems:
         raise InputError(f"{p}: invalid runs file", problems)
@@ -195,14 +195,14 @@ def with_preset_models(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "models": {**models, **extra}} if extra else data
 
 
-def in_model_names(run: dict[str, Any]) -> dict[str, Any]:
+def as_its_code_ran(run: dict[str, Any]) -> dict[str, Any]:
     """``run`` as its training code ran it, in this model's keys: its plan's sharding named as
     this model names the mode (:data:`RUN_SHARDING_NAMES`: llm-foundry's SHARD_GRAD_OP, which a
     runs file may write ``dp_sharding = "optim_grads"``) unless the run says how the
     parameters are resharded itself, and the code's own settings where the run states none
     (:data:`RUN_TRAINING_DEFAULTS`; llm-foundry's gradient dtype from the run's
     ``config.fsdp_mixed_precision``). Any other run as it is; a stated key always wins."""
-    code = run.get("framework")
+    code = run.get("framework") or source_framework(run)
     plan = run.get("plan")
     names = RUN_SHARDING_NAMES.get(code, {})
     if isinstance(plan, dict) and plan.get("dp_sharding") in names \
