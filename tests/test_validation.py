@@ -386,6 +386,7 @@ def test_a_run_naming_no_framework_takes_the_one_its_source_names(tmp_path):
             run("mlperf", source="MLPerf Training v3.1 n512"),
             run("paper", source="Some et al. 2024 Table 2"), run("none"),
             run("mlperf-amd", gpu="mi300x", source="MLPerf Training v4.1"),
+            run("ds", source="BigScience Megatron-DeepSpeed logs"),
             run("stated", source="NeMo 24.07 performance summary", framework="megatron")]
     path = tmp_path / "runs.toml"
     path.write_text(head + "".join(runs))
@@ -400,10 +401,11 @@ def test_a_run_naming_no_framework_takes_the_one_its_source_names(tmp_path):
     for rid in ("paper", "none", "mlperf-amd"):
         assert (got[rid]["framework"], got[rid]["framework_from"]) == (None, None)
     assert step["paper"] == step["none"] > step["named"]
+    assert (got["ds"]["framework"], got["ds"]["framework_from"]) == ("deepspeed", "source")
     assert (got["stated"]["framework"], got["stated"]["framework_from"]) == ("megatron", "run")
     assert step["stated"] == step["none"]
     text = " ".join(CliRunner().invoke(app, ["validate", str(path), "--no-ranking"]).output.split())
-    assert "by its source: 4 runs" in text
+    assert "by its source: 5 runs" in text
 
 
 #: Korthikanti et al. 2022 (arXiv 2205.05198), Table 4: forward + backward time of one layer of

@@ -81,7 +81,8 @@ RUN_FRAMEWORK_NAMES = (*FRAMEWORKS, *RUN_FRAMEWORKS)
 #: implementation is NeMo on Megatron-Core (mlcommons/training_results_v3.1,
 #: NVIDIA/benchmarks/gpt3/implementations/pytorch/Dockerfile; v4.1's directories are named
 #: ``*_nemo``), which other submitters on NVIDIA GPUs reuse; torchtitan's and llm-foundry's
-#: benchmark tables are their own code's. Measured on ``shared/published_runs.toml``, whose 30
+#: benchmark tables are their own code's, and a source naming DeepSpeed (Megatron-DeepSpeed,
+#: BigScience's logs) ran DeepSpeed's engine. Measured on ``shared/published_runs.toml``, whose 30
 #: runs state no framework, overlap or gradient dtype: ``plan validate`` 6.9% mean / 24.8% max
 #: error costed as Megatron-LM runs, 4.7% / 11.4% with the 11 NVIDIA-sourced runs under NeMo's
 #: defaults (README, "Validation").
@@ -90,6 +91,7 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, bool], ...] = (
     (r"\bMLPerf\b", "nemo", True),
     (r"\btorchtitan\b", "torchtitan", False),
     (r"\bllm-foundry\b", "llm-foundry", False),
+    (r"\bDeepSpeed\b", "deepspeed", False),
 )
 
 
