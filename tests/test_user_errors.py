@@ -178,6 +178,10 @@ def test_a_runs_file_is_checked_key_by_key(runner, tmp_path):
             "plan = { tp = 1, pp = 1, dp = 8, global_batch = 512 }", "plan = 3"),
         "models.m: expected a table of [model] keys": good.replace(
             '[models.m]\npreset = "gpt-1.3b"\n', 'models = { m = 1 }\n'),
+        # (read as llm-foundry ran them: a list where a name belongs is the plan's error)
+        "run r1: plan.dp_sharding: Input should be": good.replace(
+            "global_batch = 512 }", 'global_batch = 512, dp_sharding = ["optim_grads"] }')
+        + 'framework = "llm-foundry"\nconfig = { fsdp_mixed_precision = ["PURE"] }\n',
     }
     for says, text in cases.items():
         f = tmp_path / "runs.toml"

@@ -207,8 +207,8 @@ def as_its_code_ran(run: dict[str, Any]) -> dict[str, Any]:
     code = run.get("framework") or source_framework(run)
     plan = run.get("plan")
     names = RUN_SHARDING_NAMES.get(code, {})
-    if isinstance(plan, dict) and plan.get("dp_sharding") in names \
-            and "reshard_after_forward" not in plan:
+    sharding = plan.get("dp_sharding") if isinstance(plan, dict) else None
+    if isinstance(sharding, str) and sharding in names and "reshard_after_forward" not in plan:
         run = {**run, "plan": {**plan, **names[plan["dp_sharding"]]}}
     training = run.get("training", {})
     added = {}
@@ -217,7 +217,8 @@ def as_its_code_ran(run: dict[str, Any]) -> dict[str, Any]:
         if key not in training and precision in (None, run.get("precision")):
             added[key] = value
     mixed = run.get("config", {}).get("fsdp_mixed_precision") if code == "llm-foundry" else None
-    if mixed in LLM_FOUNDRY_REDUCE_DTYPE and "grad_reduce_dtype" not in training:
+    if isinstance(mixed, str) and mixed in LLM_FOUNDRY_REDUCE_DTYPE \
+            and "grad_reduce_dtype" not in training:
         added["grad_reduce_dtype"] = LLM_FOUNDRY_REDUCE_DTYPE[mixed]
     return {**run, "training": {**training, **added}} if added else run
 
