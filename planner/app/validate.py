@@ -61,8 +61,9 @@ RUN_SHARDING_NAMES = {"llm-foundry": {"optim_grads": {"dp_sharding": "optim_grad
 #: llm-foundry's MPT computes its loss with flash-attn's fused cross-entropy (``loss_fn``
 #: defaults to ``fused_crossentropy``: llmfoundry/models/mpt/modeling_mpt.py @b2a43a1 and
 #: @5e85bd6), and Composer's ``amp_fp8`` precision runs Transformer Engine's ``fp8_autocast``
-#: over its FP8 linears (torchtitan's rules would take torchao's float8)
-RUN_TRAINING_DEFAULTS = {"llm-foundry": {"fused_cross_entropy": True,
+#: over its FP8 linears (torchtitan's rules would take torchao's float8). Each setting is
+#: ``(value, the run's precision it applies to, or None for every precision)``
+RUN_TRAINING_DEFAULTS = {"llm-foundry": {"fused_cross_entropy": (True, None),
                                          "fp8_library": ("transformer_engine", "fp8")}}
 #: llm-foundry's ``fsdp_config.mixed_precision`` (a run's ``config.fsdp_mixed_precision``) ->
 #: the gradient reduction dtype: DEFAULT reduces in fp32, PURE in the 16-bit dtype
@@ -119,14 +120,17 @@ def framework_origin(run: dict[str, Any]) -> str | None:
     return "source" if source_framework(run) else None
 
 
+def run_code(run: dict[str, Any]) -> str | None:
+    """The training code a run ran: its ``framework``, else the one its source names
+    (:func:`source_framework`), else None."""
+    return run.get("framework") or source_framework(run)
+
+
 def run_framework(run: dict[str, Any]) -> str | None:
-    """The framework whose rules and defaults a run follows: its ``framework``, else the one
-    its source names (:func:`source_framework`), :data:`RUN_FRAMEWORKS` mapping training code
-    to the framework it runs under; None for neither or one the planner does not know
-    (Megatron-LM's defaults)."""
-    code = run.get("framework")
-    if code is None:
-        code = source_framework(run)
+    """The framework whose rules and defaults a run follows: its training code
+    (:func:`run_code`), :data:`RUN_FRAMEWORKS` mapping code to the framework it runs under;
+    None for neither or one the planner does not know (Megatron-LM's defaults)."""
+    code = run_code(run)
     framework = RUN_FRAMEWORKS.get(code, code)
     return framework if framework in FRAMEWORKS else None
 
@@ -193,7 +197,7 @@ def with_preset_models(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(models, dict) or not isinstance(runs, list):
         return data
     named = {r["model"] for r in runs if isinstance(r, dict) and isinstance(r.get("model"), str)}
-    extra = {n: {"preset": n} for n in sorted(named - set(models), key=str) if n in presets()}
+    extra = {n: {"preset": n} for n in sorted(named - set(models)) if n in presets()}
     return {**data, "models": {**models, **extra}} if extra else data
 
 
@@ -204,16 +208,15 @@ def as_its_code_ran(run: dict[str, Any]) -> dict[str, Any]:
     parameters are resharded itself, and the code's own settings where the run states none
     (:data:`RUN_TRAINING_DEFAULTS`; llm-foundry's gradient dtype from the run's
     ``config.fsdp_mixed_precision``). Any other run as it is; a stated key always wins."""
-    code = run.get("framework") or source_framework(run)
+    code = run_code(run)
     plan = run.get("plan")
     names = RUN_SHARDING_NAMES.get(code, {})
     sharding = plan.get("dp_sharding") if isinstance(plan, dict) else None
     if isinstance(sharding, str) and sharding in names and "reshard_after_forward" not in plan:
-        run = {**run, "plan": {**plan, **names[plan["dp_sharding"]]}}
+        run = {**run, "plan": {**plan, **names[sharding]}}
     training = run.get("training", {})
     added = {}
-    for key, value in RUN_TRAINING_DEFAULTS.get(code, {}).items():
-        value, precision = value if isinstance(value, tuple) else (value, None)
+    for key, (value, precision) in RUN_TRAINING_DEFAULTS.get(code, {}).items():
         if key not in training and precision in (None, run.get("precision")):
             added[key] = value
     mixed = run.get("config", {}).get("fsdp_mixed_precision") if code == "llm-foundry" else None
