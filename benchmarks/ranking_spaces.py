@@ -2,7 +2,7 @@
 """The published runs' own knob spaces (the ranking of `plan validate`), solved by each backend.
 
 Each shipped run's ranking space fixes its GPU count and global batch and pins what the run
-pinned (``planner.app.validate.ranking``); these are the spaces the planner is judged on. For
+pinned (``planner.app.ranking.ranking``); these are the spaces the planner is judged on. For
 each backend the whole ranking is solved once per ``--repeat``, every run timed alone; the
 script prints per backend the total and the median and largest per-run seconds, and whether
 every run got the same optimum plan and ratio as the first backend. ``solver.space`` sizes
@@ -21,7 +21,8 @@ import statistics
 import time
 
 from formulations.space import build_space, space_size
-from planner.app.validate import load_runs, ranking, ranking_spaces, run_instance, run_pins
+from planner.app.ranking import ranking, ranking_spaces, run_pins
+from planner.app.runs_file import load_runs, run_instance
 from planner.model.plan import plan_from_spec
 
 

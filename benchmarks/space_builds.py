@@ -2,7 +2,7 @@
 """CPU time of ``build_space`` over many spaces, for two revisions of the code, interleaved.
 
 The spaces: each shipped instance (as written and without its ``[plan]``), each published
-run's ranking spaces (``planner.app.validate.ranking_spaces``: the run's GPU count and batch,
+run's ranking spaces (``planner.app.ranking.ranking_spaces``: the run's GPU count and batch,
 its pins) and, per run, four pinned variants (a first / last stage count, a recompute count,
 an odd ``vp``) that mostly leave no layout or no value, so that the build walks the
 explanation's paths (1,247 of the 1,708 on the shipped runs of 2026-12-06). A space
@@ -35,7 +35,8 @@ PINNED = ({"first_stage_layers": 3}, {"last_stage_layers": 5, "vp": 3}, {"recomp
 CHILD = r"""
 import glob, hashlib, json, time
 from formulations.space import build_space
-from planner.app.validate import load_runs, ranking_spaces, run_instance, run_pins
+from planner.app.ranking import ranking_spaces, run_pins
+from planner.app.runs_file import load_runs, run_instance
 from planner.model.instance import load_instance
 from planner.model.plan import plan_from_spec
 

@@ -221,7 +221,8 @@ def test_the_deepspeed_caveat_quotes_the_sets(sets):
 def test_the_deepspeed_time_caveat_quotes_the_measured_range(sets):
     """Every DeepSpeed plan is told how much longer DeepSpeed's measured plans ran than the
     model predicts: the sets' timed plans and the held-out MT-NLG runs of the runs file."""
-    from planner.app.validate import load_runs, validate_runs
+    from planner.app.runs_file import load_runs
+    from planner.app.validate import validate_runs
 
     ratios = [r.measured_s / r.predicted_s for s in sets.values() for r in s.plans if not r.oom]
     data = load_runs()

@@ -13,7 +13,8 @@ import pytest
 
 from formulations.solve import solve
 from planner.model import plan as plan_mod
-from planner.app import validate as v
+from planner.app.runs_file import load_runs
+from planner.app.validate import summary, validate_runs
 from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import load_instance, parse_instance
@@ -97,17 +98,17 @@ def test_evaluate_of_the_optimum_degrees_reproduces_solve():
 def test_published_runs_state_their_knobs(monkeypatch):
     """Each run names sequence_parallel and distributed_optimizer, so flipping the default
     changes no prediction and no memory figure: the validation means what the runs ran."""
-    data = v.load_runs()
+    data = load_runs()
     for run in data["runs"]:
         assert {"sequence_parallel", "distributed_optimizer"} <= set(run["plan"]), run["id"]
-    before = v.validate_runs(data)
+    before = validate_runs(data)
     flipped = {k: not x for k, x in KNOB_DEFAULTS.items()}
     monkeypatch.setattr(plan_mod, "KNOB_DEFAULTS", flipped)
-    after = v.validate_runs(data)
+    after = validate_runs(data)
     for a, b in zip(before, after):
         assert (a.predicted_s, a.report.memory_gib["total"]) == (
             b.predicted_s, b.report.memory_gib["total"]), a.id
-    assert v.summary(before) == v.summary(after)
+    assert summary(before) == summary(after)
 
 
 # ---- tp_within_node defaults to true ---------------------------------------------------------

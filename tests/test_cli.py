@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.app.cli import app
-from planner.app.validate import load_runs
+from planner.app.runs_file import load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = sorted((ROOT / "instances").glob("*.toml"))

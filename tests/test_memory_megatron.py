@@ -18,7 +18,8 @@ import pytest
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance
 from planner.model.plan import Plan, structural_violations
-from planner.app.validate import load_runs, validate_runs
+from planner.app.runs_file import load_runs
+from planner.app.validate import validate_runs
 
 GiB = 2**30
 L, h, a, s, V = 96, 12288, 96, 2048, 51200

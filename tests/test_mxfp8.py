@@ -127,7 +127,7 @@ MX_WITHOUT_PARAM_GATHER_OVERLAP = {"mbridge2511-b200-llama31-405b-fp8-128"}
 
 @pytest.mark.parametrize("rid", sorted(PAIRS))
 def test_same_plan_pairs_of_megatron_bridge_25_11(rid):
-    from planner.app.validate import load_runs, run_instance
+    from planner.app.runs_file import load_runs, run_instance
     data = load_runs()
     run = next(r for r in data["runs"] if r["id"] == rid)
     times = []

@@ -111,7 +111,7 @@ PAIRS = [("mbridge2602-gb300-llama3-70b-nvfp4-64", "mbridge2602-gb300-llama3-70b
 def test_same_plan_pairs_of_megatron_bridge_26_02():
     """In sample (they set the rate): the model's MXFP8 / NVFP4 step ratio against the
     measured one, within the spread the fit left (docs/model.md, "FP8", item 6)."""
-    from planner.app.validate import load_runs, run_instance
+    from planner.app.runs_file import load_runs, run_instance
     data = load_runs()
     runs = {r["id"]: r for r in data["runs"]}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.app.validate import load_runs, run_instance
+from planner.app.runs_file import load_runs, run_instance
 from planner.model.collectives import all_to_all, allreduce, ring_step
 from planner.model.evaluate import evaluate
 from planner.model.instance import parse_instance

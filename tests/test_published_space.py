@@ -17,8 +17,8 @@ from formulations.space import build_space
 from planner.model.catalog import GiB, load_gpu
 from planner.model.evaluate import evaluate
 from planner.model.plan import plan_from_spec
-from planner.app.validate import (OVERLAP_KNOBS, load_runs, run_framework, run_instance,
-                                  source_of)
+from planner.app.runs_file import load_runs, run_framework, run_instance, source_of
+from planner.model.frameworks import OVERLAP_KNOBS
 
 DATA = load_runs()
 RUNS = DATA["runs"]

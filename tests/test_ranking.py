@@ -11,8 +11,9 @@ import pytest
 
 import re
 
-from planner.app.validate import (GAP_FLOOR_S, GRAD_OVERLAP_WITH_PP_SINCE, INTERLEAVE_PP2_SINCE,
-                                  load_runs, ranking, ranking_spaces, run_instance)
+from planner.app.ranking import (GAP_FLOOR_S, GRAD_OVERLAP_WITH_PP_SINCE, INTERLEAVE_PP2_SINCE,
+                                 ranking, ranking_spaces)
+from planner.app.runs_file import load_runs, run_instance
 from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.plan import plan_from_spec

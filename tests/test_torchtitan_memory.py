@@ -122,7 +122,7 @@ def test_the_compiled_loss_keeps_the_model_under_torchtitans_reservation(rid):
     little as the December 2024 rows' (TORCHTITAN_MEMORY_CAVEAT: 1.0x to 1.2x without
     pipeline parallelism); costed as the eager loss (12 bytes) it would count more than the
     run ever held."""
-    from planner.app.validate import load_runs, run_instance
+    from planner.app.runs_file import load_runs, run_instance
 
     data = load_runs()
     run = next(r for r in data["runs"] if r["id"] == rid)

@@ -18,22 +18,10 @@ import pytest
 
 from planner.model.catalog import load_gpu
 from planner.model.workload import Shape
-from planner.app.validate import (
-    LONG_SEQ,
-    KNEE_TOKENS_GRID,
-    KNEE_WIDTH_GRID,
-    Calibrator,
-    calibrate,
-    calibration_only_keys,
-    load_runs,
-    out_of_sample,
-    run_instance,
-    seq_len,
-    single_source_keys,
-    source_of,
-    summary,
-    validate_runs,
-)
+from planner.app.calibration import (Calibrator, KNEE_TOKENS_GRID, KNEE_WIDTH_GRID, LONG_SEQ,
+                                     calibrate, calibration_only_keys, seq_len, single_source_keys)
+from planner.app.runs_file import load_runs, run_instance, source_of
+from planner.app.validate import out_of_sample, summary, validate_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN_BOUND, MAX_BOUND = 0.08, 0.15
@@ -419,7 +407,7 @@ TABLE4_MS = {("none", False): 19.6, ("none", True): 19.0, ("full", False): 27.2,
 def _layer_ms(data, async_allreduce: bool) -> dict:
     from planner.model.plan import plan_from_spec
     from planner.model.terms import step_terms
-    from planner.app.validate import run_instance
+    from planner.app.runs_file import run_instance
 
     run = next(r for r in data["runs"] if r["id"] == "korthikanti22-22b-full")
     inst = run_instance(data, run)
@@ -534,9 +522,9 @@ def test_a_one_source_gpu_type_fits_its_asymptote_at_the_knees_the_others_set(mo
     y's at index 20 and knees (3, 3), y's pull ten times x's."""
     import numpy as np
 
-    import planner.app.validate as v
+    import planner.app.calibration as cal
 
-    shape = (len(v.EFF_GRID), len(v.KNEE_TOKENS_GRID), len(v.KNEE_WIDTH_GRID))
+    shape = (len(cal.EFF_GRID), len(cal.KNEE_TOKENS_GRID), len(cal.KNEE_WIDTH_GRID))
 
     def surface(e, kt, kw, weight):
         i, j, k = np.indices(shape)
@@ -545,19 +533,19 @@ def test_a_one_source_gpu_type_fits_its_asymptote_at_the_knees_the_others_set(mo
     def fake(data, run, fit16):
         return surface(10, 1, 1, 1.0) if run["gpu"] == "x" else surface(20, 3, 3, 10.0)
 
-    monkeypatch.setattr(v, "_grid_times", fake)
+    monkeypatch.setattr(cal, "_grid_times", fake)
     runs = [{"id": f"{g}{n}", "gpu": g, "precision": "bf16", "measured_step_time_s": 1.0,
              "source": src}
             for n, (g, src) in enumerate([("x", "paper A"), ("x", "paper B"), ("y", "suite C"),
                                           ("y", "suite C")])]
-    fit = v.Calibrator({"runs": runs}).fit()
+    fit = cal.Calibrator({"runs": runs}).fit()
     assert (fit["x"]["gemm_knee_tokens"], fit["x"]["gemm_knee_width"]) == (
-        v.KNEE_TOKENS_GRID[1], v.KNEE_WIDTH_GRID[1])
+        cal.KNEE_TOKENS_GRID[1], cal.KNEE_WIDTH_GRID[1])
     assert fit["y"]["gemm_knee_tokens"] == fit["x"]["gemm_knee_tokens"]
-    assert fit["x"]["efficiency"] == v.EFF_GRID[10] and fit["y"]["efficiency"] == v.EFF_GRID[20]
+    assert fit["x"]["efficiency"] == cal.EFF_GRID[10] and fit["y"]["efficiency"] == cal.EFF_GRID[20]
     # one source more for y and it votes: its pull then wins the knees
     runs[2]["source"] = "suite D"
-    assert v.Calibrator({"runs": runs}).fit()["x"]["gemm_knee_tokens"] == v.KNEE_TOKENS_GRID[3]
+    assert cal.Calibrator({"runs": runs}).fit()["x"]["gemm_knee_tokens"] == cal.KNEE_TOKENS_GRID[3]
 
 
 def test_gb300_fp8_figure_matches_gb200_on_the_same_release(data):

@@ -20,17 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.app.validate import (
-    ATTENTION_GRID,
-    KNEE_WIDTH_GRID,
-    STACK_KNEE_TOKENS_GRID,
-    Calibrator,
-    load_runs,
-    out_of_sample,
-    stack_of,
-    summary,
-    validate_runs,
-)
+from planner.app.calibration import (ATTENTION_GRID, Calibrator, KNEE_WIDTH_GRID,
+                                     STACK_KNEE_TOKENS_GRID, stack_of)
+from planner.app.runs_file import load_runs
+from planner.app.validate import out_of_sample, summary, validate_runs
 from planner.model.errors import InputError
 from planner.model.evaluate import caveats, evaluate
 from planner.model.instance import parse_instance
@@ -322,7 +315,7 @@ def test_an_fsdp_run_is_ranked_in_its_own_sharding_mode(data):
     """The ranking keeps a run's data-parallel sharding mode (FSDP's optim_grads_params here):
     pinning the distributed optimizer instead (ZeRO-1, which torchtitan's rules refuse) left
     every FSDP run unranked. Now each has an optimum, no slower than its published plan."""
-    from planner.app.validate import ranking
+    from planner.app.ranking import ranking
     runs = [r for r in data["runs"] if r["id"] in (
         "titan2404-a100-64gpu-llama3-8b-selop", "llmf-h100-mpt13b-s2048-8gpu-mb2-ga1")]
     assert len(runs) == 2

@@ -82,7 +82,7 @@ def _plan_problems(where: str, pl: Any) -> list[str]:
 def _set_problems(s: Any, n: int) -> list[str]:
     """What is wrong with one set, in the file's words (its plans' degrees, shapes and rules
     are checked when it is evaluated, as a published run's are)."""
-    from planner.app.validate import RUN_FRAMEWORK_NAMES
+    from planner.app.runs_file import RUN_FRAMEWORK_NAMES
 
     if not isinstance(s, dict):
         return [f"sets[{n}]: expected a [[sets]] table"]
@@ -142,7 +142,7 @@ def shape_label(pl: dict[str, Any]) -> str:
 
 
 def _run(s: dict[str, Any], pl: dict[str, Any]) -> dict[str, Any]:
-    """One plan of a set as a published run (planner/app/validate.py reads it)."""
+    """One plan of a set as a published run (planner/app/runs_file.py reads it)."""
     own = {k: pl[k] for k in PLAN_OWN if k in pl}
     label = "-".join(f"{k}{own[k]}" for k in ("tp", "pp", "dp", "micro_batch") if k in own)
     run = {"id": f"{s['id']}:{label}", "model": "model", "gpu": s["gpu"],
@@ -156,7 +156,7 @@ def _run(s: dict[str, Any], pl: dict[str, Any]) -> dict[str, Any]:
 
 
 def _instance(s: dict[str, Any], pl: dict[str, Any]) -> Instance:
-    from planner.app.validate import run_instance
+    from planner.app.runs_file import run_instance
 
     return run_instance({"models": {"model": model_of(s, pl)}}, _run(s, pl), s.get("cluster"))
 
@@ -272,9 +272,9 @@ def evaluate_set(s: dict[str, Any], optimum: bool = True, solver: str = "cpsat")
 def _optimum(s: dict[str, Any], rows: list[PlanResult], solver: str = "cpsat") -> dict[str, Any]:
     """The model's optimum over the set's cluster for the set's own model (not a plan's
     changed shape), at the largest global batch of its timed plans, in the knob space its
-    plans share (validate.run_pins): its plan, seconds per sequence, and whether that plan
+    plans share (ranking.run_pins): its plan, seconds per sequence, and whether that plan
     ran out of memory in the set."""
-    from planner.app.validate import run_pins, solve_pinned
+    from planner.app.ranking import run_pins, solve_pinned
 
     timed = [pl for pl in s["plans"] if "measured_step_time_s" in pl and "model" not in pl]
     if not timed:

@@ -15,7 +15,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
@@ -507,18 +506,14 @@ def validate(
     model orders sets of plans measured on one cluster."""
     from formulations.solve import check_backend
     from planner.app import alternatives, memory_peaks
-    from planner.app import validate as v
-    from planner.app.report import alternatives_summary, alternatives_table
+    from planner.app.report import (alternatives_summary, alternatives_table, calibration_line,
+                                    validation_lines)
+    from planner.app.runs_file import load_runs
+    from planner.app.validate import validate_file
 
     try:
         check_backend(solver)           # a bad name is bad input, whether or not it solves
-        data = v.load_runs(runs)
-        cal = v.Calibrator(data)
-        alone = v.calibration_only_keys(data, cal)
-        results = v.validate_runs(data, alone=alone)
-        fitted = cal.fit() if calibrate else None
-        oos = v.out_of_sample(data, cal, alone)
-        ranks = v.ranking(data, solver=solver) if rank else {}
+        res = validate_file(load_runs(runs), rank=rank, solver=solver, calibrate=calibrate)
         # the shipped sets of measured alternatives go with the shipped runs
         alts = (alternatives.evaluate_sets(alternatives.load_sets(alternatives_file),
                                            optimum=rank, solver=solver)
@@ -527,115 +522,23 @@ def validate(
         peaks = memory_peaks.compare(memory_peaks.load()) if runs is None else []
     except PlanError as exc:
         _fail(exc, as_json)
-    summ = v.summary(results)
-    summ["mean_abs_error_out_of_sample"], summ["max_abs_error_out_of_sample"] = v.mean_max(
-        [abs(oos[r.id]) for r in results if r.held_out is None and oos[r.id] is not None])
-    ratios = [ranks[r.id]["ratio"] for r in results if ranks.get(r.id, {}).get("ratio")]
-    if ratios:
-        summ["max_ranking_ratio"] = max(ratios)
-        summ["runs_ranking_within_10pct"] = sum(1 for x in ratios if x <= v.RANKING_TARGET)
-        summ["ranking_solver"] = solver
     if as_json:
-        _emit_json({"runs": [{"id": r.id, "gpu": r.gpu, "precision": r.precision,
-                              "fp8_recipe": r.fp8_recipe, "gpus": r.gpus,
-                              "measured_s": r.measured_s, "predicted_s": r.predicted_s,
-                              "error": r.error, "error_out_of_sample": oos[r.id],
-                              "source_group": v.source_of(run),
-                              "ranking": ranks.get(r.id), "fits": r.report.fits,
-                              "memory_gib": r.report.memory_gib["total"],
-                              "memory_headroom_gib": r.report.memory_gib["headroom"],
-                              "held_out": r.held_out, "source": r.source,
-                              "calibration_only": r.calibration_only is not None,
-                              "framework": v.run_framework(run),
-                              "framework_from": v.framework_origin(run),
-                              "unstated": v.unstated(run)}
-                             for r, run in zip(results, data["runs"])],
-                    "summary": summ, "calibration": fitted,
+        _emit_json({"runs": res.runs_json(), "summary": res.summary,
+                    "calibration": res.fitted,
                     "alternatives": [a.as_json() for a in alts],
                     "megatron_ci_memory": {"runs": [p.as_json() for p in peaks],
                                            "summary": memory_peaks.summary(peaks)}
                     if peaks else None})
         return
-    t = Table(title="Predicted vs measured step time")
-    cols = ["run", "GPUs", "GPU", "prec", "meas. s", "pred. s", "error", "out of sample",
-            "mem GiB"] + (["pub./opt."] if ranks else [])
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("run", "GPU", "prec") else "right")
-    for r in results:
-        style = "red" if abs(r.error) > 0.15 else ("yellow" if abs(r.error) > 0.08 else "")
-        style = "dim" if r.held_out else style
-        mem = f"{r.report.memory_gib['total']:.1f}" + ("" if r.report.fits else " (!)")
-        row = [r.id, str(r.gpus), r.gpu, r.label, f"{r.measured_s:.3f}",
-               f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%",
-               "-" if oos[r.id] is None else f"{100 * oos[r.id]:+.1f}%", mem]
-        if ranks:
-            ratio = ranks.get(r.id, {}).get("ratio")
-            row.append(f"{ratio:.3f}" if ratio else "-")
-        t.add_row(*row, style=style)
-    out.print(t)
-    if summ["runs"]:
-        out.print(f"runs: {summ['runs']}   mean |error|: {100 * summ['mean_abs_error']:.1f}%   "
-                  f"max |error|: {100 * summ['max_abs_error']:.1f}%   out of sample (fitted "
-                  f"without the run's source): mean "
-                  f"{100 * summ['mean_abs_error_out_of_sample']:.1f}%, max "
-                  f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
-    else:
-        out.print("runs: 0 in the bounded figures (every run is held out or calibration "
-                  "only: no error bound)")
-    if summ.get("calibration_only"):
-        keys = sorted({f"{r.gpu} ({r.calibration_only})" for r in results
-                       if r.calibration_only})
-        out.print(f"calibration only ({summ['calibration_only']} runs, in sample, out of the "
-                  f"figures above): mean |error| "
-                  f"{100 * summ['mean_abs_error_calibration_only']:.1f}%, max "
-                  f"{100 * summ['max_abs_error_calibration_only']:.1f}%; the runs of "
-                  f"{', '.join(keys)}: figures that rest on that source alone, so without it "
-                  "there is no fit to judge them out of sample")
-    for r in results:
-        if r.held_out:
-            out.print(f"[dim]{r.id} is held out of the fit and the figures above "
-                      f"(error {100 * r.error:+.1f}%): {r.held_out}[/]")
-    if summ["held_out"]:
-        out.print(f"held out ({summ['held_out']} runs, never fitted): mean |error| "
-                  f"{100 * summ['mean_abs_error_held_out']:.1f}%, max "
-                  f"{100 * summ['max_abs_error_held_out']:.1f}%")
-    if ratios:
-        out.print(f"ranking (published plan's predicted step / the model's optimum in the run's "
-                  f"knob space, solved by {solver}): max {summ['max_ranking_ratio']:.3f}, "
-                  f"{summ['runs_ranking_within_10pct']} of {len(ratios)} runs within 10%")
-        for r in results:
-            rk = ranks.get(r.id, {})
-            if (rk.get("ratio") or 0) > v.RANKING_TARGET:
-                terms = ", ".join(f"{k} {x:+.3f} s" for k, x in rk["gap_by_term_s"].items())
-                out.print(f"  {r.id} ({rk['ratio']:.3f}): published {rk['published_s']:.3f} s "
-                          f"against {rk['optimum_plan']} {rk['optimum_s']:.3f} s; "
-                          f"published minus optimum by term: {terms}; memory headroom "
-                          f"{rk['published_headroom_gib']:.1f} GiB published, "
-                          f"{rk['optimum_headroom_gib']:.1f} GiB optimum")
-    missing = [v.unstated(run) for run in data["runs"]]
-    if any(missing):
-        counts = {k: sum(k in m for m in missing) for k in v.UNSTATED_KEYS}
-        by_source = sum(v.framework_origin(run) == "source" for run in data["runs"])
-        out.print(f"{sum(map(bool, missing))} of {len(missing)} runs leave settings that change "
-                  "the cost unstated, taken from the run's framework (named by the run, or by "
-                  f"its source: {by_source} run{'' if by_source == 1 else 's'}) or, with none, "
-                  "Megatron-LM's "
-                  "command-line defaults (overlaps off but p2p, fp32 gradient reduction, fp32 "
-                  "optimizer states): " + ", ".join(f"{k} {n}" for k, n in counts.items() if n)
-                  + " (per run: --json, \"unstated\", \"framework\", \"framework_from\")")
-    misfits = [r for r in results if not r.report.fits]
-    for r in misfits:
-        out.print(f"[yellow]{r.id}: the model says this plan does not fit: "
-                  f"{'; '.join(r.report.violations)}[/]")
+    for line in validation_lines(res):
+        out.print(line)
     for a in alts:
         out.print(alternatives_table(a))
         out.print(alternatives_summary(a))
     if peaks:
         out.print(memory_peaks.summary_text(memory_peaks.summary(peaks)))
-    if fitted:
-        out.print("calibration (minimiser of the mean |error|; see hardware_catalog/*.toml "
-                  "calibration): " + ", ".join(f"{g}: " + ", ".join(f"{k}={x}" for k, x in f.items())
-                                               for g, f in fitted.items()))
+    if res.fitted:
+        out.print(calibration_line(res.fitted))
 
 
 @app.command()

@@ -66,7 +66,7 @@ class PeakResult:
 
 def load(path: str | Path | None = None) -> list[dict[str, Any]]:
     """The runs of a file of such figures (default: the shipped one, read as
-    planner/app/validate.py and alternatives.py read theirs)."""
+    planner/app/runs_file.py and alternatives.py read theirs)."""
     text = Path(path).read_text() if path else \
         resources.files("planner").joinpath(MEGATRON_CI).read_text()
     return tomllib.loads(text)["runs"]
@@ -76,9 +76,9 @@ def last_rank_figures(row: dict[str, Any]) -> tuple[str, float, float]:
     """The plan's label, and the model's peak and static memory (GiB, no reserve) on the rank
     Megatron-LM logs: the last pipeline stage (its rows in ``memory_by_stage_gib`` are the
     ones named ``last...``: as dense and as MoE layers, and the optimizer step's), the only
-    stage when pp = 1. The row is read as a published run (planner/app/validate.py
+    stage when pp = 1. The row is read as a published run (planner/app/runs_file.py
     ``run_instance``), as the measured alternatives' plans are."""
-    from planner.app.validate import run_instance
+    from planner.app.runs_file import run_instance
 
     training = dict(row["training"])
     run = {"id": row["id"], "model": "model", "gpu": row["gpu"],

@@ -15,6 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from formulations.queries import OUTSIDE_RANGE, days_text
+from planner.app.ranking import RANKING_TARGET
+from planner.app.runs_file import UNSTATED_KEYS, framework_origin, unstated
 from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.terms import MEMORY_TERMS, TIME_TERM_LABELS, TIME_TERMS
@@ -576,3 +578,92 @@ def alternatives_summary(res) -> str:
                  f"({opt['predicted_s']:.4f} s/seq)"
                  + (", a plan that ran out of memory" if opt["ran_out_of_memory"] else ""))
     return text
+
+
+def validation_lines(v) -> list[Any]:
+    """``plan validate`` as text (planner/app/validate.py, ``Validation``): the table of
+    predicted against measured step times, the error figures in and out of sample, the
+    held-out and calibration-only runs, the ranking and its outliers with the gap by term, the
+    settings the runs leave unstated, and the plans the model says do not fit."""
+    lines: list[Any] = []
+    summ, oos = v.summary, v.out_of_sample
+    ratios = [v.ranks[r.id]["ratio"] for r in v.results if v.ranks.get(r.id, {}).get("ratio")]
+    t = Table(title="Predicted vs measured step time")
+    cols = ["run", "GPUs", "GPU", "prec", "meas. s", "pred. s", "error", "out of sample",
+            "mem GiB"] + (["pub./opt."] if v.ranks else [])
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("run", "GPU", "prec") else "right")
+    for r in v.results:
+        style = "red" if abs(r.error) > 0.15 else ("yellow" if abs(r.error) > 0.08 else "")
+        style = "dim" if r.held_out else style
+        mem = f"{r.report.memory_gib['total']:.1f}" + ("" if r.report.fits else " (!)")
+        row = [r.id, str(r.gpus), r.gpu, r.label, f"{r.measured_s:.3f}",
+               f"{r.predicted_s:.3f}", f"{100 * r.error:+.1f}%",
+               "-" if oos[r.id] is None else f"{100 * oos[r.id]:+.1f}%", mem]
+        if v.ranks:
+            ratio = v.ranks.get(r.id, {}).get("ratio")
+            row.append(f"{ratio:.3f}" if ratio else "-")
+        t.add_row(*row, style=style)
+    lines.append(t)
+    if summ["runs"]:
+        lines.append(f"runs: {summ['runs']}   mean |error|: {100 * summ['mean_abs_error']:.1f}%   "
+                     f"max |error|: {100 * summ['max_abs_error']:.1f}%   out of sample (fitted "
+                     f"without the run's source): mean "
+                     f"{100 * summ['mean_abs_error_out_of_sample']:.1f}%, max "
+                     f"{100 * summ['max_abs_error_out_of_sample']:.1f}%")
+    else:
+        lines.append("runs: 0 in the bounded figures (every run is held out or calibration "
+                     "only: no error bound)")
+    if summ.get("calibration_only"):
+        keys = sorted({f"{r.gpu} ({r.calibration_only})" for r in v.results
+                       if r.calibration_only})
+        lines.append(f"calibration only ({summ['calibration_only']} runs, in sample, out of the "
+                     f"figures above): mean |error| "
+                     f"{100 * summ['mean_abs_error_calibration_only']:.1f}%, max "
+                     f"{100 * summ['max_abs_error_calibration_only']:.1f}%; the runs of "
+                     f"{', '.join(keys)}: figures that rest on that source alone, so without it "
+                     "there is no fit to judge them out of sample")
+    for r in v.results:
+        if r.held_out:
+            lines.append(f"[dim]{r.id} is held out of the fit and the figures above "
+                         f"(error {100 * r.error:+.1f}%): {r.held_out}[/]")
+    if summ["held_out"]:
+        lines.append(f"held out ({summ['held_out']} runs, never fitted): mean |error| "
+                     f"{100 * summ['mean_abs_error_held_out']:.1f}%, max "
+                     f"{100 * summ['max_abs_error_held_out']:.1f}%")
+    if ratios:
+        lines.append(f"ranking (published plan's predicted step / the model's optimum in the run's "
+                     f"knob space, solved by {v.solver}): max {summ['max_ranking_ratio']:.3f}, "
+                     f"{summ['runs_ranking_within_10pct']} of {len(ratios)} runs within 10%")
+        for r in v.results:
+            rk = v.ranks.get(r.id, {})
+            if (rk.get("ratio") or 0) > RANKING_TARGET:
+                terms = ", ".join(f"{k} {x:+.3f} s" for k, x in rk["gap_by_term_s"].items())
+                lines.append(f"  {r.id} ({rk['ratio']:.3f}): published {rk['published_s']:.3f} s "
+                             f"against {rk['optimum_plan']} {rk['optimum_s']:.3f} s; "
+                             f"published minus optimum by term: {terms}; memory headroom "
+                             f"{rk['published_headroom_gib']:.1f} GiB published, "
+                             f"{rk['optimum_headroom_gib']:.1f} GiB optimum")
+    missing = [unstated(run) for run in v.data["runs"]]
+    if any(missing):
+        counts = {k: sum(k in m for m in missing) for k in UNSTATED_KEYS}
+        by_source = sum(framework_origin(run) == "source" for run in v.data["runs"])
+        lines.append(f"{sum(map(bool, missing))} of {len(missing)} runs leave settings that change "
+                     "the cost unstated, taken from the run's framework (named by the run, or by "
+                     f"its source: {by_source} run{'' if by_source == 1 else 's'}) or, with none, "
+                     "Megatron-LM's "
+                     "command-line defaults (overlaps off but p2p, fp32 gradient reduction, fp32 "
+                     "optimizer states): " + ", ".join(f"{k} {n}" for k, n in counts.items() if n)
+                     + " (per run: --json, \"unstated\", \"framework\", \"framework_from\")")
+    misfits = [r for r in v.results if not r.report.fits]
+    for r in misfits:
+        lines.append(f"[yellow]{r.id}: the model says this plan does not fit: "
+                     f"{'; '.join(r.report.violations)}[/]")
+    return lines
+
+
+def calibration_line(fitted: dict[str, dict[str, float]]) -> str:
+    """The parameters ``plan validate --calibrate`` fitted per GPU type, in one line."""
+    return ("calibration (minimiser of the mean |error|; see hardware_catalog/*.toml "
+            "calibration): " + ", ".join(f"{g}: " + ", ".join(f"{k}={x}" for k, x in f.items())
+                                         for g, f in fitted.items()))
