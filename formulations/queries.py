@@ -582,8 +582,11 @@ def unconstrained_spec(c: ConstraintSpec) -> ConstraintSpec:
     :func:`~planner.model.schema.lifted` gives by its kind: a pin or a filter is lifted, a cap
     or a floor keeps whichever of the instance's value and the default lets more plans in, a
     placement rule the instance sets is lifted; the framework, its overlaps and the memory
-    reserves are kept."""
-    return c.model_copy(update={k: lifted(c, k) for k in WHATIF_KEYS})
+    reserves are kept. A key whose value does not change stays as the instance gives it, set
+    or not: an unset ``max_stage_shortfall`` is the search's own, which follows the layer
+    count (:func:`~planner.model.plan.stage_shortfall`), not the schema's 1."""
+    return c.model_copy(update={k: v for k in WHATIF_KEYS
+                                if (v := lifted(c, k)) != getattr(c, k)})
 
 
 def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,

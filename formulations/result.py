@@ -58,6 +58,10 @@ class SolveResult:
     space_points: int | None = None               # structurally feasible degree assignments
     space_combos: int | None = None               # categorical (knob) combinations
     space_plans: int | None = None                # plans: assignments x the combos each admits
+    #: the first / last stage shortfall the layouts went up to, and its words (given, or the
+    #: search's own: planner/model/plan.py stage_shortfall)
+    stage_shortfall: int | None = None
+    stage_shortfall_words: str | None = None
 
     @property
     def proven(self) -> bool:
@@ -77,7 +81,8 @@ class SolveResult:
                 "wall_s": self.wall_s, "solve_s": self.solve_s, "build_s": self.build_s,
                 "quantum_s": self.quantum_s, "note": self.note,
                 "space": {"assignments": self.space_points, "knob_combinations": self.space_combos,
-                          "plans": self.space_plans}}
+                          "plans": self.space_plans,
+                          "max_stage_shortfall": self.stage_shortfall}}
 
     def to_dict(self) -> dict[str, Any]:
         out = self.report.to_dict() if self.report else {"plan": None}

@@ -23,7 +23,7 @@ from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance
 from planner.model.memo import IdentityCache
-from planner.model.plan import Knobs, Plan
+from planner.model.plan import Knobs, Plan, shortfall_words, stage_shortfall
 
 BACKENDS = ("highs", "cpsat", "enumerate")
 
@@ -500,6 +500,7 @@ def solve(inst: Instance, solver: str = "cpsat", time_limit: float | None = None
     cap = min(caps) if caps else None
     check_backend(solver)
     size = space_size(space)                     # counted over the rules, never listed
+    size.update(stage_shortfall=stage_shortfall(inst), stage_shortfall_words=shortfall_words(inst))
     # no assignment keeps the structural rules (a GPU count no degrees multiply to, say): the
     # count proves it in milliseconds, where a backend takes about a second; capacity and
     # pareto meet such sizes by the dozen

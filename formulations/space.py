@@ -60,7 +60,8 @@ from types import SimpleNamespace
 
 from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_of
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
-                                overlap_default, recompute_share_choices)
+                                overlap_default, recompute_share_choices, shortfall_words,
+                                stage_shortfall)
 from planner.model.schema import PIN_CAPS, WHAT_IFS, lifted
 from planner.model.words import pinned
 from planner.model.rules import BY_NAME, EXPERT_ONLY, Rule, Sizes, rules_for
@@ -374,8 +375,8 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
                     continue
                 why.append(f"constraints.{key} = {pin} leaves {sizes.layers - pin} layers for "
                            f"the other {p - 1} stages at pp={p}: no split with each stage at "
-                           f"most constraints.max_stage_shortfall = {c.max_stage_shortfall} "
-                           f"layer(s) short of a middle one, in multiples of vp (vp in {V})")
+                           f"most {shortfall_words(inst)} layer(s) short of a middle one, in "
+                           f"multiples of vp (vp in {V})")
         if c.account_for_embedding and c.account_for_loss and 2 in P:
             # the skipped pair above: at pp = 2 both counted is the even split relabelled
             why.append(f"at pp=2, counting both the embedding and the loss as layers gives "
@@ -388,8 +389,7 @@ def _layout_pairs(inst: Instance, rules: list[Rule], layouts, P: list[int], V: l
         why.append(f"no pipeline layout of the {sizes.layers} layers fits pipeline degrees {P} "
                    f"and virtual stages {V} ("
                    + (f"rules broken: {'; '.join(r.says for r in broken)}; " if broken else "")
-                   + f"first / last stage up to constraints.max_stage_shortfall = "
-                   f"{c.max_stage_shortfall} layers short)"
+                   + f"first / last stage up to {shortfall_words(inst)} layers short)"
                    + (f" under {', '.join(pins)}" if pins else ""))
         if suggest and c.vp is not None:
             near = next((v for v in sorted(range(1, 2 * sizes.layers + 3),
@@ -414,6 +414,7 @@ def _nearest_stage_counts(inst: Instance, rules: list[Rule], P: list[int], V: li
         return _has_layout(inst, rules, P, V, **change)
 
     out = []
+    short = stage_shortfall(inst)
     flags = [k for k in ("account_for_embedding", "account_for_loss") if getattr(c, k)]
     if flags and has_layout(**{k: None for k in flags}):
         out.append(f"nearest change: unpin {' and '.join(f'constraints.{k}' for k in flags)}")
@@ -425,15 +426,14 @@ def _nearest_stage_counts(inst: Instance, rules: list[Rule], P: list[int], V: li
         # unbounded walk over a 126-layer model's shortfalls ran for minutes)
         layers = inst.model.layers
         # (a first / last stage holds at most a middle stage's (layers + shortfalls) / pp)
-        most = -(-(layers + 2 * c.max_stage_shortfall) // min(q for q in P if q >= 2))
+        most = -(-(layers + 2 * short) // min(q for q in P if q >= 2))
         near = next((n for n in sorted(range(1, min(layers, most + 1)),
                                        key=lambda x: (abs(x - pin), x))
                      if n != pin and has_layout(**{key: n})), None)
-        deeper = next((k for k in range(c.max_stage_shortfall + 1,
-                                        min(layers, c.max_stage_shortfall + 9))
+        deeper = next((k for k in range(short + 1, min(layers, short + 9))
                        if has_layout(max_stage_shortfall=k)), None)
         options = ([f"{key} = {near}"] if near is not None else []) + (
-            [f"raise constraints.max_stage_shortfall from {c.max_stage_shortfall} to {deeper}"]
+            [f"raise constraints.max_stage_shortfall from {short} to {deeper}"]
             if deeper is not None else [])
         if options:
             out.append(f"nearest change: {' or '.join(options)} (or lift constraints.{key})")
@@ -806,8 +806,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
                       for v, said in bounded_by.items()}
     for var in ("P", "V"):          # their candidates come from the layouts' padded counts
         bounded_by[var].insert(0, f"pp*vp divides the {m.layers} layers plus a layout's "
-                               "shortfalls (constraints.max_stage_shortfall = "
-                               f"{c.max_stage_shortfall})")
+                               f"shortfalls ({shortfall_words(inst)})")
     # the micro-batch's candidates come from the batch: where no rule row narrowed them, that
     # is the rule to name (micro_batch * dp divides the global batch)
     if not bounded_by["b"]:

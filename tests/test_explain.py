@@ -35,8 +35,11 @@ def test_weights_alone_do_not_fit_and_divisibility_restricts_pp():
            "constraints": {"tp_within_node": False, "dp_sharding": ["none", "optim"]}}
     msg = explain(doc)
     assert "weights + gradients + optimizer states alone need" in msg
-    # 105 layers: pp = 2 only with an uneven layout (106 = 2 x 53, one stage one layer short)
-    assert "pp can only be [1, 2]" in msg and "105 layers" in msg
+    # 105 layers on 5128 = 8 x 641 GPUs: pp = 2 only with an uneven layout (106 = 2 x 53, one
+    # stage one layer short), pp = 4 with the first / last stages two short (25, 27, 27, 26:
+    # the search's own shortfall, planner/model/plan.py stage_shortfall; pp = 8, four short, is
+    # left out: pp = 4 is as deep within a factor of two)
+    assert "pp can only be [1, 2, 4]" in msg and "105 layers" in msg
     # lifting the sharding pin lets a plan fit (every what-if is tried, schema.WHAT_IFS) ...
     assert 'nearest change: lift constraints.dp_sharding = ["none", "optim"]' in msg
     # ... and under it the nearest larger cluster is the one offered when nothing lifts
@@ -328,8 +331,10 @@ def test_a_sub_host_cluster_a_degree_product_and_an_account_flag_name_a_change_t
     account_for_embedding pin no change at all. Each suggestion, applied, solves."""
     small = {"model": {"preset": "llama3-70b"}, "training": {"global_batch": 64},
              "cluster": {"gpu": "h100-sxm", "gpus": 4}}
-    assert "nearest change: cluster.gpus = 8 (2.00x) admits a plan that fits" in explain(small)
-    assert solve(parse_instance({**small, "cluster": {"gpu": "h100-sxm", "gpus": 8}}),
+    # (7 GPUs: pp = 7, the 80 layers split 10, 5 x 12, 10, two short at each end: the search's
+    # own shortfall where pp = 7 is the only pipeline degree, planner/model/plan.py)
+    assert "nearest change: cluster.gpus = 7 (1.75x) admits a plan that fits" in explain(small)
+    assert solve(parse_instance({**small, "cluster": {"gpu": "h100-sxm", "gpus": 7}}),
                  solver="enumerate").report
     pins = {"model": {"preset": "llama3-8b"}, "training": {"global_batch": 128},
             "cluster": {"gpu": "h100-sxm", "nodes": 4},

@@ -241,3 +241,95 @@ def test_partial_recompute_lies_between_none_and_full():
     bad = plan_from_spec(inst, inst.spec.plan.model_copy(update={"recompute_layers": 9}))
     from planner.model.plan import layout_violations
     assert any("exceeds the 8 layers" in v for v in layout_violations(inst, bad))
+
+
+# ------------------------------------------------------------------------------------------
+# The search's own shortfall where constraints.max_stage_shortfall is unset
+# ------------------------------------------------------------------------------------------
+
+def _megatron_least_shortfall(layers: int, pp: int) -> int | None:
+    """Every split Megatron-LM's --decoder-first/last-pipeline-num-layers allows, walked: the
+    middle stages hold m each, the first f and the last l, f + l + (pp - 2) m = layers with
+    1 <= f, l <= m; the least max(m - f, m - l) over them (None: no split)."""
+    best = None
+    for m in range(1, layers + 1):
+        for f in range(1, m + 1):
+            last = layers - (pp - 2) * m - f
+            if 1 <= last <= m:
+                short = max(m - f, m - last)
+                best = short if best is None else min(best, short)
+    return best
+
+
+@pytest.mark.parametrize("layers", [21, 61, 70, 80, 96, 105, 126, 128])
+def test_least_shortfall_is_the_least_of_every_megatron_split(layers):
+    from planner.model.plan import least_shortfall
+
+    for pp in range(3, min(layers, 40) + 1):
+        assert least_shortfall(layers, pp) == _megatron_least_shortfall(layers, pp), pp
+
+
+def _unset(layers: int, gpus: int, **constraints):
+    from planner.model.plan import stage_shortfall
+
+    return stage_shortfall(parse_instance({
+        "model": {"layers": layers, "hidden": 4096, "heads": 32, "vocab": 32000,
+                  "seq_len": 2048},
+        "training": {"global_batch": 1024}, "cluster": {"gpu": "h100-sxm", "gpus": gpus},
+        "constraints": constraints}))
+
+
+def test_an_unset_shortfall_follows_the_layer_count():
+    # worked by hand from the splits (the walk above): 105 = 3 x 5 x 7 layers on 256 GPUs
+    # split over 4 stages 2 short (25, 27, 27, 26), over 8 stages 4 short (10, 6 x 14, 11)
+    # and over 16 stages 4 short (4, 14 x 7, 3); one short reaches pp 1 and 2 alone
+    assert _unset(105, 256) == 4
+    # DeepSeek-V3's 61 layers on 1,024 GPUs: 4, 8 and 16 stages each 2 short (16: 3, 14 x 4, 2)
+    assert _unset(61, 1024) == 2
+    # the shipped models keep 1: 96 and 126 layers reach every power-of-two depth one short
+    assert _unset(96, 1024) == 1 and _unset(126, 16384) == 1
+    # 80 layers on 480 GPUs: pp 6 and 12 need 2 short, but 5 and 8, one short or even, are as
+    # deep within a factor of two
+    assert _unset(80, 480) == 1
+    # a pin or a cap on pp counts only the degrees it leaves: up to pp 8, two short reaches
+    # pp 4, within a factor of two of 8 (and pp 2 of 4); pp 16 pinned needs its own 4
+    assert _unset(105, 256, max_pp=8) == 2 and _unset(105, 256, max_pp=4) == 1
+    assert _unset(105, 256, pp=16) == 4 and _unset(105, 256, pp=2) == 1
+    # a given value always wins
+    assert _unset(105, 256, max_stage_shortfall=0) == 0
+    assert _unset(96, 1024, max_stage_shortfall=3) == 3
+
+
+def test_an_unset_shortfall_finds_the_deep_pipeline_a_short_one_misses():
+    """MT-NLG's shape (105 layers) on 256 H100: with the first / last stages at most one
+    layer short the search reaches pp 1 and 2 only; unset, it reaches 8 and 16 and finds a
+    faster plan, the one the search with the shortfall given as 4 finds."""
+    doc = {"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": 1024},
+           "cluster": {"gpu": "h100-sxm", "gpus": 256}}
+    unset = solve(parse_instance(doc), solver="enumerate")
+    given = solve(parse_instance({**doc, "constraints": {"max_stage_shortfall": 4}}),
+                  solver="enumerate")
+    short = solve(parse_instance({**doc, "constraints": {"max_stage_shortfall": 1}}),
+                  solver="enumerate")
+    assert unset.report.plan.pp >= 8 and short.report.plan.pp <= 2
+    assert unset.objective == given.objective
+    assert unset.report.plan.label() == given.report.plan.label()
+    assert unset.objective < 0.8 * short.objective
+
+
+def test_compare_baseline_keeps_an_unset_shortfall_the_searchs_own():
+    """--compare's baseline lifts every what-if; an unset shortfall is no what-if and stays
+    unset there (the search's own, 4 for 105 layers on 256 GPUs), so the baseline's space
+    holds the constrained one; a given 0 lifts to the schema's 1."""
+    from formulations.queries import unconstrained_spec
+    from planner.model.plan import stage_shortfall
+
+    doc = {"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": 1024},
+           "cluster": {"gpu": "h100-sxm", "gpus": 256}, "constraints": {"max_tp": 4}}
+    inst = parse_instance(doc)
+    base = inst.with_spec(constraints=unconstrained_spec(inst.spec.constraints))
+    assert base.spec.constraints.max_tp is None
+    assert stage_shortfall(base) == stage_shortfall(inst) == 4
+    even = parse_instance({**doc, "constraints": {"max_stage_shortfall": 0}})
+    lifted = even.with_spec(constraints=unconstrained_spec(even.spec.constraints))
+    assert stage_shortfall(even) == 0 and stage_shortfall(lifted) == 1

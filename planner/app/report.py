@@ -229,6 +229,10 @@ def solver_panel(res) -> Panel:
                   + (" = " if res.space_plans == res.space_points * res.space_combos else
                      ", each at the assignments it admits: ")
                   + f"{res.space_plans:,} plans (counted over the rules, not listed)")
+    if res.stage_shortfall_words:
+        t.add_row("layouts", "pipeline layouts with the first / last stage up to "
+                  f"{res.stage_shortfall} layer(s) short of a middle one "
+                  f"({res.stage_shortfall_words})")
     t.add_row("ties", "plans within 0.01% of the optimum are ties, broken by the most memory "
               "headroom, then the fewest bytes across nodes, then the simplest plan (the same in "
               "every backend)")

@@ -390,8 +390,11 @@ def run_instance(data: dict[str, Any], run: dict[str, Any],
         middle = (parsed.model.layers - plan["first_stage_layers"]
                   - plan["last_stage_layers"]) / (plan["pp"] - 2)
         short = max(middle - plan["first_stage_layers"], middle - plan["last_stage_layers"])
-    if short > parsed.spec.constraints.max_stage_shortfall and float(short).is_integer():
-        inst["constraints"] = {**inst["constraints"], "max_stage_shortfall": int(short)}
+    if "max_stage_shortfall" not in inst["constraints"]:
+        # (stated, not left to the search's default, which adapts to the layer count: an
+        # uneven run's ranking space goes one layer short, or as short as the run's own)
+        k = max(1, int(short)) if float(short).is_integer() else 1
+        inst["constraints"] = {**inst["constraints"], "max_stage_shortfall": k}
         parsed = parse_instance(inst, f"run {rid}")
     return parsed
 

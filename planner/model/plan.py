@@ -190,17 +190,76 @@ def plan_label(plan: Mapping[str, Any]) -> str:
     return s + f" mb{plan['micro_batch']}"
 
 
+#: The deepest first / last stage shortfall the search takes on where ``[constraints]
+#: max_stage_shortfall`` is not given (:func:`stage_shortfall`): each pair of shortfalls up to
+#: it is a layout, and each layout a set of tables, so the search slows with it (docs/encoding.md,
+#: "Pipeline layouts"); 4 reaches MT-NLG's 105 layers at every power-of-two pipeline degree up
+#: to 16 (its 16-stage split is 4, 14 x 7, 3)
+AUTO_SHORTFALL_CAP = 4
+
+
+def least_shortfall(layers: int, pp: int) -> int | None:
+    """The least first / last stage shortfall at which Megatron-LM splits ``layers`` over ``pp``
+    stages (``--decoder-first/last-pipeline-num-layers``, no virtual stages): the middle stages
+    hold ``m = ceil(layers / pp)`` each, and the ``pp m - layers`` layers they hold beyond the
+    count come off the first and the last stage, the larger share of them off one. None when
+    that leaves an end stage without a layer (no such split)."""
+    if pp <= 2:
+        return layers % pp
+    m = -(-layers // pp)
+    short = -(-(pp * m - layers) // 2)
+    return short if m - short >= 1 else None
+
+
+def stage_shortfall(inst: Instance) -> int:
+    """The first / last stage shortfall the search goes up to: ``[constraints]
+    max_stage_shortfall`` where given. Unset, the least from 1 up at which the search reaches a
+    pipeline about as deep as any the layers allow: for every pipeline degree ``p`` the GPU
+    count allows (its divisors up to the layer count, within the ``pp`` pin and ``max_pp``)
+    whose split needs no more than :data:`AUTO_SHORTFALL_CAP` (:func:`least_shortfall`), one
+    from ``p / 2`` to ``p`` that the search reaches. A layer count the GPU count does not
+    divide is then still searched at pipelines of its depth: MT-NLG's 105 layers on 256 GPUs
+    split over 8 or 16 stages only 4 layers short at the ends, which a search kept to 1 short
+    leaves out (it reaches pp 1 and 2); Llama 3's 80 layers on 480 GPUs reach pp 5 and 8 one
+    short, and are not searched at pp 6 as well (each shortfall more is more layouts to
+    solve: docs/encoding.md, "Pipeline layouts")."""
+    c = inst.spec.constraints
+    if "max_stage_shortfall" in c.model_fields_set:
+        return c.max_stage_shortfall
+    layers, n = inst.model.layers, inst.gpus
+    top = min(layers, n, c.pp or n, c.max_pp or n)
+    need = {p: least_shortfall(layers, p) for p in range(max(2, c.pp or 2), top + 1)
+            if n % p == 0}
+    wanted = [p for p, k in need.items() if k is not None and k <= AUTO_SHORTFALL_CAP]
+    for k in range(1, AUTO_SHORTFALL_CAP):
+        reached = [1] + [p for p in wanted if need[p] <= k]
+        if all(any(p <= 2 * q <= 2 * p for q in reached) for p in wanted):
+            return k
+    return AUTO_SHORTFALL_CAP
+
+
+def shortfall_words(inst: Instance) -> str:
+    """The shortfall the search goes up to, in the instance's words (its key, and where unset
+    why it is that)."""
+    k = stage_shortfall(inst)
+    if "max_stage_shortfall" in inst.spec.constraints.model_fields_set:
+        return f"constraints.max_stage_shortfall = {k}"
+    return (f"constraints.max_stage_shortfall = {k}, unset: the least that reaches pipelines "
+            f"as deep as the {inst.model.layers} layers allow on {inst.gpus} GPUs, up to "
+            f"{AUTO_SHORTFALL_CAP}")
+
+
 def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool, bool]]:
     """The pipeline layouts the search considers, as ``(first_short, last_short,
     account_for_embedding, account_for_loss, layout_string)``: the even split; each first /
-    last shortfall up to ``constraints.max_stage_shortfall`` (Megatron-LM's first / last stage
-    counts); the embedding and / or loss counted as a layer; and shortfalls of 2 or more in
-    the first / last virtual stage alone, a layout string (the search keeps these at vp > 1,
-    where they differ from the first / last counts). The ``[constraints]`` pins on the account flags
-    keep or drop those; pins on the first / last counts are checked per pipeline degree by the
-    search (they depend on it)."""
+    last shortfall up to :func:`stage_shortfall` (``constraints.max_stage_shortfall``;
+    Megatron-LM's first / last stage counts); the embedding and / or loss counted as a layer;
+    and shortfalls of 2 or more in the first / last virtual stage alone, a layout string (the
+    search keeps these at vp > 1, where they differ from the first / last counts). The
+    ``[constraints]`` pins on the account flags keep or drop those; pins on the first / last
+    counts are checked per pipeline degree by the search (they depend on it)."""
     c = inst.spec.constraints
-    k = c.max_stage_shortfall
+    k = stage_shortfall(inst)
     out: list[tuple[int, int, bool, bool]] = []
     for ae in (False, True):
         for al in (False, True):
