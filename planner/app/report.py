@@ -231,8 +231,8 @@ def solver_panel(res) -> Panel:
                   + f"{res.space_plans:,} plans (counted over the rules, not listed)")
     if res.stage_shortfall_words:
         t.add_row("layouts", "pipeline layouts with the first / last stage up to "
-                  f"{res.stage_shortfall} layer(s) short of a middle one "
-                  f"({res.stage_shortfall_words})")
+                  f"{res.stage_shortfall} layer(s) short of a middle one: "
+                  f"{res.stage_shortfall_words}")
     t.add_row("ties", "plans within 0.01% of the optimum are ties, broken by the most memory "
               "headroom, then the fewest bytes across nodes, then the simplest plan (the same in "
               "every backend)")

@@ -244,9 +244,9 @@ def shortfall_words(inst: Instance) -> str:
     k = stage_shortfall(inst)
     if "max_stage_shortfall" in inst.spec.constraints.model_fields_set:
         return f"constraints.max_stage_shortfall = {k}"
-    return (f"constraints.max_stage_shortfall = {k}, unset: the least that reaches pipelines "
-            f"as deep as the {inst.model.layers} layers allow on {inst.gpus} GPUs, up to "
-            f"{AUTO_SHORTFALL_CAP}")
+    return (f"constraints.max_stage_shortfall = {k} (unset: the search's own, the least up to "
+            f"{AUTO_SHORTFALL_CAP} that reaches pipelines as deep as {inst.model.layers} layers "
+            f"allow on {inst.gpus} GPUs)")
 
 
 def layout_choices(inst: Instance) -> list[tuple[int, int, bool, bool, bool]]:
