@@ -284,10 +284,11 @@ def calibration_only_keys(data: dict[str, Any], cal: Calibrator | None = None
                           ) -> dict[str, str]:
     """The fit keys whose catalog figures are the fit of one source's runs alone, with that
     source: the keys of :func:`single_source_keys` where the catalog holds exactly what those
-    runs fit (as the shipped runs' B200 and GB200 figures do). Such runs set their type's figures, so
-    their in-sample error says how well the figures fit them, not how the model predicts, and a
-    fit without their source leaves the type nothing of its own: no out-of-sample error. So
-    :func:`summary` keeps them out of the error bounds and reports them apart. The rule follows
+    runs fit (as the shipped runs' B200 and GB200 figures do). Such runs set their type's
+    figures, so their in-sample error says how well the figures fit them, not how the model
+    predicts, and a fit without their source leaves the type nothing of its own: no
+    out-of-sample error. So :func:`planner.app.validate.summary` keeps them out of the error
+    bounds and reports them apart. The rule follows
     from the sources and the catalog, not from a mark on chosen runs: a second source of the
     type brings them into the bounds, and a runs file the catalog was not fitted on (the same
     type, another source, another fit) keeps them in, their errors then predictions."""

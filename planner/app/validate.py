@@ -127,7 +127,7 @@ class Validation:
     """One ``plan validate`` of a runs file: every run's result, its out-of-sample error, its
     ranking (empty without one), the summary the bounds are stated on, and the fitted figures
     when asked for. The CLI prints it (planner/app/report.py, ``validation_lines``) or emits
-    :meth:`as_json`."""
+    :meth:`runs_json` with the summary and the figures."""
 
     data: dict[str, Any]
     results: list[RunResult]
