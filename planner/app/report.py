@@ -15,8 +15,6 @@ from rich.table import Table
 from rich.text import Text
 
 from formulations.queries import OUTSIDE_RANGE, days_text
-from planner.app.ranking import RANKING_TARGET
-from planner.app.runs_file import UNSTATED_KEYS, framework_origin, unstated
 from planner.model.evaluate import MFU_FORMULA, StepReport
 from planner.model.frameworks import OVERLAP_KNOBS, framework_of
 from planner.model.terms import MEMORY_TERMS, TIME_TERM_LABELS, TIME_TERMS
@@ -589,6 +587,11 @@ def validation_lines(v) -> list[Any]:
     predicted against measured step times, the error figures in and out of sample, the
     held-out and calibration-only runs, the ranking and its outliers with the gap by term, the
     settings the runs leave unstated, and the plans the model says do not fit."""
+    # (here, not at the top: every command's report would load the runs file's reader and the
+    # ranking, which only plan validate uses)
+    from planner.app.ranking import RANKING_TARGET
+    from planner.app.runs_file import UNSTATED_KEYS, framework_origin, unstated
+
     lines: list[Any] = []
     summ, oos = v.summary, v.out_of_sample
     ratios = [v.ranks[r.id]["ratio"] for r in v.results if v.ranks.get(r.id, {}).get("ratio")]
