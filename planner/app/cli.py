@@ -147,39 +147,15 @@ def _write_launch(launch: str, emit_to: Path | None) -> None:
 
 
 def _load(path: Path, nodes: int | None = None):
+    from planner.app.plan_flags import check_flags
     from planner.model.instance import load_instance
     from planner.model.schema import ClusterSpec
 
-    _check_flags(ClusterSpec, {"nodes": nodes})
+    check_flags(ClusterSpec, {"nodes": nodes})
     inst = load_instance(path)
     if nodes is not None:
         inst = inst.with_nodes(nodes)
     return inst
-
-
-def _check_flags(section, values: dict[str, Any]) -> None:
-    """Check flag values (None: not given) against the schema of the ``section`` keys they
-    override (``--global-batch`` is ``[plan] global_batch``), as a value in the file is checked:
-    the same limits (MAX_BATCH, MAX_GPUS, ...; docs/contract.md) and messages, named by the
-    flag. Past them a value reaches the model and the solvers, which fail on it (exit 3 or 4)
-    or, worse, answer."""
-    from pydantic import ValidationError, create_model
-
-    from planner.model.errors import InputError
-    from planner.model.instance import _problems
-
-    given = {k: v for k, v in values.items() if v is not None}
-    if not given:
-        return
-    flags = create_model("Flags", __config__=section.model_config, **{
-        k: (section.model_fields[k].annotation, section.model_fields[k]) for k in given})
-    try:
-        flags.model_validate(given)
-    except ValidationError as exc:
-        problems = ["--" + key.replace("_", "-") + ":" + msg
-                    for key, msg in (line.split(":", 1) for line in _problems(exc))]
-        raise InputError(problems[0] if len(problems) == 1 else "invalid options",
-                         problems if len(problems) > 1 else None) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,10 +232,25 @@ def evaluate(
     Exit 3 when the plan breaks a structural rule or does not fit (the report lists why)."""
     from planner.model.evaluate import evaluate as run_evaluate
     from planner.model.errors import InputError
-    from planner.model.plan import layout_violations, plan_from_spec
+    from planner.app.plan_flags import check_plan_flags, plan_with_flags
     from planner.app.report import print_step
-    from planner.model.schema import RECOMPUTE_MODES
 
+    # the knobs the flags override ([plan]'s keys; planner/app/plan_flags.py combines them)
+    knobs = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch=micro_batch,
+                 global_batch=global_batch, recompute=recompute,
+                 sequence_parallel=sequence_parallel,
+                 distributed_optimizer=distributed_optimizer,
+                 overlap_grad_reduce=overlap_grad_reduce,
+                 overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
+                 overlap_p2p_comm=overlap_p2p_comm,
+                 overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
+                 dp_sharding=dp_sharding, dp_shard_size=dp_shard_size,
+                 reshard_after_forward=reshard_after_forward,
+                 optimizer_offload=optimizer_offload, offload_layers=offload_layers,
+                 first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                 account_for_embedding=account_for_embedding,
+                 account_for_loss=account_for_loss, recompute_layers=recompute_layers,
+                 pipeline_layout=pipeline_layout)
     try:
         _check_emit(emit, emit_to)
         from formulations.solve import check_backend
@@ -267,108 +258,9 @@ def evaluate(
         if time_limit is not None and not vs_optimum:
             raise InputError("--time-limit: only with --vs-optimum (the solve of the optimum); "
                              "evaluating a plan solves nothing")
-        if recompute is not None and recompute not in RECOMPUTE_MODES:
-            raise InputError(f"--recompute: expected one of {', '.join(RECOMPUTE_MODES)}, "
-                             f"got \"{recompute}\"")
-        from planner.model.frameworks import SHARDING_MODES
-        if dp_sharding is not None and dp_sharding not in SHARDING_MODES:
-            from planner.model.errors import InputError
-
-            raise InputError(f"--dp-sharding: expected one of {', '.join(SHARDING_MODES)}, "
-                             f"got \"{dp_sharding}\"")
-        if (distributed_optimizer is not None and dp_sharding is not None
-                and (dp_sharding != "none") != distributed_optimizer):
-            # the same rule as [plan] (schema.PlanSpec): the two flags name one choice
-            raise InputError(f"--{'' if distributed_optimizer else 'no-'}distributed-optimizer "
-                             f"contradicts --dp-sharding {dp_sharding} (the distributed "
-                             "optimizer is any dp_sharding but none); give one of the two")
-        sharding_flag = f"--dp-sharding {dp_sharding}"         # (the flag given, for notes)
-        if distributed_optimizer is not None and dp_sharding is None:
-            dp_sharding = "optim" if distributed_optimizer else "none"
-            sharding_flag = f"--{'' if distributed_optimizer else 'no-'}distributed-optimizer"
-        from planner.model.schema import PlanSpec
-
-        # (0 for a stage count or the recomputed layers is the [plan] default, the key left
-        # out: an even share, every layer; the schema's bounds are for the counts it names)
-        counts = {"first_stage_layers": first_stage_layers,
-                  "last_stage_layers": last_stage_layers, "recompute_layers": recompute_layers}
-        _check_flags(PlanSpec, {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vp": vp,
-                                "micro_batch": micro_batch, "global_batch": global_batch,
-                                "dp_shard_size": dp_shard_size,
-                                "offload_layers": offload_layers,
-                                "pipeline_layout": pipeline_layout,
-                                **{k: v or None for k, v in counts.items()}})
+        check_plan_flags(knobs)
         inst = _load(file, nodes)
-        spec = _plan_section(inst, given=(tp, pp, dp, cp, ep))
-        drops = []              # the [plan] keys a flag replaces, each with a note
-        if (recompute not in (None, "full") and recompute_layers is None
-                and spec.recompute_layers):
-            # a count of fully recomputed layers means nothing under another mode: the flag
-            # replaces the [plan] mode, so it replaces the count with it
-            drops.append(f"--recompute {recompute} drops [plan] recompute_layers = "
-                         f"{spec.recompute_layers} (a count of layers recomputed in full)")
-            recompute_layers = 0
-        if (dp_sharding not in (None, "optim_grads_params") and reshard_after_forward is None
-                and spec.reshard_after_forward):
-            # likewise FSDP's reshard switch under a mode the flag sets that gathers no
-            # parameters
-            drops.append(f"{sharding_flag} drops [plan] reshard_after_forward = true (FSDP's, "
-                         "optim_grads_params only)")
-            reshard_after_forward = False
-        layout_flags = [f for f, v in (("--first-stage-layers", first_stage_layers),
-                                       ("--last-stage-layers", last_stage_layers),
-                                       ("--account-for-embedding", account_for_embedding),
-                                       ("--account-for-loss", account_for_loss)) if v]
-        if pipeline_layout is not None:
-            # the string sets the whole split: it replaces [plan]'s other layout keys (and its
-            # own string), as Megatron-LM refuses the two side by side
-            if layout_flags:
-                raise InputError(f"--pipeline-layout and {' '.join(layout_flags)}: the layout "
-                                 "string sets the whole split (Megatron-LM refuses the two side "
-                                 "by side); give one")
-            keys = [k for k in ("first_stage_layers", "last_stage_layers",
-                                "account_for_embedding", "account_for_loss", "vp")
-                    if getattr(spec, k) and k in spec.model_fields_set
-                    and not (k == "vp" and vp is not None)]
-            if keys:
-                drops.append(f"--pipeline-layout drops [plan] {', '.join(keys)} (the string "
-                             "sets the split and the virtual stages)")
-            kept = {k: v for k, v in spec.model_dump(exclude_unset=True).items()
-                    if k not in keys and k != "pipeline_layout"}
-            spec = PlanSpec(**kept, pipeline_layout=pipeline_layout)
-        elif layout_flags and spec.pipeline_layout:
-            # a layout string sets the whole split: the flags replace it, as Megatron-LM
-            # refuses the two side by side
-            drops.append(f"{' '.join(layout_flags)} drops [plan] pipeline_layout = "
-                         f"'{spec.pipeline_layout}' (the flags set the split; vp is [plan] vp "
-                         "or --vp)")
-            spec = spec.model_copy(update={"pipeline_layout": None})
-        dropped = "; ".join(drops) or None
-        spec, rederived = _rederive_dp(spec, inst, {"tp": tp, "pp": pp, "cp": cp, "ep": ep},
-                                       dp, nodes, batch_flags=(micro_batch, global_batch))
-        plan = plan_from_spec(inst, spec, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp,
-                              micro_batch=micro_batch, global_batch=global_batch,
-                              recompute=recompute, sequence_parallel=sequence_parallel,
-                              distributed_optimizer=distributed_optimizer,
-                              overlap_grad_reduce=overlap_grad_reduce,
-                              overlap_param_gather=overlap_param_gather,
-                              tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm,
-                              overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
-                              dp_sharding=dp_sharding, dp_shard_size=dp_shard_size,
-                              reshard_after_forward=reshard_after_forward,
-                              optimizer_offload=optimizer_offload,
-                              offload_layers=offload_layers,
-                              first_stage_layers=first_stage_layers,
-                              last_stage_layers=last_stage_layers,
-                              account_for_embedding=account_for_embedding,
-                              account_for_loss=account_for_loss,
-                              recompute_layers=recompute_layers)
-        bad_layout = layout_violations(inst, plan)
-        if bad_layout:
-            raise InputError("[plan]: " + "; ".join(bad_layout) + " (the flags --first-stage-"
-                             "layers, --last-stage-layers, --account-for-embedding, "
-                             "--account-for-loss and --recompute-layers override [plan]"
-                             + (f"; {dropped}" if dropped else "") + ")")
+        spec, plan, notes = plan_with_flags(inst, knobs, nodes)
         rep = run_evaluate(inst, plan, spec=spec)
         best = None
         if vs_optimum:
@@ -392,7 +284,6 @@ def evaluate(
             doc["optimum_proven"] = best.proven
         if launch:
             doc["launch"] = {"format": emit, "text": launch}
-        notes = [said for said in (rederived, dropped) if said]
         if notes:               # (the text report's "note:" lines on stderr)
             doc["notes"] = notes
         if rep.violations:
@@ -402,9 +293,8 @@ def evaluate(
     else:
         console = err if (emit is not None and emit_to is None) else out   # stdout: the config alone
         print_step(rep, inst, console)
-        for said in (rederived, dropped):
-            if said:
-                err.print(f"note: {said}", markup=False, highlight=False)
+        for said in notes:
+            err.print(f"note: {said}", markup=False, highlight=False)
         if best:                 # (the queries' words, loaded only when an optimum was asked)
             from formulations.queries import no_plan_words, time_limit_advice
             from formulations.result import Status
@@ -432,54 +322,6 @@ def evaluate(
             err.print(f"no launch configuration ({emit}) written: the plan breaks the limits "
                       "listed in the report", markup=False, highlight=False)
         raise typer.Exit(3)
-
-
-def _rederive_dp(spec, inst, flags: dict[str, int | None], dp: int | None, nodes,
-                 batch_flags: tuple = ()):
-    """A ``[plan]`` whose degrees a flag changes (``--tp 8``), or whose GPU count ``--nodes``
-    changes, without ``--dp``: its ``dp`` and placement (``*_intra``) were the old grid's,
-    so they follow from the GPU count again, as in a ``[plan]`` that leaves them out, and a
-    shard group that was the whole of the old dp stays the whole of the new one. Its
-    ``micro_batches`` (a check, which ``plan_spec`` carries) was the old plan's count: any
-    flag that moves it (those, ``--dp``, ``--micro-batch``, ``--global-batch``) drops it.
-    Returns the spec and what changed (None: nothing), for a note."""
-    moved = any(v is not None for v in (*flags.values(), dp, nodes, *batch_flags))
-    if moved and spec.micro_batches is not None:
-        spec = spec.model_copy(update={"micro_batches": None})
-    changed = [f"--{k} {v}" for k, v in flags.items()
-               if v is not None and v != (getattr(spec, k) or 1) and k != "ep"]
-    if nodes is not None:
-        changed.append(f"--nodes {nodes}")
-    if flags["ep"] is not None and flags["ep"] != (spec.ep or 1):
-        # (ep is carved out of dp x cp: dp stays, the experts' placement follows the new ep)
-        spec = spec.model_copy(update={"ep_intra": None})
-    if not changed or dp is not None or spec.dp is None:
-        return spec, None
-    update: dict[str, Any] = {"dp": None, **{f"{d}_intra": None
-                                           for d in ("tp", "cp", "dp", "pp", "ep")}}
-    if spec.dp_shard_size in (None, spec.dp):
-        update["dp_shard_size"] = None
-    degrees = {k: v if v is not None else (getattr(spec, k) or 1) for k, v in flags.items()}
-    model = degrees["tp"] * degrees["pp"] * degrees["cp"]
-    return spec.model_copy(update=update), (
-        f"{' '.join(changed)}: dp = {inst.gpus} / (tp*pp*cp) = {inst.gpus} / {model} and the "
-        f"placement follow from the GPU count (the [plan] gave dp = {spec.dp}; --dp sets it)")
-
-
-def _plan_section(inst, given: tuple):
-    """The instance's ``[plan]``; without one, ``evaluate`` needs the degrees as flags (a plan
-    made of defaults, TP1 PP1 and DP over every GPU, is not a question anyone asked)."""
-    from planner.model.errors import InputError
-    from planner.model.schema import PlanSpec
-
-    if inst.spec.plan is not None:
-        return inst.spec.plan
-    if all(g is None for g in given):
-        raise InputError(f"{inst.source}: evaluate needs the plan to evaluate: add a [plan] "
-                         "section (tp, pp, micro_batch, ...; see the README instance reference) "
-                         "or give the degrees as flags (--tp, --pp, --dp, --cp), or use plan "
-                         "solve for the best plan")
-    return PlanSpec()
 
 
 @app.command()
