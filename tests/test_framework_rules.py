@@ -80,6 +80,26 @@ def test_torchtitan_search_returns_a_plan_torchtitan_starts():
     emit(inst, plan, "torchtitan")
 
 
+def test_evaluate_under_torchtitan_without_a_sharding_mode_is_fsdp():
+    """A ``[plan]`` that names no sharding mode is evaluated with the distributed optimizer,
+    which torchtitan does not have; under it the plan is torchtitan's own default, FSDP2 over
+    every data-parallel rank (``data_parallel_shard_degree = -1``), and runs (no violation, a
+    config torchtitan starts). Named, the distributed optimizer stays a violation."""
+    inst = _inst("gpt3-175b-a100.toml", "torchtitan")
+    unnamed = inst.spec.plan.model_copy(update={"vp": 1})
+    unnamed = PlanSpec(**{k: v for k, v in unnamed.model_dump(exclude_unset=True).items()
+                          if k != "distributed_optimizer"})
+    plan = plan_from_spec(inst, unnamed)
+    assert plan.dp_sharding == "optim_grads_params" and plan.dp_shard_size == plan.dp
+    assert framework_violations("torchtitan", plan) == []
+    emit(inst, plan, "torchtitan")
+    plain = _inst("gpt3-175b-a100.toml")             # no framework named: ZeRO-1, as before
+    assert plain.spec.constraints.framework is None
+    assert plan_from_spec(plain, unnamed).dp_sharding == "optim"
+    named = plan_from_spec(inst, inst.spec.plan.model_copy(update={"vp": 1}))
+    assert any('not "optim"' in v for v in framework_violations("torchtitan", named))
+
+
 def test_evaluate_under_torchtitan_reports_the_shard_group_rule():
     """The search's form of the rule (memory no GPU has) and evaluate's sentence agree."""
     inst = _inst("llama3.1-405b-h100.toml", "torchtitan")

@@ -849,7 +849,12 @@ def reshard_default(inst: Instance, pp) -> bool:
 
 def _sharding(inst: Instance, fields: dict[str, Any]) -> str:
     """The plan's sharding mode: ``dp_sharding``, else ``distributed_optimizer`` (on: optim),
-    else the ``[constraints]`` pin when it allows one mode, else the evaluate default."""
+    else the ``[constraints]`` pin when it allows one mode, else the evaluate default, the
+    distributed optimizer where the framework runs it: torchtitan has none, and its data
+    parallelism is FSDP2 by default (``parallelism.data_parallel_shard_degree = -1``, every
+    data-parallel rank in the shard group), so a plan under it that names no mode is that."""
+    from planner.model.frameworks import framework_of
+
     if fields.get("dp_sharding"):
         return fields["dp_sharding"]
     if fields.get("distributed_optimizer") is not None:
@@ -857,7 +862,12 @@ def _sharding(inst: Instance, fields: dict[str, Any]) -> str:
     modes = inst.spec.constraints.sharding_modes
     if len(modes) == 1:
         return modes[0]
-    return "optim" if KNOB_DEFAULTS["distributed_optimizer"] else "none"
+    default = "optim" if KNOB_DEFAULTS["distributed_optimizer"] else "none"
+    runs = framework_of(inst.spec.constraints.framework).sharding_modes
+    if default not in runs:
+        sharded = [m for m in runs if m != "none"]
+        return sharded[-1] if sharded else "none"
+    return default
 
 
 def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:

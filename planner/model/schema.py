@@ -81,7 +81,8 @@ REACHES = {"max_offload_layers": "offload_layers"}
 #: Megatron-Core recipes run; sequence parallelism only acts under tensor parallelism (the
 #: exports omit it at tp = 1). A ``[plan]`` value wins, then a ``[constraints]`` pin.
 #: (``distributed_optimizer`` is ``plan evaluate``'s default only: ``[plan]`` without
-#: ``dp_sharding`` is evaluated with the distributed optimizer; the search compares every
+#: ``dp_sharding`` is evaluated with the distributed optimizer, or under torchtitan, which has
+#: none, with its own default, FSDP (planner/model/plan.py, ``_sharding``); the search compares every
 #: sharding mode, none switched on by default, since sharding parameters or gradients costs
 #: time.)
 KNOB_DEFAULTS = {"sequence_parallel": True, "distributed_optimizer": True}
