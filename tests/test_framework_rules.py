@@ -100,6 +100,24 @@ def test_evaluate_under_torchtitan_without_a_sharding_mode_is_fsdp():
     assert any('not "optim"' in v for v in framework_violations("torchtitan", named))
 
 
+def test_an_export_refused_under_another_named_framework_says_how_to_get_one():
+    """A plan costed under ``framework = "megatron"`` (ZeRO-1) cannot be a torchtitan launch;
+    the error names the framework that costed it and the key that would give a plan torchtitan
+    runs. Without a named framework the refusal stands alone."""
+    megatron = _inst("gpt3-175b-a100.toml", "megatron")
+    plan = plan_from_spec(megatron, megatron.spec.plan.model_copy(update={"vp": 1}))
+    with pytest.raises(InputError) as named:
+        emit(megatron, plan, "torchtitan")
+    assert any('costed under constraints.framework = "megatron"' in d
+               and 'set framework = "torchtitan"' in d for d in named.value.problems)
+    plain = _inst("gpt3-175b-a100.toml")
+    with pytest.raises(InputError) as unnamed:
+        emit(plain, plan_from_spec(plain, plain.spec.plan.model_copy(update={"vp": 1})),
+             "torchtitan")
+    assert not any("costed under" in d for d in unnamed.value.problems)
+    assert any('not "optim"' in d for d in unnamed.value.problems)
+
+
 def test_evaluate_under_torchtitan_reports_the_shard_group_rule():
     """The search's form of the rule (memory no GPU has) and evaluate's sentence agree."""
     inst = _inst("llama3.1-405b-h100.toml", "torchtitan")

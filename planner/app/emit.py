@@ -240,6 +240,13 @@ def emit(inst: Instance, plan: Plan, fmt: str) -> str:
         problems.append("shared_experts with linear_bias = true: Megatron-Core builds shared "
                         "experts without biases (SharedExpertMLP asserts add_bias_linear is "
                         "false, moe/shared_experts.py); set [model] linear_bias = false")
+    named = inst.spec.constraints.framework
+    if problems and named not in (None, fmt):
+        # the plan was costed under another framework's rules, by the user's choice: say how to
+        # get one that this framework runs
+        problems.append(f"the plan was costed under constraints.framework = \"{named}\"; set "
+                        f"framework = \"{fmt}\" (or leave it out: plan solve --emit {fmt} then "
+                        f"solves under {fmt}'s rules) for a plan {fmt} runs")
     if problems:
         raise InputError(f"plan {plan.label()} cannot be written as a {fmt} launch", problems)
     return writer(inst, plan)
