@@ -70,7 +70,7 @@ def check_plan_flags(knobs: dict[str, Any]) -> None:
     # (0 for a stage count or the recomputed layers is the [plan] default, the key left out:
     # an even share, every layer; the schema's bounds are for the counts it names)
     counts = ("first_stage_layers", "last_stage_layers", "recompute_layers")
-    check_flags(PlanSpec, {k: knobs[k] or None if k in counts else knobs[k]
+    check_flags(PlanSpec, {k: (knobs[k] or None) if k in counts else knobs[k]
                            for k in (*DEGREE_FLAGS, "vp", "micro_batch", "global_batch",
                                      "dp_shard_size", "offload_layers", "pipeline_layout",
                                      *counts)})
