@@ -887,9 +887,9 @@ class ConstraintSpec(_Strict):
     max_stage_shortfall: Annotated[int, Field(ge=0, le=8)] = Field(
         default=1, description="uneven pipeline layouts the search considers: the first / "
         "last stage holds up to this many decoder layers fewer than a middle one (0: even "
-        "layouts only); unset: 1, or more where the layer count needs it, the least (up to 4) "
-        "that splits the layers at every pipeline degree the GPU count allows "
-        "(planner/model/plan.py stage_shortfall)")
+        "layouts only); unset: 1, or more where the layer count needs it: the least (up to 4) "
+        "at which every pipeline degree the GPU count allows has one as deep within a factor "
+        "of two that the search reaches (planner/model/plan.py stage_shortfall)")
     first_stage_layers: upto(MAX_LAYERS) | None = Field(
         default=None, description="pin the decoder layers of the first pipeline stage")
     last_stage_layers: upto(MAX_LAYERS) | None = Field(
