@@ -320,7 +320,7 @@ def test_an_unset_shortfall_finds_the_deep_pipeline_a_short_one_misses():
 def test_compare_baseline_keeps_an_unset_shortfall_the_searchs_own():
     """--compare's baseline lifts every what-if; an unset shortfall is no what-if and stays
     unset there (the search's own, 4 for 105 layers on 256 GPUs), so the baseline's space
-    holds the constrained one; a given 0 lifts to the schema's 1."""
+    holds the constrained one; unconstrained_spec alone lifts a given 0 to the schema's 1."""
     from formulations.queries import unconstrained_spec
     from planner.model.plan import stage_shortfall
 
@@ -333,3 +333,30 @@ def test_compare_baseline_keeps_an_unset_shortfall_the_searchs_own():
     even = parse_instance({**doc, "constraints": {"max_stage_shortfall": 0}})
     lifted = even.with_spec(constraints=unconstrained_spec(even.spec.constraints))
     assert stage_shortfall(even) == 0 and stage_shortfall(lifted) == 1
+
+
+def test_compare_lifts_a_given_shortfall_to_the_searchs_own():
+    """A given ``max_stage_shortfall`` below the search's own is a cap like any other:
+    --compare's baseline lifts it as far as the instance with the key unset searches (4 for
+    MT-NLG's 105 layers on 256 GPUs, not the schema's 1, which reaches pp 1 and 2 only), so
+    the baseline is the unset instance's optimum and the cap is reported as binding, lifted
+    to 4. Where the search's own is no larger (96 layers on 1,024 GPUs: 1), a given 0 lifts
+    to 1 and a given 3 stays."""
+    from formulations.queries import baseline_spec, compare
+
+    doc = {"model": {"preset": "mt-nlg-530b"}, "training": {"global_batch": 1024},
+           "cluster": {"gpu": "h100-sxm", "gpus": 256}}
+    even = parse_instance({**doc, "constraints": {"max_stage_shortfall": 0}})
+    res = compare(even, solver="enumerate")
+    free = solve(parse_instance(doc), solver="enumerate")
+    assert res.unconstrained.objective == free.objective
+    assert res.unconstrained.report.plan.pp >= 8
+    [binding] = res.binding
+    assert binding["constraint"] == "max_stage_shortfall" and binding["lifted_to"] == 4
+    assert binding["step_time_without_s"] == free.report.step_time_s
+    gpt = {"model": {"layers": 96, "hidden": 12288, "heads": 96, "vocab": 51200,
+                     "seq_len": 2048}, "training": {"global_batch": 1536},
+           "cluster": {"gpu": "a100-80gb", "gpus": 1024}}
+    for given, lifted in ((0, 1), (3, 3)):
+        inst = parse_instance({**gpt, "constraints": {"max_stage_shortfall": given}})
+        assert baseline_spec(inst).max_stage_shortfall == lifted

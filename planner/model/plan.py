@@ -226,6 +226,14 @@ def stage_shortfall(inst: Instance) -> int:
     c = inst.spec.constraints
     if "max_stage_shortfall" in c.model_fields_set:
         return c.max_stage_shortfall
+    return own_shortfall(inst)
+
+
+def own_shortfall(inst: Instance) -> int:
+    """The search's own shortfall (:func:`stage_shortfall` with ``max_stage_shortfall``
+    unset), whether or not the instance gives one: ``--compare``'s baseline lifts a given
+    value below it to it (formulations/queries.py, :func:`baseline`)."""
+    c = inst.spec.constraints
     layers, n = inst.model.layers, inst.gpus
     top = min(layers, n, c.pp or n, c.max_pp or n)
     need = {p: least_shortfall(layers, p) for p in range(max(2, c.pp or 2), top + 1)
