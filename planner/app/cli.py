@@ -81,7 +81,8 @@ EmitOpt = Annotated[str | None, typer.Option(
 EmitToOpt = Annotated[Path | None, typer.Option(
     help="with --emit: write the launch configuration to this file instead (the report stays on "
          "stdout)")]
-FileArg = Annotated[Path, typer.Argument(help="instance TOML file", show_default=False)]
+FileArg = Annotated[Path, typer.Argument(metavar="INSTANCE.toml", help="instance TOML file",
+                                          show_default=False)]
 
 
 def _emit_json(obj: Any) -> None:
@@ -327,7 +328,7 @@ def evaluate(
 @app.command()
 def validate(
     runs: Annotated[Path | None, typer.Argument(
-        help="runs TOML (default: the shipped published runs)")] = None,
+        metavar="RUNS.toml", help="runs TOML (default: the shipped published runs)")] = None,
     calibrate: Annotated[bool, typer.Option(
         "--calibrate", help="also print the parameters fitted per GPU type")] = False,
     rank: Annotated[bool, typer.Option(
@@ -676,7 +677,8 @@ def _print_why(entries: list[dict[str, Any]]) -> None:
 
 @app.command()
 def sweep(
-    file: Annotated[Path, typer.Argument(help="sweep TOML file", show_default=False)],
+    file: Annotated[Path, typer.Argument(metavar="SWEEP.toml", help="sweep TOML file",
+                                         show_default=False)],
     engine: Annotated[str, typer.Option(help="local (a process pool) | ray")] = "local",
     workers: Annotated[int | None, typer.Option(
         min=1, help="parallel points (default: the cores; Ray local: its CPUs)")] = None,
