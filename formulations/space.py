@@ -62,7 +62,7 @@ from planner.model.frameworks import OVERLAP_KNOBS, sharding_refusal, framework_
 from planner.model.plan import (BASE_NAMES, Grid, Knobs, layout_choices, offload_choices,
                                 overlap_default, recompute_share_choices, shortfall_words,
                                 stage_shortfall)
-from planner.model.schema import PIN_CAPS, WHAT_IFS, lifted
+from planner.model.schema import MAX_STAGE_SHORTFALL, PIN_CAPS, WHAT_IFS, lifted
 from planner.model.words import pinned
 from planner.model.rules import BY_NAME, EXPERT_ONLY, Rule, Sizes, rules_for
 from planner.model.terms import reduce_every_microbatch
@@ -686,14 +686,33 @@ def _pins_that_bind(rows, start, caps, dom, bounded_by, start_pins,
                                  f"constraints.{pair[0]}" if pair else
                                  ": change another pin as well"))
                 continue
+            deeper = _deeper_shortfall(admits) if key == "pp" else None
             lines.append(f"nearest change: {key} = {near} (or lift constraints.{key}"
                          + (", or set constraints.sequence_parallel = false" if sp_off else "")
+                         + (f", or raise constraints.max_stage_shortfall from "
+                            f"{admits.inst.spec.constraints.max_stage_shortfall} to {deeper}"
+                            if deeper is not None else "")
                          + ")")
         else:
             lines.append(f"constraints.{key} = {pin}: no {LABELS[var][0]} satisfies {rules}, "
                          "pinned or not")
     if lines:
         raise InfeasibleError("the constraints leave no plan", lines)
+
+
+def _deeper_shortfall(admits: Admits | None) -> int | None:
+    """For a ``pp`` pin that binds where ``[constraints] max_stage_shortfall`` is given: the
+    least larger shortfall at which the pinned degree keeps a plan, the other constraints
+    kept (80 layers at a pinned ``pp = 6`` need the first / last stages 2 short: 14 x 6 - 80
+    = 4), or None (also where the key is unset: the search's own already reaches the pinned
+    degree where the cap of :data:`~planner.model.plan.AUTO_SHORTFALL_CAP` allows)."""
+    if admits is None:
+        return None
+    c = admits.inst.spec.constraints
+    if "max_stage_shortfall" not in c.model_fields_set:
+        return None
+    return next((k for k in range(c.max_stage_shortfall + 1, MAX_STAGE_SHORTFALL + 1)
+                 if admits("max_stage_shortfall", k)), None)
 
 
 class Admits:

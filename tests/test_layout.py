@@ -360,3 +360,32 @@ def test_compare_lifts_a_given_shortfall_to_the_searchs_own():
     for given, lifted in ((0, 1), (3, 3)):
         inst = parse_instance({**gpt, "constraints": {"max_stage_shortfall": given}})
         assert baseline_spec(inst).max_stage_shortfall == lifted
+
+
+def _pp6(**constraints):
+    """20 layers on 48 GPUs with pp pinned to 6: the split needs the first / last stages two
+    layers short (6 x 4 - 20 = 4); the baseline with pp free goes to one short."""
+    return parse_instance({
+        "model": {"layers": 20, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 1024},
+        "training": {"global_batch": 96}, "cluster": {"gpu": "h100-sxm", "gpus": 48},
+        "constraints": {"pp": 6, "max_micro_batch": 2, **constraints}})
+
+
+def test_a_pinned_pp_that_needs_a_deeper_shortfall_is_told_so():
+    """A pp pin that no layout within the given shortfall splits: the explanation offers the
+    least shortfall that keeps the pin, and that change, applied as written, solves at the
+    pinned degree; --compare lifts the shortfall alone that deep (the pinned degree's need,
+    not the baseline's), so the lifted solve has a plan and the key is reported binding."""
+    from formulations.queries import compare
+
+    with pytest.raises(InfeasibleError) as exc:
+        solve(_pp6(max_stage_shortfall=0), solver="enumerate")
+    text = " ".join(exc.value.explanation)
+    assert "raise constraints.max_stage_shortfall from 0 to 2" in text
+    res = solve(_pp6(max_stage_shortfall=2), solver="enumerate", explain=False)
+    assert res.report.plan.pp == 6 and sum(res.report.plan.stage_layers) == 20
+    cmp = compare(_pp6(max_stage_shortfall=0), solver="enumerate")
+    assert cmp.constrained is None
+    lifted = {b["constraint"]: b for b in cmp.binding}
+    assert lifted["max_stage_shortfall"]["lifted_to"] == 2
+    assert lifted["max_stage_shortfall"]["step_time_without_s"] == res.report.step_time_s

@@ -35,6 +35,8 @@ def upto(limit: int):
 
 MAX_LAYERS, MAX_WIDTH, MAX_VOCAB, MAX_SEQ = 100_000, 1 << 22, 1 << 26, 1 << 26
 MAX_BATCH, MAX_NODES, MAX_GPUS, MAX_EXPERTS = 1 << 30, 1 << 20, 1 << 24, 1 << 16
+#: the deepest first / last stage shortfall a file may give (each is more layouts to solve)
+MAX_STAGE_SHORTFALL = 8
 
 # knob -> its cap, for pins that must lie within their caps
 PIN_CAPS = {"tp": "max_tp", "pp": "max_pp", "dp": "max_dp", "cp": "max_cp", "ep": "max_ep",
@@ -884,7 +886,7 @@ class ConstraintSpec(_Strict):
     framework: FrameworkName | None = Field(
         default=None, description="only plans this framework runs, with its defaults "
         "(planner/model/frameworks.py); default: any framework, Megatron-LM's defaults")
-    max_stage_shortfall: Annotated[int, Field(ge=0, le=8)] = Field(
+    max_stage_shortfall: Annotated[int, Field(ge=0, le=MAX_STAGE_SHORTFALL)] = Field(
         default=1, description="uneven pipeline layouts the search considers: the first / "
         "last stage holds up to this many decoder layers fewer than a middle one (0: even "
         "layouts only); unset: 1, or more where the layer count needs it: the least (up to 4) "
