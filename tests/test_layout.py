@@ -389,3 +389,49 @@ def test_a_pinned_pp_that_needs_a_deeper_shortfall_is_told_so():
     lifted = {b["constraint"]: b for b in cmp.binding}
     assert lifted["max_stage_shortfall"]["lifted_to"] == 2
     assert lifted["max_stage_shortfall"]["step_time_without_s"] == res.report.step_time_s
+
+
+def test_the_suggested_uneven_split_is_a_lightest_megatron_layout():
+    """``uneven_split`` against every Megatron layout of small counts (first and last a
+    positive multiple of vp, the pp - 2 middle ranks alike, each a positive multiple of vp),
+    found by trying every pair of end counts: it returns one where some exists, none where
+    none does, and its fullest rank holds no more layers than any layout's."""
+    from planner.model.pipeline_layout import uneven_split
+
+    for layers in range(2, 31):
+        for pp in range(2, 9):
+            for vp in range(1, 5):
+                layouts = []
+                for first in range(vp, layers, vp):
+                    for last in range(vp, layers - first + 1, vp):
+                        rest = layers - first - last
+                        if pp == 2 and rest == 0:
+                            layouts.append((first, 0, last))
+                        elif pp > 2 and rest > 0 and rest % ((pp - 2) * vp) == 0:
+                            layouts.append((first, rest // (pp - 2), last))
+                got = uneven_split(layers, pp, vp)
+                case = (layers, pp, vp)
+                assert (got is None) == (not layouts), case
+                if got:
+                    assert got in layouts, case
+                    assert max(got) == min(max(lay) for lay in layouts), case
+
+
+def test_an_even_split_that_fails_names_an_uneven_layout_that_evaluates(tmp_path):
+    """A [plan] whose pp does not divide the layers (10 over 4 ranks) is told a layout that
+    does, in [plan]'s keys; evaluated with those keys, the plan breaks no rule."""
+    doc = {k: dict(v) for k, v in SMALL.items() if k != "constraints"}
+    doc["plan"] = {"tp": 2, "pp": 4, "micro_batch": 1}
+    f = tmp_path / "even.toml"
+    f.write_text("\n".join(f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n"
+                                                  for k, v in vals.items())
+                           for sec, vals in doc.items()))
+    out = json.loads(CliRunner().invoke(app, ["evaluate", str(f), "--json"]).stdout)
+    (rule,) = [v for v in out["violations"] if "must divide layers=10" in v]
+    first, last = (int(rule.split(f"{key} = ")[1].split(",")[0].split(" ")[0])
+                   for key in ("first_stage_layers", "last_stage_layers"))
+    res = CliRunner().invoke(app, ["evaluate", str(f), "--json", "--first-stage-layers",
+                                   str(first), "--last-stage-layers", str(last)])
+    fixed = json.loads(res.stdout)
+    assert res.exit_code == 0 and not fixed["violations"]
+    assert sum(fixed["plan"]["stage_layers"]) == 10

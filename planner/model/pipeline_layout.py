@@ -33,6 +33,28 @@ MAX_UNROLLED = 1_000_000
 LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 
 
+def uneven_split(layers: int, pp: int, vp: int = 1) -> tuple[int, int, int] | None:
+    """A Megatron-LM layout of ``layers`` over ``pp`` stages of ``vp`` chunks for where the
+    even split fails: ``(first, middle, last)`` decoder layers per rank, as
+    ``--decoder-first/last-pipeline-num-layers`` take them (each count a positive multiple of
+    ``vp``, the ``pp - 2`` middle ranks alike). Of all such layouts, one whose fullest rank,
+    which sets the pipeline's pace, holds the fewest layers: the middle ranks at the least
+    multiple of ``vp`` at or above ``layers / pp`` and the rest on the ends (the first the
+    lighter), else, where that leaves an end without a chunk, lighter middles and heavier
+    ends (the middle 0 at pp 2). None where no layout exists (a layer count ``vp`` does not
+    divide, one stage).
+    80 layers over pp 6: (12, 14, 12)."""
+    if pp < 2 or layers % vp:
+        return None
+    top = vp * -(-layers // (pp * vp))
+    for m in (range(top, 0, -vp) if pp > 2 else (top,)):
+        ends = layers - (pp - 2) * m
+        first = vp * (ends // (2 * vp))
+        if first >= vp:
+            return first, (m if pp > 2 else 0), ends - first
+    return None
+
+
 @lru_cache(maxsize=256)
 def layout_stages(text: str) -> tuple[str, ...]:
     """The virtual stages of a layout string, each as its layer characters, unrolled as

@@ -37,6 +37,7 @@ from typing import Any
 
 from planner.model.frameworks import cp_exchange
 from planner.model.instance import Instance
+from planner.model.pipeline_layout import uneven_split
 from planner.model.words import as_written as _g
 
 
@@ -149,7 +150,12 @@ def _padded(v, k: Sizes, kn) -> Any:
 
 def _layers_message(v, k: Sizes, kn) -> str:
     if kn is None or not kn.uneven:
-        return f"pp*vp = {v.pp * v.vp} must divide layers={k.layers}"
+        split = (uneven_split(k.layers, v.pp, v.vp)
+                 if isinstance(v.pp, int) and isinstance(v.vp, int) else None)
+        middle = f" + {v.pp - 2} x {split[1]}" if split and v.pp > 2 else ""
+        return f"pp*vp = {v.pp * v.vp} must divide layers={k.layers}" + (
+            f"; or an uneven layout: first_stage_layers = {split[0]}, last_stage_layers = "
+            f"{split[2]} ({split[0]}{middle} + {split[2]})" if split else "")
     lp = _padded(v, k, kn)
     if not kn.explicit_layout:
         counted = " and ".join(n for n, on in (("the embedding", kn.account_for_embedding),
