@@ -395,7 +395,8 @@ def test_the_suggested_uneven_split_is_a_lightest_megatron_layout():
     """``uneven_split`` against every Megatron layout of small counts (first and last a
     positive multiple of vp, the pp - 2 middle ranks alike, each a positive multiple of vp),
     found by trying every pair of end counts: it returns one where some exists, none where
-    none does, and its fullest rank holds no more layers than any layout's."""
+    none does, and its fullest rank holds no more layers than any layout's; the same with
+    the first or the last count given."""
     from planner.model.pipeline_layout import uneven_split
 
     for layers in range(2, 31):
@@ -415,6 +416,14 @@ def test_the_suggested_uneven_split_is_a_lightest_megatron_layout():
                 if got:
                     assert got in layouts, case
                     assert max(got) == min(max(lay) for lay in layouts), case
+                # with a first or a last count given (kept), the same against its layouts
+                for end in range(1, layers):
+                    for i, key in ((0, "first"), (2, "last")):
+                        keep = [lay for lay in layouts if lay[i] == end]
+                        got = uneven_split(layers, pp, vp, **{key: end})
+                        assert (got is None) == (not keep), (*case, key, end)
+                        if got:
+                            assert got in keep and max(got) == min(max(x) for x in keep)
 
 
 def test_an_even_split_that_fails_names_an_uneven_layout_that_evaluates(tmp_path):
@@ -435,3 +444,14 @@ def test_an_even_split_that_fails_names_an_uneven_layout_that_evaluates(tmp_path
     fixed = json.loads(res.stdout)
     assert res.exit_code == 0 and not fixed["violations"]
     assert sum(fixed["plan"]["stage_layers"]) == 10
+
+
+def test_one_end_of_an_uneven_layout_alone_is_told_the_other():
+    """Llama 3.1 405B's layout (7 + 14 x 8 + 7) with its last count dropped leaves 119 layers
+    for 15 stages (exit 2, found by the input fuzzer, seeds 694 and 959): the message keeps
+    the first count and names the last that completes it, which evaluates clean."""
+    res = CliRunner().invoke(app, ["evaluate", str(LLAMA), "--last-stage-layers", "0"])
+    assert res.exit_code == 2
+    assert "first_stage_layers = 7, last_stage_layers = 7 (7 + 14 x 8 + 7)" in res.output
+    res = CliRunner().invoke(app, ["evaluate", str(LLAMA), "--json", "--last-stage-layers", "7"])
+    assert res.exit_code == 0 and not json.loads(res.stdout)["violations"]

@@ -33,26 +33,36 @@ MAX_UNROLLED = 1_000_000
 LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 
 
-def uneven_split(layers: int, pp: int, vp: int = 1) -> tuple[int, int, int] | None:
-    """A Megatron-LM layout of ``layers`` over ``pp`` stages of ``vp`` chunks for where the
-    even split fails: ``(first, middle, last)`` decoder layers per rank, as
-    ``--decoder-first/last-pipeline-num-layers`` take them (each count a positive multiple of
-    ``vp``, the ``pp - 2`` middle ranks alike). Of all such layouts, one whose fullest rank,
-    which sets the pipeline's pace, holds the fewest layers: the middle ranks at the least
-    multiple of ``vp`` at or above ``layers / pp`` and the rest on the ends (the first the
-    lighter), else, where that leaves an end without a chunk, lighter middles and heavier
-    ends (the middle 0 at pp 2). None where no layout exists (a layer count ``vp`` does not
-    divide, one stage).
-    80 layers over pp 6: (12, 14, 12)."""
+def uneven_split(layers: int, pp: int, vp: int = 1, first: int | None = None,
+                 last: int | None = None) -> tuple[int, int, int] | None:
+    """A Megatron-LM layout of ``layers`` over ``pp`` stages of ``vp`` chunks, for where the
+    even split (or a given first / last count) fails: ``(first, middle, last)`` decoder layers
+    per rank, as ``--decoder-first/last-pipeline-num-layers`` take them (each count a positive
+    multiple of ``vp``, the ``pp - 2`` middle ranks alike; the middle 0 at pp 2), with the
+    ``first`` / ``last`` given kept. Of all such layouts, one whose fullest rank, which sets
+    the pipeline's pace, holds the fewest layers; among those the heaviest middles (the ends
+    the lighter, the first no heavier than the last). None where no layout exists (a layer
+    count ``vp`` does not divide, one stage, given counts no middle completes). 80 layers over
+    pp 6: (12, 14, 12); 126 over pp 16 with the first 7: (7, 8, 7)."""
     if pp < 2 or layers % vp:
         return None
-    top = vp * -(-layers // (pp * vp))
-    for m in (range(top, 0, -vp) if pp > 2 else (top,)):
-        ends = layers - (pp - 2) * m
-        first = vp * (ends // (2 * vp))
-        if first >= vp:
-            return first, (m if pp > 2 else 0), ends - first
-    return None
+
+    def ends_of(total: int) -> tuple[int, int]:
+        if first is not None:
+            return first, (total - first if last is None else last)
+        if last is not None:
+            return total - last, last
+        half = vp * (total // (2 * vp))
+        return half, total - half
+
+    middles = range(layers // (pp - 2) // vp * vp, 0, -vp) if pp > 2 else (0,)
+    best = None
+    for m in middles:
+        f, ll = ends_of(layers - (pp - 2) * m)
+        if f + ll + (pp - 2) * m == layers and min(f, ll) >= vp and not (f % vp or ll % vp):
+            if best is None or max(f, m, ll) < max(best):
+                best = (f, m, ll)
+    return best
 
 
 @lru_cache(maxsize=256)

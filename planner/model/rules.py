@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from planner.model.frameworks import cp_exchange
@@ -150,12 +151,8 @@ def _padded(v, k: Sizes, kn) -> Any:
 
 def _layers_message(v, k: Sizes, kn) -> str:
     if kn is None or not kn.uneven:
-        split = (uneven_split(k.layers, v.pp, v.vp)
-                 if isinstance(v.pp, int) and isinstance(v.vp, int) else None)
-        middle = f" + {v.pp - 2} x {split[1]}" if split and v.pp > 2 else ""
-        return f"pp*vp = {v.pp * v.vp} must divide layers={k.layers}" + (
-            f"; or an uneven layout: first_stage_layers = {split[0]}, last_stage_layers = "
-            f"{split[2]} ({split[0]}{middle} + {split[2]})" if split else "")
+        return (f"pp*vp = {v.pp * v.vp} must divide layers={k.layers}"
+                + _completed(k.layers, v.pp, v.vp, {}, "or an uneven layout"))
     lp = _padded(v, k, kn)
     if not kn.explicit_layout:
         counted = " and ".join(n for n, on in (("the embedding", kn.account_for_embedding),
@@ -178,7 +175,26 @@ def _layers_message(v, k: Sizes, kn) -> str:
                 f"(pp={v.pp})")
     return (f"the {_g(left)} of the model's layers={k.layers} left after {given} must split "
             f"evenly over the {middles} other pipeline stage{'s' if middles != 1 else ''} "
-            f"(pp={v.pp}), each a multiple of vp={v.vp} (got {_g(m)} per stage)")
+            f"(pp={v.pp}), each a multiple of vp={v.vp} (got {_g(m)} per stage)"
+            + _completed(k.layers, v.pp, v.vp, dict(ends), "a layout that splits"))
+
+
+def _completed(layers: int, pp: Any, vp: Any, given: dict[str, Any], lead: str) -> str:
+    """``lead`` and a layout (:func:`~planner.model.pipeline_layout.uneven_split`) that keeps
+    the given first / last stage counts (each alone where the pair has none), in ``[plan]``'s
+    keys, to follow a rule a layout breaks; "" where there is none, or the counts are not
+    whole numbers (a rule stated over symbols)."""
+    if not all(isinstance(x, int) or (isinstance(x, (float, Fraction)) and x == int(x))
+               for x in (pp, vp, *given.values())):
+        return ""
+    fixed = {n: int(c) for n, c in given.items()}
+    for keep in [fixed] + ([{n: c} for n, c in fixed.items()] if len(fixed) > 1 else []):
+        split = uneven_split(layers, int(pp), int(vp), keep.get("first"), keep.get("last"))
+        if split:
+            middle = f" + {int(pp) - 2} x {split[1]}" if pp > 2 else ""
+            return (f"; {lead}: first_stage_layers = {split[0]}, last_stage_layers = "
+                    f"{split[2]} ({split[0]}{middle} + {split[2]})")
+    return ""
 
 
 def _ends(v, k: Sizes, kn) -> tuple:
