@@ -79,7 +79,7 @@ def test_mxfp8_runs_slower_than_per_tensor_fp8_on_the_same_plan():
     # the key, then the reason: Blackwell-only (Transformer Engine's compute capability 10.0)
     ({"precision": "fp8", "fp8_recipe": "mxfp8"}, "h100-sxm",
      ('training.fp8_recipe: "mxfp8" needs block-scaled FP8 tensor cores (b200, b300, gb200, '
-      'gb300); h100-sxm has none',)),
+      'gb300); cluster.gpu = "h100-sxm" has none',)),
     ({"precision": "bf16", "fp8_recipe": "mxfp8"}, "b200",
      ('training: fp8_recipe = "mxfp8" scales FP8 tensors, which needs precision = "fp8" '
       '(precision = "bf16")',)),

@@ -77,9 +77,9 @@ def test_held_activations_are_narrower_than_fp8s():
     # the key, then the reason: Blackwell-only (an FP4 peak in the catalog)
     ({"precision": "nvfp4"}, "h100-sxm",
      ('training.precision: "nvfp4" needs FP4 tensor cores with a peak in the catalog '
-      '(b200, b300, gb200, gb300); h100-sxm has none',)),
+      '(b200, b300, gb200, gb300); cluster.gpu = "h100-sxm" has none',)),
     ({"precision": "nvfp4"}, "mi300x",
-     ('training.precision: "nvfp4" needs FP4 tensor cores', "mi300x has none "
+     ('training.precision: "nvfp4" needs FP4 tensor cores', 'cluster.gpu = "mi300x" has none '
       "(hardware_catalog/mi300x.toml peak_tflops_fp4)")),
     # FP8-only settings under NVFP4
     ({"precision": "nvfp4", "fp8_param_gather": True}, "gb200",

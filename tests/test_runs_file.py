@@ -85,7 +85,8 @@ def test_a_runs_problems_name_the_file_the_run_and_the_runs_own_keys(runner, tmp
         "precision": (_run(precision='"bf61"'),
                       'run r1: precision = "bf61": expected one of "bf16", "fp16", "fp8", "nvfp4"'),
         "fp8 on a100": (_run(precision='"fp8"'),
-                        "run r1: precision: a100-80gb has no FP8 tensor cores"),
+                        'run r1: precision: "fp8" needs FP8 tensor cores, which gpu = '
+                        '"a100-80gb" has not'),
         "model key": (_run(), "run r1: models.m1.foo: unknown key"),
         "gpu count": (_run("tp = 1, pp = 1, dp = 12, micro_batch = 1, global_batch = 96"),
                       "run r1: the run's GPU count (plan.tp * plan.pp * plan.dp * plan.cp): 12 "

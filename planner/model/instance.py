@@ -438,18 +438,21 @@ def resolve(spec: InstanceSpec, source: str = "<memory>") -> Instance:
     precision = spec.training.precision
     if precision == "fp8" and gpu.peak_tflops_fp8 <= 0:
         raise InputError(f"{source}: invalid instance",
-                         [f"training.precision: {gpu.key} has no FP8 tensor cores; use bf16 or fp16"])
+                         [f"training.precision: \"fp8\" needs FP8 tensor cores, which "
+                          f"cluster.gpu = {toml_value(c.gpu)} has not; use bf16 or "
+                          "fp16"])
     if precision == "nvfp4" and gpu.peak_tflops_fp4 <= 0:
         raise InputError(f"{source}: invalid instance", [
             f"training.precision: \"nvfp4\" needs FP4 tensor cores with a peak in the catalog "
             f"({', '.join(g for g in known_gpus() if load_gpu(g).peak_tflops_fp4 > 0)}); "
-            f"{gpu.key} has none (hardware_catalog/{gpu.key}.toml peak_tflops_fp4); use fp8, "
-            "bf16 or fp16"])
+            f"cluster.gpu = {toml_value(c.gpu)} has none (hardware_catalog/{gpu.key}.toml "
+            "peak_tflops_fp4); use fp8, bf16 or fp16"])
     if spec.training.fp8_recipe == "mxfp8" and not gpu.mxfp8:
         raise InputError(f"{source}: invalid instance", [
             f"training.fp8_recipe: \"mxfp8\" needs block-scaled FP8 tensor cores "
-            f"({', '.join(g for g in known_gpus() if load_gpu(g).mxfp8)}); {gpu.key} has none "
-            "(Transformer Engine refuses MXFP8 below compute capability 10.0); use "
+            f"({', '.join(g for g in known_gpus() if load_gpu(g).mxfp8)}); cluster.gpu = "
+            f"{toml_value(c.gpu)} has none (Transformer Engine refuses MXFP8 below compute "
+            "capability 10.0); use "
             "\"tensorwise\" or \"delayed\""])
     offload = spec.constraints.offload_layers
     if offload and offload >= spec.model.layers:
