@@ -232,7 +232,7 @@ def stage_shortfall(inst: Instance) -> int:
 def own_shortfall(inst: Instance) -> int:
     """The search's own shortfall (:func:`stage_shortfall` with ``max_stage_shortfall``
     unset), whether or not the instance gives one: ``--compare``'s baseline lifts a given
-    value below it to it (formulations/queries.py, :func:`baseline`)."""
+    value below it to it (formulations/queries.py, ``baseline_spec``)."""
     c = inst.spec.constraints
     layers, n = inst.model.layers, inst.gpus
     top = min(layers, n, c.pp or n, c.max_pp or n)
