@@ -65,8 +65,9 @@ HF_DIR = ROOT / "tests" / "data" / "hf"
 #: (none of 0-299 draws one since instances/bloom-176b-deepspeed.toml joined the bases), and
 #: 694 and 959, one end of Llama 3.1 405B's uneven layout dropped (a message that named no
 #: key the case touched, now one that completes the layout; seeds 300-1299 at 812a8df), and
-#: 3818, FP8 on an A100 named by the GPU's name, not by cluster.gpu (seeds 1300-5299 at e34310d)
-EVALUATE_SEEDS = [*range(300), 1187, 386, 694, 959, 3818]
+#: 3818, FP8 on an A100 named by the GPU's name, not by cluster.gpu (seeds 1300-5299 at e34310d),
+#: and 5480, a one-layer MoE model whose message did not say "layers" (seeds 5300-12299)
+EVALUATE_SEEDS = [*range(300), 1187, 386, 694, 959, 3818, 5480]
 SOLVE_SEEDS = range(10_000, 10_005)   # cases of plan solve --solver enumerate
 SOLVE_BASES = ("gpt-1.3b-1node", "gpt3-175b-a100")   # enumerated in ~0.1-0.2 s
 EMIT_FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")

@@ -305,7 +305,8 @@ class ModelSpec(_Strict):
             raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
         if self.experts and self.first_dense_layers >= self.layers:
             raise ValueError(f"first_dense_layers ({self.first_dense_layers}) leaves no MoE layer "
-                             f"of the {self.layers}")
+                             f"of layers ({self.layers}); expected fewer dense layers than "
+                             "layers")
         return self
 
     def _check_window(self) -> None:
