@@ -455,3 +455,37 @@ def test_one_end_of_an_uneven_layout_alone_is_told_the_other():
     assert "first_stage_layers = 7, last_stage_layers = 7 (7 + 14 x 8 + 7)" in res.output
     res = CliRunner().invoke(app, ["evaluate", str(LLAMA), "--json", "--last-stage-layers", "7"])
     assert res.exit_code == 0 and not json.loads(res.stdout)["violations"]
+
+
+def test_compare_where_the_constraints_leave_no_plan(tmp_path):
+    """``plan solve --compare`` on constraints that leave no plan: exit 3 as without it, the
+    explanation, and the comparison with its constrained side null (docs/contract.md): the
+    optimum without the what-ifs and each constraint whose lifting alone gives a plan, with
+    that plan's step time (the shortfall lifted to 2 solves as the instance given 2 does).
+    Where no plan exists without the what-ifs either (GPT-3 175B on 8 GPUs), the error alone."""
+    doc = {"model": {"layers": 20, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 1024},
+           "training": {"global_batch": 96}, "cluster": {"gpu": "h100-sxm", "gpus": 48},
+           "constraints": {"pp": 6, "max_micro_batch": 2, "max_stage_shortfall": 0}}
+    f = tmp_path / "pp6.toml"
+    f.write_text("\n".join(f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n"
+                                                  for k, v in vals.items())
+                           for sec, vals in doc.items()))
+    args = ["solve", str(f), "--compare", "--solver", "enumerate"]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 3
+    out = json.loads(res.stdout)
+    assert out["exit_code"] == 3 and "leave no plan" in out["error"]
+    cmp = out["compare"]
+    assert cmp["constrained"] is None and cmp["unconstrained"]["solver"]["status"] == "optimal"
+    lifted = {b["constraint"]: b for b in cmp["binding"]}
+    given2 = solve(_pp6(max_stage_shortfall=2), solver="enumerate", explain=False)
+    assert lifted["max_stage_shortfall"]["step_time_without_s"] == given2.report.step_time_s
+    text = CliRunner().invoke(app, args)
+    assert text.exit_code == 3 and "binds: max_stage_shortfall = 0" in text.stdout
+    assert "leave no plan" in text.stderr
+    big = tmp_path / "big.toml"
+    big.write_text('[model]\npreset = "gpt3-175b"\n[training]\nglobal_batch = 64\n'
+                   '[cluster]\ngpu = "a100-80gb"\ngpus = 8\n[constraints]\nmax_tp = 4\n')
+    res = CliRunner().invoke(app, ["solve", str(big), "--compare", "--solver", "enumerate",
+                                   "--json"])
+    assert res.exit_code == 3 and "compare" not in json.loads(res.stdout)

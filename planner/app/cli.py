@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 from typer.core import TyperGroup
 
-from planner.model.errors import PlanError
+from planner.model.errors import InfeasibleError, PlanError
 
 try:                                    # typer >= 0.20 vendors click
     from typer._click.exceptions import UsageError
@@ -384,6 +384,30 @@ def validate(
         out.print(calibration_line(res.fitted))
 
 
+def _compare_without_a_plan(exc: PlanError, inst, solver: str, time_limit: float | None,
+                            workers: int | None, as_json: bool) -> None:
+    """``plan solve --compare`` where the constraints leave no plan: what binds (the
+    explanation, on stderr) and the comparison, whose constrained side is null: the optimum
+    without the what-ifs and each constraint whose lifting alone gives a plan, with its step
+    time (the contract's ``"constrained": null``). Exit 3, as without ``--compare``; where the
+    comparison has nothing to add (no plan without the what-ifs either), the error alone."""
+    from formulations import queries
+    from formulations.pool import workers_or_default
+    from planner.app.report import compare_table
+
+    try:
+        cmp = queries.compare(inst, solver=solver, time_limit=time_limit,
+                              workers=workers_or_default(workers))
+    except PlanError:
+        return                   # (the caller raises the constrained solve's own error)
+    err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False, soft_wrap=True)
+    if as_json:
+        _emit_json(_error_doc(exc) | {"compare": cmp.to_dict()})
+    else:
+        out.print(compare_table(cmp))
+    raise typer.Exit(exc.exit_code)
+
+
 @app.command()
 def solve(
     file: FileArg,
@@ -427,7 +451,12 @@ def solve(
             res = ranked[0]
         else:
             ranked = None
-            res = run_solve(inst, solver=solver, time_limit=time_limit)
+            try:
+                res = run_solve(inst, solver=solver, time_limit=time_limit)
+            except InfeasibleError as exc:
+                if compare:
+                    _compare_without_a_plan(exc, inst, solver, time_limit, workers, as_json)
+                raise
         # (the constrained optimum is the solve above, or the list's first plan under --top:
         # the plan the report shows, not solved again, and the cap of compare's other solves)
         cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=res,
