@@ -446,17 +446,14 @@ def solve(
             # the export says the mode the model costed
             inst = inst.with_spec(constraints=inst.spec.constraints.model_copy(
                 update={"framework": emit}))
-        if top > 1:
-            ranked = queries.top_k(inst, top, solver=solver, time_limit=time_limit)
-            res = ranked[0]
-        else:
-            ranked = None
-            try:
-                res = run_solve(inst, solver=solver, time_limit=time_limit)
-            except InfeasibleError as exc:
-                if compare:
-                    _compare_without_a_plan(exc, inst, solver, time_limit, workers, as_json)
-                raise
+        try:
+            ranked = (queries.top_k(inst, top, solver=solver, time_limit=time_limit)
+                      if top > 1 else None)
+            res = ranked[0] if ranked else run_solve(inst, solver=solver, time_limit=time_limit)
+        except InfeasibleError as exc:
+            if compare:
+                _compare_without_a_plan(exc, inst, solver, time_limit, workers, as_json)
+            raise
         # (the constrained optimum is the solve above, or the list's first plan under --top:
         # the plan the report shows, not solved again, and the cap of compare's other solves)
         cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=res,
