@@ -620,7 +620,8 @@ def _lifted_alone(inst: Instance, lifted_all: ConstraintSpec, key: str) -> dict[
 
 
 def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = None,
-            constrained: SolveResult | None = None, workers: int = 1) -> Comparison:
+            constrained: SolveResult | InfeasibleError | None = None,
+            workers: int = 1) -> Comparison:
     """The instance's constrained optimum next to the optimum without its what-if constraints
     (:func:`baseline_spec`: caps the instance raises stay raised, so the baseline's space
     holds the constrained one; only a ``recompute_layers`` pin on a count that is not a share
@@ -634,7 +635,8 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
     best it found: the comparison is then not ``proven`` (its slowdown compares a plan that may
     not be the optimum; ``Comparison.undecided`` lists the constraints it cannot say bind or
     not). ``constrained``: the instance's own solve, when the caller has it
-    (``plan solve --compare``), not solved again, and the cap of the other solves (below). The
+    (``plan solve --compare``), not solved again, and the cap of the other solves (below); or
+    the :class:`InfeasibleError` it raised, where the constraints leave no plan. The
     solves are independent: with ``workers`` > 1 they run side by side in a process pool
     (:mod:`formulations.pool`), read in the order one process would solve them."""
     c = inst.spec.constraints
@@ -648,7 +650,7 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
     # 405B's compare 37.6 -> 25.4 s, DeepSeek-V3's 197 -> 152 s, one run each on 2 cores). A
     # lifted space with no plan under the cap is one where the constraint does not bind.
     known = (constrained.objective
-             if constrained is not None and constrained.report is not None else None)
+             if isinstance(constrained, SolveResult) and constrained.report is not None else None)
     tasks = [(inst.with_spec(constraints=lifted_all), solver, time_limit, True, known, True)]
     tasks += [(inst, solver, time_limit, True)] if constrained is None else []
     tasks += [(without, solver, time_limit, False, known, False) for without in withouts]

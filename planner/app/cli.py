@@ -384,7 +384,7 @@ def validate(
         out.print(calibration_line(res.fitted))
 
 
-def _compare_without_a_plan(exc: PlanError, inst, solver: str, time_limit: float | None,
+def _compare_without_a_plan(exc: InfeasibleError, inst, solver: str, time_limit: float | None,
                             workers: int | None, as_json: bool) -> None:
     """``plan solve --compare`` where the constraints leave no plan: what binds (the
     explanation, on stderr) and the comparison, whose constrained side is null: the optimum
@@ -396,7 +396,7 @@ def _compare_without_a_plan(exc: PlanError, inst, solver: str, time_limit: float
     from planner.app.report import compare_table
 
     try:
-        cmp = queries.compare(inst, solver=solver, time_limit=time_limit,
+        cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=exc,
                               workers=workers_or_default(workers))
     except PlanError:
         return                   # (the caller raises the constrained solve's own error)
