@@ -177,6 +177,10 @@ def test_query_options_are_checked(tmp_path):
      'sweep.cases.pin4: "constraints.tp" is also set by the axis "constraints.tp"'),
     ('"cluster.nodes" = [1, 2]\n[sweep.cases]\nbig = {"cluster.gpus" = 32}',
      'sweep.cases.big: "cluster.gpus" is also set by the axis "cluster.nodes"'),
+    # (a traceback, found by a fuzzer of sweep files: the case without a table was reported,
+    # then looked up to build the points of the others)
+    ('"cluster.nodes" = [1, 2]\n[sweep.cases]\nok = {}\nbad = ["bf16"]',
+     'sweep.cases.bad: expected a table of dotted instance keys, got ["bf16"]'),
 ])
 def test_a_sweep_that_would_run_a_point_twice_or_not_as_its_row_says_is_refused(
         tmp_path, body, expected):
@@ -974,3 +978,14 @@ def test_a_row_labels_its_plan_as_reports_do_and_the_plot_names_every_term():
     assert sw._label(plan) == plan_label(plan) + " rc-full" == "TP2 PP4 DP8 CP2 VP3 EP8 mb1 rc-full"
     assert sw._label({**plan, "recompute": "none"}) == plan_label(plan)
     assert tuple(TERM_LABELS) == TIME_TERMS and TERM_LABELS["offload"] == "host offload"
+
+
+def test_a_sweep_as_the_base_is_refused(tmp_path):
+    """``base`` names an instance; a sweep file there made every point report its [sweep] and
+    [plot] as unknown instance keys."""
+    inner = write(tmp_path, '[sweep]\n"cluster.nodes" = [1, 2]\n', name="inner.toml")
+    p = tmp_path / "outer.toml"
+    p.write_text(f'base = "{inner.name}"\n[sweep]\n"training.global_batch" = [64, 128]\n')
+    with pytest.raises(InputError) as e:
+        sw.load_sweep(p)
+    assert 'base = "inner.toml"' in str(e.value) and "is a sweep file" in str(e.value)

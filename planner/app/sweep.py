@@ -270,6 +270,11 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
             base = read_toml(bpath)
         except InputError as exc:
             raise InputError(f"{p}: invalid sweep", [f"base: {exc}"]) from None
+        if "sweep" in base or "base" in base:
+            # (a sweep's own keys would read as unknown instance keys at every point)
+            raise InputError(f"{p}: invalid sweep", [
+                f"base = {toml_value(ref)}: {bpath} is a sweep file (it has "
+                f"{'[sweep]' if 'sweep' in base else 'a base'}); base names an instance file"])
         _resolve_hf(base, bpath.parent)
     for sec in (*SECTIONS, "plan"):
         if sec in data:
@@ -358,7 +363,10 @@ def load_sweep(path: str | Path, check: bool = True) -> Sweep:
                         problems.append(bad)
                     else:
                         case_overrides[name][key] = value
-            axes.append(Axis(CASE, tuple(cases)))
+            # (a case that is not a table is a problem above and no point: the points of the
+            # valid ones are still checked below)
+            if case_overrides:
+                axes.append(Axis(CASE, tuple(case_overrides)))
     if not axes and not problems:
         problems.append("sweep: no axis: add a dotted instance key with a list of values, e.g. "
                         "\"cluster.nodes\" = [1, 2, 4]")
