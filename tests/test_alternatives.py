@@ -155,20 +155,21 @@ P0 = GOOD["plans"][0]
 
 @pytest.mark.parametrize("sets, needle", [
     ([_with({k: v for k, v in P0.items() if k != "measured_step_time_s"} | {"outcome": "crash"})],
-     "outcome = 'crash'"),
+     'outcome = "crash"'),
     ([_with({k: v for k, v in P0.items() if k != "measured_step_time_s"})], "one of them"),
     ([_with({**P0, "outcome": "oom"})], "one of them"),
     ([_with({**P0, "memory_gb": 55})], "memory_gb: unknown key"),
     ([_with({**P0, "vp": 2})], "vp: unknown key"),
     ([_with({k: v for k, v in P0.items() if k != "micro_batch"})], "missing micro_batch"),
     ([_with({**P0, "tp": 0})], "tp = 0: expected a positive whole number"),
-    ([_with({**P0, "measured_step_time_s": "114"})], "measured_step_time_s = '114'"),
+    ([_with({**P0, "measured_step_time_s": "114"})], 'measured_step_time_s = "114"'),
+    ([_with({**P0, "tp": True})], "tp = true: expected a positive whole number"),
     ([_with({**P0, "measured_step_time_s": 0.0})], "measured_step_time_s = 0.0"),
-    ([_with({**P0, "memory_GiB": "55GB"})], "memory_GiB = '55GB'"),
+    ([_with({**P0, "memory_GiB": "55GB"})], 'memory_GiB = "55GB"'),
     ([_with({**P0, "model": 3})], "model: expected a table"),
     ([_with({**P0, "tp": 1, "dp": 4})], "[4, 8] GPUs"),
     ([_with(cluster="fast")], "cluster: expected a table"),
-    ([_with(framework="deepspeedx")], "framework = 'deepspeedx'"),
+    ([_with(framework="deepspeedx")], 'framework = "deepspeedx"'),
     ([_with(soruce="x")], "soruce: unknown key"),
     ([_with(plans=[])], "plans: expected a non-empty list"),
     ([_with(plans=[1, 2])], "plans[0]: expected a table"),
@@ -196,6 +197,12 @@ def test_good_file_loads_and_a_broken_plan_is_named(tmp_path):
     with pytest.raises(InputError) as exc:                  # a key the run rules check
         evaluate_sets(load_sets(_write(tmp_path, [_with(gpu="nope")])), optimum=False)
     assert "set x, plans[0]" in str(exc.value) and 'unknown GPU "nope"' in str(exc.value)
+    # a model key the schema refuses, named as the set writes it (model = {...}), not as the
+    # runs file's [models.<name>] the set is costed through
+    with pytest.raises(InputError) as exc:
+        evaluate_sets(load_sets(_write(tmp_path, [_with(model={**GOOD["model"], "heads": 1.5})])),
+                      optimum=False)
+    assert "model.heads:" in str(exc.value) and "models." not in str(exc.value)
 
 
 def test_the_deepspeed_caveat_quotes_the_sets(sets):

@@ -37,6 +37,7 @@ from planner.model.errors import InputError
 from planner.model.evaluate import evaluate
 from planner.model.instance import Instance, read_toml
 from planner.model.plan import plan_from_spec, structural_violations
+from planner.model.words import toml_value
 
 #: each plan's own keys (the rest of its [plan] comes from the set's ``plan``), the required
 #: first
@@ -66,16 +67,16 @@ def _plan_problems(where: str, pl: Any) -> list[str]:
     out = [f"{where}.{k}: unknown key; expected one of {', '.join(PLAN_OWN + PLAN_EXTRA)}"
            for k in pl if k not in PLAN_OWN + PLAN_EXTRA]
     out += [f"{where}: missing {k}" for k in PLAN_OWN[:5] if k not in pl]
-    out += [f"{where}.{k} = {pl[k]!r}: expected a positive whole number" for k in PLAN_OWN
+    out += [f"{where}.{k} = {toml_value(pl[k])}: expected a positive whole number" for k in PLAN_OWN
             if k in pl and not _positive(pl[k], whole=True)]
-    out += [f"{where}.{k} = {pl[k]!r}: expected a positive number" for k in
+    out += [f"{where}.{k} = {toml_value(pl[k])}: expected a positive number" for k in
             ("measured_step_time_s", "memory_GiB") if k in pl and not _positive(pl[k])]
     if "model" in pl and not isinstance(pl["model"], dict):
         out.append(f"{where}.model: expected a table of the set's model keys it changes")
     if ("measured_step_time_s" in pl) == ("outcome" in pl):
         out.append(f"{where}: give measured_step_time_s or outcome = \"oom\", one of them")
     elif "outcome" in pl and pl["outcome"] not in OUTCOMES:
-        out.append(f"{where}.outcome = {pl['outcome']!r}: expected \"oom\"")
+        out.append(f"{where}.outcome = {toml_value(pl['outcome'])}: expected \"oom\"")
     return out
 
 
@@ -93,7 +94,7 @@ def _set_problems(s: Any, n: int) -> list[str]:
     out += [f"set {sid}.{k}: expected a table" for k in ("model", "cluster", "plan", "training")
             if k in s and not isinstance(s[k], dict)]
     if "framework" in s and s["framework"] not in RUN_FRAMEWORK_NAMES:
-        out.append(f"set {sid}.framework = {s['framework']!r}: expected one of "
+        out.append(f"set {sid}.framework = {toml_value(s['framework'])}: expected one of "
                    f"{', '.join(RUN_FRAMEWORK_NAMES)}")
     plans = s.get("plans")
     if "plans" in s and (not isinstance(plans, list) or not plans):
@@ -244,8 +245,10 @@ def evaluate_set(s: dict[str, Any], optimum: bool = True, solver: str = "cpsat")
             inst = _instance(s, pl)
             plan = plan_from_spec(inst, inst.spec.plan)
         except InputError as exc:           # (in the set's words, not a run's)
+            # (the set's model is the runs file's models.model table to run_instance)
             raise InputError(f"set {s['id']}, plans[{i}]: not a plan the model can cost",
-                             exc.problems or [str(exc)]) from None
+                             [p.replace("models.model.", "model.")
+                              for p in exc.problems or [str(exc)]]) from None
         broken = structural_violations(inst, plan, inst.spec.plan)
         if broken:
             raise InputError(f"set {s['id']}, plans[{i}]: not a plan the model can cost",
