@@ -157,17 +157,17 @@ def test_a_runs_file_is_checked_key_by_key(runner, tmp_path):
     cases = {
         "id given twice": good + good[good.index("[[runs]]"):],
         "measured_step_time_s: expected a positive number": good.replace("= 3.5", "= -1"),
-        "got '3.5'": good.replace("= 3.5", '= "3.5"'),
+        'got "3.5"': good.replace("= 3.5", '= "3.5"'),
         "unknown key extra": good + 'extra = 1\n',
-        "model = 'zz' is not one of the file's [models.*] tables":
+        'model = "zz" is not one of the file\'s [models.*] tables':
             good.replace('model = "m"', 'model = "zz"'),
-        "gpu = 'v100' is not in the catalog": good.replace("a100-80gb", "v100"),
+        'gpu = "v100" is not in the catalog': good.replace("a100-80gb", "v100"),
         # (both were accepted once: the run evaluated under no framework's rules, the
         # impossible date compared as text with the ranking's feature dates)
-        "run r1: framework = 'jax' is not one the planner knows": good + 'framework = "jax"\n',
-        "run r1: code_date = '2023-02-30' is not a calendar date":
+        'run r1: framework = "jax" is not one the planner knows': good + 'framework = "jax"\n',
+        'run r1: code_date = "2023-02-30" is not a calendar date':
             good + 'code_date = "2023-02-30"\n',
-        "run r1: code_date = '2023-13' is not a calendar date": good + 'code_date = "2023-13"\n',
+        'run r1: code_date = "2023-13" is not a calendar date': good + 'code_date = "2023-13"\n',
         # (each was a traceback once, found by a seeded mutation of the shipped runs file)
         "run r1: source = 1.5: expected a string": good.replace('source = "test"',
                                                                   "source = 1.5"),

@@ -268,11 +268,11 @@ def run_problems(data: dict[str, Any]) -> list[str]:
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
                               or not math.isfinite(t) or t <= 0):
             out.append(f"run {rid}: measured_step_time_s: expected a positive number of "
-                       f"seconds, got {t!r}")
+                       f"seconds, got {toml_value(t)}")
         framework = run.get("framework")
         if framework is not None and framework not in RUN_FRAMEWORK_NAMES:
             # (an unknown name would be evaluated under no framework's rules, without a word)
-            out.append(f"run {rid}: framework = {framework!r} is not one the planner knows; "
+            out.append(f"run {rid}: framework = {toml_value(framework)} is not one the planner knows; "
                        f"expected one of: {', '.join(RUN_FRAMEWORK_NAMES)}")
         bad_date = code_date_problem(run.get("code_date"))
         if bad_date:
@@ -283,11 +283,11 @@ def run_problems(data: dict[str, Any]) -> list[str]:
                        f"{', '.join(map(toml_value, PRECISIONS))}")
         gpu = run.get("gpu")
         if gpu is not None and gpu not in known_gpus():
-            out.append(f"run {rid}: gpu = {gpu!r} is not in the catalog; expected one of: "
+            out.append(f"run {rid}: gpu = {toml_value(gpu)} is not in the catalog; expected one of: "
                        f"{', '.join(known_gpus())}")
         model = run.get("model")
         if model is not None and model not in data["models"]:
-            out.append(f"run {rid}: model = {model!r} is not one of the file's [models.*] "
+            out.append(f"run {rid}: model = {toml_value(model)} is not one of the file's [models.*] "
                        f"tables nor a shipped preset ({', '.join(sorted(presets()))})")
     return out
 
@@ -461,5 +461,5 @@ def code_date_problem(date: Any) -> str | None:
             datetime.date.fromisoformat(date if len(date) == 10 else date + "-01")
             return None
         except ValueError:
-            return f"code_date = {date!r} is not a calendar date (YYYY-MM-DD or YYYY-MM)"
-    return f"code_date must be a date, YYYY-MM-DD or YYYY-MM, got {date!r}"
+            return f"code_date = {toml_value(date)} is not a calendar date (YYYY-MM-DD or YYYY-MM)"
+    return f"code_date must be a date, YYYY-MM-DD or YYYY-MM, got {toml_value(date)}"

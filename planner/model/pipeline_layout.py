@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from planner.model.words import toml_value
+
 #: the largest repeat count read (a model has far fewer layers; a larger one is refused
 #: before it is unrolled)
 MAX_REPEAT = 100_000
@@ -144,8 +146,8 @@ def check_layout(text: str, pp: int, layers: int, mtp_layers: int) -> list[str]:
     try:
         stages = layout_stages(text)
     except ValueError as exc:
-        return [f"plan.pipeline_layout = {text!r}: {exc}"]
-    said = f"plan.pipeline_layout = {text!r}"
+        return [f"plan.pipeline_layout = {toml_value(text)}: {exc}"]
+    said = f"plan.pipeline_layout = {toml_value(text)}"
     out: list[str] = []
     if len(stages) % pp:
         out.append(f"{said}: {len(stages)} stages, not a multiple of pp={pp} (Megatron-LM: "
