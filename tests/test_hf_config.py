@@ -375,6 +375,22 @@ def test_unknown_model_type(tmp_path):
     assert all(name in msg for name in SUPPORTED)
 
 
+@pytest.mark.parametrize("model_type", [{}, [1, 2]])
+def test_a_model_type_that_is_not_a_string(tmp_path, model_type):
+    """(a traceback, found by a fuzzer of config files: the value was looked up in a dict)"""
+    cfg = {**shipped(LLAMA3_8B), "model_type": model_type, "architectures": ["GPT2LMHeadModel"]}
+    msg = error_of(write(tmp_path, cfg))
+    assert "unsupported architecture" in msg and json.dumps(model_type) in msg
+
+
+@pytest.mark.parametrize("value", [0.5, [1, 2]])
+def test_a_bad_dense_layer_count_is_named(tmp_path, value):
+    """(a traceback, found by the same fuzzer: DeepSeek's dense layer count was rounded to the
+    MoE interval before its problem was raised)"""
+    msg = error_of(write(tmp_path, {**shipped(DEEPSEEK_V3), "first_k_dense_replace": value}))
+    assert "first_k_dense_replace" in msg and "not a usable Hugging Face config" in msg
+
+
 def test_no_model_type_no_architectures(tmp_path):
     cfg = shipped(LLAMA3_8B)
     del cfg["model_type"], cfg["architectures"]

@@ -340,7 +340,9 @@ def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, 
 
 
 def _family(cfg: dict[str, Any], p: Path, where: str = "") -> str:
-    model_type = _TEXT_TYPES.get(cfg.get("model_type"), cfg.get("model_type"))
+    model_type = cfg.get("model_type")
+    if isinstance(model_type, str):
+        model_type = _TEXT_TYPES.get(model_type, model_type)
     if model_type in SUPPORTED:
         return model_type
     archs = cfg.get("architectures")
@@ -579,7 +581,9 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
                "top_k": r.count("num_experts_per_tok"),
                "moe_ffn_hidden": r.count("moe_intermediate_size"),
                "shared_experts": r.count("n_shared_experts", 0, minimum=0),
-               "first_dense_layers": -(-first // freq) * freq if freq else first,
+               # (a bad count is None, a problem raised below before the value is used)
+               "first_dense_layers": (-(-first // freq) * freq if freq and first is not None
+                                      else first),
                "moe_layer_interval": freq}
         if family == "deepseek_v3":
             moe["moe_router_score_function"] = "sigmoid"   # (DeepseekV3TopkRouter; V2: softmax)
