@@ -406,3 +406,15 @@ def test_glm47_flash_dense_layers_from_first_k_and_its_megatron_export(tmp_path)
                                  "training": {"global_batch": 64}, "cluster": cluster},
                                 plan, "megatron"))
     assert "--kv-channels" not in v3
+
+
+def test_a_bad_wrapper_model_type_or_moe_layer_list_is_named(tmp_path):
+    """(tracebacks, found by a fuzzer of config files: a wrapper's model_type that is not a
+    string was looked up in a dict, and a moe_layers that is not a list of indices sorted)"""
+    cfg = {**MAVERICK, "model_type": {"a": 1}}
+    d = read_hf_config(write(tmp_path, cfg, "a.json"))
+    assert d == read_hf_config(write(tmp_path, MAVERICK, "b.json"))   # the text model decides
+    bad = {**MAVERICK, "text_config": {**MAVERICK["text_config"], "moe_layers": "silu"}}
+    with pytest.raises(InputError) as exc:
+        read_hf_config(write(tmp_path, bad, "c.json"))
+    assert 'moe_layers: expected a list of layer indices (got "silu")' in str(exc.value)

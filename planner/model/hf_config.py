@@ -331,7 +331,8 @@ def _language_model(cfg: dict[str, Any], p: Path) -> tuple[dict[str, Any], str, 
     # the top-level config's tie_word_embeddings: Mistral 3, Gemma 3); Llama 4's output layer
     # is its text model's (Llama4ForCausalLM on text_config), whose key decides
     family = _family(inner, p, where)
-    tie = cfg.get("tie_word_embeddings", _WRAPPER_TIE.get(outer))
+    tie = cfg.get("tie_word_embeddings",
+                  _WRAPPER_TIE.get(outer) if isinstance(outer, str) else None)
     if tie is not None and family != "llama4":
         inner["tie_word_embeddings"] = tie
     return inner, family, where, (["the language model (text_config) alone: its vision encoder and "
@@ -522,7 +523,8 @@ def read_hf_config_with_context(path: Path) -> tuple[dict[str, Any], ConfigConte
         out["ffn_hidden"] = r.count("intermediate_size_mlp", 16384)
         step = r.count("interleave_moe_layer_step", 1)
         first, interval = (step - 1, step) if step else (0, 1)
-        listed = sorted(set(r.int_list("moe_layers")))
+        # (a list that is not of layer indices is None, a problem raised below)
+        listed = sorted(set(r.int_list("moe_layers") or []))
         layers = out["layers"] or 0
         if "moe_layers" in cfg and cfg["moe_layers"] is not None and layers:
             gap = listed[1] - listed[0] if len(listed) > 1 else layers - (listed or [0])[0]
