@@ -97,12 +97,12 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
-def _fail(exc: PlanError, as_json: bool = False) -> None:
-    """Print the error on stderr (and, under ``--json``, as a JSON object on stdout) and exit
-    with its code."""
+def _fail(exc: PlanError, as_json: bool = False, extra: dict[str, Any] | None = None) -> None:
+    """Print the error on stderr (and, under ``--json``, as a JSON object on stdout, with the
+    ``extra`` keys) and exit with its code."""
     err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False, soft_wrap=True)
     if as_json:
-        _emit_json(_error_doc(exc))
+        _emit_json(_error_doc(exc) | (extra or {}))
     raise typer.Exit(exc.exit_code)
 
 
@@ -400,12 +400,9 @@ def _compare_without_a_plan(exc: InfeasibleError, inst, solver: str, time_limit:
                               workers=workers_or_default(workers))
     except PlanError:
         return                   # (the caller raises the constrained solve's own error)
-    err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False, soft_wrap=True)
-    if as_json:
-        _emit_json(_error_doc(exc) | {"compare": cmp.to_dict()})
-    else:
+    if not as_json:
         out.print(compare_table(cmp))
-    raise typer.Exit(exc.exit_code)
+    _fail(exc, as_json, extra={"compare": cmp.to_dict()})
 
 
 @app.command()
@@ -449,7 +446,7 @@ def solve(
         try:
             ranked = (queries.top_k(inst, top, solver=solver, time_limit=time_limit)
                       if top > 1 else None)
-            res = ranked[0] if ranked else run_solve(inst, solver=solver, time_limit=time_limit)
+            res = ranked[0] if top > 1 else run_solve(inst, solver=solver, time_limit=time_limit)
         except InfeasibleError as exc:
             if compare:
                 _compare_without_a_plan(exc, inst, solver, time_limit, workers, as_json)
