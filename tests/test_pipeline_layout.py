@@ -182,7 +182,7 @@ def test_the_cli_names_what_conflicts(tmp_path):
     run = CliRunner().invoke(app, ["evaluate", str(path), "--account-for-loss",
                                    "--account-for-embedding", "--vp", "4"])
     assert run.exit_code == 0, run.output
-    assert "drops [plan] pipeline_layout" in run.output
+    assert 'drops [plan] pipeline_layout = "Et|(tt|)*6tL"' in " ".join(run.output.split())
     path.write_text(BASE + "first_stage_layers = 6\n")
     run = CliRunner().invoke(app, ["evaluate", str(path)])
     assert run.exit_code == 2 and "cannot be combined" in run.output

@@ -5,8 +5,9 @@ tests/test_input_fuzz.py mutates the shipped instances (about 300 seeds per run 
 This mutates, under seeds of your choice, the other files a user writes or passes:
 
 - ``sweep``: the ``[sweep]``, ``[plot]`` and ``base`` of a small sweep (``plan sweep``);
-- ``hf``: Hugging Face ``config.json`` files, the three in tests/data/hf (top-level keys and,
-  for a multimodal wrapper, its ``text_config``), through ``plan solve --solver enumerate``;
+- ``hf``: Hugging Face ``config.json`` files, the three in tests/data/hf and the four family
+  configs of tests/test_hf_families.py and tests/test_hf_config.py (top-level keys and, for a
+  multimodal wrapper, its ``text_config``), through ``plan solve --solver enumerate``;
 - ``runs``: one run of the shipped published runs, its model, plan or training keys
   (``plan validate FILE --no-ranking``);
 - ``alternatives``: one set of the shipped measured alternatives (``plan validate
@@ -87,12 +88,27 @@ def _sweep(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
                   "--out", str(d / "out.csv")]
 
 
+def _hf_configs() -> dict[str, dict]:
+    """The configs the hf kind mutates: tests/data/hf's files and the families' configs the
+    suite writes out (GLM-4.5-Air, GLM-4.7-Flash, Llama 4 Maverick, gpt-oss-120b)."""
+    import test_hf_config
+    import test_hf_families
+    configs = {Path(p).name: json.loads(Path(p).read_text())
+               for p in sorted(glob.glob(str(ROOT / "tests" / "data" / "hf" / "*.json")))}
+    configs.update({"GLM45_AIR": test_hf_families.GLM45_AIR,
+                    "GLM_LITE": test_hf_families.GLM_LITE,
+                    "MAVERICK": test_hf_families.MAVERICK,
+                    "GPT_OSS_120B": test_hf_config.GPT_OSS_120B})
+    return configs
+
+
 def _hf(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
-    name = rng.choice(sorted(glob.glob(str(ROOT / "tests" / "data" / "hf" / "*.json"))))
-    top = json.loads(Path(name).read_text())
+    configs = _hf_configs()
+    name = rng.choice(sorted(configs))
+    top = copy.deepcopy(configs[name])
     inner = top.get("text_config")
     cfg = inner if isinstance(inner, dict) and rng.random() < 0.7 else top
-    muts = [Path(name).name] + [
+    muts = [name] + [
         _mutate(rng, cfg, "", ("model_type", "head_dim", "sliding_window", "layer_types",
                                "moe_layers", "first_k_dense_replace", "mlp_only_layers"))
         for _ in range(rng.randint(1, 3))]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.model.errors import InputError
+from planner.model.words import toml_value
 
 #: the degree flags; any of them makes a plan without a ``[plan]`` section (TP1 PP1 and DP over
 #: every GPU is not a question anyone asked, so with none of them one is needed)
@@ -136,7 +137,7 @@ def plan_with_flags(inst, knobs: dict[str, Any], nodes: int | None = None):
         # a layout string sets the whole split: the flags replace it, as Megatron-LM refuses
         # the two side by side
         drops.append(f"{' '.join(layout_flags)} drops [plan] pipeline_layout = "
-                     f"'{spec.pipeline_layout}' (the flags set the split; vp is [plan] vp "
+                     f"{toml_value(spec.pipeline_layout)} (the flags set the split; vp is [plan] vp "
                      "or --vp)")
         spec = spec.model_copy(update={"pipeline_layout": None})
     dropped = "; ".join(drops) or None
