@@ -12,7 +12,10 @@ This mutates, under seeds of your choice, the other files a user writes or passe
   (``plan validate FILE --no-ranking``);
 - ``alternatives``: one set of the shipped measured alternatives (``plan validate
   --alternatives``);
-- ``flags``: random ``plan evaluate`` flags on the shipped instances.
+- ``flags``: random ``plan evaluate`` flags on the shipped instances;
+- ``emit``: a shipped instance on another GPU type, cluster size, precision, batch or
+  framework, solved and exported (``plan solve --emit FMT``): on exit 0 the export must be a
+  file its framework reads (JSON, TOML, YAML, Megatron-LM argument lines).
 
 Each case must end with exit 0, 2, 3 or 4, no exception but SystemExit, no traceback in the
 output, and under ``--json`` a JSON document on stdout. A failure is printed with its seed and
@@ -179,8 +182,131 @@ def _flags(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
     return args[2:], args
 
 
+def _emit(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
+    """A shipped fixed-size instance moved to another GPU type, cluster size, precision,
+    batch or framework, solved and exported in one format (``plan solve --emit FMT``); what
+    it prints is checked by :func:`emitted`."""
+    fixed = [p for p in sorted(glob.glob(str(ROOT / "instances" / "*.toml")))
+             if "capacity" not in p and "pareto" not in p]
+    base = Path(rng.choice(fixed))
+    doc = tomllib.loads(base.read_text())
+    doc.pop("plan", None)
+    fmt = rng.choice(["megatron", "nemo", "torchtitan", "deepspeed"])
+    muts = [base.name, f"--emit {fmt}"]
+    cluster, training = doc.setdefault("cluster", {}), doc.setdefault("training", {})
+    constraints = doc.setdefault("constraints", {})
+    if rng.random() < 0.6:
+        cluster["gpu"] = rng.choice(["a100-80gb", "h100-sxm", "h200", "b200", "gb200",
+                                     "gb300", "mi300x"])
+        muts.append(f"cluster.gpu = {cluster['gpu']}")
+    if rng.random() < 0.6:
+        cluster.pop("nodes", None)
+        cluster["gpus"] = rng.choice([8, 16, 32, 64, 72, 128, 144, 256, 512])
+        muts.append(f"cluster.gpus = {cluster['gpus']}")
+    if rng.random() < 0.4:
+        training["precision"] = rng.choice(["bf16", "fp8", "nvfp4"])
+        muts.append(f"training.precision = {training['precision']}")
+        if training["precision"] == "fp8" and rng.random() < 0.5:
+            training["fp8_recipe"] = rng.choice(["tensorwise", "delayed", "mxfp8"])
+            muts.append(f"training.fp8_recipe = {training['fp8_recipe']}")
+    if rng.random() < 0.3:
+        doc.setdefault("model", {})["seq_len"] = rng.choice([2048, 8192, 32768])
+        muts.append(f"model.seq_len = {doc['model']['seq_len']}")
+    if rng.random() < 0.4:
+        training["global_batch"] = rng.choice([64, 128, 256, 512, 1024, 2048])
+        muts.append(f"training.global_batch = {training['global_batch']}")
+    if rng.random() < 0.5:
+        constraints["framework"] = fmt
+        muts.append(f"constraints.framework = {fmt}")
+    (d / "i.toml").write_text(dumps(doc))
+    return muts, ["solve", str(d / "i.toml"), "--solver", "enumerate", "--emit", fmt]
+
+
+def emitted(result, args: list[str]) -> str | None:
+    """Why an export printed on exit 0 is not a file its framework reads, or None: JSON for
+    DeepSpeed, TOML for torchtitan, YAML for NeMo; for Megatron-LM comments, ``export``
+    lines and ``--flag [value]`` lines continued by a backslash, but for the last."""
+    if result.exit_code or "--emit" not in args:
+        return None
+    # (the last --emit given is the one that counts, as for any repeated option)
+    fmt, text = args[len(args) - 1 - args[::-1].index("--emit") + 1], result.stdout
+    try:
+        if fmt == "deepspeed":
+            json.loads(text)
+        elif fmt == "torchtitan":
+            tomllib.loads(text)
+        elif fmt == "nemo":
+            try:
+                import yaml                     # (PyYAML, there with ray: an independent parser)
+                yaml.safe_load(text)
+            except ImportError:
+                from test_emit import parse_yaml   # the suite's reader of these files
+                parse_yaml(text)
+    except Exception as exc:                    # (each parser's own error types)
+        return f"{fmt} export does not parse: {exc}"
+    if fmt == "megatron":
+        lines = [x for x in text.splitlines() if x and not x.startswith(("#", "export "))]
+        bad = [x for x in lines[:-1] if not (x.startswith("--") and x.endswith(" \\"))]
+        if bad or not lines or not lines[-1].startswith("--") or lines[-1].endswith("\\"):
+            return f"megatron export: a line that is not an argument: {(bad or lines[-1:])[:1]}"
+    return degrees_differ(fmt, text)
+
+
+def degrees_differ(fmt: str, text: str) -> str | None:
+    """Where an export's degrees, micro-batch and GPU count differ from the plan it names
+    (``for plan TP4 PP8 DP16 EP8 mb1`` in its header, DeepSpeed's ``plan_parallelism.plan``),
+    or None."""
+    import re
+    head = re.search(r'(TP\d+ PP\d+ DP\d+[^(\n"]*?) ?[("]', text)
+    if not head:
+        return f"{fmt} export names no plan"
+    want = {k: int(v) for k, v in re.findall(r"([A-Z]+|mb)(\d+)", head.group(1))}
+    want = {"CP": 1, "EP": 1, "VP": 1, **want}
+
+    def num(pattern: str, default: int | None = None) -> int | None:
+        m = re.search(pattern, text, re.M)
+        return int(m.group(1)) if m else default
+    if fmt == "megatron":
+        got = {"TP": num(r"^--tensor-model-parallel-size (\d+)"),
+               "PP": num(r"^--pipeline-model-parallel-size (\d+)"),
+               "CP": num(r"^--context-parallel-size (\d+)", 1),
+               "EP": num(r"^--expert-model-parallel-size (\d+)", 1),
+               "mb": num(r"^--micro-batch-size (\d+)")}
+        per = num(r"^--num-layers-per-virtual-pipeline-stage (\d+)")
+        if "--pipeline-model-parallel-layout" not in text:     # (a string derives vp)
+            got["VP"] = num(r"^--num-virtual-stages-per-pipeline-rank (\d+)") or (
+                num(r"^--num-layers (\d+)") // (got["PP"] * per) if per else 1)
+        world = num(r"--nnodes (\d+)", 0) * num(r"--nproc-per-node (\d+)", 0)
+    elif fmt == "nemo":
+        got = {"TP": num(r"^ +tensor_model_parallel_size: (\d+)"),
+               "PP": num(r"^ +pipeline_model_parallel_size: (\d+)"),
+               "CP": num(r"^ +context_parallel_size: (\d+)", 1),
+               "EP": num(r"^ +expert_model_parallel_size: (\d+)", 1),
+               "VP": num(r"^ +virtual_pipeline_model_parallel_size: (\d+)", 1),
+               "mb": num(r"^ +micro_batch_size: (\d+)")}
+        world = num(r"^ +num_nodes: (\d+)", 0) * num(r"^ +devices: (\d+)", 0)
+    elif fmt == "torchtitan":
+        got = {"TP": num(r"^tensor_parallel_degree = (\d+)"),
+               "PP": num(r"^pipeline_parallel_degree = (\d+)"),
+               "CP": num(r"^context_parallel_degree = (\d+)", 1),
+               "EP": num(r"^expert_parallel_degree = (\d+)", 1),
+               "DP": num(r"^data_parallel_replicate_degree = (\d+)", 1)
+               * abs(num(r"^data_parallel_shard_degree = (-?\d+)", 1))}
+        world = num(r"--nnodes (\d+)", 0) * num(r"--nproc-per-node (\d+)", 0)
+    else:
+        par = json.loads(text).get("plan_parallelism", {})
+        got = {"TP": par.get("tensor"), "PP": par.get("pipeline"), "DP": par.get("data"),
+               "CP": par.get("context", 1), "EP": par.get("expert", 1)}
+        world = None
+    off = {k: (want.get(k), v) for k, v in got.items() if v != want.get(k)}
+    gpus = want["TP"] * want["PP"] * want["DP"] * want["CP"]
+    if world is not None and world != gpus:
+        off["GPUs"] = (gpus, world)
+    return f"{fmt} export differs from its plan (plan, export): {off}" if off else None
+
+
 KINDS = {"sweep": _sweep, "hf": _hf, "runs": _runs, "alternatives": _alternatives,
-         "flags": _flags}
+         "flags": _flags, "emit": _emit}
 
 
 def failure(result, args: list[str]) -> str | None:
@@ -192,6 +318,8 @@ def failure(result, args: list[str]) -> str | None:
         return "a traceback in the output"
     if result.exit_code not in (0, 2, 3, 4):
         return f"exit {result.exit_code}"
+    if "--emit" in args and (why := emitted(result, args)):
+        return why
     if "--json" in args:
         try:
             doc = json.loads(result.stdout)
