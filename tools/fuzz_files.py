@@ -14,8 +14,9 @@ This mutates, under seeds of your choice, the other files a user writes or passe
   --alternatives``);
 - ``flags``: random ``plan evaluate`` flags on the shipped instances;
 - ``emit``: a shipped instance on another GPU type, cluster size, precision, batch or
-  framework, solved and exported (``plan solve --emit FMT``): on exit 0 the export must be a
-  file its framework reads (JSON, TOML, YAML, Megatron-LM argument lines).
+  framework, or with the hf kind's model of another family, solved and exported (``plan
+  solve --emit FMT``): on exit 0 the export must be a file its framework reads (JSON, TOML,
+  YAML, Megatron-LM argument lines) with the degrees of the plan it names.
 
 Each case must end with exit 0, 2, 3 or 4, no exception but SystemExit, no traceback in the
 output, and under ``--json`` a JSON document on stdout. A failure is printed with its seed and
@@ -195,6 +196,13 @@ def _emit(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
     muts = [base.name, f"--emit {fmt}"]
     cluster, training = doc.setdefault("cluster", {}), doc.setdefault("training", {})
     constraints = doc.setdefault("constraints", {})
+    if rng.random() < 0.3:          # a model of another family, from its config.json
+        name = rng.choice(sorted(_hf_configs()))
+        (d / "config.json").write_text(json.dumps(_hf_configs()[name]))
+        doc["model"] = {"hf_config": "config.json", "seq_len": 4096}
+        for key in ("selective_recompute", "tokens"):       # (the base model's)
+            training.pop(key, None)
+        muts.append(f"model from {name}")
     if rng.random() < 0.6:
         cluster["gpu"] = rng.choice(["a100-80gb", "h100-sxm", "h200", "b200", "gb200",
                                      "gb300", "mi300x"])
