@@ -15,8 +15,9 @@ This mutates, under seeds of your choice, the other files a user writes or passe
 - ``flags``: random ``plan evaluate`` flags on the shipped instances;
 - ``emit``: a shipped instance on another GPU type, cluster size, precision, batch or
   framework, or with the hf kind's model of another family, solved and exported (``plan
-  solve --emit FMT``): on exit 0 the export must be a file its framework reads (JSON, TOML,
-  YAML, Megatron-LM argument lines) with the degrees of the plan it names.
+  solve --emit FMT``, or one of its best four plans by ``plan evaluate --emit FMT``): on
+  exit 0 the export must be a file its framework reads (JSON, TOML, YAML, Megatron-LM
+  argument lines) with the degrees of the plan it names.
 
 Each case must end with exit 0, 2, 3 or 4, no exception but SystemExit, no traceback in the
 output, and under ``--json`` a JSON document on stdout. A failure is printed with its seed and
@@ -227,7 +228,18 @@ def _emit(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
         constraints["framework"] = fmt
         muts.append(f"constraints.framework = {fmt}")
     (d / "i.toml").write_text(dumps(doc))
-    return muts, ["solve", str(d / "i.toml"), "--solver", "enumerate", "--emit", fmt]
+    solve = ["solve", str(d / "i.toml"), "--solver", "enumerate"]
+    if rng.random() < 0.4:          # one of the best few plans, as a [plan] plan evaluate exports
+        ran = CliRunner().invoke(app, [*solve, "--top", "4", "--json"])
+        if ran.exit_code == 0:
+            ranked = json.loads(ran.stdout).get("top") or []
+            if ranked:
+                k = rng.randrange(len(ranked))
+                doc["plan"] = ranked[k]["plan_spec"]
+                (d / "i.toml").write_text(dumps(doc))
+                muts.append(f"[plan] = plan {k + 1} of the best {len(ranked)}")
+                return muts, ["evaluate", str(d / "i.toml"), "--emit", fmt]
+    return muts, [*solve, "--emit", fmt]
 
 
 def emitted(result, args: list[str]) -> str | None:
