@@ -272,6 +272,28 @@ def emitted(result, args: list[str]) -> str | None:
     return degrees_differ(fmt, text)
 
 
+#: where each export writes a degree or the micro-batch: the line's pattern and the value
+#: where the export leaves the line out (None: it must be there)
+DEGREE_LINES = {
+    "megatron": {"TP": (r"^--tensor-model-parallel-size (\d+)", None),
+                 "PP": (r"^--pipeline-model-parallel-size (\d+)", None),
+                 "CP": (r"^--context-parallel-size (\d+)", 1),
+                 "EP": (r"^--expert-model-parallel-size (\d+)", 1),
+                 "mb": (r"^--micro-batch-size (\d+)", None)},
+    "nemo": {"TP": (r"^ +tensor_model_parallel_size: (\d+)", None),
+             "PP": (r"^ +pipeline_model_parallel_size: (\d+)", None),
+             "CP": (r"^ +context_parallel_size: (\d+)", 1),
+             "EP": (r"^ +expert_model_parallel_size: (\d+)", 1),
+             "VP": (r"^ +virtual_pipeline_model_parallel_size: (\d+)", 1),
+             "mb": (r"^ +micro_batch_size: (\d+)", None)},
+    "torchtitan": {"TP": (r"^tensor_parallel_degree = (\d+)", None),
+                   "PP": (r"^pipeline_parallel_degree = (\d+)", None),
+                   "CP": (r"^context_parallel_degree = (\d+)", 1),
+                   "EP": (r"^expert_parallel_degree = (\d+)", 1),
+                   "DP": (r"^data_parallel_replicate_degree = (\d+)", 1)},
+}
+
+
 def degrees_differ(fmt: str, text: str) -> str | None:
     """Where an export's degrees, micro-batch and GPU count differ from the plan it names
     (``for plan TP4 PP8 DP16 EP8 mb1`` in its header, DeepSpeed's ``plan_parallelism.plan``),
@@ -286,33 +308,18 @@ def degrees_differ(fmt: str, text: str) -> str | None:
     def num(pattern: str, default: int | None = None) -> int | None:
         m = re.search(pattern, text, re.M)
         return int(m.group(1)) if m else default
-    if fmt == "megatron":
-        got = {"TP": num(r"^--tensor-model-parallel-size (\d+)"),
-               "PP": num(r"^--pipeline-model-parallel-size (\d+)"),
-               "CP": num(r"^--context-parallel-size (\d+)", 1),
-               "EP": num(r"^--expert-model-parallel-size (\d+)", 1),
-               "mb": num(r"^--micro-batch-size (\d+)")}
+    if fmt in DEGREE_LINES:
+        got = {k: num(p, dflt) for k, (p, dflt) in DEGREE_LINES[fmt].items()}
+        if fmt == "torchtitan":         # (replicas x shards, both written out)
+            got["DP"] = got["DP"] * num(r"^data_parallel_shard_degree = (\d+)", 1)
         per = num(r"^--num-layers-per-virtual-pipeline-stage (\d+)")
-        if "--pipeline-model-parallel-layout" not in text:     # (a string derives vp)
+        if fmt == "megatron" and "--pipeline-model-parallel-layout" not in text:
+            # (a layout string derives vp; otherwise chunks per rank, or layers per chunk)
             got["VP"] = num(r"^--num-virtual-stages-per-pipeline-rank (\d+)") or (
                 num(r"^--num-layers (\d+)") // (got["PP"] * per) if per else 1)
-        world = num(r"--nnodes (\d+)", 0) * num(r"--nproc-per-node (\d+)", 0)
-    elif fmt == "nemo":
-        got = {"TP": num(r"^ +tensor_model_parallel_size: (\d+)"),
-               "PP": num(r"^ +pipeline_model_parallel_size: (\d+)"),
-               "CP": num(r"^ +context_parallel_size: (\d+)", 1),
-               "EP": num(r"^ +expert_model_parallel_size: (\d+)", 1),
-               "VP": num(r"^ +virtual_pipeline_model_parallel_size: (\d+)", 1),
-               "mb": num(r"^ +micro_batch_size: (\d+)")}
-        world = num(r"^ +num_nodes: (\d+)", 0) * num(r"^ +devices: (\d+)", 0)
-    elif fmt == "torchtitan":
-        got = {"TP": num(r"^tensor_parallel_degree = (\d+)"),
-               "PP": num(r"^pipeline_parallel_degree = (\d+)"),
-               "CP": num(r"^context_parallel_degree = (\d+)", 1),
-               "EP": num(r"^expert_parallel_degree = (\d+)", 1),
-               "DP": num(r"^data_parallel_replicate_degree = (\d+)", 1)
-               * abs(num(r"^data_parallel_shard_degree = (-?\d+)", 1))}
-        world = num(r"--nnodes (\d+)", 0) * num(r"--nproc-per-node (\d+)", 0)
+        world = (num(r"^ +num_nodes: (\d+)", 0) * num(r"^ +devices: (\d+)", 0)
+                 if fmt == "nemo" else
+                 num(r"--nnodes (\d+)", 0) * num(r"--nproc-per-node (\d+)", 0))
     else:
         par = json.loads(text).get("plan_parallelism", {})
         got = {"TP": par.get("tensor"), "PP": par.get("pipeline"), "DP": par.get("data"),
