@@ -38,6 +38,7 @@ import copy
 import glob
 import json
 import random
+import re
 import sys
 import tempfile
 import tomllib
@@ -185,9 +186,11 @@ def _flags(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
 
 
 def _emit(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
-    """A shipped fixed-size instance moved to another GPU type, cluster size, precision,
-    batch or framework, solved and exported in one format (``plan solve --emit FMT``); what
-    it prints is checked by :func:`emitted`."""
+    """A shipped fixed-size instance, or its cluster with a model of another family (the hf
+    kind's configs), moved to another GPU type, cluster size, precision, sequence length,
+    batch or framework, and exported in one format: its optimum (``plan solve --emit FMT``)
+    or one of its best four plans as ``[plan]`` (``plan evaluate --emit FMT``). What it
+    prints is checked by :func:`emitted`."""
     fixed = [p for p in sorted(glob.glob(str(ROOT / "instances" / "*.toml")))
              if "capacity" not in p and "pareto" not in p]
     base = Path(rng.choice(fixed))
@@ -198,8 +201,9 @@ def _emit(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
     cluster, training = doc.setdefault("cluster", {}), doc.setdefault("training", {})
     constraints = doc.setdefault("constraints", {})
     if rng.random() < 0.3:          # a model of another family, from its config.json
-        name = rng.choice(sorted(_hf_configs()))
-        (d / "config.json").write_text(json.dumps(_hf_configs()[name]))
+        configs = _hf_configs()
+        name = rng.choice(sorted(configs))
+        (d / "config.json").write_text(json.dumps(configs[name]))
         doc["model"] = {"hf_config": "config.json", "seq_len": 4096}
         for key in ("selective_recompute", "tokens"):       # (the base model's)
             training.pop(key, None)
@@ -298,7 +302,6 @@ def degrees_differ(fmt: str, text: str) -> str | None:
     """Where an export's degrees, micro-batch and GPU count differ from the plan it names
     (``for plan TP4 PP8 DP16 EP8 mb1`` in its header, DeepSpeed's ``plan_parallelism.plan``),
     or None."""
-    import re
     head = re.search(r'(TP\d+ PP\d+ DP\d+[^(\n"]*?) ?[("]', text)
     if not head:
         return f"{fmt} export names no plan"
