@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import replace
 
-from formulations import ties
+from formulations import progress, ties
 from formulations.encoding import Cuts, encode
 from formulations.result import RawSolution, SolveResult, Status
 from formulations.space import (SMALL_SPACE, BaseVar, SearchSpace, build_space, candidate_batches,
@@ -298,6 +298,7 @@ def _best_of_parts(space: SearchSpace, parts: list[SearchSpace], backend: str,
 
     def solve_part(i: int, on_optimum=None, leader: bool = False) -> None:
         sub = parts[i]
+        progress.starting(kind, i, len(parts), min(known) if known else None, objective)
         cap = cuts.max_objective
         if known:                                   # beat the best so far, or tie with it
             tie = ties.objective_cap(min(known))

@@ -266,8 +266,10 @@ def evaluate(
         best = None
         if vs_optimum:
             from formulations.solve import solve as run_solve
+            from planner.app.waiting import SolveStatus
 
-            best = run_solve(inst, solver=solver, time_limit=time_limit)
+            with SolveStatus(err, file.name):
+                best = run_solve(inst, solver=solver, time_limit=time_limit)
         # a plan that breaks a rule or does not fit gets no launch configuration: it would not
         # run as written (a fractional replica count, an out-of-memory job)
         launch = _emit_text(inst, plan, emit) if emit and not rep.violations else None
@@ -429,6 +431,7 @@ def solve(
     from formulations.result import Status
     from formulations.solve import solve as run_solve
     from planner.app.report import compare_table, print_step, solver_panel, top_table
+    from planner.app.waiting import SolveStatus
     from planner.model.errors import InputError
 
     try:
@@ -444,9 +447,11 @@ def solve(
             inst = inst.with_spec(constraints=inst.spec.constraints.model_copy(
                 update={"framework": emit}))
         try:
-            ranked = (queries.top_k(inst, top, solver=solver, time_limit=time_limit)
-                      if top > 1 else None)
-            res = ranked[0] if top > 1 else run_solve(inst, solver=solver, time_limit=time_limit)
+            with SolveStatus(err, file.name):
+                ranked = (queries.top_k(inst, top, solver=solver, time_limit=time_limit)
+                          if top > 1 else None)
+                res = ranked[0] if top > 1 else run_solve(inst, solver=solver,
+                                                          time_limit=time_limit)
         except InfeasibleError as exc:
             if compare:
                 _compare_without_a_plan(exc, inst, solver, time_limit, workers, as_json)

@@ -1,0 +1,70 @@
+"""A status line on stderr while a long solve runs: which of its models the search is on and
+the best plan proven so far (formulations/progress.py says why a solve is many models).
+
+Shown only on a terminal, and only once the search splits its space (a small space is one
+model and solves in about a second): a pipe, a log and ``--json`` readers see nothing of it."""
+
+from __future__ import annotations
+
+import time
+
+from formulations import progress
+
+#: the models' kinds, outermost first: a batch range's batch models each split into sharding
+#: mode and layout models
+KINDS = ("fixed-batch", "sharding-mode and layout")
+WORDS = {"fixed-batch": "batch model", "sharding-mode and layout": "sharding / layout model"}
+UNITS = {"step_time": "s per step", "time_per_sample": "s per sequence"}
+
+
+def status_text(label: str, levels: dict[str, tuple[int, int]], best: float | None,
+                objective: str, elapsed: float) -> str:
+    """The line: ``solving FILE: batch models 3 of 12, sharding / layout models 5 of 24, best
+    so far 0.0195 s per sequence (41 s)``: of each kind, the latest model started (from 1) of
+    its split's count."""
+    where = ", ".join(f"{WORDS.get(k, k)}s {i + 1} of {n}" for k, (i, n) in
+                      sorted(levels.items(), key=lambda kv: KINDS.index(kv[0])
+                             if kv[0] in KINDS else len(KINDS)))
+    so_far = "" if best is None else f", best so far {best:.6g} {UNITS.get(objective, '')}"
+    return f"solving {label}: {where}{so_far} ({elapsed:.0f} s)".replace(" )", ")")
+
+
+class SolveStatus:
+    """``with SolveStatus(err, "file.toml"):`` around a solve: a spinner and :func:`status_text`
+    on ``console`` (stderr) while it runs, gone when it ends."""
+
+    def __init__(self, console, label: str):
+        self.console, self.label = console, label
+        self.levels: dict[str, tuple[int, int]] = {}
+        self.best: float | None = None
+        self.t0 = time.perf_counter()
+        self.status = None
+        self._listening = None
+
+    def __enter__(self) -> SolveStatus:
+        if self.console.is_terminal:
+            self._listening = progress.listen(self.hear)
+            self._listening.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._listening is not None:
+            self._listening.__exit__(*exc)
+        if self.status is not None:
+            self.status.stop()
+
+    def hear(self, kind: str, index: int, total: int, best: float | None,
+             objective: str) -> None:
+        # (one counter per kind, not nested: a range's leading batch model goes on with its
+        # sharding / layout models in one thread while the other batch models start in a
+        # second, formulations/solve.py BATCHES_BESIDE_TIES)
+        self.levels[kind] = (index, total)
+        if best is not None:            # (every level minimises the same objective)
+            self.best = best if self.best is None else min(self.best, best)
+        text = status_text(self.label, self.levels, self.best, objective,
+                           time.perf_counter() - self.t0)
+        if self.status is None:
+            self.status = self.console.status(text)
+            self.status.start()
+        else:
+            self.status.update(text)
