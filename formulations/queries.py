@@ -23,7 +23,7 @@ from planner.model.terms import gemm_rate
 from planner.model.words import plural
 from planner.model.workload import Shape
 
-from formulations import pool, ties
+from formulations import pool, progress, ties
 from formulations.result import SolveResult, Status
 from formulations.solve import default_objective, solve
 
@@ -115,8 +115,12 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
         raise InputError(f"{inst.source}: {too_many_sizes(inst, len(options))}")
     check_backend(solver)        # (before any size: one may be infeasible before a backend runs)
     tasks = [(inst.at_size(n), solver, time_limit, "brief") for n in options]
-    points = [_pareto_point(n, res)
-              for n, res in zip(options, pool.imap(_solve_or_infeasible, tasks, workers))]
+    points = []
+    progress.starting("cluster size", 0, len(options), None, "step_time")
+    for i, (n, res) in enumerate(zip(options, pool.imap(_solve_or_infeasible, tasks, workers))):
+        points.append(_pareto_point(n, res))
+        if i + 1 < len(options):                    # (the next size's answer awaited)
+            progress.starting("cluster size", i + 1, len(options), None, "step_time")
     feasible = [p for p in points if p.result is not None]
     for p in feasible:
         p.on_front = not any(_dominates(front_key(q), front_key(p))
@@ -435,13 +439,14 @@ def capacity(inst: Instance, deadline_days: float, solver: str = "cpsat",
     solved = pool.imap(_capacity_size, [(inst.at_size(n), deadline_days, solver, time_limit)
                                         for n in options if bounds[n] <= deadline_days], workers)
     try:
-        for n in options:
+        for i, n in enumerate(options):
             lb = bounds[n]
             if lb > deadline_days:
                 last_miss = {"nodes": n, "days_lower_bound": lb, "proof": "compute lower bound"}
                 ans.bound_skipped.append(n)
                 ans.skipped_days_lower_bound = lb
                 continue
+            progress.starting("cluster size", i, len(options), None, "step_time")
             res = next(solved)
             if isinstance(res, InfeasibleError):        # no plan at this size
                 entry = _infeasible(n, res)

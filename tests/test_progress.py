@@ -43,9 +43,12 @@ def test_the_status_is_shown_on_a_terminal_only():
         progress.starting("fixed-batch", 1, 16, 0.02, "time_per_sample")
         progress.starting("sharding-mode and layout", 4, 12, 0.0195, "time_per_sample")
         assert shown.best == 0.0195 and shown.status is not None
+        # another cluster size (pareto, capacity) is another question: its own best
+        progress.starting("cluster size", 3, 6, None, "step_time")
+        assert shown.best is None and shown.levels == {"cluster size": (3, 6)}
     # the line goes with the solve; the next one starts without a listener
     progress.starting("fixed-batch", 2, 16, None, "time_per_sample")
-    assert shown.levels == {"fixed-batch": (1, 16), "sharding-mode and layout": (4, 12)}
+    assert shown.levels == {"cluster size": (3, 6)}
 
 
 def test_the_status_line_reads_as_counts_and_the_objectives_unit():

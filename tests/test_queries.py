@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from formulations import queries
+from formulations import progress, queries
 from formulations.solve import solve
 from formulations.space import build_space
 from planner.model.errors import InfeasibleError, InputError
@@ -43,8 +43,11 @@ def doc(**over):
 
 def test_pareto_front_is_non_dominated_and_reproducible():
     inst = parse_instance(doc())
-    points = queries.pareto(inst, solver="highs")
+    sizes = []                  # (the sizes it says it is on while it runs: formulations/progress)
+    with progress.listen(lambda kind, i, n, *_: kind == "cluster size" and sizes.append((i, n))):
+        points = queries.pareto(inst, solver="highs")
     assert [p.nodes for p in points] == [1, 2, 3, 4]
+    assert sizes == [(0, 4), (1, 4), (2, 4), (3, 4)]
     feasible = [p for p in points if p.result is not None]
     front = [p for p in feasible if p.on_front]
     assert front, "a front always has a point when some size is feasible"
@@ -104,8 +107,12 @@ def test_capacity_answer_is_minimal():
     two = solve(inst.with_nodes(2)).report.total_days
     assert two < one
     deadline = (one + two) / 2
-    ans = queries.capacity(inst, deadline)
+    sizes = []
+    with progress.listen(lambda kind, i, n, *_: kind == "cluster size" and sizes.append((i, n))):
+        ans = queries.capacity(inst, deadline)
     assert ans.nodes == 2
+    # the sizes it waited for, in order, up to the answer (1 node may be skipped by its bound)
+    assert sizes[-1] == (1, 8) and sizes in ([(0, 8), (1, 8)], [(1, 8)])
     assert ans.result.report.total_days <= deadline
     ns = ans.next_smaller   # shown too slow by its proven optimum or by the compute bound
     assert ns["nodes"] == 1 and ns.get("days", ns.get("days_lower_bound")) > deadline

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 from typer.core import TyperGroup
 
+from planner.app.waiting import SolveStatus
 from planner.model.errors import InfeasibleError, PlanError
 
 try:                                    # typer >= 0.20 vendors click
@@ -266,7 +267,6 @@ def evaluate(
         best = None
         if vs_optimum:
             from formulations.solve import solve as run_solve
-            from planner.app.waiting import SolveStatus
 
             with SolveStatus(err, file.name):
                 best = run_solve(inst, solver=solver, time_limit=time_limit)
@@ -431,7 +431,6 @@ def solve(
     from formulations.result import Status
     from formulations.solve import solve as run_solve
     from planner.app.report import compare_table, print_step, solver_panel, top_table
-    from planner.app.waiting import SolveStatus
     from planner.model.errors import InputError
 
     try:
@@ -542,8 +541,9 @@ def pareto(
 
             check_plot_path(plot)
         inst = _load(file)
-        points = queries.pareto(inst, solver=solver, time_limit=time_limit,
-                                workers=workers_or_default(workers))
+        with SolveStatus(err, file.name):
+            points = queries.pareto(inst, solver=solver, time_limit=time_limit,
+                                    workers=workers_or_default(workers))
         docs = [p.to_dict() for p in points]
         if plot and any(d.get("plan") for d in docs):
             from planner.app.plot import plot_front
@@ -618,8 +618,9 @@ def capacity(
 
     try:
         inst = _load(file)
-        ans = queries.capacity(inst, deadline_days, solver=solver, time_limit=time_limit,
-                               budget_usd=budget_usd, workers=workers_or_default(workers))
+        with SolveStatus(err, file.name):
+            ans = queries.capacity(inst, deadline_days, solver=solver, time_limit=time_limit,
+                                   budget_usd=budget_usd, workers=workers_or_default(workers))
     except PlanError as exc:
         _fail(exc, as_json)
     over = bool(ans.cheapest and not ans.cheapest["within_budget"])

@@ -10,10 +10,12 @@ import time
 
 from formulations import progress
 
-#: the models' kinds, outermost first: a batch range's batch models each split into sharding
-#: mode and layout models
-KINDS = ("fixed-batch", "sharding-mode and layout")
-WORDS = {"fixed-batch": "batch model", "sharding-mode and layout": "sharding / layout model"}
+#: what is counted, outermost first: the cluster sizes of pareto and capacity (their answers
+#: awaited in order), a batch range's batch models, a fixed batch's sharding mode and layout
+#: models
+KINDS = ("cluster size", "fixed-batch", "sharding-mode and layout")
+WORDS = {"cluster size": "cluster size", "fixed-batch": "batch model",
+         "sharding-mode and layout": "sharding / layout model"}
 UNITS = {"step_time": "s per step", "time_per_sample": "s per sequence"}
 
 
@@ -59,7 +61,10 @@ class SolveStatus:
         # sharding / layout models in one thread while the other batch models start in a
         # second, formulations/solve.py BATCHES_BESIDE_TIES)
         self.levels[kind] = (index, total)
-        if best is not None:            # (every level minimises the same objective)
+        if kind == KINDS[0]:            # another cluster size: another question (its own best,
+            self.best = None            # its own models)
+            self.levels = {kind: (index, total)}
+        elif best is not None:          # (a size's models minimise the same objective)
             self.best = best if self.best is None else min(self.best, best)
         text = status_text(self.label, self.levels, self.best, objective,
                            time.perf_counter() - self.t0)
