@@ -37,3 +37,21 @@ def starting(kind: str, index: int, total: int, best: float | None, objective: s
     """Tell the listeners that a model is starting (from any of the search's threads)."""
     for listener in list(_listeners):
         listener(kind, index, total, best, objective)
+
+
+def awaited(results: Iterator, kind: str, total: int, objective: str = "step_time") -> Iterator:
+    """``results``, answers read in order (a process pool's, :func:`formulations.pool.imap`),
+    each announced as the ``kind`` awaited before it is read; closing this closes them (a pool
+    stops its solves)."""
+    try:
+        for index in range(total):
+            starting(kind, index, total, None, objective)
+            try:
+                item = next(results)
+            except StopIteration:
+                return
+            yield item
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()

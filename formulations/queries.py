@@ -115,12 +115,8 @@ def pareto(inst: Instance, solver: str = "cpsat", time_limit: float | None = Non
         raise InputError(f"{inst.source}: {too_many_sizes(inst, len(options))}")
     check_backend(solver)        # (before any size: one may be infeasible before a backend runs)
     tasks = [(inst.at_size(n), solver, time_limit, "brief") for n in options]
-    points = []
-    progress.starting("cluster size", 0, len(options), None, "step_time")
-    for i, (n, res) in enumerate(zip(options, pool.imap(_solve_or_infeasible, tasks, workers))):
-        points.append(_pareto_point(n, res))
-        if i + 1 < len(options):                    # (the next size's answer awaited)
-            progress.starting("cluster size", i + 1, len(options), None, "step_time")
+    points = [_pareto_point(n, res) for n, res in zip(options, progress.awaited(
+        pool.imap(_solve_or_infeasible, tasks, workers), "cluster size", len(options)))]
     feasible = [p for p in points if p.result is not None]
     for p in feasible:
         p.on_front = not any(_dominates(front_key(q), front_key(p))
@@ -659,7 +655,8 @@ def compare(inst: Instance, solver: str = "cpsat", time_limit: float | None = No
     tasks = [(inst.with_spec(constraints=lifted_all), solver, time_limit, True, known, True)]
     tasks += [(inst, solver, time_limit, True)] if constrained is None else []
     tasks += [(without, solver, time_limit, False, known, False) for without in withouts]
-    solved = pool.imap(_solve_or_infeasible, tasks, workers)
+    solved = progress.awaited(pool.imap(_solve_or_infeasible, tasks, workers),
+                              "comparison solve", len(tasks))
     try:
         base = next(solved)
         if isinstance(base, InfeasibleError):

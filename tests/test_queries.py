@@ -358,7 +358,12 @@ def test_compare_names_the_binding_constraint():
     --compare reports a slowdown and names exactly the two that bind."""
     caps = {"max_tp": 1, "max_vp": 1, "max_dp": 16}
     inst = parse_instance(base_doc("big", caps))
-    cmp = queries.compare(inst)
+    awaited = []                # (the solves it says it waits for: the baseline, the constrained
+    with progress.listen(       # optimum, one per what-if key set; formulations/progress.py)
+            lambda kind, i, n, *_: kind == "comparison solve" and awaited.append((i, n))):
+        cmp = queries.compare(inst)
+    n = awaited[0][1]           # (and every key the instance sets apart from its default)
+    assert n >= 2 + len(caps) and awaited == [(i, n) for i in range(n)]
     free = solve(inst.with_spec(constraints=inst.spec.constraints.model_copy(
         update=dict.fromkeys(caps))))
     assert broken(free.report, caps) == {"max_tp", "max_vp"}

@@ -398,8 +398,9 @@ def _compare_without_a_plan(exc: InfeasibleError, inst, solver: str, time_limit:
     from planner.app.report import compare_table
 
     try:
-        cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=exc,
-                              workers=workers_or_default(workers))
+        with SolveStatus(err, Path(inst.source).name):
+            cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=exc,
+                                  workers=workers_or_default(workers))
     except PlanError:
         return                   # (the caller raises the constrained solve's own error)
     if not as_json:
@@ -457,8 +458,9 @@ def solve(
             raise
         # (the constrained optimum is the solve above, or the list's first plan under --top:
         # the plan the report shows, not solved again, and the cap of compare's other solves)
-        cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=res,
-                              workers=workers_or_default(workers)) if compare else None
+        with SolveStatus(err, file.name):
+            cmp = queries.compare(inst, solver=solver, time_limit=time_limit, constrained=res,
+                                  workers=workers_or_default(workers)) if compare else None
         launch = _emit_text(inst, res.report.plan, emit) if (emit and res.report) else None
         if launch is not None and (emit_to is not None or not as_json):
             _write_launch(launch, emit_to)

@@ -10,12 +10,12 @@ import time
 
 from formulations import progress
 
-#: what is counted, outermost first: the cluster sizes of pareto and capacity (their answers
-#: awaited in order), a batch range's batch models, a fixed batch's sharding mode and layout
-#: models
-KINDS = ("cluster size", "fixed-batch", "sharding-mode and layout")
-WORDS = {"cluster size": "cluster size", "fixed-batch": "batch model",
-         "sharding-mode and layout": "sharding / layout model"}
+#: what is counted, outermost first: the cluster sizes of pareto and capacity and the solves
+#: of --compare (their answers awaited in order), a batch range's batch models, a fixed
+#: batch's sharding mode and layout models
+KINDS = ("cluster size", "comparison solve", "fixed-batch", "sharding-mode and layout")
+WORDS = {"cluster size": "cluster size", "comparison solve": "comparison solve",
+         "fixed-batch": "batch model", "sharding-mode and layout": "sharding / layout model"}
 UNITS = {"step_time": "s per step", "time_per_sample": "s per sequence"}
 
 
@@ -61,8 +61,8 @@ class SolveStatus:
         # sharding / layout models in one thread while the other batch models start in a
         # second, formulations/solve.py BATCHES_BESIDE_TIES)
         self.levels[kind] = (index, total)
-        if kind == KINDS[0]:            # another cluster size: another question (its own best,
-            self.best = None            # its own models)
+        if kind in KINDS[:2]:           # another cluster size or what-if: another question
+            self.best = None            # (its own best, its own models)
             self.levels = {kind: (index, total)}
         elif best is not None:          # (a size's models minimise the same objective)
             self.best = best if self.best is None else min(self.best, best)
