@@ -4,8 +4,9 @@ A large space is solved as many models (formulations/solve.py, ``_best_of_parts`
 candidate batch of a global-batch range, one per data-parallel sharding mode and pipeline
 layout of a fixed batch. On the largest instances that is a hundred models and most of a minute
 (instances/deepseek-v3-h800.toml without its ``pp`` and ``vp`` pins: 105 models, about 47 s
-under CP-SAT on two cores). The search says when it starts each model, and with what incumbent;
-whoever listens decides what to show. With no listener nothing is done, and the search knows
+under CP-SAT on two cores). The search says when it starts each model, and with what incumbent,
+and the queries which of their many solves they await (:func:`awaited`); whoever listens
+decides what to show. With no listener nothing is done, and the search knows
 nothing of its listeners (model <- search <- app)."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 #: called as ``listener(kind, index, total, best, objective)``: the ``index``-th (from 0) of
-#: ``total`` models of ``kind`` ("fixed-batch", "sharding-mode and layout") is starting; ``best``
-#: is the best objective proven so far among them (None before the first), in ``objective``'s
+#: ``total`` models of ``kind`` ("fixed-batch", "sharding-mode and layout") is starting, or
+#: the ``index``-th answer of a query's ``total`` is awaited ("cluster size": pareto's and
+#: capacity's sizes; "comparison solve": --compare's); ``best`` is the best objective proven so
+#: far among the models (None before the first, and for awaited answers), in ``objective``'s
 #: unit ("step_time": seconds per step, "time_per_sample": seconds per sequence)
 Listener = Callable[[str, int, int, "float | None", str], None]
 

@@ -1,11 +1,14 @@
 """A status line on stderr while a long solve runs: which of its models the search is on and
-the best plan proven so far (formulations/progress.py says why a solve is many models).
+the best plan proven so far (formulations/progress.py says why a solve is many models), and
+for the queries that await many solves (pareto and capacity's sizes, --compare's what-ifs)
+which one they await.
 
-Shown only on a terminal, and only once the search splits its space (a small space is one
+Shown only on a terminal, and only once there is something to count (a small space is one
 model and solves in about a second): a pipe, a log and ``--json`` readers see nothing of it."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from formulations import progress
@@ -42,6 +45,7 @@ class SolveStatus:
         self.t0 = time.perf_counter()
         self.status = None
         self._listening = None
+        self._lock = threading.Lock()       # (the search announces from two threads)
 
     def __enter__(self) -> SolveStatus:
         if self.console.is_terminal:
@@ -57,19 +61,19 @@ class SolveStatus:
 
     def hear(self, kind: str, index: int, total: int, best: float | None,
              objective: str) -> None:
-        # (one counter per kind, not nested: a range's leading batch model goes on with its
-        # sharding / layout models in one thread while the other batch models start in a
-        # second, formulations/solve.py BATCHES_BESIDE_TIES)
-        self.levels[kind] = (index, total)
-        if kind in KINDS[:2]:           # another cluster size or what-if: another question
-            self.best = None            # (its own best, its own models)
-            self.levels = {kind: (index, total)}
-        elif best is not None:          # (a size's models minimise the same objective)
-            self.best = best if self.best is None else min(self.best, best)
-        text = status_text(self.label, self.levels, self.best, objective,
-                           time.perf_counter() - self.t0)
-        if self.status is None:
-            self.status = self.console.status(text)
-            self.status.start()
-        else:
-            self.status.update(text)
+        with self._lock:
+            if kind in KINDS[:2]:       # another cluster size or what-if: another question,
+                self.levels, self.best = {}, None   # its own models and its own best
+            elif best is not None:      # (one question's models minimise one objective)
+                self.best = best if self.best is None else min(self.best, best)
+            # (one counter per kind, not nested: a range's leading batch model goes on with its
+            # sharding / layout models in one thread while the other batch models start in a
+            # second, formulations/solve.py BATCHES_BESIDE_TIES)
+            self.levels[kind] = (index, total)
+            text = status_text(self.label, self.levels, self.best, objective,
+                               time.perf_counter() - self.t0)
+            if self.status is None:
+                self.status = self.console.status(text)
+                self.status.start()
+            else:
+                self.status.update(text)
