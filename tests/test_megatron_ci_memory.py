@@ -9,10 +9,12 @@ or between steps, and at a realistic size it misses little."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.app import memory_peaks
-from planner.model.evaluate import MOE_CAVEAT
+from planner.model.evaluate import MOE_CAVEAT, TIGHT_MEMORY_CAVEAT, UNCOUNTED_PEAK_GIB
 
 ROWS = memory_peaks.load()
 RESULTS = {r.id: r for r in memory_peaks.compare(ROWS)}
@@ -72,6 +74,38 @@ def test_the_moe_caveat_quotes_the_proxy():
     """Every MoE plan is told how far the CI proxy's peak ended above the model's."""
     bf16, fp8 = (RESULTS[r].ratio for r in MOE_PROXY)
     assert f"{bf16:.3f}x the model's in bf16 and {fp8:.3f}x in FP8" in MOE_CAVEAT
+
+
+def test_the_tight_memory_caveat_quotes_the_most_left_out():
+    """A Megatron-Core plan within that much of its limit is told so (planner/model/evaluate.py,
+    TIGHT_MEMORY_CAVEAT): the figure is the CI's largest measured peak above the model's."""
+    s = memory_peaks.summary(list(RESULTS.values()))
+    assert UNCOUNTED_PEAK_GIB == round(s["max_uncounted_gib"], 2)
+    assert f"{UNCOUNTED_PEAK_GIB} GiB" in TIGHT_MEMORY_CAVEAT
+
+
+@pytest.mark.parametrize("left, framework, told", [
+    (1.0, None, True), (2.0, "nemo", True), (3.0, None, False),    # within the figure or not
+    (1.0, "deepspeed", False),      # (DeepSpeed's and torchtitan's memory have their own)
+    (-1.0, None, False)])           # (over the limit: a violation, not a caveat)
+def test_a_plan_close_to_its_limit_is_told_how_close_is_too_close(left, framework, told):
+    from planner.model.evaluate import evaluate
+    from planner.model.instance import load_instance
+    from planner.model.plan import plan_from_spec
+
+    inst = load_instance(Path(__file__).resolve().parent.parent / "instances"
+                         / "gpt3-175b-a100.toml")
+    c = inst.spec.constraints
+    inst = inst.with_spec(constraints=c.model_copy(update={"framework": framework}))
+    rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+    m = rep.memory_gib                # the reserve that leaves `left` GiB under the limit
+    reserve = m["capacity"] - m["total"] - left
+    inst = inst.with_spec(constraints=c.model_copy(update={"framework": framework,
+                                                           "memory_reserve_GiB": reserve}))
+    rep = evaluate(inst, plan_from_spec(inst, inst.spec.plan), spec=inst.spec.plan)
+    assert rep.memory_gib["headroom"] == pytest.approx(left)
+    assert (TIGHT_MEMORY_CAVEAT in rep.caveats) is told
+    assert any(v.startswith("memory:") for v in rep.violations) is (left < 0)
 
 
 def test_the_summary_is_what_the_docs_quote():
