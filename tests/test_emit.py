@@ -825,3 +825,38 @@ def test_torchtitan_virtual_stages_must_divide_by_the_pipeline_degree():
     text = comment_text(emit(inst, plan_from_spec(inst, inst.spec.plan), "torchtitan"))
     assert ("cannot express: these keys make 5 virtual stages, which torchtitan requires "
             "divisible by pipeline_parallel_degree 2") in text
+
+
+def test_every_export_says_what_the_model_costs_the_plan():
+    """Each export names the step time and per-GPU memory the model costs its plan (to set
+    against the launch's own), and a plan within UNCOUNTED_PEAK_GIB of its limit is told to
+    raise the reserve."""
+    from planner.model.evaluate import evaluate
+
+    inst = _inst("gpt3-175b-a100.toml")
+    plan = plan_from_spec(inst, inst.spec.plan)
+    rep = evaluate(inst, plan)
+    said = (f"costed by the model: {rep.step_time_s:.4g} s per step, "
+            f"{rep.memory_gib['total']:.2f} GiB per GPU")
+    for fmt, knobs in (("megatron", {}), ("nemo", {}),
+                       ("torchtitan", {"dp_sharding": "optim_grads_params"})):
+        inst_f = inst.with_spec(constraints=inst.spec.constraints.model_copy(
+            update={"framework": fmt}))
+        plan_f = plan_from_spec(inst_f, inst.spec.plan, **knobs)
+        text = emit(inst_f, plan_f, fmt)
+        flat = " ".join(x.lstrip("# ").strip() for x in text.splitlines() if x.startswith("#"))
+        rep_f = evaluate(inst_f, plan_f)
+        assert f"costed by the model: {rep_f.step_time_s:.4g} s per step" in flat, fmt
+        assert "raise constraints.memory_reserve_GiB" not in flat
+    ds = inst.with_spec(constraints=inst.spec.constraints.model_copy(
+        update={"framework": "deepspeed"}))
+    one = plan_from_spec(ds, inst.spec.plan, vp=1)
+    assert json.loads(emit(ds, one, "deepspeed"))["plan_parallelism"]["costed"].startswith(
+        f"costed by the model: {evaluate(ds, one).step_time_s:.4g} s per step")
+    # the same plan with the reserve that leaves it 1 GiB under its limit
+    tight = inst.with_spec(constraints=inst.spec.constraints.model_copy(update={
+        "memory_reserve_GiB": rep.memory_gib["capacity"] - rep.memory_gib["total"] - 1.0}))
+    flat = " ".join(x.lstrip("# ").strip()
+                    for x in emit(tight, plan, "megatron").splitlines() if x.startswith("#"))
+    assert said in flat and "1.00 GiB under its" in flat
+    assert "raise constraints.memory_reserve_GiB for room" in flat

@@ -318,3 +318,18 @@ def test_memory_reserve_must_leave_memory():
     d["constraints"] = {"memory_reserve_GiB": 1000}
     msg = error_of(d)
     assert "constraints.memory_reserve_GiB" in msg and "leaves no memory" in msg
+
+
+def test_a_new_cluster_section_is_resolved_as_a_file_holding_it_would_be():
+    """``with_spec(cluster=...)`` looks the GPU up again (its peaks, memory, kernel figures)
+    and sizes the cluster anew; it used to keep the old GPU's hardware under the new name,
+    which an export's cost line (planner/app/emit.py, ``costed``) then evaluated at zero
+    FLOP/s: NVFP4 on an H100's figures."""
+    inst = load_instance(Path(__file__).resolve().parent.parent / "instances"
+                         / "llama3-70b-h100.toml")
+    moved = inst.with_spec(cluster=inst.spec.cluster.model_copy(update={"gpu": "b200"}))
+    assert moved.hw.gpu.key == "b200" and moved.hw.peak_fp4 > 0
+    assert moved.hw.hbm_bytes > inst.hw.hbm_bytes and moved.gpus == inst.gpus
+    fp8 = inst.with_spec(training=inst.spec.training.model_copy(update={"precision": "fp8"}))
+    with pytest.raises(InputError, match='cluster.gpu = "a100-80gb" has not'):
+        fp8.with_spec(cluster=fp8.spec.cluster.model_copy(update={"gpu": "a100-80gb"}))

@@ -191,6 +191,7 @@ import textwrap
 from collections.abc import Callable
 
 from planner.model.errors import InputError
+from planner.model.evaluate import TIGHT_MEMORY_CAVEAT, UNCOUNTED_PEAK_GIB, evaluate
 from planner.model.frameworks import (OVERLAP_KNOBS, SHARDING_MODES, compiled_loss,
                                       cp_exchange, framework_violations, offload_violations,
                                       on_megatron_core, sharding_refusal, te_holds_master,
@@ -201,6 +202,7 @@ from planner.model.instance import Instance
 from planner.model.plan import ORDER, Plan, default_placement
 from planner.model.rules import violations
 from planner.model.schema import MODELLED_MODULES
+from planner.model.words import stage_words
 
 FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
 
@@ -419,10 +421,30 @@ def _header(inst: Instance, plan: Plan, what: str, torchrun: bool = True) -> lis
         gpus,
         f"global batch {plan.global_batch} = dp {plan.dp} x micro_batch {plan.micro_batch} x "
         f"{plan.micro_batches} micro-batches per step",
+        costed(inst, plan),
     ] + ([f"model shape: {inst.spec.model.approximates}; the model arguments below build "
           "the approximation, not the original"] if inst.spec.model.approximates else []) \
         + ([_BF16_STATES] if _bf16_without_master(inst) else []) \
         + ([_EXPANDABLE] if inst.spec.training.expandable_segments else [])
+
+
+def costed(inst: Instance, plan: Plan) -> str:
+    """What the model costs the plan, for the export to say beside it (to set against the
+    launch's own step time and memory): ``costed by the model: 7.671 s per step, 72.82 GiB
+    per GPU (the middle pipeline stage), 0.80 GiB under its 73.62 GiB limit (capacity 79.60 -
+    reserve 5.98)``, and where the plan runs within :data:`UNCOUNTED_PEAK_GIB` of the limit,
+    that Megatron-LM's CI measured peaks up to that much above the model's."""
+    rep = evaluate(inst, plan)
+    mem = rep.memory_gib
+    text = (f"costed by the model: {rep.step_time_s:.4g} s per step, {mem['total']:.2f} GiB per "
+            f"GPU ({stage_words(rep.most_loaded_stage)}), {mem['headroom']:.2f} GiB under its "
+            f"{mem['limit']:.2f} GiB limit (capacity {mem['capacity']:.2f} - reserve "
+            f"{mem['reserve']:.2f})")
+    if TIGHT_MEMORY_CAVEAT in rep.caveats:
+        text += (f"; that is within the {UNCOUNTED_PEAK_GIB} GiB by which measured peaks on "
+                 "Megatron-LM's CI exceeded the model's: raise constraints.memory_reserve_GiB "
+                 "for room")
+    return text
 
 
 #: what every export says of ``[training] expandable_segments`` (an environment variable of the
@@ -1597,6 +1619,7 @@ def _deepspeed(inst: Instance, plan: Plan) -> str:
                                            _op_selective(inst, plan),
                                            recompute_modules(inst, plan)),
             "plan": plan.label(),
+            "costed": costed(inst, plan),
             "tensor": plan.tp,
             "pipeline": plan.pp,
             "data": plan.dp,

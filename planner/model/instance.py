@@ -159,8 +159,11 @@ class Instance:
     def with_spec(self, **sections: Any) -> Instance:
         """A copy with whole sections of the spec replaced (constraints, plan, training...).
         When the kernel stack changes with them (a framework set after loading, as ``plan
-        solve --emit`` does), the kernel figures in ``hw`` follow it."""
+        solve --emit`` does), the kernel figures in ``hw`` follow it; a new ``cluster`` is
+        resolved anew (its GPU, overrides and size), as a file holding it would be."""
         spec = self.spec.model_copy(update=sections)
+        if "cluster" in sections and spec.cluster != self.spec.cluster:
+            return resolve(spec, self.source)
         if stack_of_spec(spec) == stack_of_spec(self.spec):
             return replace(self, spec=spec)
         return replace(self, spec=spec, hw=replace(self.hw, **stack_figures(self.hw.gpu, spec)))
