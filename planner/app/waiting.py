@@ -9,7 +9,6 @@ model and solves in about a second): a pipe, a log and ``--json`` readers see no
 from __future__ import annotations
 
 import threading
-import time
 
 from formulations import progress
 
@@ -23,27 +22,28 @@ UNITS = {"step_time": "s per step", "time_per_sample": "s per sequence"}
 
 
 def status_text(label: str, levels: dict[str, tuple[int, int]], best: float | None,
-                objective: str, elapsed: float) -> str:
-    """The line: ``solving FILE: batch models 3 of 12, sharding / layout models 5 of 24, best
-    so far 0.0195 s per sequence (41 s)``: of each kind, the latest model started (from 1) of
-    its split's count."""
+                objective: str) -> str:
+    """The line (a spinner before it, the time elapsed after it): ``solving FILE: batch models
+    3 of 12, sharding / layout models 5 of 24, best so far 0.0195 s per sequence``: of each
+    kind, the latest model started (from 1) of its split's count."""
     where = ", ".join(f"{WORDS.get(k, k)}s {i + 1} of {n}" for k, (i, n) in
                       sorted(levels.items(), key=lambda kv: KINDS.index(kv[0])
                              if kv[0] in KINDS else len(KINDS)))
     so_far = "" if best is None else f", best so far {best:.6g} {UNITS.get(objective, '')}"
-    return f"solving {label}: {where}{so_far} ({elapsed:.0f} s)".replace(" )", ")")
+    return f"solving {label}: {where}{so_far}".rstrip()
 
 
 class SolveStatus:
-    """``with SolveStatus(err, "file.toml"):`` around a solve: a spinner and :func:`status_text`
-    on ``console`` (stderr) while it runs, gone when it ends."""
+    """``with SolveStatus(err, "file.toml"):`` around a solve: a spinner, :func:`status_text`
+    and the time since its first announcement on ``console`` (stderr) while it runs, gone when
+    it ends (a transient rich progress line: the clock ticks between announcements)."""
 
     def __init__(self, console, label: str):
         self.console, self.label = console, label
         self.levels: dict[str, tuple[int, int]] = {}
         self.best: float | None = None
-        self.t0 = time.perf_counter()
-        self.status = None
+        self.status = None                  # the rich Progress, from the first announcement
+        self._task = None
         self._listening = None
         self._lock = threading.Lock()       # (the search announces from two threads)
 
@@ -70,10 +70,14 @@ class SolveStatus:
             # sharding / layout models in one thread while the other batch models start in a
             # second, formulations/solve.py BATCHES_BESIDE_TIES)
             self.levels[kind] = (index, total)
-            text = status_text(self.label, self.levels, self.best, objective,
-                               time.perf_counter() - self.t0)
+            text = status_text(self.label, self.levels, self.best, objective)
             if self.status is None:
-                self.status = self.console.status(text)
+                from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+                self.status = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                       TimeElapsedColumn(), console=self.console,
+                                       transient=True)
+                self._task = self.status.add_task(text, total=None)
                 self.status.start()
             else:
-                self.status.update(text)
+                self.status.update(self._task, description=text)
