@@ -58,3 +58,5 @@ def test_the_status_line_reads_as_counts_and_the_objectives_unit():
                     "best so far 0.0195 s per sequence")
     assert status_text("i.toml", {"sharding-mode and layout": (0, 105)}, None,
                        "step_time") == "solving i.toml: sharding / layout models 1 of 105"
+    assert status_text("the shipped runs", {"published run": (4, 205)}, None, "step_time",
+                       "ranking") == "ranking the shipped runs: published runs 5 of 205"

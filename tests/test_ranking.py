@@ -11,6 +11,7 @@ import pytest
 
 import re
 
+from formulations import progress
 from planner.app.ranking import (GAP_FLOOR_S, GRAD_OVERLAP_WITH_PP_SINCE, INTERLEAVE_PP2_SINCE,
                                  ranking, ranking_spaces)
 from planner.app.runs_file import load_runs, run_instance
@@ -34,7 +35,13 @@ def ranks(data):
     # benchmarks/ranking_spaces.py), as `plan validate` does by default; the MIPs' agreement on
     # the published runs' spaces is tests/test_published_space.py's subject, and CP-SAT's on
     # six of these rankings test_cpsat_ranks_as_the_enumerator_does's
-    return ranking(data, solver="enumerate")
+    with progress.listen(lambda kind, i, n, *_: ANNOUNCED.append((kind, i, n))):
+        return ranking(data, solver="enumerate")
+
+
+#: what the ranking said it was on while it ran (formulations/progress.py; plan validate's
+#: status line shows it)
+ANNOUNCED: list[tuple[str, int, int]] = []
 
 
 def _fits(data, run) -> bool:
@@ -44,6 +51,8 @@ def _fits(data, run) -> bool:
 
 def test_every_run_is_ranked(data, ranks):
     assert set(ranks) == {r["id"] for r in data["runs"]}
+    n = len(data["runs"])
+    assert ANNOUNCED == [("published run", i, n) for i in range(n)]
 
 
 def test_the_optimum_is_no_slower_than_a_published_plan_that_fits(data, ranks):

@@ -358,7 +358,8 @@ def validate(
 
     try:
         check_backend(solver)           # a bad name is bad input, whether or not it solves
-        res = validate_file(load_runs(runs), rank=rank, solver=solver, calibrate=calibrate)
+        with SolveStatus(err, runs.name if runs else "the shipped runs", verb="ranking"):
+            res = validate_file(load_runs(runs), rank=rank, solver=solver, calibrate=calibrate)
         # the shipped sets of measured alternatives go with the shipped runs
         alts = (alternatives.evaluate_sets(alternatives.load_sets(alternatives_file),
                                            optimum=rank, solver=solver)

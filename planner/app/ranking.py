@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from formulations import progress
 from planner.app.runs_file import LAYOUT_KEYS, code_date, run_instance
 from planner.model.errors import InfeasibleError
 from planner.model.evaluate import evaluate
@@ -123,7 +124,8 @@ def ranking(data: dict[str, Any], solver: str = "cpsat",
         return found, notes
 
     out: dict[str, dict[str, Any]] = {}
-    for run in data["runs"]:
+    for i, run in enumerate(data["runs"]):
+        progress.starting("published run", i, len(data["runs"]), None, "step_time")
         inst = run_instance(data, run)
         plan = plan_from_spec(inst, inst.spec.plan)
         pub_report = evaluate(inst, plan, spec=inst.spec.plan)

@@ -12,17 +12,21 @@ import threading
 
 from formulations import progress
 
-#: what is counted, outermost first: the cluster sizes of pareto and capacity and the solves
-#: of --compare (their answers awaited in order), a batch range's batch models, a fixed
-#: batch's sharding mode and layout models
-KINDS = ("cluster size", "comparison solve", "fixed-batch", "sharding-mode and layout")
-WORDS = {"cluster size": "cluster size", "comparison solve": "comparison solve",
-         "fixed-batch": "batch model", "sharding-mode and layout": "sharding / layout model"}
+#: what is counted, outermost first: the published runs plan validate ranks, the cluster
+#: sizes of pareto and capacity and the solves of --compare (their answers awaited in order),
+#: a batch range's batch models, a fixed batch's sharding mode and layout models; each of the
+#: first three is a question of its own
+KINDS = ("published run", "cluster size", "comparison solve", "fixed-batch",
+         "sharding-mode and layout")
+QUESTIONS = KINDS[:3]
+WORDS = {"published run": "published run", "cluster size": "cluster size",
+         "comparison solve": "comparison solve", "fixed-batch": "batch model",
+         "sharding-mode and layout": "sharding / layout model"}
 UNITS = {"step_time": "s per step", "time_per_sample": "s per sequence"}
 
 
 def status_text(label: str, levels: dict[str, tuple[int, int]], best: float | None,
-                objective: str) -> str:
+                objective: str, verb: str = "solving") -> str:
     """The line (a spinner before it, the time elapsed after it): ``solving FILE: batch models
     3 of 12, sharding / layout models 5 of 24, best so far 0.0195 s per sequence``: of each
     kind, the latest model started (from 1) of its split's count."""
@@ -30,7 +34,7 @@ def status_text(label: str, levels: dict[str, tuple[int, int]], best: float | No
                       sorted(levels.items(), key=lambda kv: KINDS.index(kv[0])
                              if kv[0] in KINDS else len(KINDS)))
     so_far = "" if best is None else f", best so far {best:.6g} {UNITS.get(objective, '')}"
-    return f"solving {label}: {where}{so_far}".rstrip()
+    return f"{verb} {label}: {where}{so_far}".rstrip()
 
 
 class SolveStatus:
@@ -38,8 +42,8 @@ class SolveStatus:
     and the time since its first announcement on ``console`` (stderr) while it runs, gone when
     it ends (a transient rich progress line: the clock ticks between announcements)."""
 
-    def __init__(self, console, label: str):
-        self.console, self.label = console, label
+    def __init__(self, console, label: str, verb: str = "solving"):
+        self.console, self.label, self.verb = console, label, verb
         self.levels: dict[str, tuple[int, int]] = {}
         self.best: float | None = None
         self.status = None                  # the rich Progress, from the first announcement
@@ -62,7 +66,7 @@ class SolveStatus:
     def hear(self, kind: str, index: int, total: int, best: float | None,
              objective: str) -> None:
         with self._lock:
-            if kind in KINDS[:2]:       # another cluster size or what-if: another question,
+            if kind in QUESTIONS:       # another run, size or what-if: another question,
                 self.levels, self.best = {}, None   # its own models and its own best
             elif best is not None:      # (one question's models minimise one objective)
                 self.best = best if self.best is None else min(self.best, best)
@@ -70,7 +74,7 @@ class SolveStatus:
             # sharding / layout models in one thread while the other batch models start in a
             # second, formulations/solve.py BATCHES_BESIDE_TIES)
             self.levels[kind] = (index, total)
-            text = status_text(self.label, self.levels, self.best, objective)
+            text = status_text(self.label, self.levels, self.best, objective, self.verb)
             if self.status is None:
                 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
