@@ -253,7 +253,8 @@ def emitted(result, args: list[str]) -> str | None:
     if result.exit_code or "--emit" not in args:
         return None
     # (the last --emit given is the one that counts, as for any repeated option)
-    fmt, text = args[len(args) - 1 - args[::-1].index("--emit") + 1], result.stdout
+    last = max(i for i, a in enumerate(args) if a == "--emit")
+    fmt, text = args[last + 1], result.stdout
     try:
         if fmt == "deepspeed":
             json.loads(text)
@@ -315,9 +316,9 @@ def degrees_differ(fmt: str, text: str) -> str | None:
         got = {k: num(p, dflt) for k, (p, dflt) in DEGREE_LINES[fmt].items()}
         if fmt == "torchtitan":         # (replicas x shards, both written out)
             got["DP"] = got["DP"] * num(r"^data_parallel_shard_degree = (\d+)", 1)
-        per = num(r"^--num-layers-per-virtual-pipeline-stage (\d+)")
         if fmt == "megatron" and "--pipeline-model-parallel-layout" not in text:
             # (a layout string derives vp; otherwise chunks per rank, or layers per chunk)
+            per = num(r"^--num-layers-per-virtual-pipeline-stage (\d+)")
             got["VP"] = num(r"^--num-virtual-stages-per-pipeline-rank (\d+)") or (
                 num(r"^--num-layers (\d+)") // (got["PP"] * per) if per else 1)
         world = (num(r"^ +num_nodes: (\d+)", 0) * num(r"^ +devices: (\d+)", 0)
