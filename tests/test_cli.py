@@ -292,8 +292,9 @@ def test_validate_json_has_the_measured_alternatives(runner):
         ci["summary"]["ratio_min"])
     assert max(r["uncounted_gib"] for r in ci["runs"]) == pytest.approx(
         ci["summary"]["max_uncounted_gib"])
-    a, b = d["alternatives"]
+    a, b, *table2 = d["alternatives"]
     assert a["id"].startswith("bloom-181b") and a["optimum"] is None   # (no ranking: no solve)
+    assert len(table2) == 5 and all(t["timed_plans"] == 2 for t in table2)
     assert b["timed_plans"] == 16 and b["oom_plans"] == 3
     assert a["timed_plans"] == 19 and a["oom_plans"] == 3
     assert -1 <= a["kendall_tau"] <= 1

@@ -5,9 +5,12 @@ how far that plan lies from the model's optimum. A set of measured alternatives
 (planner/data/measured_alternatives.toml) is one model (or a few shapes of it) timed under
 many plans on the same machines on the same day, with the plans that ran out of memory: it
 says whether the model puts the plans in the order the hardware did, which is what a proven
-optimum is worth. The times are never fitted; one figure rests on the sets' memory: DeepSpeed's
-default reserve (frameworks.py ``measured_peak_ratio``, the lowest of their nvidia-smi
-readings over the model's peak, checked day against day in tests/test_alternatives.py).
+optimum is worth. A plan may also run under another framework or change knobs the set's plans
+otherwise share (a paper setting its scheme against a baseline on one cluster: the data
+file's Narayanan et al. sets, Megatron-LM's 3D parallelism against DeepSpeed's ZeRO-3). The
+times are never fitted; one figure rests on the sets' memory: DeepSpeed's default reserve
+(frameworks.py ``measured_peak_ratio``, the lowest of their nvidia-smi readings over the
+model's peak, checked day against day in tests/test_alternatives.py).
 
 Per set this reports:
 
@@ -42,8 +45,9 @@ from planner.model.words import toml_value
 #: each plan's own keys (the rest of its [plan] comes from the set's ``plan``), the required
 #: first
 PLAN_OWN = ("tp", "pp", "dp", "micro_batch", "global_batch", "cp", "ep")
-#: what a plan may say beside them
-PLAN_EXTRA = ("model", "measured_step_time_s", "memory_GiB", "outcome")
+#: what a plan may say beside them: its own shape (``model``), framework and knobs (``knobs``:
+#: the set's ``plan`` keys this plan changes), and what it measured
+PLAN_EXTRA = ("model", "framework", "knobs", "measured_step_time_s", "memory_GiB", "outcome")
 #: a set's keys, the required first
 SET_KEYS = ("id", "model", "gpu", "precision", "plans", "source", "framework", "cluster", "plan",
             "training")
@@ -62,6 +66,8 @@ def _positive(x: Any, whole: bool = False) -> bool:
 
 def _plan_problems(where: str, pl: Any) -> list[str]:
     """What is wrong with one plan of a set, in the file's words."""
+    from planner.app.runs_file import RUN_FRAMEWORK_NAMES
+
     if not isinstance(pl, dict):
         return [f"{where}: expected a table {{ tp = ..., pp = ..., ... }}"]
     out = [f"{where}.{k}: unknown key; expected one of {', '.join(PLAN_OWN + PLAN_EXTRA)}"
@@ -73,6 +79,14 @@ def _plan_problems(where: str, pl: Any) -> list[str]:
             ("measured_step_time_s", "memory_GiB") if k in pl and not _positive(pl[k])]
     if "model" in pl and not isinstance(pl["model"], dict):
         out.append(f"{where}.model: expected a table of the set's model keys it changes")
+    if "knobs" in pl and not isinstance(pl["knobs"], dict):
+        out.append(f"{where}.knobs: expected a table of the set's plan keys it changes")
+    elif "knobs" in pl and set(pl["knobs"]) & set(PLAN_OWN):
+        out.append(f"{where}.knobs: {', '.join(sorted(set(pl['knobs']) & set(PLAN_OWN)))} "
+                   "belong in the plan itself")
+    if "framework" in pl and pl["framework"] not in RUN_FRAMEWORK_NAMES:
+        out.append(f"{where}.framework = {toml_value(pl['framework'])}: expected one of "
+                   f"{', '.join(RUN_FRAMEWORK_NAMES)}")
     if ("measured_step_time_s" in pl) == ("outcome" in pl):
         out.append(f"{where}: give measured_step_time_s or outcome = \"oom\", one of them")
     elif "outcome" in pl and pl["outcome"] not in OUTCOMES:
@@ -142,17 +156,27 @@ def shape_label(pl: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in pl.get("model", {}).items())
 
 
+def setting_label(s: dict[str, Any], pl: dict[str, Any]) -> str:
+    """What a plan runs otherwise than the set's plans, in words: its framework where it is
+    not the set's, and the knobs it changes (empty for neither)."""
+    fw = pl.get("framework")
+    return " ".join([*([fw] if fw is not None and fw != s.get("framework") else []),
+                     *(f"{k}={v if isinstance(v, str) else toml_value(v)}"
+                       for k, v in pl.get("knobs", {}).items())])
+
+
 def _run(s: dict[str, Any], pl: dict[str, Any]) -> dict[str, Any]:
     """One plan of a set as a published run (planner/app/runs_file.py reads it)."""
     own = {k: pl[k] for k in PLAN_OWN if k in pl}
     label = "-".join(f"{k}{own[k]}" for k in ("tp", "pp", "dp", "micro_batch") if k in own)
     run = {"id": f"{s['id']}:{label}", "model": "model", "gpu": s["gpu"],
-           "precision": s["precision"], "plan": {**s.get("plan", {}), **own},
+           "precision": s["precision"],
+           "plan": {**s.get("plan", {}), **pl.get("knobs", {}), **own},
            "training": dict(s.get("training", {})),
            # (an out-of-memory plan has no time; the run format needs one, never read)
            "measured_step_time_s": pl.get("measured_step_time_s", 1.0)}
-    if "framework" in s:
-        run["framework"] = s["framework"]
+    if "framework" in pl or "framework" in s:
+        run["framework"] = pl.get("framework", s.get("framework"))
     return run
 
 
@@ -257,7 +281,7 @@ def evaluate_set(s: dict[str, Any], optimum: bool = True, solver: str = "cpsat")
         gb = plan.global_batch
         timed = pl.get("measured_step_time_s")
         rows.append(PlanResult(
-            " ".join(x for x in (shape_label(pl), plan.label()) if x), gb,
+            " ".join(x for x in (shape_label(pl), setting_label(s, pl), plan.label()) if x), gb,
             None if timed is None else timed / gb, rep.step_time_s / gb,
             rep.memory_gib["total"], rep.memory_gib["headroom"] >= 0,
             rep.memory_gib["headroom"], pl.get("memory_GiB")))

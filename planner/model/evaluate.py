@@ -16,7 +16,7 @@ from planner.model.frameworks import DEFAULT_FRAMEWORK, on_megatron_core
 from planner.model.instance import Instance
 from planner.model.plan import Plan, structural_violations
 from planner.model.schema import PlanSpec
-from planner.model.terms import (LOW_PRECISIONS, MEMORY_TERMS, TIME_TERMS, hidden_cost,
+from planner.model.terms import (LOW_PRECISIONS, MEMORY_TERMS, SHARDING, TIME_TERMS, hidden_cost,
                                  host_memory_limit_bytes, memory_limit_bytes, memory_reserve_GiB,
                                  step_terms)
 from planner.model.words import stage_words
@@ -145,14 +145,27 @@ DEEPSPEED_MEMORY_CAVEAT = (
     "where the plan's memory is unlike those runs'")
 
 
-#: What every plan under DeepSpeed's rules is told of its time: the measured steps of its plans
-#: over the model's (BigScience's sets, planner/data/measured_alternatives.toml, and MT-NLG
-#: 530B's held-out runs in planner/data/published_runs.toml; tests/test_alternatives.py
-#: recomputes the range)
+#: What every plan under DeepSpeed's rules without sharded parameters is told of its time: the
+#: measured steps of such plans over the model's (BigScience's sets,
+#: planner/data/measured_alternatives.toml, and MT-NLG 530B's held-out runs in
+#: planner/data/published_runs.toml; tests/test_alternatives.py recomputes the range)
 DEEPSPEED_TIME_CAVEAT = (
-    "DeepSpeed's step time: its measured plans (BigScience's 35 on 384 A100 in 2022, MT-NLG "
-    "530B's 3 on 2,240-3,360 A100 in 2021) took 1.02x to 1.31x the step time this model "
-    "predicts, none less: read this plan's step time, days and cost as that much low")
+    "DeepSpeed's step time: its measured plans without sharded parameters (BigScience's 35 on "
+    "384 A100 in 2022, MT-NLG 530B's 3 on 2,240-3,360 A100 in 2021) took 1.02x to 1.31x the "
+    "step time this model predicts, none less: read this plan's step time, days and cost as "
+    "that much low")
+
+#: What a DeepSpeed plan with sharded parameters (ZeRO-3) is told of its time instead: the SC21
+#: comparison of Megatron-LM's 3D parallelism with DeepSpeed's ZeRO-3 on one cluster
+#: (planner/data/measured_alternatives.toml, the Narayanan et al. sets; tests/test_alternatives.py
+#: recomputes the range and the pairs the model orders wrong)
+DEEPSPEED_ZERO3_CAVEAT = (
+    "DeepSpeed's ZeRO-3: in the SC21 comparison (Narayanan et al. 2021, Table 2: GPT 175B and "
+    "530B on 384 to 2,240 A100 80GB, DeepSpeed of 2021, ZeRO-3 without model parallelism) its "
+    "measured steps took 1.32x to 3.06x the step time this model predicts, more on more GPUs, "
+    "and the model put ZeRO-3 ahead of the 3D-parallel plan that ran faster in 3 of the 5 "
+    "pairs: read this plan's step time, days and cost as that much low, and weigh a plan "
+    "whose parameters are not sharded")
 
 
 #: What a torchtitan plan with context parallelism is told of its time: on the same benchmark,
@@ -260,7 +273,9 @@ def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = No
         out.append(f"model shape: {inst.spec.model.approximates}; its time and memory are "
                    "the approximation's")
     if inst.spec.constraints.framework == "deepspeed":
-        out += [DEEPSPEED_TIME_CAVEAT, DEEPSPEED_MEMORY_CAVEAT]
+        zero3 = plan is not None and SHARDING[plan.dp_sharding].params
+        out += [DEEPSPEED_ZERO3_CAVEAT if zero3 else DEEPSPEED_TIME_CAVEAT,
+                DEEPSPEED_MEMORY_CAVEAT]
     if inst.spec.constraints.framework == "torchtitan":
         out.append(TORCHTITAN_MEMORY_CAVEAT)
         if plan is not None and plan.cp > 1:
