@@ -18,17 +18,22 @@ def allreduce(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
 
     Bandwidth term: ``2 (1 - 1/n_i) S / bw_i + 2 (1/n_i - 1/n) S / bw_o`` (the inter-node ring
     moves ``S / n_i`` per GPU, ``2 (n_o - 1) / n_o`` times); latency term:
-    ``2 (n_i - 1) lat_i + 2 (n_o - 1) lat_o`` ring steps. A group of one costs nothing.
+    ``2 (n - n_o) lat_i + 2 (n_o - 1) lat_o``, the ``2 (n - 1)`` steps of NCCL's ring over all
+    ``n = n_i n_o`` ranks, of which ``2 (n_o - 1)`` leave a node (NCCL's own latency model,
+    src/graph/tuning.cc since 2.7.3: ``(nsteps - nInterSteps) intraLat + nInterSteps
+    interLat``; its rings run through every GPU, so a group spread over many nodes pays an
+    intra-node hop per GPU, not per node). A group of one costs nothing.
     Reduce-scatter plus all-gather (sequence parallelism, the distributed optimizer) move the
     same bytes in the same steps, so they share this formula.
 
     >>> round(allreduce(1e9, 8, 1, 300e9, 25e9, 0, 0), 6)   # 2 * 7/8 * 1 GB / 300 GB/s
     0.005833
     """
-    # (1/n_i - 1/n) = (1/n_i) (n_o - 1)/n_o; every factor is kept non-negative
+    # (1/n_i - 1/n) = (1/n_i) (n_o - 1)/n_o and (n - n_o) = (n_i - 1) n_o: every factor is kept
+    # non-negative
     return (2 * ring_share(n_intra) * size / bw_intra
             + 2 * (size / n_intra) * ring_share(n_inter) / bw_inter
-            + 2 * steps(n_intra) * lat_intra + 2 * steps(n_inter) * lat_inter)
+            + 2 * steps(n_intra) * n_inter * lat_intra + 2 * steps(n_inter) * lat_inter)
 
 
 def ring_step(size, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):

@@ -162,7 +162,7 @@ DEEPSPEED_TIME_CAVEAT = (
 DEEPSPEED_ZERO3_CAVEAT = (
     "DeepSpeed's ZeRO-3: in the SC21 comparison (Narayanan et al. 2021, Table 2: GPT 175B and "
     "530B on 384 to 2,240 A100 80GB, DeepSpeed of 2021, ZeRO-3 without model parallelism) its "
-    "measured steps took 1.32x to 3.06x the step time this model predicts, more on more GPUs, "
+    "measured steps took 1.32x to 2.94x the step time this model predicts, more on more GPUs, "
     "and the model put ZeRO-3 ahead of the 3D-parallel plan that ran faster in 3 of the 5 "
     "pairs: read this plan's step time, days and cost as that much low, and weigh a plan "
     "whose parameters are not sharded")
