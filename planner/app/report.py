@@ -575,8 +575,11 @@ def alternatives_summary(res) -> str:
         text += ("; the model's pick among them is the fastest" if res.pick_regret == 0 else
                  f"; the model's pick among them ran {100 * res.pick_regret:.1f}% slower than "
                  f"the fastest, which it ranks {ordinal(res.measured_best_rank)}")
-    text += (f"; {res.oom_predicted} of {res.oom_plans} plans that ran out of memory do not "
-             f"fit under the model, {res.fit_predicted} of {res.timed_plans} that ran fit")
+    if res.oom_plans:
+        text += (f"; {res.oom_predicted} of {res.oom_plans} plans that ran out of memory do "
+                 f"not fit under the model, {res.fit_predicted} of {res.timed_plans} that ran fit")
+    else:       # (no plan of the set ran out of memory)
+        text += f"; {res.fit_predicted} of the {res.timed_plans} plans fit under the model"
     opt = res.optimum
     if opt and opt.get("plan"):
         text += (f"; the model's optimum over the set's cluster is {opt['plan']} at "
