@@ -29,11 +29,22 @@ def allreduce(size, n_intra, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
     >>> round(allreduce(1e9, 8, 1, 300e9, 25e9, 0, 0), 6)   # 2 * 7/8 * 1 GB / 300 GB/s
     0.005833
     """
-    # (1/n_i - 1/n) = (1/n_i) (n_o - 1)/n_o and (n - n_o) = (n_i - 1) n_o: every factor is kept
-    # non-negative
+    # (1/n_i - 1/n) = (1/n_i) (n_o - 1)/n_o; every factor is kept non-negative
     return (2 * ring_share(n_intra) * size / bw_intra
             + 2 * (size / n_intra) * ring_share(n_inter) / bw_inter
-            + 2 * steps(n_intra) * n_inter * lat_intra + 2 * steps(n_inter) * lat_inter)
+            + ring_latency(n_intra, n_inter, lat_intra, lat_inter))
+
+
+def ring_latency(n_intra, n_inter, lat_intra, lat_inter):
+    """The latency of a ring all-reduce over ``n = n_i n_o`` ranks: ``2 (n - n_o) lat_i + 2 (n_o
+    - 1) lat_o``. Written, where ``lat_o >= lat_i`` (every catalog GPU), as ``2 (n - 1) lat_i
+    + 2 (n_o - 1) (lat_o - lat_i)``: the same number, as two terms of one degree product each,
+    which the solvers' tables take more cheaply than the product ``(n_i - 1) n_o`` (measured:
+    benchmarks/README.md, "Ring latency over every GPU")."""
+    if lat_inter >= lat_intra:
+        return (2 * steps(n_intra * n_inter) * lat_intra
+                + 2 * steps(n_inter) * (lat_inter - lat_intra))
+    return 2 * steps(n_intra) * n_inter * lat_intra + 2 * steps(n_inter) * lat_inter
 
 
 def ring_step(size, n_inter, bw_intra, bw_inter, lat_intra, lat_inter):
