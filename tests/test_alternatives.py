@@ -266,6 +266,13 @@ def test_good_file_loads_and_a_broken_plan_is_named(tmp_path):
         evaluate_sets(load_sets(_write(tmp_path, [_with(model={**GOOD["model"], "heads": 1.5})])),
                       optimum=False)
     assert "model.heads:" in str(exc.value) and "models." not in str(exc.value)
+    # a knob a plan changes, named as its knobs table, not as the set's plan
+    for knobs, needle in (({"dp_shardin": "none"}, "knobs.dp_shardin: unknown key"),
+                          ({"dp_sharding": "zero3"}, 'knobs.dp_sharding: Input should be')):
+        with pytest.raises(InputError) as exc:
+            evaluate_sets(load_sets(_write(tmp_path, [_with({**P0, "knobs": knobs})])),
+                          optimum=False)
+        assert "set x, plans[0]" in str(exc.value) and needle in str(exc.value)
 
 
 def test_the_deepspeed_caveat_quotes_the_sets(sets):

@@ -180,6 +180,17 @@ def _run(s: dict[str, Any], pl: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+def _set_words(problem: str, pl: dict[str, Any]) -> str:
+    """A problem the run reader named, in the set file's words: ``model.<key>`` for the runs
+    file's ``models.model.<key>``, ``knobs.<key>`` for a ``plan.<key>`` the plan's own
+    ``knobs`` gave."""
+    problem = problem.replace("models.model.", "model.")
+    for k in pl.get("knobs", {}) if isinstance(pl.get("knobs"), dict) else ():
+        if problem.startswith(f"plan.{k}:") or problem.startswith(f"plan.{k} "):
+            return "knobs." + problem.removeprefix("plan.")
+    return problem
+
+
 def _instance(s: dict[str, Any], pl: dict[str, Any]) -> Instance:
     from planner.app.runs_file import run_instance
 
@@ -269,10 +280,10 @@ def evaluate_set(s: dict[str, Any], optimum: bool = True, solver: str = "cpsat")
             inst = _instance(s, pl)
             plan = plan_from_spec(inst, inst.spec.plan)
         except InputError as exc:           # (in the set's words, not a run's)
-            # (the set's model is the runs file's models.model table to run_instance)
+            # (the set's model is the runs file's models.model table to run_instance, and a
+            # key the plan's own knobs gave is its knobs.<key>, not the set's plan.<key>)
             raise InputError(f"set {s['id']}, plans[{i}]: not a plan the model can cost",
-                             [p.replace("models.model.", "model.")
-                              for p in exc.problems or [str(exc)]]) from None
+                             [_set_words(p, pl) for p in exc.problems or [str(exc)]]) from None
         broken = structural_violations(inst, plan, inst.spec.plan)
         if broken:
             raise InputError(f"set {s['id']}, plans[{i}]: not a plan the model can cost",
