@@ -105,9 +105,6 @@ MOE_CAVEAT = ("mixture of experts: the MoE terms (router, expert GEMMs, token pe
               "imbalance, so leave headroom beyond the reserve for a long run")
 
 
-#: What every plan under torchtitan's rules is told of its memory: the model's peak against the
-#: peaks torchtitan reserved on its own runs (planner/data/torchtitan_memory.toml; the figures
-#: are kept true by tests/test_torchtitan_memory.py)
 #: The most a measured peak of Megatron-LM's CI exceeded the peak the model counts, GiB: the
 #: bf16 DeepSeek-shaped MoE proxy (planner/data/megatron_ci_memory.toml, docs/model.md
 #: "Memory"; ``plan validate --json``: ``megatron_ci_memory.summary.max_uncounted_gib``, which
@@ -121,6 +118,9 @@ TIGHT_MEMORY_CAVEAT = (
     "(constraints.memory_reserve_GiB) then has to hold that as well as the CUDA context, NCCL's "
     "buffers and the allocator's cache; raise it for more room")
 
+#: What every plan under torchtitan's rules is told of its memory: the model's peak against the
+#: peaks torchtitan reserved on its own runs (planner/data/torchtitan_memory.toml; the figures
+#: are kept true by tests/test_torchtitan_memory.py)
 TORCHTITAN_MEMORY_CAVEAT = (
     "torchtitan's memory: on its own H100 benchmarks (December 2024: Llama 3.1 8B, 70B and "
     "405B under FSDP with TP, PP or CP, eager or compiled, BF16 or float8) torchtitan "
@@ -255,7 +255,7 @@ def plan_figure(caveat: str) -> tuple[str, float | None]:
 
 
 def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = None,
-            step_s: float | None = None) -> list[str]:
+            step_s: float | None = None, headroom_gib: float | None = None) -> list[str]:
     """The parts of the model a plan of ``inst`` leans on that the measured runs do not
     confirm: the MoE terms, DeepSpeed's step time (its measured steps ran longer than the
     model's), torchtitan's and DeepSpeed's memory (their measured peaks sit above the model's)
@@ -265,7 +265,9 @@ def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = No
     has no figures for (the fused ones stand in), and the type's own
     measured caveat (catalog ``caveat``: how far newer software ran from the figures); with
     the ``plan``'s one-transfer time ``pp_step`` and its ``step_s``, what Megatron-LM's newer
-    interleaved schedule would add (:func:`p2p_since_4047_caveat`)."""
+    interleaved schedule would add (:func:`p2p_since_4047_caveat`); with its memory headroom
+    ``headroom_gib``, under Megatron-Core, whether it runs within :data:`UNCOUNTED_PEAK_GIB` of
+    the limit (:data:`TIGHT_MEMORY_CAVEAT`)."""
     out = [MOE_CAVEAT] if Shape.of(inst.model).n_moe else []
     if inst.model.windowed:
         out.append(window_caveat(inst))
@@ -299,6 +301,9 @@ def caveats(inst: Instance, plan: Plan | None = None, pp_step: float | None = No
         newer = p2p_since_4047_caveat(plan, pp_step, inst.hw.overlap_slowdown, step_s)
         if newer:
             out.append(newer)
+    if headroom_gib is not None and 0 <= headroom_gib < UNCOUNTED_PEAK_GIB and \
+            on_megatron_core(inst.spec.constraints.framework):
+        out.append(TIGHT_MEMORY_CAVEAT)
     return out
 
 
@@ -368,8 +373,7 @@ def evaluate(inst: Instance, plan: Plan, extra_violations: list[str] | None = No
                       memory_by_stage_gib=by_stage, most_loaded_stage=worst, mfu=mfu,
                       model_tflops_per_gpu=achieved / 1e12, total_days=days, cost=cost,
                       tokens_per_step=tokens_step, steps=n_steps, violations=violations,
-                      caveats=caveats(inst, plan, float(terms.layer["pp_step"]), step)
-                      + ([TIGHT_MEMORY_CAVEAT] if 0 <= memory["headroom"] < UNCOUNTED_PEAK_GIB
-                         and on_megatron_core(inst.spec.constraints.framework) else []),
+                      caveats=caveats(inst, plan, float(terms.layer["pp_step"]), step,
+                                      memory["headroom"]),
                       framework=inst.spec.constraints.framework or DEFAULT_FRAMEWORK,
                       kernel_stack=inst.kernel_stack)
