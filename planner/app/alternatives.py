@@ -64,10 +64,18 @@ def _positive(x: Any, whole: bool = False) -> bool:
             and (not whole or isinstance(x, int)))
 
 
-def _plan_problems(where: str, pl: Any) -> list[str]:
-    """What is wrong with one plan of a set, in the file's words."""
+def _framework_problems(where: str, table: dict[str, Any]) -> list[str]:
+    """A set's or a plan's ``framework`` that names no framework, in the file's words."""
     from planner.app.runs_file import RUN_FRAMEWORK_NAMES
 
+    if "framework" not in table or table["framework"] in RUN_FRAMEWORK_NAMES:
+        return []
+    return [f"{where}.framework = {toml_value(table['framework'])}: expected one of "
+            f"{', '.join(RUN_FRAMEWORK_NAMES)}"]
+
+
+def _plan_problems(where: str, pl: Any) -> list[str]:
+    """What is wrong with one plan of a set, in the file's words."""
     if not isinstance(pl, dict):
         return [f"{where}: expected a table {{ tp = ..., pp = ..., ... }}"]
     out = [f"{where}.{k}: unknown key; expected one of {', '.join(PLAN_OWN + PLAN_EXTRA)}"
@@ -84,9 +92,7 @@ def _plan_problems(where: str, pl: Any) -> list[str]:
     elif "knobs" in pl and set(pl["knobs"]) & set(PLAN_OWN):
         out.append(f"{where}.knobs: {', '.join(sorted(set(pl['knobs']) & set(PLAN_OWN)))} "
                    "belong in the plan itself")
-    if "framework" in pl and pl["framework"] not in RUN_FRAMEWORK_NAMES:
-        out.append(f"{where}.framework = {toml_value(pl['framework'])}: expected one of "
-                   f"{', '.join(RUN_FRAMEWORK_NAMES)}")
+    out += _framework_problems(where, pl)
     if ("measured_step_time_s" in pl) == ("outcome" in pl):
         out.append(f"{where}: give measured_step_time_s or outcome = \"oom\", one of them")
     elif "outcome" in pl and pl["outcome"] not in OUTCOMES:
@@ -97,8 +103,6 @@ def _plan_problems(where: str, pl: Any) -> list[str]:
 def _set_problems(s: Any, n: int) -> list[str]:
     """What is wrong with one set, in the file's words (its plans' degrees, shapes and rules
     are checked when it is evaluated, as a published run's are)."""
-    from planner.app.runs_file import RUN_FRAMEWORK_NAMES
-
     if not isinstance(s, dict):
         return [f"sets[{n}]: expected a [[sets]] table"]
     sid = s.get("id", f"sets[{n}]")
@@ -107,9 +111,7 @@ def _set_problems(s: Any, n: int) -> list[str]:
     out += [f"set {sid}: missing {k}" for k in SET_KEYS[:5] if k not in s]
     out += [f"set {sid}.{k}: expected a table" for k in ("model", "cluster", "plan", "training")
             if k in s and not isinstance(s[k], dict)]
-    if "framework" in s and s["framework"] not in RUN_FRAMEWORK_NAMES:
-        out.append(f"set {sid}.framework = {toml_value(s['framework'])}: expected one of "
-                   f"{', '.join(RUN_FRAMEWORK_NAMES)}")
+    out += _framework_problems(f"set {sid}", s)
     plans = s.get("plans")
     if "plans" in s and (not isinstance(plans, list) or not plans):
         return out + [f"set {sid}.plans: expected a non-empty list of plans"]
@@ -185,7 +187,7 @@ def _set_words(problem: str, pl: dict[str, Any]) -> str:
     file's ``models.model.<key>``, ``knobs.<key>`` for a ``plan.<key>`` the plan's own
     ``knobs`` gave."""
     problem = problem.replace("models.model.", "model.")
-    for k in pl.get("knobs", {}) if isinstance(pl.get("knobs"), dict) else ():
+    for k in pl.get("knobs", {}):           # (load_sets checked it is a table)
         if problem.startswith(f"plan.{k}:") or problem.startswith(f"plan.{k} "):
             return "knobs." + problem.removeprefix("plan.")
     return problem
