@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import glob
 import json
 import random
@@ -94,9 +95,17 @@ def _sweep(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
                   "--out", str(d / "out.csv")]
 
 
+@functools.cache
+def _data(name: str) -> dict:
+    """A shipped data file, read once per process (each case deep-copies what it mutates)."""
+    return tomllib.loads((DATA / name).read_text())
+
+
+@functools.cache
 def _hf_configs() -> dict[str, dict]:
     """The configs the hf kind mutates: tests/data/hf's files and the families' configs the
-    suite writes out (GLM-4.5-Air, GLM-4.7-Flash, Llama 4 Maverick, gpt-oss-120b)."""
+    suite writes out (GLM-4.5-Air, GLM-4.7-Flash, Llama 4 Maverick, gpt-oss-120b), read once
+    per process (each case deep-copies the one it mutates)."""
     import test_hf_config
     import test_hf_families
     configs = {Path(p).name: json.loads(Path(p).read_text())
@@ -126,7 +135,7 @@ def _hf(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
 
 
 def _runs(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
-    data = tomllib.loads((DATA / "published_runs.toml").read_text())
+    data = _data("published_runs.toml")
     run = copy.deepcopy(rng.choice(data["runs"]))
     name = run["model"]                           # (before a mutation may change the run's)
     model = copy.deepcopy(data["models"].get(name, {}))
@@ -141,7 +150,7 @@ def _runs(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
 
 
 def _alternatives(rng: random.Random, d: Path) -> tuple[list[str], list[str]]:
-    sets = tomllib.loads((DATA / "measured_alternatives.toml").read_text())["sets"]
+    sets = _data("measured_alternatives.toml")["sets"]
     one = copy.deepcopy(rng.choice(sets))
     muts = []
     for _ in range(rng.randint(1, 2)):
