@@ -323,7 +323,7 @@ def test_memory_reserve_must_leave_memory():
 def test_a_new_cluster_section_is_resolved_as_a_file_holding_it_would_be():
     """``with_spec(cluster=...)`` looks the GPU up again (its peaks, memory, kernel figures)
     and sizes the cluster anew; it used to keep the old GPU's hardware under the new name,
-    which an export's cost line (planner/app/emit.py, ``costed``) then evaluated at zero
+    which an export's cost line (planner/app/emit/common.py, ``costed``) then evaluated at zero
     FLOP/s: NVFP4 on an H100's figures."""
     inst = load_instance(Path(__file__).resolve().parent.parent / "instances"
                          / "llama3-70b-h100.toml")
