@@ -920,6 +920,12 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
     overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
                 for o in OVERLAP_KNOBS}
 
+    def overlaps_of(mode: str) -> tuple[bool, ...]:
+        """The switches of a plan of sharding ``mode``: as ``overlaps``, but for a default
+        the framework sets by mode (DeepSpeed's overlap_comm, on for ZeRO-3 alone)."""
+        return tuple(getattr(c, o) if getattr(c, o) is not None
+                     else overlap_default(inst, o, mode) for o in OVERLAP_KNOBS)
+
     # Unless a constraint pins them, sequence parallelism and the distributed optimizer are
     # turned on: in this model they never add memory and the distributed optimizer costs no
     # time without data-parallel overlap (it moves the same data-parallel bytes and shards the
@@ -988,16 +994,27 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
                 "(Megatron-LM: the distributed optimizer); the allowed modes "
                 f"({', '.join(shardings)}) have none"])
 
+    # a switch on under some modes and off under others (a default that follows the mode)
+    # puts its exposure's maxima in every combination: Knobs.overlap_maxes
+    by_mode = {overlaps_of(mode) for mode, _ in every_choice}
+    mixed = tuple(o for i, o in enumerate(OVERLAP_KNOBS) if len({ov[i] for ov in by_mode}) > 1)
+    if set(mixed) - {"overlap_grad_reduce"} or (mixed and any(
+            ov[OVERLAP_KNOBS.index("overlap_param_gather")] for ov in by_mode)):
+        # (terms.py writes the zero maxima of the gradient reduction alone, and only where the
+        # parameter gather is not overlapped, which would merge the two exposures)
+        raise AssertionError(f"overlap defaults that follow the sharding mode: {mixed}")
+
     def knob_combos(sps, choices) -> list[Knobs]:
-        return [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, ov)), dp_sharding=mode,
+        return [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, overlaps_of(mode))),
+                      dp_sharding=mode, overlap_maxes=mixed,
                       reshard_after_forward=rf,
                       first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
                       account_for_loss=lay[3], layout_string=lay[4], paced=paced,
                       optimizer_offload=oo, offload_layers=on, offload_maxes=any(layer_vals),
                       recompute_share=lay[5],
                       recompute_maxes=partial)
-                for r, s, (mode, rf), lay, (oo, on), *ov in itertools.product(
-                    modes, sps, choices, lays, offloads, *overlaps.values())
+                for r, s, (mode, rf), lay, (oo, on) in itertools.product(
+                    modes, sps, choices, lays, offloads)
                 if not (oo and mode not in fw_off.optimizer_offload_modes)
                 and not (on and not fw_off.activation_offload)
                 and not (on and (r != "none" or lay[:5] != (0, 0, False, False, False)))
@@ -1024,7 +1041,8 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
             "layout": tuple(dict.fromkeys(lay[:5] for lay in lays)),
             "recompute_share": tuple(dict.fromkeys(lay[5] for lay in lays)),
             "offload": tuple(dict.fromkeys(k.offload for k in combos)),
-            **overlaps}
+            # (a switch whose default follows the sharding mode takes each value a mode gives)
+            **{o: tuple(dict.fromkeys(getattr(k, o) for k in combos)) for o in OVERLAP_KNOBS}}
     caps_on_forms = []
     if c.dp is not None or c.max_dp is not None:
         mono, coef = symbols(inst).dp.single_form()

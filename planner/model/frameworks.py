@@ -35,6 +35,9 @@ class Framework:
     megatron_core: bool = False
     #: the overlap switches it turns on when the user does not say (docs/model.md, "Overlap")
     overlap_defaults: tuple[tuple[str, bool], ...] = ()
+    #: defaults that depend on the data-parallel sharding mode: (mode, switch, default), over
+    #: ``overlap_defaults`` for a plan of that mode (DeepSpeed's overlap_comm, on for ZeRO-3)
+    mode_overlap_defaults: tuple[tuple[str, str, bool], ...] = ()
     #: the overlap switches its configuration can turn on (the others it cannot run)
     overlaps_expressible: tuple[str, ...] = ()
     #: parameters per gradient bucket of its overlapped data-parallel reduction
@@ -145,8 +148,12 @@ class Framework:
     #: Megatron-Core's vocab-parallel cross-entropy working in place on that copy
     loss_bytes: tuple[float, float] = (6.0, 6.0)
 
-    def overlap_default(self, name: str) -> bool:
-        """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`)."""
+    def overlap_default(self, name: str, mode: str | None = None) -> bool:
+        """The framework's default for an overlap knob (:data:`OVERLAP_KNOBS`) on a plan of the
+        data-parallel sharding ``mode`` (None: the mode-independent default)."""
+        for m, knob, value in self.mode_overlap_defaults:
+            if m == mode and knob == name:
+                return value
         return dict(self.overlap_defaults).get(name, False)
 
 
@@ -168,7 +175,9 @@ OVERLAP_KNOBS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #   always; async tensor parallelism (parallelism.enable_async_tensor_parallel) is off by
 #   default; its pipeline schedules have no p2p-overlap switch.
 # - DeepSpeed (deepspeed/runtime/zero/config.py): zero_optimization.overlap_comm is false for
-#   ZeRO-1/2 (true for ZeRO-3); no tensor-parallel, parameter-gather or p2p overlap switch.
+#   ZeRO-1/2 and true for ZeRO-3 (DeepSpeedZeroConfig.overlap_comm_valid: None becomes
+#   ``stage == 3``): overlap_grad_reduce by sharding mode (``mode_overlap_defaults``); no
+#   tensor-parallel, parameter-gather or p2p overlap switch.
 # - overlap_moe_expert_parallel_comm (Megatron-Core ModelParallelConfig, "overlap EP A2A
 #   communications with independent computations of different micro-batches in 1f1b phase"):
 #   off in Megatron-LM (--overlap-moe-expert-parallel-comm, store_true) and in NeMo /
@@ -360,6 +369,8 @@ FRAMEWORKS: dict[str, Framework] = {
                             loss_bytes=(12.0, 16.0)),
     "deepspeed": Framework("deepspeed", "DeepSpeed",
                            overlaps_expressible=("overlap_grad_reduce",),
+                           mode_overlap_defaults=(("optim_grads_params", "overlap_grad_reduce",
+                                                   True),),
                            grad_bucket_params=500_000_000,
                            sharding_needs_no_pp=("optim_grads", "optim_grads_params"),
                            sharding_no_pp_source="DeepSpeed's PipelineEngine refuses ZeRO "

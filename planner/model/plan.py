@@ -110,6 +110,11 @@ class Knobs:
     #: combination then carries two copies of the time terms' maxima (a partial recompute mixes
     #: the no-recompute and the full-recompute ones; the encoders need one shape; not a choice)
     recompute_maxes: bool = field(default=False, compare=False)
+    #: set by the search for an overlap switch that is on in some of its combinations and off
+    #: in others (a framework default that follows the sharding mode: DeepSpeed's ZeRO-3):
+    #: the combinations without it carry the maxima of its exposure rule at zero (the
+    #: encoders need one shape; not a choice)
+    overlap_maxes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self):
         mode = self.dp_sharding or ("optim" if self.distributed_optimizer else "none")
@@ -690,8 +695,10 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
     gb = f["global_batch"] or (tb if isinstance(tb, int) else tb[1])
     placed = default_placement({"tp": tp, "cp": cp, "dp": dp, "pp": pp}, inst.node_size)
     intra = {d: f.get(f"{d}_intra") or placed[d] for d in ORDER}
+    mode = _sharding(inst, f)
     refused = overlap_refusal(inst.spec.constraints.framework,
-                             Knobs(**{o: _knob(inst, f, o) for o in OVERLAP_KNOBS}), "plan.")
+                             Knobs(**{o: _knob(inst, f, o, mode) for o in OVERLAP_KNOBS}),
+                             "plan.")
     if refused:
         raise InputError(refused)
     ep = f.get("ep") or 1
@@ -711,7 +718,6 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
         if why:
             raise InputError(f"plan.overlap_moe_expert_parallel_comm = true {why}; set "
                              "overlap_moe_expert_parallel_comm = false")
-    mode = _sharding(inst, f)
     if f.get("reshard_after_forward") and mode != "optim_grads_params":
         # (only FSDP's full sharding gathers parameters for the forward; elsewhere the switch
         # would be echoed false and costed so, a silent drop)
@@ -751,7 +757,7 @@ def plan_from_spec(inst: Instance, spec: PlanSpec, **overrides: Any) -> Plan:
                 account_for_embedding=f["account_for_embedding"],
                 account_for_loss=f["account_for_loss"], layers=inst.model.layers,
                 pipeline_layout=f.get("pipeline_layout") or "",
-                **{o: _knob(inst, f, o) for o in OVERLAP_KNOBS},
+                **{o: _knob(inst, f, o, mode) for o in OVERLAP_KNOBS},
                 recompute_layers=f["recompute_layers"] or 0,
                 optimizer_offload=_offload_knob(inst, f, "optimizer_offload", False),
                 offload_layers=_offload_knob(inst, f, "offload_layers", 0))
@@ -878,16 +884,17 @@ def _sharding(inst: Instance, fields: dict[str, Any]) -> str:
     return default
 
 
-def _knob(inst: Instance, fields: dict[str, Any], name: str) -> bool:
+def _knob(inst: Instance, fields: dict[str, Any], name: str, mode: str | None = None) -> bool:
     """A memory or overlap knob: the plan's (or a flag's) value, else the ``[constraints]`` pin,
     else the default ``plan solve`` uses too (:data:`planner.model.schema.KNOB_DEFAULTS`; for
-    an overlap knob, the ``[constraints] framework``'s default, :func:`overlap_default`)."""
+    an overlap knob, the ``[constraints] framework``'s default for the plan's sharding
+    ``mode``, :func:`overlap_default`)."""
     if fields.get(name) is not None:
         return fields[name]
     pin = getattr(inst.spec.constraints, name)
     if pin is not None:
         return pin
-    return overlap_default(inst, name) if name in OVERLAP_KNOBS else KNOB_DEFAULTS[name]
+    return overlap_default(inst, name, mode) if name in OVERLAP_KNOBS else KNOB_DEFAULTS[name]
 
 
 def moe_overlap_refusal(ep: int, pp: int, vp: int, recompute: str) -> str | None:
@@ -905,10 +912,11 @@ def moe_overlap_refusal(ep: int, pp: int, vp: int, recompute: str) -> str | None
     return None
 
 
-def overlap_default(inst: Instance, name: str) -> bool:
+def overlap_default(inst: Instance, name: str, mode: str | None = None) -> bool:
     """An overlap knob's value when neither ``[plan]`` nor a ``[constraints]`` pin gives it:
-    the default of ``[constraints] framework`` (Megatron-LM's without one)."""
-    return framework_of(inst.spec.constraints.framework).overlap_default(name)
+    the default of ``[constraints] framework`` (Megatron-LM's without one) for a plan of the
+    data-parallel sharding ``mode`` (DeepSpeed's depends on it)."""
+    return framework_of(inst.spec.constraints.framework).overlap_default(name, mode)
 
 
 def layout_violations(inst: Instance, plan: Plan) -> list[str]:

@@ -210,14 +210,21 @@ def hidden_cost(raw, shown, slowdown):
     return (1 - f) * shown + f * raw
 
 
-def exposed(raw, window, unit, overlapped: bool, slowdown):
+def exposed(raw, window, unit, overlapped: bool, slowdown, shape: bool = False):
     """What a run of buckets or of prefetched layers costs when it overlaps ``window`` seconds
     of compute (docs/model.md, "Overlap"): the transfers beyond the window, and never less than
     the one ``unit`` (bucket, layer) that has nothing to hide behind, plus the price of the
     hidden rest at ``slowdown`` (:func:`hidden_cost`); all of ``raw`` when not overlapped. The
     one owner of this rule: the data-parallel buckets of Megatron-Core and FSDP2's per-layer
-    prefetch both go through it."""
-    return hidden_cost(raw, vmax(raw - window, unit), slowdown) if overlapped else raw
+    prefetch both go through it. ``shape`` (the search's symbols, for a combination without
+    the overlap where others of its space have it: ``Knobs.overlap_maxes``): ``raw`` plus the
+    rule's maximum at zero, so that every combination has the same maxima."""
+    if overlapped:
+        return hidden_cost(raw, vmax(raw - window, unit), slowdown)
+    if shape:
+        zero = Sig.const(0.0)
+        return raw + vmax(zero, zero)
+    return raw
 
 
 @dataclass
@@ -913,6 +920,9 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     backward = window * (passes - 1) / passes
     forward = window / passes
     og, opg = k.overlap_grad_reduce, k.overlap_param_gather
+    # (a combination without the reduction's overlap in a search whose other combinations
+    # have it: its maxima at zero, exposed(shape=...))
+    og_shape = not og and "overlap_grad_reduce" in k.overlap_maxes and isinstance(window, Sig)
     if og or opg:
         bucket_size = framework_of(inst.spec.constraints.framework).grad_bucket_params
         layer_params = sh.layer_params if sh.n_dense else sh.moe_dense_params
@@ -953,10 +963,11 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                            + gt1(v) * reduce_raw / v)
         else:
             reduce_window, reduce_unit = backward, bucket_rs
-        step_reduce = exposed(reduce_raw, reduce_window, reduce_unit, og, slow)
+        step_reduce = exposed(reduce_raw, reduce_window, reduce_unit, og, slow, og_shape)
         step_gather = exposed(gather_raw, forward, bucket_ag, opg, slow)
     else:
-        step_reduce, step_gather = reduce_raw, gather_raw
+        step_reduce = exposed(reduce_raw, None, None, False, slow, og_shape)
+        step_gather = gather_raw
     n_units = stage_layers
     fwd_raw = n_units * ag_layer + ag_head
     bwd_gather = regather * (n_units * ag_layer + ag_head)
@@ -967,7 +978,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
                               regather * ag_layer + rs_layer + rs_head, True, slow)
     else:
         mb_backward = (exposed(bwd_gather, backward, regather * ag_layer, opg, slow)
-                       + exposed(bwd_reduce, backward, rs_layer + rs_head, og, slow))
+                       + exposed(bwd_reduce, backward, rs_layer + rs_head, og, slow, og_shape))
     # the forward gathers: every micro-batch, or once per step on a pipelined stage whose
     # gathered parameters stay gathered (frameworks.py, "torchtitan under pipeline
     # parallelism"; the plan's reshard policy at p > 1 keeps them)
