@@ -200,6 +200,7 @@ from planner.model.instance import Instance
 from planner.model.plan import Plan
 from planner.model.rules import violations
 
+
 FORMATS = ("megatron", "nemo", "torchtitan", "deepspeed")
 
 

@@ -15,6 +15,7 @@ from planner.model.plan import ORDER, Plan, default_placement
 from planner.model.schema import MODELLED_MODULES
 from planner.model.words import stage_words
 
+
 TP_PP_DP_ORDER = ("tp", "pp", "dp", "cp")       # --use-tp-pp-dp-mapping ("tp-pp-dp", cp = 1)
 
 

@@ -13,6 +13,7 @@ from planner.model.terms import reduce_dtype
 from planner.model.instance import Instance
 from planner.model.plan import Plan
 
+
 def _ds_recompute(mode: str, layers: int = 0, op_level: bool = False,
                   modules: list[str] | None = None) -> str:
     """How the model code turns the plan's recompute on under DeepSpeed (the JSON cannot);

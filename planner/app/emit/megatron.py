@@ -15,6 +15,7 @@ from planner.model.terms import LOW_PRECISIONS, keeps_remainders, reduce_dtype
 from planner.model.instance import Instance
 from planner.model.plan import ORDER, Plan
 
+
 def _runs_expr(pattern: list[int]) -> str:
     """A per-layer 0 / 1 list as the Python list expression Megatron-LM's list-valued flags
     evaluate (arguments.py _eval_pattern), in runs: ``([0]*21+[1]*3)``."""

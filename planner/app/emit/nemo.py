@@ -16,6 +16,7 @@ from planner.model.terms import keeps_remainders, reduce_dtype
 from planner.model.instance import Instance
 from planner.model.plan import Plan
 
+
 def _yaml_scalar(v: object) -> str:
     if v is None:
         return "null"

@@ -14,6 +14,7 @@ from planner.model.terms import reduce_dtype, selective_recompute
 from planner.model.instance import Instance
 from planner.model.plan import ORDER, Plan
 
+
 def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
