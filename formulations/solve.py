@@ -21,6 +21,7 @@ from formulations.space import (SMALL_SPACE, BaseVar, SearchSpace, build_space, 
 from planner.model.algebra import Unencodable
 from planner.model.errors import InfeasibleError, InputError, SolverError
 from planner.model.evaluate import evaluate
+from planner.model.frameworks import OVERLAP_KNOBS
 from planner.model.instance import Instance
 from planner.model.memo import IdentityCache
 from planner.model.plan import Knobs, Plan, shortfall_words, stage_shortfall
@@ -433,17 +434,22 @@ def _narrow(space: SearchSpace, keys: tuple, layouts: bool = True) -> SearchSpac
     """The space with only the knob combinations of the given :func:`part_key` ``keys`` (kept
     in the space's order). The maxima every combination of the whole space carries for one
     shape (``Knobs.paced``: a short last stage somewhere; ``Knobs.offload_maxes``: offloaded
-    layers somewhere; ``Knobs.recompute_maxes``: a partial recompute somewhere) are dropped
-    where no combination left needs them; the terms cache, shared by the parts, is keyed on
-    the flags. ``layouts=False``: the keys leave the layout out (``None``)."""
+    layers somewhere; ``Knobs.recompute_maxes``: a partial recompute somewhere;
+    ``Knobs.overlap_maxes``: an overlap switch on in some combinations, off in others) are
+    dropped where no combination left needs them; the terms cache, shared by the parts, is
+    keyed on the flags. ``layouts=False``: the keys leave the layout out (``None``)."""
     combos = [k for k in space.combos if part_key(k, layouts) in keys]
     paced = any(k.last_short for k in combos)
     offload_maxes = any(k.offload_layers for k in combos)
     recompute_maxes = any(k.recompute_share for k in combos)
+    mixed = {o for o in OVERLAP_KNOBS if len({getattr(k, o) for k in combos}) > 1}
     combos = [replace(k, paced=k.paced and paced, offload_maxes=k.offload_maxes and offload_maxes,
-                      recompute_maxes=k.recompute_maxes and recompute_maxes) for k in combos]
+                      recompute_maxes=k.recompute_maxes and recompute_maxes,
+                      overlap_maxes=tuple(o for o in k.overlap_maxes if o in mixed))
+              for k in combos]
     dims = dict(space.dims)
-    for dim in ("sharding_choice", "layout", "offload", "recompute_share"):   # (Knobs' names)
+    for dim in ("sharding_choice", "layout", "offload", "recompute_share",
+                *OVERLAP_KNOBS):                                              # (Knobs' names)
         if dim in dims:
             dims[dim] = tuple(v for v in dims[dim] if any(getattr(k, dim) == v for k in combos))
     return replace(space, combos=combos, dims=dims, parent=space, _reach={},
