@@ -247,6 +247,91 @@ class Terms:
         return list(self.memory)
 
 
+def cp_exchange_time(inst: Instance, sh: Shape, x: Degrees, tokens, passes: int,
+                     core_attn: bool, attn, slow) -> tuple[Any, bool, Any]:
+    """Seconds of the context-parallel exchange per layer and micro-batch, by the framework's
+    exchange (:func:`planner.model.frameworks.cp_exchange`; docs/model.md, "Context-parallel
+    communication"), on one GPU of ``tokens`` tokens per micro-batch with ``passes`` forward
+    and backward passes (``core_attn``: selective recompute re-runs the core, exchanges
+    included) beside ``attn`` seconds of attention core (what the ring hides behind, at the
+    overlap price ``slow``). Returns the seconds, whether the exchange is the all-gather, and
+    the bytes that exchange gathers (its working set: the memory rows count it)."""
+    hw, tr = inst.hw, inst.spec.training
+    t, c, b, s = x.t, x.c, x.b, sh.s
+    # (the all_gather exchange's whole-sequence keys and values of the tensor rank's heads,
+    # 16-bit: its collectives' size and, held while the core runs, its working set)
+    exchange = cp_exchange(tr, inst.spec.constraints.framework)
+    cp_gather = exchange == "all_gather"
+    cp_gathered = 2 * b * s * (sh.k_w + sh.v_w) / t if cp_gather else 0.0
+    if is_one(x.c_in) and is_one(x.c_out):
+        cp_layer = 0.0
+    elif exchange == "a2a":
+        # Ulysses (Transformer Engine AttnFuncWithCPAndQKVOA2A): an all-to-all turns the
+        # rank's queries, keys and values (s / c tokens, every head of the tensor rank) into
+        # the whole sequence of a / (t c) heads, and one turns the output back; the backward
+        # does the same with the output's gradient and the inputs' gradients, a recomputed
+        # forward once more. The attention waits for them: exposed (docs/model.md,
+        # "Context-parallel communication")
+        # (one message per tensor: q, k, v and the output each way; selective recompute of
+        # the core re-runs its call, exchanges included)
+        def a2a(width):
+            return all_to_all(2 * tokens * width / t, x.c_in, x.c_out, hw.bw_intra,
+                              hw.bw_inter, hw.lat_intra, hw.lat_inter)
+        cp_layer = (passes - 1 + (1 if core_attn else 0)) * (
+            a2a(sh.q) + a2a(sh.k_w) + a2a(sh.v_w) + a2a(sh.o_w))
+    elif cp_gather:
+        # Transformer Engine AttnFuncWithCPAndKVAllGather ("KV all-gather between CP ranks is
+        # exposed", Llama 3's scheme, Dubey et al. 2024 Sec. 3.3.2): each forward all-gathers
+        # the whole sequence's keys and values of the tensor rank's heads before the core;
+        # the backward gathers them again and reduce-scatters their gradients (16-bit, the
+        # same bytes); a recomputed core gathers once more. Exposed (docs/model.md,
+        # "Context-parallel communication")
+        # (K and V each their own collective: gather_along_first_dim / reduce_scatter_...)
+        gather = sum(0.5 * allreduce(2 * b * s * w / t, x.c_in, x.c_out, hw.bw_intra,
+                                     hw.bw_inter, hw.lat_intra, hw.lat_inter)
+                     for w in (sh.k_w, sh.v_w))
+        cp_layer = (passes + (1 if core_attn else 0)) * gather
+    else:
+        kv_bytes = 2 * tokens * (sh.k_w + sh.v_w) / t      # (MLA: every head's K and V)
+        # forward: K/V; backward: K/V and their gradients; a recomputed core (selective
+        # recompute's core_attn) runs its forward ring again
+        hops = steps(c) * (passes + (1 if core_attn else 0))
+        cp_raw = hops * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
+                                   hw.lat_intra, hw.lat_inter)
+        # hidden behind the attention core up to its length; the last backward hop (the
+        # K/V gradients returning to their owner) follows the last block and stays exposed
+        # (written as gt1(c) * intra-node hop + gt1(c_out) * (inter - intra): c_out > 1 implies
+        # c > 1, and each term carries one indicator, as the encoders handle best)
+        hop_in = kv_bytes / hw.bw_intra + hw.lat_intra
+        hop_out = kv_bytes / hw.bw_inter + hw.lat_inter
+        cp_layer = (hidden_cost(cp_raw, vmax(0.0, cp_raw - attn), slow) + gt1(c) * hop_in
+                    + gt1(x.c_out) * (hop_out - hop_in))
+    return cp_layer, cp_gather, cp_gathered
+
+
+def pp_comm_time(inst: Instance, x: Degrees, k: Knobs, pp_bytes, slow) -> tuple[Any, Any]:
+    """Seconds of one step's pipeline point-to-point transfers on one GPU, and of one transfer
+    (``pp_bytes``, the activations of a micro-batch on the GPU, across the stage boundary:
+    inside a node or across nodes by where the pipeline degree sits). Each GPU sends
+    ``m (v - 1/p) = m ((v - 1) + (1 - 1/p))`` activations forward and as many back;
+    ``overlap_p2p_comm`` hides the steady phase's (below), at the overlap price ``slow``."""
+    hw, m, v, p = inst.hw, x.m, x.v, x.p
+    pp_step = ring_step(pp_bytes, x.p_out, hw.bw_intra, hw.bw_inter, hw.lat_intra,
+                        hw.lat_inter)
+    raw = 2 * m * (steps(v) + ring_share(p)) * pp_step
+    if not k.overlap_p2p_comm:
+        return raw, pp_step
+    # overlap_p2p_comm (Megatron-Core's interleaved schedule; off at vp = 1): the steady 1F1B
+    # phase's sends and receives run under the next chunk's compute; the warm-up's and
+    # cool-down's are blocking, and the first micro-batch crosses all v p virtual stages with
+    # no slack, so v p - 1 forward and v p - 1 backward transfers stay exposed
+    # (tests/test_overlap_sim.py simulates the schedule from its source; <= the raw
+    # 2 m (v - 1/p) transfers, as interleaving needs m >= p). The schedule as the fitted runs
+    # ran it: since Megatron-LM #4047 (April 2026) more shows (docs/model.md, "Overlap")
+    return hidden_cost(raw, eq1(v) * 2 * m * ring_share(p) * pp_step
+                       + gt1(v) * 2 * steps(v * p) * pp_step, slow), pp_step
+
+
 def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
     """Step time and memory of one plan under the AMPeD model (see the module docstring).
 
@@ -598,54 +683,8 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
         tp_moe = n_fwd * attn_fwd + exposed_qkv
 
     # ---- context-parallel exchange per layer and micro-batch ------------------------------
-    # (the all_gather exchange's whole-sequence keys and values of the tensor rank's heads,
-    # 16-bit: its collectives' size and, held while the core runs, its working set)
-    exchange = cp_exchange(tr, inst.spec.constraints.framework)
-    cp_gather = exchange == "all_gather"
-    cp_gathered = 2 * b * s * (sh.k_w + sh.v_w) / t if cp_gather else 0.0
-    if is_one(x.c_in) and is_one(x.c_out):
-        cp_layer = 0.0
-    elif exchange == "a2a":
-        # Ulysses (Transformer Engine AttnFuncWithCPAndQKVOA2A): an all-to-all turns the
-        # rank's queries, keys and values (s / c tokens, every head of the tensor rank) into
-        # the whole sequence of a / (t c) heads, and one turns the output back; the backward
-        # does the same with the output's gradient and the inputs' gradients, a recomputed
-        # forward once more. The attention waits for them: exposed (docs/model.md,
-        # "Context-parallel communication")
-        # (one message per tensor: q, k, v and the output each way; selective recompute of
-        # the core re-runs its call, exchanges included)
-        def a2a(width):
-            return all_to_all(2 * tokens * width / t, x.c_in, x.c_out, hw.bw_intra,
-                              hw.bw_inter, hw.lat_intra, hw.lat_inter)
-        cp_layer = (passes - 1 + (1 if core_attn else 0)) * (
-            a2a(sh.q) + a2a(sh.k_w) + a2a(sh.v_w) + a2a(sh.o_w))
-    elif cp_gather:
-        # Transformer Engine AttnFuncWithCPAndKVAllGather ("KV all-gather between CP ranks is
-        # exposed", Llama 3's scheme, Dubey et al. 2024 Sec. 3.3.2): each forward all-gathers
-        # the whole sequence's keys and values of the tensor rank's heads before the core;
-        # the backward gathers them again and reduce-scatters their gradients (16-bit, the
-        # same bytes); a recomputed core gathers once more. Exposed (docs/model.md,
-        # "Context-parallel communication")
-        # (K and V each their own collective: gather_along_first_dim / reduce_scatter_...)
-        gather = sum(0.5 * allreduce(2 * b * s * w / t, x.c_in, x.c_out, hw.bw_intra,
-                                     hw.bw_inter, hw.lat_intra, hw.lat_inter)
-                     for w in (sh.k_w, sh.v_w))
-        cp_layer = (passes + (1 if core_attn else 0)) * gather
-    else:
-        kv_bytes = 2 * tokens * (sh.k_w + sh.v_w) / t      # (MLA: every head's K and V)
-        # forward: K/V; backward: K/V and their gradients; a recomputed core (selective
-        # recompute's core_attn) runs its forward ring again
-        hops = steps(c) * (passes + (1 if core_attn else 0))
-        cp_raw = hops * ring_step(kv_bytes, x.c_out, hw.bw_intra, hw.bw_inter,
-                                   hw.lat_intra, hw.lat_inter)
-        # hidden behind the attention core up to its length; the last backward hop (the
-        # K/V gradients returning to their owner) follows the last block and stays exposed
-        # (written as gt1(c) * intra-node hop + gt1(c_out) * (inter - intra): c_out > 1 implies
-        # c > 1, and each term carries one indicator, as the encoders handle best)
-        hop_in = kv_bytes / hw.bw_intra + hw.lat_intra
-        hop_out = kv_bytes / hw.bw_inter + hw.lat_inter
-        cp_layer = (hidden_cost(cp_raw, vmax(0.0, cp_raw - attn), slow) + gt1(c) * hop_in
-                    + gt1(x.c_out) * (hop_out - hop_in))
+    cp_layer, cp_gather, cp_gathered = cp_exchange_time(inst, sh, x, tokens, passes, core_attn,
+                                                        attn, slow)
 
     # ---- mixture of experts: MoE layers replace the MLP by routed + shared experts ----------
     # Expert tensor parallelism is 1 (Megatron-Core MoE parallel folding): the ep ranks of a
@@ -776,21 +815,7 @@ def step_terms(inst: Instance, x: Degrees, k: Knobs) -> Terms:
             time["ep_comm"] = time["ep_comm"] + m * over * ep_layer
 
     # ---- pipeline point-to-point ------------------------------------------------------------
-    pp_bytes = act_bytes / t
-    # each GPU sends m (v - 1/p) = m ((v - 1) + (1 - 1/p)) activations forward, as many back
-    pp_step = ring_step(pp_bytes, x.p_out, hw.bw_intra, hw.bw_inter, hw.lat_intra,
-                        hw.lat_inter)
-    time["pp_comm"] = 2 * m * (steps(v) + ring_share(p)) * pp_step
-    if k.overlap_p2p_comm:
-        # overlap_p2p_comm (Megatron-Core's interleaved schedule; off at vp = 1): the steady
-        # 1F1B phase's sends and receives run under the next chunk's compute; the warm-up's and
-        # cool-down's are blocking, and the first micro-batch crosses all v p virtual stages
-        # with no slack, so v p - 1 forward and v p - 1 backward transfers stay exposed
-        # (tests/test_overlap_sim.py simulates the schedule from its source; <= the raw
-        # 2 m (v - 1/p) transfers, as interleaving needs m >= p). The schedule as the fitted
-        # runs ran it: since Megatron-LM #4047 (April 2026) more shows (docs/model.md, "Overlap")
-        time["pp_comm"] = hidden_cost(time["pp_comm"], eq1(v) * 2 * m * ring_share(p) * pp_step
-                                      + gt1(v) * 2 * steps(v * p) * pp_step, slow)
+    time["pp_comm"], pp_step = pp_comm_time(inst, x, k, act_bytes / t, slow)
 
     # ---- parameters of the most loaded stage ------------------------------------------------
     # dense parameters (everything but routed experts) are split over tp and reduced over
