@@ -44,6 +44,11 @@ def _megatron_window(m) -> list[str]:
     return args
 
 
+#: TransformerConfig switches of :func:`norm_bias_config` and their Megatron-LM flags (store_true)
+_SWITCHES = (("add_qkv_bias", "--add-qkv-bias"), ("qk_layernorm", "--qk-layernorm"),
+             ("qk_l2_norm", "--qk-l2-norm"))
+
+
 def _megatron_norm_bias(m) -> list[str]:
     """:func:`norm_bias_config` as Megatron-LM arguments (its defaults are LayerNorm, a bias on
     every linear layer and no QK norm, as the model's are)."""
@@ -51,12 +56,7 @@ def _megatron_norm_bias(m) -> list[str]:
     args = [f"--normalization {c['normalization']}"] if c["normalization"] != "LayerNorm" else []
     if not c["add_bias_linear"]:
         args.append("--disable-bias-linear")
-    if c["add_qkv_bias"]:
-        args.append("--add-qkv-bias")
-    if c["qk_layernorm"]:
-        args.append("--qk-layernorm")
-    if c["qk_l2_norm"]:
-        args.append("--qk-l2-norm")
+    args += [flag for field, flag in _SWITCHES if c[field]]
     if c["softmax_type"] != "vanilla":
         args.append(f"--softmax-type {c['softmax_type']}")
     return args
