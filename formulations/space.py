@@ -916,15 +916,14 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
     # "Overlap") an overlap never exposes more than the raw collective, and only
     # tp_comm_overlap adds memory (Transformer Engine's userbuffers, docs/model.md "Memory"), so
     # a search would switch the others on always; what a user runs is the framework's choice
-    # or theirs, the userbuffers' memory included.
-    overlaps = {o: (getattr(c, o) if getattr(c, o) is not None else overlap_default(inst, o),)
-                for o in OVERLAP_KNOBS}
+    # or theirs, the userbuffers' memory included. A default may follow the sharding mode
+    # (DeepSpeed's overlap_comm, on for ZeRO-3 alone): ``overlaps`` are the switches of no
+    # mode in particular, the rules below read them; each combination takes its mode's.
+    def overlaps_of(mode: str | None) -> dict[str, bool]:
+        return {o: getattr(c, o) if getattr(c, o) is not None
+                else overlap_default(inst, o, mode) for o in OVERLAP_KNOBS}
 
-    def overlaps_of(mode: str) -> tuple[bool, ...]:
-        """The switches of a plan of sharding ``mode``: as ``overlaps``, but for a default
-        the framework sets by mode (DeepSpeed's overlap_comm, on for ZeRO-3 alone)."""
-        return tuple(getattr(c, o) if getattr(c, o) is not None
-                     else overlap_default(inst, o, mode) for o in OVERLAP_KNOBS)
+    overlaps = overlaps_of(None)
 
     # Unless a constraint pins them, sequence parallelism and the distributed optimizer are
     # turned on: in this model they never add memory and the distributed optimizer costs no
@@ -942,7 +941,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
     # validate_args requires it) keeps it on everywhere: it is required at tp > 1 and changes
     # nothing at tp = 1.
     sp_needed = any(rule.knob == "sequence_parallel" for rule in knob_rules) or \
-        overlaps["tp_comm_overlap"][0]
+        overlaps["tp_comm_overlap"]
     tp_spans = not c.tp_within_node and max(dom["T"], default=1) > 1 and not sp_needed
     sp_vals = (c.sequence_parallel,) if c.sequence_parallel is not None else \
         ((True, False) if tp_spans else (True,))
@@ -958,7 +957,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
     shard_choices = every_choice = [
         (mode, c.reshard_after_forward if mode == "optim_grads_params" else False)
         for mode in shardings]
-    overlapped = any(overlaps[o][0] for o in ("overlap_grad_reduce", "overlap_param_gather"))
+    overlapped = any(overlaps[o] for o in ("overlap_grad_reduce", "overlap_param_gather"))
     if not overlapped and "optim" in shardings and c.distributed_optimizer is None:
         shard_choices = [sc for sc in shard_choices if sc[0] != "none"]
     # ZeRO-2 is ZeRO-1 where the gradients are reduced once per step and not bucket by bucket
@@ -966,7 +965,7 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
     # micro-batches and are reduce-scattered after the last, so both modes hold the same bytes
     # and run the same collectives (planner/model/terms.py): the same plans, kept once.
     if "optim" in shardings and not any(reduce_every_microbatch(inst)) \
-            and not overlaps["overlap_grad_reduce"][0]:
+            and not overlaps["overlap_grad_reduce"]:
         shard_choices = [sc for sc in shard_choices if sc[0] != "optim_grads"]
     lays = [lay for lay in layouts if lay in pairs]
     paced = any(lay[1] for lay in lays)
@@ -996,16 +995,16 @@ def build_space(inst: Instance, suggest: bool = True) -> SearchSpace:
 
     # a switch on under some modes and off under others (a default that follows the mode)
     # puts its exposure's maxima in every combination: Knobs.overlap_maxes
-    by_mode = {overlaps_of(mode) for mode, _ in every_choice}
-    mixed = tuple(o for i, o in enumerate(OVERLAP_KNOBS) if len({ov[i] for ov in by_mode}) > 1)
+    by_mode = {mode: overlaps_of(mode) for mode, _ in every_choice}
+    mixed = tuple(o for o in OVERLAP_KNOBS if len({ov[o] for ov in by_mode.values()}) > 1)
     if set(mixed) - {"overlap_grad_reduce"} or (mixed and any(
-            ov[OVERLAP_KNOBS.index("overlap_param_gather")] for ov in by_mode)):
+            ov["overlap_param_gather"] for ov in by_mode.values())):
         # (terms.py writes the zero maxima of the gradient reduction alone, and only where the
         # parameter gather is not overlapped, which would merge the two exposures)
         raise AssertionError(f"overlap defaults that follow the sharding mode: {mixed}")
 
     def knob_combos(sps, choices) -> list[Knobs]:
-        return [Knobs(r, s, mode != "none", **dict(zip(OVERLAP_KNOBS, overlaps_of(mode))),
+        return [Knobs(r, s, mode != "none", **by_mode[mode],
                       dp_sharding=mode, overlap_maxes=mixed,
                       reshard_after_forward=rf,
                       first_short=lay[0], last_short=lay[1], account_for_embedding=lay[2],
