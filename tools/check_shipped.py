@@ -120,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--solvers", default="cpsat,highs,enumerate")
     args = ap.parse_args(argv)
     solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
-    files = args.files or [p for p in sorted((ROOT / "instances").glob("*.toml"))
-                           if len(load_instance(p).node_options) == 1]
+    # (absolute: the processes run in the repository, wherever this was started)
+    files = [p.resolve() for p in args.files] or [
+        p for p in sorted((ROOT / "instances").glob("*.toml"))
+        if len(load_instance(p).node_options) == 1]
     failed = 0
     print(f"{'instance':28s} " + " ".join(f"{s + ' s':>11s}" for s in solvers) + "  result")
     for path in files:
